@@ -1,0 +1,1 @@
+//! Drivers of the `sluice bench` suite.

@@ -1,0 +1,311 @@
+//! The reading side of a ring.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{AttachError, RecvError, Role, TryRecvError};
+use crate::layout::{
+    RECORD_HEADER_LEN, RecordHeader, RecordMeta, ValidRecord, WAITING, check_cursors,
+};
+use crate::process::PeerState;
+use crate::producer::{LIVENESS_SLICE, SPIN_LIMIT, last_holder};
+use crate::sync::{Ordering, spin_loop};
+use crate::{DEFAULT_PEER_TIMEOUT, Shared, role};
+
+/// The single reader of a ring. Taken with [`crate::Ring::consumer`]; gives the role up when dropped.
+///
+/// Records come out in the order they were committed. A [`Record`] borrows its bytes in place, and
+/// releases them to the producer when it is dropped (or [`Record::release`]d).
+#[derive(Debug)]
+pub struct Consumer {
+    shared: Arc<Shared>,
+    identity: u64,
+    /// The read cursor as this consumer last published it.
+    read_position: u64,
+    /// The write cursor as last seen; the producer may since have moved it further.
+    cached_write: u64,
+    /// The sequence number of the next record, once known.
+    expected_sequence: Option<u64>,
+    peer_timeout: Duration,
+    empty_wait: Duration,
+}
+
+/// One record, borrowed in place from the ring.
+#[derive(Debug)]
+pub struct Record<'consumer> {
+    consumer: &'consumer mut Consumer,
+    position: u64,
+    valid: ValidRecord,
+}
+
+enum Wait {
+    Data,
+    Closed,
+}
+
+impl Consumer {
+    pub(crate) fn attach(shared: Arc<Shared>) -> Result<Consumer, AttachError> {
+        let header = shared.header();
+        let identity = role::claim(&header.consumer, Role::Consumer, shared.path())?;
+        let write = header.write.load(Ordering::Acquire) & !WAITING;
+        let read = header.read.load(Ordering::Acquire) & !WAITING;
+        if let Err(fault) = check_cursors(write, read, shared.capacity()) {
+            role::give_up(&header.consumer, identity);
+            return Err(AttachError::Corrupt {
+                path: shared.path().to_path_buf(),
+                reason: fault.to_string(),
+            });
+        }
+        // With records waiting, the first one's sequence number is taken as it is; otherwise the next
+        // record follows the last one released, whose successor's number the previous consumer stored.
+        let expected_sequence =
+            (read == write).then(|| header.read_sequence.load(Ordering::Acquire));
+        Ok(Consumer {
+            shared,
+            identity,
+            read_position: read,
+            cached_write: write,
+            expected_sequence,
+            peer_timeout: DEFAULT_PEER_TIMEOUT,
+            empty_wait: Duration::ZERO,
+        })
+    }
+
+    /// Sets how long [`Consumer::next`] waits on an empty ring with no live producer before it fails.
+    pub fn set_peer_timeout(&mut self, timeout: Duration) {
+        self.peer_timeout = timeout;
+    }
+
+    /// Returns the next record, waiting while the ring is empty; `None` once the producer has closed the
+    /// stream and every record has been read.
+    ///
+    /// While the producer is dead or absent (a node daemon restarting), the call keeps waiting for a new
+    /// one, up to the peer timeout.
+    // Not `Iterator::next`: the record borrows the consumer, so the consumer cannot be an iterator.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Result<Option<Record<'_>>, RecvError> {
+        loop {
+            if self.read_position == self.cached_write && !self.refresh_write() {
+                let started = Instant::now();
+                let outcome = self.wait_for_data();
+                self.empty_wait += started.elapsed();
+                if let Wait::Closed = outcome? {
+                    return Ok(None);
+                }
+            }
+            match self.parse().map_err(|reason| self.corrupt(reason))? {
+                Some(valid) => return Ok(Some(self.record(valid))),
+                None => continue,
+            }
+        }
+    }
+
+    /// Returns the next record if one is committed now.
+    pub fn try_next(&mut self) -> Result<Record<'_>, TryRecvError> {
+        loop {
+            if self.read_position == self.cached_write && !self.refresh_write() {
+                // Acquire pairs with the Release store in `Producer::close`.
+                if self.shared.header().closed.load(Ordering::Acquire) != 0 && !self.refresh_write()
+                {
+                    return Err(TryRecvError::Closed);
+                }
+                return Err(TryRecvError::Empty);
+            }
+            match self.parse() {
+                Ok(Some(valid)) => return Ok(self.record(valid)),
+                Ok(None) => continue,
+                Err(reason) => {
+                    return Err(TryRecvError::Corrupt {
+                        path: self.shared.path().to_path_buf(),
+                        position: self.read_position,
+                        reason,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The number of bytes released to the producer since the ring was created.
+    pub fn position(&self) -> u64 {
+        self.read_position
+    }
+
+    /// The total time this consumer waited on an empty ring.
+    pub fn empty_wait(&self) -> Duration {
+        self.empty_wait
+    }
+
+    fn record(&mut self, valid: ValidRecord) -> Record<'_> {
+        let position = self.read_position;
+        Record {
+            consumer: self,
+            position,
+            valid,
+        }
+    }
+
+    fn corrupt(&self, reason: String) -> RecvError {
+        RecvError::Corrupt {
+            path: self.shared.path().to_path_buf(),
+            position: self.read_position,
+            reason,
+        }
+    }
+
+    /// Reloads the write cursor; tells whether records are waiting.
+    fn refresh_write(&mut self) -> bool {
+        // Acquire pairs with the AcqRel swap in `Producer::publish`: every byte below the write cursor
+        // is written.
+        self.cached_write = self.shared.header().write.load(Ordering::Acquire) & !WAITING;
+        self.cached_write != self.read_position
+    }
+
+    /// Reads and checks the record header at the read cursor. Releases padding records and returns
+    /// `None` for them.
+    fn parse(&mut self) -> Result<Option<ValidRecord>, String> {
+        let capacity = self.shared.capacity();
+        check_cursors(self.cached_write, self.read_position, capacity)
+            .map_err(|fault| fault.to_string())?;
+        let offset = self.read_position % capacity;
+        debug_assert!(offset.is_multiple_of(64) && offset + RECORD_HEADER_LEN <= capacity);
+        // SAFETY: the cursors are checked, so `offset` is a multiple of 64 below `capacity` (itself a
+        // multiple of 64), and the 64 header bytes lie inside the data region. They lie below the write
+        // cursor, so the producer committed them and does not write them until released; read_volatile
+        // copies them out, and `validate` checks every field before it is used.
+        let header = unsafe {
+            self.shared
+                .data()
+                .add(offset as usize)
+                .cast::<RecordHeader>()
+                .read_volatile()
+        };
+        let valid = header
+            .validate(
+                self.cached_write - self.read_position,
+                capacity - offset,
+                self.expected_sequence,
+            )
+            .map_err(|fault| fault.to_string())?;
+        if valid.meta.is_some() {
+            return Ok(Some(valid));
+        }
+        self.release_to(self.read_position + valid.size, valid.next_sequence());
+        Ok(None)
+    }
+
+    fn wait_for_data(&mut self) -> Result<Wait, RecvError> {
+        for _ in 0..SPIN_LIMIT {
+            spin_loop();
+            if self.refresh_write() {
+                return Ok(Wait::Data);
+            }
+        }
+        let header = self.shared.header();
+        let mut producer_missing_since: Option<Instant> = None;
+        let mut producer_epoch = header.producer_epoch.load(Ordering::Acquire);
+        loop {
+            let seen = header.data_futex.count();
+            // AcqRel: Acquire as in `refresh_write`; the flag tells the producer's next publish to wake us.
+            let previous = header.write.fetch_or(WAITING, Ordering::AcqRel);
+            self.cached_write = previous & !WAITING;
+            if self.cached_write != self.read_position {
+                header.write.fetch_and(!WAITING, Ordering::Relaxed);
+                return Ok(Wait::Data);
+            }
+            // Acquire pairs with the Release store in `Producer::close`, made before its publishing swap:
+            // either that swap saw our flag and wakes us, or our `fetch_or` came after it and this load
+            // sees the flag set.
+            if header.closed.load(Ordering::Acquire) != 0 {
+                header.write.fetch_and(!WAITING, Ordering::Relaxed);
+                return Ok(Wait::Closed);
+            }
+            let epoch = header.producer_epoch.load(Ordering::Acquire);
+            if epoch != producer_epoch {
+                producer_epoch = epoch;
+                producer_missing_since = None;
+            }
+            match PeerState::of_word(header.producer.load(Ordering::Acquire)) {
+                PeerState::Alive(_) => producer_missing_since = None,
+                state => {
+                    let since = *producer_missing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.peer_timeout {
+                        header.write.fetch_and(!WAITING, Ordering::Relaxed);
+                        return Err(RecvError::ProducerGone {
+                            path: self.shared.path().to_path_buf(),
+                            last_producer: last_holder(state),
+                            waited: since.elapsed(),
+                        });
+                    }
+                }
+            }
+            header.data_futex.wait(seen, Some(LIVENESS_SLICE));
+        }
+    }
+
+    fn release_to(&mut self, end: u64, next_sequence: u64) {
+        let header = self.shared.header();
+        // Relaxed: published by the Release swap below, read by a producer that attaches after it.
+        header.read_sequence.store(next_sequence, Ordering::Relaxed);
+        // AcqRel: Release hands the bytes below `end` back to the producer's Acquire load of the read
+        // cursor; Acquire orders it after the producer's `fetch_or` of WAITING when it sees that flag.
+        let previous = header.read.swap(end, Ordering::AcqRel);
+        debug_assert_eq!(previous & !WAITING, self.read_position);
+        self.read_position = end;
+        self.expected_sequence = Some(next_sequence);
+        if previous & WAITING != 0 {
+            header.space_futex.bump();
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        role::give_up(&self.shared.header().consumer, self.identity);
+    }
+}
+
+impl Record<'_> {
+    /// The payload, borrowed in place, 64-byte aligned.
+    pub fn payload(&self) -> &[u8] {
+        let capacity = self.consumer.shared.capacity();
+        let offset = self.position % capacity + RECORD_HEADER_LEN;
+        debug_assert!(offset + self.valid.payload_len <= capacity);
+        // SAFETY: `validate` checked that the whole record lies inside the data region and below the
+        // write cursor; the producer does not write it again until the read cursor passes it, which
+        // happens only when this record is dropped.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.consumer.shared.data().add(offset as usize),
+                self.valid.payload_len as usize,
+            )
+        }
+    }
+
+    /// What the producer said about the payload.
+    pub fn meta(&self) -> RecordMeta {
+        self.valid
+            .meta
+            .expect("padding records are never handed out")
+    }
+
+    /// The record's sequence number: records are numbered 0, 1, 2, … in commit order, without gaps,
+    /// across producer restarts.
+    pub fn sequence(&self) -> u64 {
+        self.valid.sequence
+    }
+
+    /// The byte position of the record in the ring's stream.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Releases the record's bytes to the producer; the same as dropping it.
+    pub fn release(self) {}
+}
+
+impl Drop for Record<'_> {
+    fn drop(&mut self) {
+        self.consumer
+            .release_to(self.position + self.valid.size, self.valid.next_sequence());
+    }
+}

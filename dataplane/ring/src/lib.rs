@@ -1,0 +1,454 @@
+//! A lock-free single-producer, single-consumer ring of variable-length records in shared memory.
+//!
+//! The node daemon writes Arrow IPC messages into one ring per trainer rank, a file under
+//! `/dev/shm/sluice/<job>/`; the trainer maps the same file and reads the messages in place.
+//!
+//! ```no_run
+//! use sluice_ring::{RecordKind, RecordMeta, Ring, RingOptions};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ring = RingOptions::new("/dev/shm/sluice/job/0.ring").capacity(64 << 20).create()?;
+//! let mut producer = ring.producer()?;
+//! let mut slot = producer.reserve(5)?;
+//! slot.payload_mut().copy_from_slice(b"hello");
+//! slot.commit(RecordMeta::of_kind(RecordKind::Batch));
+//! producer.close();
+//!
+//! let mut consumer = Ring::open("/dev/shm/sluice/job/0.ring")?.consumer()?;
+//! while let Some(record) = consumer.next()? {
+//!     assert_eq!(record.payload(), b"hello");
+//! } // dropping a record releases its bytes to the producer
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Implementation
+//!
+//! The file is a 4096-byte header page followed by a data region of `capacity` bytes (see [`layout`]).
+//! Two cursors count bytes from the creation of the ring and never wrap: the **write cursor** is the end of
+//! the last committed record, the **read cursor** the end of the last released one. The bytes
+//! `[read, write)` hold records that the consumer may read; `[write, read + capacity)` is free for the
+//! producer. A byte position `p` lies at offset `p % capacity` of the data region. Records are 64-byte
+//! aligned and never wrap: when a record does not fit before the end of the region, the producer first
+//! commits a padding record that fills it.
+//!
+//! **Publishing.** The producer writes the record header and payload with plain stores, then publishes
+//! the new write cursor with a `swap` (`AcqRel`); the consumer loads the write cursor with `Acquire`
+//! before it reads anything below it. Releasing is the mirror image on the read cursor. Each side keeps a
+//! private copy of the other's cursor and reloads it only when that copy says the ring is full (or empty),
+//! so in steady state a cursor's cache line moves between cores once per batch of records, not per record.
+//!
+//! **Sleeping.** Bit 63 of each cursor word is a WAITING flag. A side that finds nothing to do spins
+//! briefly, then reads the futex count, sets the flag with `fetch_or` on the *other* side's cursor word, and
+//! re-checks the cursor value that `fetch_or` returned. The other side's publishing `swap` returns the old
+//! word, so it sees the flag exactly when the `fetch_or` came first, and then bumps the futex. Both are
+//! read-modify-writes of one word, so they are totally ordered: either the sleeper sees the new cursor, or
+//! the publisher sees the flag. No wake-up is lost, and the hot path costs no fence beyond the `swap`.
+//!
+//! **Crashes.** The roles are claimed by compare-and-swap of a packed `(start time, pid)` word (see
+//! [`ProcessId`]); a role whose holder is dead may be taken over. A new producer resumes at the write
+//! cursor: what the dead one had reserved but not committed is gone, and what it committed stays for the
+//! consumer. It recovers the next sequence number from the committed records, or, when the consumer has
+//! read them all, from the sequence number the consumer stores before each release. A consumer that waits
+//! on an empty ring with no live producer gives up after its peer timeout, and so does a producer waiting
+//! on a full ring with no live consumer.
+
+pub mod gc;
+pub mod layout;
+
+mod consumer;
+mod error;
+mod process;
+mod producer;
+mod role;
+mod sync;
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use consumer::{Consumer, Record};
+pub use error::{
+    AttachError, RecvError, ReserveError, RingCreateError, RingOpenError, Role, TryRecvError,
+    TryReserveError,
+};
+pub use layout::{RecordKind, RecordMeta};
+pub use process::{PeerState, ProcessId};
+pub use producer::{Producer, Slot};
+
+use layout::{HEADER_LEN, LAYOUT_VERSION, MAGIC, RingHeader, WAITING};
+use sync::Ordering;
+
+/// The default size of a ring's data region.
+pub const DEFAULT_CAPACITY: u64 = 256 << 20;
+/// How long a side waits, by default, for a dead or absent peer to be replaced before it gives up.
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(60);
+/// The file name extension of ring files.
+pub const RING_EXTENSION: &str = "ring";
+
+/// Settings for creating a ring file.
+#[derive(Debug, Clone)]
+pub struct RingOptions {
+    path: PathBuf,
+    capacity: u64,
+}
+
+impl RingOptions {
+    /// Starts the settings of a ring at `path`, with [`DEFAULT_CAPACITY`].
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        RingOptions {
+            path: path.into(),
+            capacity: DEFAULT_CAPACITY,
+        }
+    }
+
+    /// Sets the size of the data region in bytes; a positive multiple of 4096.
+    pub fn capacity(mut self, capacity: u64) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Creates the ring file, its directory if needed, and maps it.
+    ///
+    /// Checks that the filesystem has room for the whole ring and reserves it with `posix_fallocate`,
+    /// so that a full `/dev/shm` is an error here and never a `SIGBUS` later. The file is initialised
+    /// under a temporary name and linked into place, so no process ever opens a half-written header.
+    #[cfg(not(loom))]
+    pub fn create(self) -> Result<Ring, RingCreateError> {
+        validate_capacity(self.capacity)?;
+        let path = self.path;
+        let io_error = |operation: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source: std::io::Error| RingCreateError::Io {
+                path,
+                operation,
+                source,
+            }
+        };
+        let directory = path
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        fs::create_dir_all(directory).map_err(io_error("create directory", directory))?;
+        if path.exists() {
+            return Err(RingCreateError::Exists { path });
+        }
+        let needed = self.capacity + HEADER_LEN as u64;
+        let free = free_bytes(directory).map_err(io_error("statvfs", directory))?;
+        if free < needed {
+            return Err(RingCreateError::NoSpace { path, free, needed });
+        }
+        let file_name = path
+            .file_name()
+            .map_or_else(|| "ring".into(), |name| name.to_string_lossy().into_owned());
+        let temporary = directory.join(format!(".{file_name}.{}.tmp", std::process::id()));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&temporary)
+            .map_err(io_error("create", &temporary))?;
+        let result = initialise(&file, &temporary, &path, self.capacity, free);
+        let linked = result.and_then(|mapping| {
+            fs::hard_link(&temporary, &path).map_err(|source| match source.kind() {
+                std::io::ErrorKind::AlreadyExists => RingCreateError::Exists { path: path.clone() },
+                _ => RingCreateError::Io {
+                    path: path.clone(),
+                    operation: "link into place",
+                    source,
+                },
+            })?;
+            Ok(mapping)
+        });
+        // The temporary name is removed whatever happened; the ring lives on under `path`.
+        let _ = fs::remove_file(&temporary);
+        let mapping = linked?;
+        Ok(Ring::from_mapping(mapping, path))
+    }
+}
+
+#[cfg(not(loom))]
+fn initialise(
+    file: &File,
+    temporary: &Path,
+    path: &Path,
+    capacity: u64,
+    free: u64,
+) -> Result<memmap2::MmapRaw, RingCreateError> {
+    use std::os::fd::AsRawFd;
+
+    let needed = capacity + HEADER_LEN as u64;
+    let length =
+        libc::off_t::try_from(needed).map_err(|_| RingCreateError::InvalidCapacity { capacity })?;
+    // SAFETY: the descriptor belongs to `file`, which outlives the call; posix_fallocate touches no memory
+    // of this process.
+    let status = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, length) };
+    match status {
+        0 => {}
+        libc::ENOSPC => {
+            return Err(RingCreateError::NoSpace {
+                path: path.to_path_buf(),
+                free,
+                needed,
+            });
+        }
+        errno => {
+            return Err(RingCreateError::Io {
+                path: temporary.to_path_buf(),
+                operation: "posix_fallocate",
+                source: std::io::Error::from_raw_os_error(errno),
+            });
+        }
+    }
+    let mapping = memmap2::MmapRaw::map_raw(file).map_err(|source| RingCreateError::Io {
+        path: temporary.to_path_buf(),
+        operation: "mmap",
+        source,
+    })?;
+    let creator = ProcessId::current()
+        .map_err(|source| RingCreateError::Io {
+            path: path.to_path_buf(),
+            operation: "read own identity",
+            source,
+        })?
+        .pack();
+    let header = mapping.as_mut_ptr().cast::<RingHeader>();
+    // SAFETY: the mapping is `needed` >= HEADER_LEN bytes long, page aligned (so aligned for RingHeader),
+    // zero-filled by posix_fallocate, and not yet visible to any other process (it has a temporary name),
+    // so these plain writes race with nothing. Every field of RingHeader is valid for any bits.
+    unsafe {
+        (&raw mut (*header).magic).write(MAGIC);
+        (&raw mut (*header).version).write(LAYOUT_VERSION);
+        (&raw mut (*header).header_len).write(HEADER_LEN as u32);
+        (&raw mut (*header).capacity).write(capacity);
+        (&raw mut (*header).creator).write(creator);
+    }
+    Ok(mapping)
+}
+
+#[cfg(not(loom))]
+fn free_bytes(directory: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+
+    let c_path = std::ffi::CString::new(directory.as_os_str().as_bytes())
+        .map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidInput, error))?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c_path` is a NUL-terminated string and `stats` points at writable memory for one statvfs.
+    let status = unsafe { libc::statvfs(c_path.as_ptr(), stats.as_mut_ptr()) };
+    if status != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled `stats`.
+    let stats = unsafe { stats.assume_init() };
+    Ok(stats.f_bavail.saturating_mul(stats.f_frsize))
+}
+
+fn validate_capacity(capacity: u64) -> Result<(), RingCreateError> {
+    if capacity == 0 || !capacity.is_multiple_of(4096) || capacity >= WAITING >> 1 {
+        return Err(RingCreateError::InvalidCapacity { capacity });
+    }
+    Ok(())
+}
+
+/// A handle on one ring: the shared memory, mapped. Cloning it shares the mapping.
+///
+/// A `Ring` hands out at most one [`Producer`] and one [`Consumer`] at a time across all processes.
+#[derive(Debug, Clone)]
+pub struct Ring {
+    shared: Arc<Shared>,
+}
+
+/// The memory of a ring and where its parts lie.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    header: NonNull<RingHeader>,
+    data: NonNull<u8>,
+    capacity: u64,
+    path: PathBuf,
+    _memory: Memory,
+}
+
+#[derive(Debug)]
+enum Memory {
+    #[cfg(not(loom))]
+    Mapped { _mapping: memmap2::MmapRaw },
+    Heap {
+        _header: Box<RingHeader>,
+        _data: Box<[Line]>,
+    },
+}
+
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy)]
+struct Line([u8; 64]);
+
+// SAFETY: `Shared` only hands out the memory it owns (a mapping or two boxes, kept alive by `_memory`)
+// through atomics in the header and through the producer/consumer protocol, which gives each byte of the
+// data region to one side at a time. The pointers are never freed before `Shared` is dropped.
+unsafe impl Send for Shared {}
+// SAFETY: as above: shared references only read immutable header fields or go through atomics.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    pub(crate) fn header(&self) -> &RingHeader {
+        // SAFETY: `header` points at a RingHeader inside `_memory`, which lives as long as `self`; every
+        // field is valid for any bit pattern and the mutable ones are atomics.
+        unsafe { self.header.as_ref() }
+    }
+
+    pub(crate) fn data(&self) -> *mut u8 {
+        self.data.as_ptr()
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Ring {
+    /// Opens and maps an existing ring file, checking its header.
+    #[cfg(not(loom))]
+    pub fn open(path: impl AsRef<Path>) -> Result<Ring, RingOpenError> {
+        let path = path.as_ref().to_path_buf();
+        let io_error = |operation: &'static str| {
+            let path = path.clone();
+            move |source| RingOpenError::Io {
+                path,
+                operation,
+                source,
+            }
+        };
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_error("open"))?;
+        let len = file.metadata().map_err(io_error("stat"))?.len();
+        if len < HEADER_LEN as u64 {
+            return Err(RingOpenError::Truncated { path, len });
+        }
+        let mapping = memmap2::MmapRaw::map_raw(&file).map_err(io_error("mmap"))?;
+        // SAFETY: the mapping is at least HEADER_LEN bytes and page aligned; every RingHeader field is
+        // valid for any bits, and the mapping outlives this reference.
+        let header = unsafe { &*mapping.as_ptr().cast::<RingHeader>() };
+        header
+            .validate(mapping.len() as u64)
+            .map_err(|fault| RingOpenError::Invalid {
+                path: path.clone(),
+                reason: fault.to_string(),
+            })?;
+        Ok(Ring::from_mapping(mapping, path))
+    }
+
+    #[cfg(not(loom))]
+    fn from_mapping(mapping: memmap2::MmapRaw, path: PathBuf) -> Ring {
+        let base = mapping.as_mut_ptr();
+        // SAFETY: the mapping is HEADER_LEN + capacity bytes long (checked by the caller), so the data
+        // region starts inside it.
+        let data = unsafe { base.add(HEADER_LEN) };
+        // SAFETY: the header lies at the start of the mapping, as checked by the caller.
+        let capacity = unsafe { (*base.cast::<RingHeader>()).capacity };
+        let shared = Shared {
+            header: NonNull::new(base.cast()).expect("mmap never returns null"),
+            data: NonNull::new(data).expect("mmap never returns null"),
+            capacity,
+            path,
+            _memory: Memory::Mapped { _mapping: mapping },
+        };
+        Ring {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// Creates a ring in this process's heap: the same protocol, for threads of one process, for tests and
+    /// for tools (loom and Miri) that cannot map files.
+    pub fn in_memory(capacity: u64) -> Result<Ring, RingCreateError> {
+        validate_capacity(capacity)?;
+        let lines = usize::try_from(capacity / 64)
+            .map_err(|_| RingCreateError::InvalidCapacity { capacity })?;
+        let mut header = Box::new(RingHeader {
+            magic: MAGIC,
+            version: LAYOUT_VERSION,
+            header_len: HEADER_LEN as u32,
+            capacity,
+            ..RingHeader::default()
+        });
+        let mut data = vec![Line([0; 64]); lines].into_boxed_slice();
+        let shared = Shared {
+            header: NonNull::from(&mut *header),
+            data: NonNull::from(&mut *data).cast(),
+            capacity,
+            path: PathBuf::from("<in-memory>"),
+            _memory: Memory::Heap {
+                _header: header,
+                _data: data,
+            },
+        };
+        Ok(Ring {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// Takes the producer role; see [`Producer`].
+    pub fn producer(&self) -> Result<Producer, AttachError> {
+        Producer::attach(Arc::clone(&self.shared))
+    }
+
+    /// Takes the consumer role; see [`Consumer`].
+    pub fn consumer(&self) -> Result<Consumer, AttachError> {
+        Consumer::attach(Arc::clone(&self.shared))
+    }
+
+    /// The path of the ring file.
+    pub fn path(&self) -> &Path {
+        self.shared.path()
+    }
+
+    /// The size of the data region in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.shared.capacity()
+    }
+
+    /// The largest payload a single record can carry in this ring.
+    pub fn max_payload(&self) -> u64 {
+        self.shared.capacity() - layout::RECORD_HEADER_LEN
+    }
+
+    /// Who holds the producer role now.
+    pub fn producer_state(&self) -> PeerState {
+        PeerState::of_word(self.shared.header().producer.load(Ordering::Acquire))
+    }
+
+    /// Who holds the consumer role now.
+    pub fn consumer_state(&self) -> PeerState {
+        PeerState::of_word(self.shared.header().consumer.load(Ordering::Acquire))
+    }
+
+    /// The process that created the ring.
+    pub fn creator_state(&self) -> PeerState {
+        PeerState::of_word(self.shared.header().creator)
+    }
+
+    /// Tells whether the producer has closed the stream.
+    pub fn is_closed(&self) -> bool {
+        self.shared.header().closed.load(Ordering::Acquire) != 0
+    }
+
+    /// The write and read cursors: bytes committed and bytes released since the ring was created.
+    pub fn cursors(&self) -> (u64, u64) {
+        let header = self.shared.header();
+        (
+            header.write.load(Ordering::Acquire) & !WAITING,
+            header.read.load(Ordering::Acquire) & !WAITING,
+        )
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

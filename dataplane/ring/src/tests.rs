@@ -1,0 +1,485 @@
+//! The ring's protocol within one process: records, wrap-around, back-pressure, roles and recovery.
+
+use std::thread;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use crate::layout::{HEADER_LEN, RECORD_HEADER_LEN};
+use crate::*;
+
+fn batch(task_id: u64, first_row: u64, row_count: u64) -> RecordMeta {
+    RecordMeta {
+        kind: RecordKind::Batch,
+        task_id,
+        first_row,
+        row_count,
+    }
+}
+
+fn write(producer: &mut Producer, bytes: &[u8], meta: RecordMeta) -> u64 {
+    let mut slot = producer.reserve(bytes.len()).expect("reserve");
+    slot.payload_mut().copy_from_slice(bytes);
+    slot.commit(meta)
+}
+
+fn pattern(sequence: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|index| (sequence as usize * 31 + index * 7) as u8)
+        .collect()
+}
+
+/// A ring file in its own temporary directory, removed at the end of the test.
+fn file_ring(capacity: u64) -> (tempfile::TempDir, std::path::PathBuf, Ring) {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let path = directory.path().join("job").join("0.ring");
+    let ring = RingOptions::new(&path)
+        .capacity(capacity)
+        .create()
+        .expect("create");
+    (directory, path, ring)
+}
+
+#[test]
+fn records_come_out_in_order_with_their_metadata() {
+    let sut = Ring::in_memory(1 << 16).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    for sequence in 0..10 {
+        let written = write(
+            &mut producer,
+            &pattern(sequence, 100 + sequence as usize),
+            batch(3, sequence * 10, 10),
+        );
+        assert_eq!(written, sequence);
+    }
+    for sequence in 0..10 {
+        let record = consumer.next().expect("next").expect("a record");
+        assert_eq!(record.sequence(), sequence);
+        assert_eq!(record.meta(), batch(3, sequence * 10, 10));
+        assert_eq!(record.payload(), pattern(sequence, 100 + sequence as usize));
+        assert_eq!(
+            record.payload().as_ptr() as usize % 64,
+            0,
+            "payloads are 64-byte aligned"
+        );
+    }
+    assert!(matches!(consumer.try_next(), Err(TryRecvError::Empty)));
+}
+
+#[test]
+fn records_never_wrap_and_padding_is_invisible() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    // 1000-byte payloads take 1088 bytes: three fit, the fourth needs padding to the end of the region.
+    for round in 0..50u64 {
+        write(&mut producer, &pattern(round, 1000), batch(0, round, 1));
+        let record = consumer.next().expect("next").expect("record");
+        assert_eq!(record.sequence(), round, "padding takes no sequence number");
+        assert_eq!(record.payload(), pattern(round, 1000));
+        let offset = record.position() % 4096;
+        assert!(offset + 1088 <= 4096, "record at offset {offset} wraps");
+    }
+}
+
+#[test]
+fn a_full_ring_is_back_pressure_not_loss() {
+    let sut = Ring::in_memory(8192).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    let total = 2000u64;
+    let writer = thread::spawn(move || {
+        for sequence in 0..total {
+            let len = (sequence as usize * 37) % 3000;
+            write(
+                &mut producer,
+                &pattern(sequence, len),
+                batch(1, sequence, 1),
+            );
+        }
+        let full_wait = producer.full_wait();
+        producer.close();
+        full_wait
+    });
+    let mut received = 0;
+    while let Some(record) = consumer.next().expect("next") {
+        assert_eq!(record.sequence(), received);
+        let len = (received as usize * 37) % 3000;
+        assert_eq!(record.payload(), pattern(received, len));
+        received += 1;
+    }
+    let full_wait = writer.join().expect("writer thread");
+    assert_eq!(received, total);
+    assert!(matches!(consumer.try_next(), Err(TryRecvError::Closed)));
+    assert!(full_wait > Duration::ZERO || consumer.empty_wait() > Duration::ZERO);
+}
+
+#[test]
+fn try_reserve_reports_full_and_too_large() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    assert!(matches!(
+        producer.try_reserve(4096),
+        Err(TryReserveError::TooLarge { max: 4032, .. })
+    ));
+    assert!(matches!(
+        producer.reserve(5000),
+        Err(ReserveError::TooLarge { .. })
+    ));
+    let slot = producer
+        .try_reserve(4032)
+        .expect("the largest record fits an empty ring");
+    slot.commit(batch(0, 0, 1));
+    assert!(matches!(
+        producer.try_reserve(0),
+        Err(TryReserveError::Full)
+    ));
+}
+
+#[test]
+fn an_abandoned_slot_publishes_nothing() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    producer
+        .reserve(100)
+        .expect("reserve")
+        .payload_mut()
+        .fill(0xAA);
+    write(&mut producer, b"kept", batch(0, 0, 1));
+    let record = consumer.next().expect("next").expect("record");
+    assert_eq!(record.payload(), b"kept");
+    assert_eq!(record.sequence(), 0);
+}
+
+#[test]
+fn roles_are_exclusive_while_their_holder_lives() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let producer = sut.producer().expect("producer");
+    assert!(matches!(
+        sut.producer(),
+        Err(AttachError::Busy {
+            role: Role::Producer,
+            ..
+        })
+    ));
+    let consumer = sut.consumer().expect("consumer");
+    assert!(matches!(
+        sut.consumer(),
+        Err(AttachError::Busy {
+            role: Role::Consumer,
+            ..
+        })
+    ));
+    assert!(sut.producer_state().is_alive());
+    drop(producer);
+    drop(consumer);
+    assert_eq!(sut.producer_state(), PeerState::Absent);
+    assert!(sut.producer().is_ok(), "a released role can be taken again");
+}
+
+#[test]
+fn a_new_producer_continues_after_the_last_committed_record() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut consumer = sut.consumer().expect("consumer");
+    let mut first = sut.producer().expect("producer");
+    for sequence in 0..3 {
+        write(&mut first, &pattern(sequence, 900), batch(0, sequence, 1));
+    }
+    first
+        .reserve(500)
+        .expect("reserve")
+        .payload_mut()
+        .fill(0xEE);
+    drop(first);
+
+    let record = consumer.next().expect("next").expect("record");
+    assert_eq!(record.sequence(), 0);
+    drop(record);
+
+    let mut second = sut.producer().expect("reattach");
+    assert_eq!(
+        second.next_sequence(),
+        3,
+        "recovered from the unread records"
+    );
+    for sequence in 3..8 {
+        write(&mut second, &pattern(sequence, 900), batch(0, sequence, 1));
+        if sequence == 4 {
+            // Drains the ring so that the next reattachment recovers from the consumer's count.
+            for expected in 1..=4 {
+                let record = consumer.next().expect("next").expect("record");
+                assert_eq!(record.sequence(), expected);
+                assert_eq!(record.payload(), pattern(expected, 900));
+            }
+            drop(second);
+            second = sut.producer().expect("reattach to an empty ring");
+            assert_eq!(second.next_sequence(), 5, "recovered from the consumer");
+        }
+    }
+    second.close();
+    let rest: Vec<u64> = std::iter::from_fn(|| {
+        consumer
+            .next()
+            .expect("next")
+            .map(|record| record.sequence())
+    })
+    .collect();
+    assert_eq!(rest, vec![5, 6, 7]);
+}
+
+#[test]
+fn a_consumer_without_producer_gives_up_after_its_timeout() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut consumer = sut.consumer().expect("consumer");
+    consumer.set_peer_timeout(Duration::from_millis(50));
+    let error = consumer.next().expect_err("no producer");
+    assert!(matches!(
+        error,
+        RecvError::ProducerGone {
+            last_producer: None,
+            ..
+        }
+    ));
+    assert!(error.to_string().contains("no live producer"), "{error}");
+}
+
+#[test]
+fn a_consumer_waits_through_a_producer_restart() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut consumer = sut.consumer().expect("consumer");
+    consumer.set_peer_timeout(Duration::from_secs(30));
+    let producer = sut.producer().expect("producer");
+    drop(producer);
+    let ring = sut.clone();
+    let restarted = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(150));
+        let mut producer = ring.producer().expect("new producer");
+        write(&mut producer, b"after the gap", batch(0, 0, 1));
+        producer.close();
+    });
+    let record = consumer.next().expect("next").expect("record");
+    assert_eq!(record.payload(), b"after the gap");
+    drop(record);
+    assert!(consumer.next().expect("next").is_none());
+    restarted.join().expect("thread");
+}
+
+#[test]
+fn a_producer_on_a_full_ring_without_consumer_gives_up_after_its_timeout() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    producer.set_peer_timeout(Duration::from_millis(50));
+    write(&mut producer, &[0; 4000], batch(0, 0, 1));
+    let error = producer.reserve(1000).expect_err("full, no consumer");
+    assert!(matches!(error, ReserveError::ConsumerGone { .. }));
+    assert!(error.to_string().contains("no live consumer"), "{error}");
+}
+
+#[test]
+fn a_closed_ring_takes_no_new_producer() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    sut.producer().expect("producer").close();
+    assert!(sut.is_closed());
+    assert!(matches!(sut.producer(), Err(AttachError::Closed { .. })));
+}
+
+#[test]
+fn file_rings_are_shared_between_handles() {
+    let (_directory, path, sut) = file_ring(1 << 16);
+    let mut producer = sut.producer().expect("producer");
+    let reader = Ring::open(&path).expect("open");
+    let mut consumer = reader.consumer().expect("consumer");
+    write(&mut producer, b"through the file", batch(9, 0, 1));
+    let record = consumer.next().expect("next").expect("record");
+    assert_eq!(record.payload(), b"through the file");
+    assert_eq!(record.meta().task_id, 9);
+    assert_eq!(
+        std::fs::metadata(&path).expect("stat").len(),
+        (1 << 16) + 4096
+    );
+    assert!(matches!(
+        RingOptions::new(&path).capacity(4096).create(),
+        Err(RingCreateError::Exists { .. })
+    ));
+}
+
+#[test]
+fn creation_checks_free_space_and_capacity() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let path = directory.path().join("huge.ring");
+    let free = free_bytes(directory.path()).expect("statvfs");
+    let too_big = (free / 4096 + 1024) * 4096;
+    let error = RingOptions::new(&path)
+        .capacity(too_big)
+        .create()
+        .expect_err("larger than the filesystem");
+    assert!(matches!(error, RingCreateError::NoSpace { .. }), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("MiB free") && message.contains("--ring-size"),
+        "{message}"
+    );
+    assert!(!path.exists(), "a failed creation leaves no file");
+    assert!(
+        std::fs::read_dir(directory.path())
+            .expect("list")
+            .next()
+            .is_none(),
+        "and no temporary file"
+    );
+    assert!(matches!(
+        RingOptions::new(&path).capacity(1000).create(),
+        Err(RingCreateError::InvalidCapacity { capacity: 1000 })
+    ));
+}
+
+#[test]
+fn foreign_and_truncated_files_are_rejected() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let short = directory.path().join("short.ring");
+    std::fs::write(&short, b"not a ring").expect("write");
+    assert!(matches!(
+        Ring::open(&short),
+        Err(RingOpenError::Truncated { len: 10, .. })
+    ));
+
+    let foreign = directory.path().join("foreign.ring");
+    std::fs::write(&foreign, vec![0x5A; 8192]).expect("write");
+    let error = Ring::open(&foreign).expect_err("foreign");
+    assert!(error.to_string().contains("bad magic"), "{error}");
+
+    let (_keep, path, ring) = file_ring(8192);
+    drop(ring);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open");
+    file.set_len(4096 + 4096).expect("truncate");
+    let error = Ring::open(&path).expect_err("truncated");
+    assert!(error.to_string().contains("truncated"), "{error}");
+
+    let (_keep, path, ring) = file_ring(8192);
+    drop(ring);
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[8] = 99;
+    std::fs::write(&path, &bytes).expect("write");
+    let error = Ring::open(&path).expect_err("version");
+    assert!(error.to_string().contains("layout version 99"), "{error}");
+}
+
+#[test]
+fn a_corrupt_record_is_an_error_naming_its_position() {
+    let (_directory, path, sut) = file_ring(8192);
+    let mut producer = sut.producer().expect("producer");
+    write(&mut producer, &[1; 100], batch(0, 0, 1));
+    write(&mut producer, &[2; 100], batch(0, 1, 1));
+    let mut bytes = std::fs::read(&path).expect("read");
+    // The second record starts at byte 192 of the data region; its row count sits 32 bytes in.
+    bytes[HEADER_LEN + 192 + 32] ^= 0xFF;
+    std::fs::write(&path, &bytes).expect("write");
+    let mut consumer = sut.consumer().expect("consumer");
+    assert_eq!(
+        consumer.next().expect("first").expect("record").payload(),
+        &[1; 100]
+    );
+    let error = consumer.next().expect_err("second is corrupt");
+    assert!(
+        matches!(error, RecvError::Corrupt { position: 192, .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("checksum"), "{error}");
+}
+
+#[test]
+fn gc_removes_rings_of_dead_processes_only() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let live_path = directory.path().join("live").join("0.ring");
+    let live = RingOptions::new(&live_path)
+        .capacity(4096)
+        .create()
+        .expect("create");
+    let _producer = live.producer().expect("producer");
+
+    let dead_path = directory.path().join("dead").join("0.ring");
+    drop(
+        RingOptions::new(&dead_path)
+            .capacity(4096)
+            .create()
+            .expect("create"),
+    );
+    let mut bytes = std::fs::read(&dead_path).expect("read");
+    // Rewrites the creator as a process that does not exist (pid 0 with a start time).
+    bytes[24..32].copy_from_slice(&(12345u64 << 22).to_le_bytes());
+    std::fs::write(&dead_path, &bytes).expect("write");
+
+    let foreign = directory.path().join("foreign.ring");
+    std::fs::write(&foreign, b"hello").expect("write");
+
+    let report = gc::collect(directory.path()).expect("gc");
+    assert_eq!(report.removed, vec![dead_path.clone()]);
+    assert_eq!(report.kept, vec![live_path.clone()]);
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(
+        report.removed_directories,
+        vec![directory.path().join("dead")]
+    );
+    assert!(live_path.exists() && !dead_path.exists() && foreign.exists());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 8 } else { 512 }))]
+
+    /// Any bytes in a ring file give a ring or an error, and reading whatever records it claims to hold
+    /// gives records or an error: never a panic or a read outside the mapping.
+    #[test]
+    fn any_file_bytes_are_rejected_or_read_safely(
+        header_patch in proptest::collection::vec((0usize..512, any::<u8>()), 0..16),
+        data in proptest::collection::vec(any::<u8>(), 0..4096),
+        cursors in (0u64..20_000, 0u64..20_000),
+        keep_magic in any::<bool>(),
+        file_len in prop_oneof![Just(8192u64), 0u64..9000],
+    ) {
+        let (_directory, path, ring) = file_ring(4096);
+        drop(ring);
+        let mut bytes = std::fs::read(&path).expect("read");
+        for (offset, value) in header_patch {
+            if keep_magic && offset < 24 {
+                continue;
+            }
+            bytes[offset] = value;
+        }
+        // The write cursor's word lies at byte 512 (see the header layout), the read cursor's at 640.
+        bytes[512..520].copy_from_slice(&(cursors.0 & !63).to_le_bytes());
+        bytes[640..648].copy_from_slice(&(cursors.1 & !63).to_le_bytes());
+        bytes[HEADER_LEN..HEADER_LEN + data.len()].copy_from_slice(&data);
+        bytes.resize(file_len as usize, 0);
+        std::fs::write(&path, &bytes).expect("write");
+        let Ok(ring) = Ring::open(&path) else { return Ok(()); };
+        let Ok(mut consumer) = ring.consumer() else { return Ok(()); };
+        for _ in 0..64 {
+            match consumer.try_next() {
+                Ok(record) => {
+                    let payload = record.payload();
+                    prop_assert!(payload.len() as u64 <= 4096 - RECORD_HEADER_LEN);
+                }
+                Err(_) => break,
+            }
+        }
+        drop(consumer);
+        let _ = ring.producer();
+    }
+}
+
+#[test]
+fn header_offsets_used_by_tests_match_the_layout() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let header = sut.shared.header() as *const layout::RingHeader as usize;
+    let write = &sut.shared.header().write.0 as *const _ as usize;
+    let read = &sut.shared.header().read.0 as *const _ as usize;
+    let creator = &sut.shared.header().creator as *const _ as usize;
+    assert_eq!(write - header, 512);
+    assert_eq!(read - header, 640);
+    assert_eq!(creator - header, 24);
+}
