@@ -214,10 +214,15 @@ impl Consumer {
             }
             // Acquire pairs with the Release store in `Producer::close`, made before its publishing swap:
             // either that swap saw our flag and wakes us, or our `fetch_or` came after it and this load
-            // sees the flag set.
+            // sees `closed` set. Records committed before the close may have landed after our `fetch_or`
+            // read the cursor, so the cursor is read again before the end is reported.
             if header.closed.load(Ordering::Acquire) != 0 {
                 header.write.fetch_and(!WAITING, Ordering::Relaxed);
-                return Ok(Wait::Closed);
+                return Ok(if self.refresh_write() {
+                    Wait::Data
+                } else {
+                    Wait::Closed
+                });
             }
             let epoch = header.producer_epoch.load(Ordering::Acquire);
             if epoch != producer_epoch {

@@ -53,6 +53,10 @@
 //! on an empty ring with no live producer gives up after its peer timeout, and so does a producer waiting
 //! on a full ring with no live consumer.
 
+// The file-backed parts are compiled out under loom, which models the in-memory ring only.
+#![cfg_attr(loom, allow(dead_code))]
+
+#[cfg(not(loom))]
 pub mod gc;
 pub mod layout;
 
@@ -63,6 +67,7 @@ mod producer;
 mod role;
 mod sync;
 
+#[cfg(not(loom))]
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
@@ -274,10 +279,25 @@ pub(crate) struct Shared {
 enum Memory {
     #[cfg(not(loom))]
     Mapped { _mapping: memmap2::MmapRaw },
+    /// Two allocations made by `Box::into_raw`, freed on drop. Raw pointers rather than boxes, so that
+    /// moving this value does not assert unique ownership over memory the ring's pointers share.
     Heap {
-        _header: Box<RingHeader>,
-        _data: Box<[Line]>,
+        header: NonNull<RingHeader>,
+        data: NonNull<[Line]>,
     },
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        if let Memory::Heap { header, data } = *self {
+            // SAFETY: both pointers come from `Box::into_raw` in `Ring::in_memory`, are freed only here,
+            // and the `Shared` that holds this value, the last user of the pointers, is being dropped.
+            unsafe {
+                drop(Box::from_raw(header.as_ptr()));
+                drop(Box::from_raw(data.as_ptr()));
+            }
+        }
+    }
 }
 
 #[repr(C, align(64))]
@@ -372,23 +392,21 @@ impl Ring {
         validate_capacity(capacity)?;
         let lines = usize::try_from(capacity / 64)
             .map_err(|_| RingCreateError::InvalidCapacity { capacity })?;
-        let mut header = Box::new(RingHeader {
+        let header = Box::new(RingHeader {
             magic: MAGIC,
             version: LAYOUT_VERSION,
             header_len: HEADER_LEN as u32,
             capacity,
             ..RingHeader::default()
         });
-        let mut data = vec![Line([0; 64]); lines].into_boxed_slice();
+        let header = NonNull::from(Box::leak(header));
+        let data = NonNull::from(Box::leak(vec![Line([0; 64]); lines].into_boxed_slice()));
         let shared = Shared {
-            header: NonNull::from(&mut *header),
-            data: NonNull::from(&mut *data).cast(),
+            header,
+            data: data.cast(),
             capacity,
             path: PathBuf::from("<in-memory>"),
-            _memory: Memory::Heap {
-                _header: header,
-                _data: data,
-            },
+            _memory: Memory::Heap { header, data },
         };
         Ok(Ring {
             shared: Arc::new(shared),

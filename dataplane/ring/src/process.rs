@@ -153,6 +153,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "spawns a process, which Miri cannot")]
     fn killed_child_is_dead_after_being_alive() {
         let mut child = std::process::Command::new("sleep")
             .arg("30")

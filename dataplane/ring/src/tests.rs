@@ -286,6 +286,7 @@ fn a_closed_ring_takes_no_new_producer() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
 fn file_rings_are_shared_between_handles() {
     let (_directory, path, sut) = file_ring(1 << 16);
     let mut producer = sut.producer().expect("producer");
@@ -306,6 +307,7 @@ fn file_rings_are_shared_between_handles() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
 fn creation_checks_free_space_and_capacity() {
     let directory = tempfile::tempdir().expect("tempdir");
     let path = directory.path().join("huge.ring");
@@ -336,6 +338,7 @@ fn creation_checks_free_space_and_capacity() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
 fn foreign_and_truncated_files_are_rejected() {
     let directory = tempfile::tempdir().expect("tempdir");
     let short = directory.path().join("short.ring");
@@ -370,6 +373,7 @@ fn foreign_and_truncated_files_are_rejected() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
 fn a_corrupt_record_is_an_error_naming_its_position() {
     let (_directory, path, sut) = file_ring(8192);
     let mut producer = sut.producer().expect("producer");
@@ -393,6 +397,7 @@ fn a_corrupt_record_is_an_error_naming_its_position() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
 fn gc_removes_rings_of_dead_processes_only() {
     let directory = tempfile::tempdir().expect("tempdir");
     let live_path = directory.path().join("live").join("0.ring");
@@ -429,11 +434,12 @@ fn gc_removes_rings_of_dead_processes_only() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 8 } else { 512 }))]
+    #![proptest_config(ProptestConfig::with_cases(512))]
 
     /// Any bytes in a ring file give a ring or an error, and reading whatever records it claims to hold
     /// gives records or an error: never a panic or a read outside the mapping.
     #[test]
+    #[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
     fn any_file_bytes_are_rejected_or_read_safely(
         header_patch in proptest::collection::vec((0usize..512, any::<u8>()), 0..16),
         data in proptest::collection::vec(any::<u8>(), 0..4096),
