@@ -1,0 +1,985 @@
+//! The task table and the handlers behind [`decide`](super::decide).
+//!
+//! # Implementation
+//! Per-task state is kept small, because a job may have ten million tasks: a [`TaskSlot`] is 24
+//! bytes (row range, split index, failure count, state) and the epoch's order adds 4 bytes per task,
+//! so one task costs 28 bytes and ten million cost about 280 MB. What only in-flight tasks need (the
+//! holder and the two counts, and a pending stop row) lives in a map keyed by slot, whose size is
+//! bounded by the nodes' queues, not by the data.
+//!
+//! A task's slot index is its id minus the epoch's first task id. Pending tasks are, in order, the
+//! `requeued` queue (re-split pieces at its front, tasks back from a failure or a lost node at its
+//! back) and then `order[cursor..]`, the epoch's seeded order not yet handed out.
+
+use super::order::epoch_order;
+use super::{
+    Action, Assignment, DecideConfig, JobOutcome, NodeId, Refusal, ReportOutcome, TaskId,
+    TaskProgress,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+/// Why a job's data cannot be planned into tasks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// The splits hold no rows at all.
+    #[error("the job's {splits} splits hold no rows; check the sources and the filter")]
+    NoRows {
+        /// How many splits there were.
+        splits: usize,
+    },
+    /// An epoch would have more tasks than the table can index.
+    #[error(
+        "an epoch would have {tasks} tasks, more than {max}; raise data.task_rows so there are fewer"
+    )]
+    TooManyTasks {
+        /// The tasks the epoch would have.
+        tasks: u64,
+        /// The most an epoch may have.
+        max: u64,
+    },
+    /// There are more splits than the table can index.
+    #[error(
+        "the job has {splits} splits, more than {max}; merge small files or raise the split size"
+    )]
+    TooManySplits {
+        /// How many splits there were.
+        splits: usize,
+        /// The most a job may have.
+        max: u64,
+    },
+}
+
+/// The lifecycle of one task slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum SlotState {
+    Pending,
+    InFlight,
+    Done,
+    Failed,
+}
+
+/// One task of the current epoch; 24 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TaskSlot {
+    /// First row not yet consumed by anyone before the current assignment.
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) split: u32,
+    pub(crate) failures: u16,
+    pub(crate) state: SlotState,
+}
+
+/// What the AM knows of a task in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InFlight {
+    pub(crate) node: NodeId,
+    pub(crate) enqueued: u64,
+    pub(crate) consumed: u64,
+    /// The stop row asked of the holder and not yet acknowledged.
+    pub(crate) stop_at: Option<u64>,
+}
+
+/// The liveness of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum NodeStatus {
+    /// Heard from within the heartbeat timeout.
+    Alive,
+    /// Missed its heartbeat timeout; fenced until it registers again holding nothing.
+    Lost,
+    /// Failed too many tasks; refused for the rest of the job.
+    Blacklisted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NodeEntry {
+    pub(crate) status: NodeStatus,
+    pub(crate) last_seen_ms: u64,
+    pub(crate) failures: u32,
+    /// Slots in flight on this node.
+    pub(crate) held: BTreeSet<u32>,
+}
+
+/// The AM's task table: the current epoch's tasks, the nodes, and the job's counters.
+#[derive(Debug, Clone)]
+pub struct JobState {
+    pub(crate) config: DecideConfig,
+    pub(crate) split_rows: Vec<u64>,
+    pub(crate) epoch: u32,
+    pub(crate) first_task_id: u64,
+    pub(crate) epoch_rows: u64,
+    pub(crate) slots: Vec<TaskSlot>,
+    pub(crate) order: Vec<u32>,
+    pub(crate) cursor: usize,
+    pub(crate) requeued: VecDeque<u32>,
+    pub(crate) in_flight: HashMap<u32, InFlight>,
+    pub(crate) nodes: BTreeMap<NodeId, NodeEntry>,
+    pub(crate) done_rows: u64,
+    pub(crate) failed_rows: u64,
+    pub(crate) total_failures: u32,
+    pub(crate) outcome: Option<JobOutcome>,
+}
+
+/// The largest number of slots in one epoch, so that a slot index fits in `u32`.
+const MAX_SLOTS: u64 = u32::MAX as u64;
+
+impl JobState {
+    /// Plans epoch 0 over splits with the given row counts; a split's index in `split_rows` is the
+    /// split index carried by its tasks.
+    pub fn new(config: DecideConfig, split_rows: Vec<u64>) -> Result<JobState, PlanError> {
+        if split_rows.len() as u64 > MAX_SLOTS {
+            return Err(PlanError::TooManySplits {
+                splits: split_rows.len(),
+                max: MAX_SLOTS,
+            });
+        }
+        let epoch_rows: u64 = split_rows.iter().sum();
+        if epoch_rows == 0 {
+            return Err(PlanError::NoRows {
+                splits: split_rows.len(),
+            });
+        }
+        let task_rows = config.task_rows.max(1);
+        let tasks: u64 = split_rows.iter().map(|rows| rows.div_ceil(task_rows)).sum();
+        if tasks > MAX_SLOTS {
+            return Err(PlanError::TooManyTasks {
+                tasks,
+                max: MAX_SLOTS,
+            });
+        }
+        let mut state = JobState {
+            config,
+            split_rows,
+            epoch: 0,
+            first_task_id: 0,
+            epoch_rows,
+            slots: Vec::new(),
+            order: Vec::new(),
+            cursor: 0,
+            requeued: VecDeque::new(),
+            in_flight: HashMap::new(),
+            nodes: BTreeMap::new(),
+            done_rows: 0,
+            failed_rows: 0,
+            total_failures: 0,
+            outcome: None,
+        };
+        state.plan_epoch(0);
+        Ok(state)
+    }
+
+    /// Cuts every split into tasks for `epoch` and shuffles their order.
+    fn plan_epoch(&mut self, epoch: u32) {
+        let task_rows = self.config.task_rows.max(1);
+        let mut slots = Vec::new();
+        for (split, rows) in self.split_rows.iter().enumerate() {
+            let mut start = 0;
+            while start < *rows {
+                let end = (start + task_rows).min(*rows);
+                slots.push(TaskSlot {
+                    start,
+                    end,
+                    split: split as u32,
+                    failures: 0,
+                    state: SlotState::Pending,
+                });
+                start = end;
+            }
+        }
+        slots.shrink_to_fit();
+        self.order = epoch_order(slots.len() as u32, self.config.seed, epoch);
+        self.slots = slots;
+        self.epoch = epoch;
+        self.cursor = 0;
+        self.requeued.clear();
+        self.in_flight.clear();
+        self.done_rows = 0;
+        self.failed_rows = 0;
+    }
+
+    /// The current epoch.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// How the job ended, once it has.
+    pub fn outcome(&self) -> Option<&JobOutcome> {
+        self.outcome.as_ref()
+    }
+
+    /// Tasks in the current epoch's table, including re-split pieces.
+    pub fn task_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Rows of the current epoch consumed so far.
+    pub fn done_rows(&self) -> u64 {
+        self.done_rows
+    }
+
+    /// Rows of the current epoch that belong to failed tasks.
+    pub fn failed_rows(&self) -> u64 {
+        self.failed_rows
+    }
+
+    /// Rows in one epoch.
+    pub fn epoch_rows(&self) -> u64 {
+        self.epoch_rows
+    }
+
+    /// Tasks waiting to be handed out.
+    pub fn pending_count(&self) -> usize {
+        self.requeued.len() + (self.order.len() - self.cursor)
+    }
+
+    /// Tasks currently held by nodes.
+    pub fn in_flight_count(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The status of a node, if it ever registered.
+    pub fn node_status(&self, node: NodeId) -> Option<NodeStatus> {
+        self.nodes.get(&node).map(|entry| entry.status)
+    }
+
+    /// An estimate of the heap and inline bytes the table uses: the task slots, the order, the
+    /// queues, the in-flight map and the nodes. Allocator overhead is not counted.
+    pub fn memory_estimate_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let in_flight_entry = size_of::<(u32, InFlight)>() + 1; // hashbrown: one control byte each
+        let held_entry = size_of::<u32>() * 2; // B-tree nodes are at least half full
+        size_of::<JobState>()
+            + self.split_rows.capacity() * size_of::<u64>()
+            + self.slots.capacity() * size_of::<TaskSlot>()
+            + self.order.capacity() * size_of::<u32>()
+            + self.requeued.capacity() * size_of::<u32>()
+            + self.in_flight.capacity() * in_flight_entry
+            + self.nodes.len() * (size_of::<(NodeId, NodeEntry)>() + size_of::<usize>())
+            + self.in_flight.len() * held_entry
+    }
+
+    pub(crate) fn task_id(&self, slot: u32) -> TaskId {
+        TaskId(self.first_task_id + u64::from(slot))
+    }
+
+    pub(crate) fn slot_of(&self, task: TaskId) -> Option<u32> {
+        let slot = task.0.checked_sub(self.first_task_id)?;
+        (slot < self.slots.len() as u64).then_some(slot as u32)
+    }
+
+    /// Checks the node's standing and records that it was heard from. Returns `false`, after
+    /// pushing the one answer, when the event must not be applied.
+    fn admit(&mut self, node: NodeId, now_ms: u64, actions: &mut Vec<Action>) -> bool {
+        let Some(entry) = self.nodes.get_mut(&node) else {
+            actions.push(Action::Refuse {
+                node,
+                reason: Refusal::UnknownNode,
+            });
+            return false;
+        };
+        match entry.status {
+            NodeStatus::Lost => {
+                actions.push(Action::Fence { node });
+                false
+            }
+            NodeStatus::Blacklisted => {
+                actions.push(Action::Refuse {
+                    node,
+                    reason: Refusal::Blacklisted,
+                });
+                false
+            }
+            NodeStatus::Alive => {
+                entry.last_seen_ms = entry.last_seen_ms.max(now_ms);
+                if self.outcome.is_some() {
+                    actions.push(Action::Shutdown { node });
+                    return false;
+                }
+                true
+            }
+        }
+    }
+
+    pub(crate) fn on_register(
+        &mut self,
+        node: NodeId,
+        now_ms: u64,
+        held: Vec<TaskProgress>,
+        actions: &mut Vec<Action>,
+    ) {
+        match self.nodes.get(&node).map(|entry| entry.status) {
+            None | Some(NodeStatus::Lost) => {
+                if !held.is_empty() {
+                    // A new node, or one that was declared lost, must start from nothing: what it
+                    // holds may have been handed to someone else.
+                    actions.push(Action::Fence { node });
+                    return;
+                }
+                let failures = self.nodes.get(&node).map_or(0, |entry| entry.failures);
+                self.nodes.insert(
+                    node,
+                    NodeEntry {
+                        status: NodeStatus::Alive,
+                        last_seen_ms: now_ms,
+                        failures,
+                        held: BTreeSet::new(),
+                    },
+                );
+                if self.outcome.is_some() {
+                    actions.push(Action::Shutdown { node });
+                    return;
+                }
+                actions.push(Action::Registered {
+                    node,
+                    kept: 0,
+                    requeued: 0,
+                });
+            }
+            Some(NodeStatus::Blacklisted) => actions.push(Action::Refuse {
+                node,
+                reason: Refusal::Blacklisted,
+            }),
+            Some(NodeStatus::Alive) => {
+                if !self.admit(node, now_ms, actions) {
+                    return;
+                }
+                let reported: BTreeSet<TaskId> =
+                    held.iter().map(|progress| progress.task).collect();
+                let mut kept = 0;
+                for progress in held {
+                    if self.apply_progress(node, progress, actions) {
+                        kept += 1;
+                    }
+                }
+                let forgotten: Vec<u32> = self
+                    .nodes
+                    .get(&node)
+                    .map(|entry| {
+                        entry
+                            .held
+                            .iter()
+                            .copied()
+                            .filter(|slot| !reported.contains(&self.task_id(*slot)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let requeued = forgotten.len() as u32;
+                for slot in forgotten {
+                    self.requeue_in_flight(slot, false, actions);
+                }
+                actions.push(Action::Registered {
+                    node,
+                    kept,
+                    requeued,
+                });
+                // The restarted daemon forgot any stop it was asked for; ask again.
+                let stops: Vec<(u32, u64)> = self
+                    .nodes
+                    .get(&node)
+                    .map(|entry| {
+                        entry
+                            .held
+                            .iter()
+                            .filter_map(|slot| {
+                                let stop = self.in_flight.get(slot)?.stop_at?;
+                                Some((*slot, stop))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for (slot, row) in stops {
+                    actions.push(Action::StopAt {
+                        node,
+                        task: self.task_id(slot),
+                        row,
+                    });
+                }
+                self.check_outcome(actions);
+            }
+        }
+    }
+
+    pub(crate) fn on_heartbeat(
+        &mut self,
+        node: NodeId,
+        now_ms: u64,
+        progress: Vec<TaskProgress>,
+        actions: &mut Vec<Action>,
+    ) {
+        if !self.admit(node, now_ms, actions) {
+            return;
+        }
+        for entry in progress {
+            self.apply_progress(node, entry, actions);
+        }
+        self.check_outcome(actions);
+    }
+
+    /// Finds the in-flight record of `task` on `node`, or pushes the refusal.
+    fn held_slot(&self, node: NodeId, task: TaskId, actions: &mut Vec<Action>) -> Option<u32> {
+        let Some(slot) = self.slot_of(task) else {
+            actions.push(Action::Refuse {
+                node,
+                reason: Refusal::UnknownTask(task),
+            });
+            return None;
+        };
+        match self.in_flight.get(&slot) {
+            Some(flight) if flight.node == node => Some(slot),
+            _ => {
+                actions.push(Action::Refuse {
+                    node,
+                    reason: Refusal::NotHeld(task),
+                });
+                None
+            }
+        }
+    }
+
+    /// Applies one task's counts; returns whether they were accepted.
+    fn apply_progress(
+        &mut self,
+        node: NodeId,
+        progress: TaskProgress,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        let Some(slot) = self.held_slot(node, progress.task, actions) else {
+            return false;
+        };
+        let task_slot = self.slots[slot as usize];
+        let rows = task_slot.end - task_slot.start;
+        if progress.enqueued > rows || progress.consumed > progress.enqueued {
+            actions.push(Action::Refuse {
+                node,
+                reason: Refusal::CountOutOfRange {
+                    task: progress.task,
+                    enqueued: progress.enqueued,
+                    consumed: progress.consumed,
+                    rows,
+                },
+            });
+            return false;
+        }
+        self.record_consumed(slot, progress.consumed);
+        if let Some(flight) = self.in_flight.get_mut(&slot) {
+            flight.enqueued = flight.enqueued.max(progress.enqueued);
+        }
+        self.complete_if_consumed(slot, actions);
+        true
+    }
+
+    /// Raises a slot's consumed count (counts never go back) and the epoch's done rows with it.
+    fn record_consumed(&mut self, slot: u32, consumed: u64) {
+        if let Some(flight) = self.in_flight.get_mut(&slot)
+            && consumed > flight.consumed
+        {
+            self.done_rows += consumed - flight.consumed;
+            flight.consumed = consumed;
+            flight.enqueued = flight.enqueued.max(consumed);
+        }
+    }
+
+    /// Marks a slot done if every row of it is consumed.
+    fn complete_if_consumed(&mut self, slot: u32, actions: &mut Vec<Action>) {
+        let task_slot = self.slots[slot as usize];
+        let Some(flight) = self.in_flight.get(&slot) else {
+            return;
+        };
+        if flight.consumed < task_slot.end - task_slot.start {
+            return;
+        }
+        let holder = flight.node;
+        self.in_flight.remove(&slot);
+        if let Some(entry) = self.nodes.get_mut(&holder) {
+            entry.held.remove(&slot);
+        }
+        self.slots[slot as usize].state = SlotState::Done;
+        actions.push(Action::TaskDone {
+            task: self.task_id(slot),
+        });
+    }
+
+    /// Takes a slot off its holder and queues the rows not yet consumed; `front` puts it first.
+    fn requeue_in_flight(&mut self, slot: u32, front: bool, actions: &mut Vec<Action>) {
+        let Some(flight) = self.in_flight.remove(&slot) else {
+            return;
+        };
+        if let Some(entry) = self.nodes.get_mut(&flight.node) {
+            entry.held.remove(&slot);
+        }
+        let task_slot = &mut self.slots[slot as usize];
+        task_slot.start += flight.consumed;
+        debug_assert!(
+            task_slot.start < task_slot.end,
+            "a fully consumed slot is done"
+        );
+        task_slot.state = SlotState::Pending;
+        let from_row = task_slot.start;
+        if front {
+            self.requeued.push_front(slot);
+        } else {
+            self.requeued.push_back(slot);
+        }
+        actions.push(Action::TaskRequeued {
+            task: self.task_id(slot),
+            from_row,
+        });
+    }
+
+    fn next_pending(&mut self) -> Option<u32> {
+        if let Some(slot) = self.requeued.pop_front() {
+            return Some(slot);
+        }
+        let slot = *self.order.get(self.cursor)?;
+        self.cursor += 1;
+        Some(slot)
+    }
+
+    pub(crate) fn on_acquire(
+        &mut self,
+        node: NodeId,
+        now_ms: u64,
+        max_tasks: u32,
+        actions: &mut Vec<Action>,
+    ) {
+        if !self.admit(node, now_ms, actions) {
+            return;
+        }
+        let mut tasks = Vec::new();
+        while tasks.len() < max_tasks as usize {
+            let Some(slot) = self.next_pending() else {
+                break;
+            };
+            let task_slot = &mut self.slots[slot as usize];
+            debug_assert_eq!(task_slot.state, SlotState::Pending);
+            task_slot.state = SlotState::InFlight;
+            let assignment = Assignment {
+                task: TaskId(self.first_task_id + u64::from(slot)),
+                epoch: self.epoch,
+                split: task_slot.split,
+                start: task_slot.start,
+                end: task_slot.end,
+            };
+            self.in_flight.insert(
+                slot,
+                InFlight {
+                    node,
+                    enqueued: 0,
+                    consumed: 0,
+                    stop_at: None,
+                },
+            );
+            if let Some(entry) = self.nodes.get_mut(&node) {
+                entry.held.insert(slot);
+            }
+            tasks.push(assignment);
+        }
+        if !tasks.is_empty() {
+            actions.push(Action::Assign { node, tasks });
+            return;
+        }
+        let idle = self
+            .nodes
+            .get(&node)
+            .is_some_and(|entry| entry.held.is_empty());
+        if idle && max_tasks > 0 {
+            self.request_resplit(node, actions);
+        }
+    }
+
+    /// Asks the holder of the task with the most rows not yet enqueued to stop early, so that an
+    /// idle node can take the rest once the holder acknowledges.
+    fn request_resplit(&mut self, idle: NodeId, actions: &mut Vec<Action>) {
+        if self.slots.len() as u64 >= MAX_SLOTS {
+            return;
+        }
+        let margin = self.config.resplit_margin_rows;
+        let victim = self
+            .in_flight
+            .iter()
+            .filter(|(_, flight)| flight.node != idle && flight.stop_at.is_none())
+            .map(|(slot, flight)| {
+                let task_slot = &self.slots[*slot as usize];
+                let position = task_slot.start + flight.enqueued;
+                (task_slot.end - position, std::cmp::Reverse(*slot), position)
+            })
+            .max();
+        let Some((unread, std::cmp::Reverse(slot), position)) = victim else {
+            return;
+        };
+        if unread <= margin {
+            return;
+        }
+        // The holder keeps the margin and half of what is beyond it; the idle node gets the rest.
+        let beyond_margin = unread - margin;
+        let stop_row = position + margin + beyond_margin / 2;
+        let end = self.slots[slot as usize].end;
+        if end - stop_row < self.config.resplit_min_rows.max(1) {
+            return;
+        }
+        let Some(flight) = self.in_flight.get_mut(&slot) else {
+            return;
+        };
+        flight.stop_at = Some(stop_row);
+        let holder = flight.node;
+        actions.push(Action::StopAt {
+            node: holder,
+            task: self.task_id(slot),
+            row: stop_row,
+        });
+    }
+
+    pub(crate) fn on_stop_ack(
+        &mut self,
+        node: NodeId,
+        now_ms: u64,
+        task: TaskId,
+        stop_row: u64,
+        actions: &mut Vec<Action>,
+    ) {
+        if !self.admit(node, now_ms, actions) {
+            return;
+        }
+        let Some(slot) = self.held_slot(node, task, actions) else {
+            return;
+        };
+        let Some(flight) = self.in_flight.get(&slot).copied() else {
+            return;
+        };
+        if flight.stop_at.is_none() {
+            actions.push(Action::Refuse {
+                node,
+                reason: Refusal::NoStopRequested(task),
+            });
+            return;
+        }
+        let task_slot = self.slots[slot as usize];
+        let min = task_slot.start + flight.enqueued.max(flight.consumed);
+        if stop_row < min || stop_row > task_slot.end {
+            actions.push(Action::Refuse {
+                node,
+                reason: Refusal::StopRowOutOfRange {
+                    task,
+                    stop_row,
+                    min,
+                    max: task_slot.end,
+                },
+            });
+            return;
+        }
+        if let Some(flight) = self.in_flight.get_mut(&slot) {
+            flight.stop_at = None;
+        }
+        if stop_row < task_slot.end {
+            let child = self.slots.len() as u32;
+            self.slots.push(TaskSlot {
+                start: stop_row,
+                end: task_slot.end,
+                split: task_slot.split,
+                failures: 0,
+                state: SlotState::Pending,
+            });
+            self.slots[slot as usize].end = stop_row;
+            self.requeued.push_front(child);
+            actions.push(Action::TaskSplit {
+                parent: task,
+                child: self.task_id(child),
+                at_row: stop_row,
+            });
+            self.complete_if_consumed(slot, actions);
+        }
+        self.check_outcome(actions);
+    }
+
+    pub(crate) fn on_report(
+        &mut self,
+        node: NodeId,
+        now_ms: u64,
+        task: TaskId,
+        consumed: u64,
+        outcome: ReportOutcome,
+        actions: &mut Vec<Action>,
+    ) {
+        if !self.admit(node, now_ms, actions) {
+            return;
+        }
+        let Some(slot) = self.held_slot(node, task, actions) else {
+            return;
+        };
+        let task_slot = self.slots[slot as usize];
+        let rows = task_slot.end - task_slot.start;
+        if consumed > rows {
+            actions.push(Action::Refuse {
+                node,
+                reason: Refusal::CountOutOfRange {
+                    task,
+                    enqueued: consumed,
+                    consumed,
+                    rows,
+                },
+            });
+            return;
+        }
+        match outcome {
+            ReportOutcome::Done => {
+                if consumed != rows {
+                    actions.push(Action::Refuse {
+                        node,
+                        reason: Refusal::DoneBeforeEnd {
+                            task,
+                            consumed,
+                            rows,
+                        },
+                    });
+                    return;
+                }
+                self.record_consumed(slot, consumed);
+                self.complete_if_consumed(slot, actions);
+            }
+            ReportOutcome::Failed { reason } => {
+                self.record_consumed(slot, consumed);
+                self.complete_if_consumed(slot, actions);
+                if self.in_flight.contains_key(&slot) {
+                    self.fail_attempt(node, slot, reason, actions);
+                }
+            }
+        }
+        self.check_outcome(actions);
+    }
+
+    /// Counts one failed attempt of an in-flight slot against the task, the node and the job.
+    fn fail_attempt(&mut self, node: NodeId, slot: u32, reason: String, actions: &mut Vec<Action>) {
+        self.total_failures = self.total_failures.saturating_add(1);
+        let failures = {
+            let task_slot = &mut self.slots[slot as usize];
+            task_slot.failures = task_slot.failures.saturating_add(1);
+            u32::from(task_slot.failures)
+        };
+        if failures >= self.config.max_task_attempts {
+            let Some(flight) = self.in_flight.remove(&slot) else {
+                return;
+            };
+            if let Some(entry) = self.nodes.get_mut(&node) {
+                entry.held.remove(&slot);
+            }
+            let task_slot = &mut self.slots[slot as usize];
+            task_slot.start += flight.consumed;
+            task_slot.state = SlotState::Failed;
+            self.failed_rows += task_slot.end - task_slot.start;
+            actions.push(Action::TaskFailed {
+                task: self.task_id(slot),
+                attempts: failures,
+                reason,
+            });
+        } else {
+            self.requeue_in_flight(slot, false, actions);
+        }
+        let node_failures = match self.nodes.get_mut(&node) {
+            Some(entry) => {
+                entry.failures = entry.failures.saturating_add(1);
+                entry.failures
+            }
+            None => return,
+        };
+        if node_failures >= self.config.blacklist_after_failures {
+            self.take_node_out(node, NodeStatus::Blacklisted, actions);
+        }
+    }
+
+    /// Marks a node lost or blacklisted and queues its tasks again.
+    fn take_node_out(&mut self, node: NodeId, status: NodeStatus, actions: &mut Vec<Action>) {
+        let held: Vec<u32> = match self.nodes.get_mut(&node) {
+            Some(entry) => {
+                entry.status = status;
+                entry.held.iter().copied().collect()
+            }
+            None => return,
+        };
+        let requeued = held.len() as u32;
+        for slot in held {
+            self.requeue_in_flight(slot, false, actions);
+        }
+        match status {
+            NodeStatus::Lost => actions.push(Action::NodeLost { node, requeued }),
+            NodeStatus::Blacklisted => {
+                actions.push(Action::NodeBlacklisted { node, requeued });
+                actions.push(Action::Fence { node });
+            }
+            NodeStatus::Alive => {}
+        }
+    }
+
+    pub(crate) fn on_tick(&mut self, now_ms: u64, actions: &mut Vec<Action>) {
+        let timeout = self.config.heartbeat_timeout_ms;
+        let expired: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|(_, entry)| {
+                entry.status == NodeStatus::Alive
+                    && now_ms.saturating_sub(entry.last_seen_ms) > timeout
+            })
+            .map(|(node, _)| *node)
+            .collect();
+        for node in expired {
+            self.total_failures = self.total_failures.saturating_add(1);
+            self.take_node_out(node, NodeStatus::Lost, actions);
+        }
+        self.check_outcome(actions);
+    }
+
+    /// Applies the failover stop rules and starts the next epoch when this one is resolved.
+    fn check_outcome(&mut self, actions: &mut Vec<Action>) {
+        if self.outcome.is_some() {
+            return;
+        }
+        let config = self.config;
+        let total = self.epoch_rows as f64;
+        let failed = self.failed_rows as f64;
+        let done = self.done_rows as f64;
+        let failure = if self.total_failures > config.max_total_failures {
+            Some(format!(
+                "{} failures (task failures and lost nodes) exceed failover.max_total_failures ({})",
+                self.total_failures, config.max_total_failures
+            ))
+        } else if self.failed_rows > 0 && failed * 100.0 >= config.task_failed_percent * total {
+            Some(format!(
+                "epoch {}: {:.2}% of rows belong to failed tasks, reaching failover.task_failed_percent ({})",
+                self.epoch,
+                failed * 100.0 / total,
+                config.task_failed_percent
+            ))
+        } else if failed * 100.0 > (100.0 - config.task_success_percent) * total {
+            Some(format!(
+                "epoch {}: {:.2}% of rows belong to failed tasks, so failover.task_success_percent ({}) cannot be reached",
+                self.epoch,
+                failed * 100.0 / total,
+                config.task_success_percent
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = failure {
+            self.finish(JobOutcome::Failed { reason }, actions);
+            return;
+        }
+        let last_epoch = self.epoch + 1 >= config.epochs;
+        if last_epoch && done * 100.0 >= config.task_success_percent * total {
+            self.finish(JobOutcome::Succeeded, actions);
+            return;
+        }
+        if !last_epoch && self.done_rows + self.failed_rows == self.epoch_rows {
+            debug_assert!(self.in_flight.is_empty());
+            self.first_task_id += self.slots.len() as u64;
+            self.plan_epoch(self.epoch + 1);
+            actions.push(Action::EpochStarted {
+                epoch: self.epoch,
+                tasks: self.slots.len() as u32,
+            });
+        }
+    }
+
+    fn finish(&mut self, outcome: JobOutcome, actions: &mut Vec<Action>) {
+        self.outcome = Some(outcome.clone());
+        actions.push(Action::JobFinished { outcome });
+    }
+
+    /// Checks the table's invariants: the open ranges of every split are disjoint, and done,
+    /// failed and open rows add up to the epoch's rows; the queues and the in-flight map agree with
+    /// the slots' states, and each node holds exactly its in-flight slots.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let mut open_rows = 0;
+        let mut open_ranges: Vec<(u32, u64, u64)> = Vec::new();
+        for (index, task_slot) in self.slots.iter().enumerate() {
+            let slot = index as u32;
+            if task_slot.start > task_slot.end {
+                return Err(format!("slot {slot} has start past end: {task_slot:?}"));
+            }
+            match task_slot.state {
+                SlotState::Pending => {
+                    open_rows += task_slot.end - task_slot.start;
+                    open_ranges.push((task_slot.split, task_slot.start, task_slot.end));
+                    if self.in_flight.contains_key(&slot) {
+                        return Err(format!("pending slot {slot} is in flight"));
+                    }
+                }
+                SlotState::InFlight => {
+                    let flight = self
+                        .in_flight
+                        .get(&slot)
+                        .ok_or(format!("in-flight slot {slot} has no record"))?;
+                    let rows = task_slot.end - task_slot.start;
+                    if flight.consumed > rows || flight.enqueued > rows {
+                        return Err(format!("slot {slot} counts past its end: {flight:?}"));
+                    }
+                    open_rows += rows - flight.consumed;
+                    open_ranges.push((
+                        task_slot.split,
+                        task_slot.start + flight.consumed,
+                        task_slot.end,
+                    ));
+                    let holder = self
+                        .nodes
+                        .get(&flight.node)
+                        .ok_or(format!("slot {slot} held by unknown {}", flight.node))?;
+                    if holder.status != NodeStatus::Alive || !holder.held.contains(&slot) {
+                        return Err(format!(
+                            "slot {slot} held by {} which does not hold it",
+                            flight.node
+                        ));
+                    }
+                }
+                SlotState::Done | SlotState::Failed => {
+                    if self.in_flight.contains_key(&slot) {
+                        return Err(format!("finished slot {slot} is in flight"));
+                    }
+                }
+            }
+        }
+        if self.done_rows + self.failed_rows + open_rows != self.epoch_rows {
+            return Err(format!(
+                "done {} + failed {} + open {open_rows} != epoch rows {}",
+                self.done_rows, self.failed_rows, self.epoch_rows
+            ));
+        }
+        open_ranges.sort_unstable();
+        for pair in open_ranges.windows(2) {
+            if pair[0].0 == pair[1].0 && pair[0].2 > pair[1].1 {
+                return Err(format!(
+                    "open ranges overlap: {:?} and {:?}",
+                    pair[0], pair[1]
+                ));
+            }
+        }
+        let mut queued: Vec<u32> = self.requeued.iter().copied().collect();
+        queued.extend_from_slice(&self.order[self.cursor..]);
+        let queued_count = queued.len();
+        queued.sort_unstable();
+        queued.dedup();
+        let pending_count = self
+            .slots
+            .iter()
+            .filter(|task_slot| task_slot.state == SlotState::Pending)
+            .count();
+        if queued.len() != queued_count || queued_count != pending_count {
+            return Err(format!(
+                "queues hold {queued_count} entries ({} distinct) for {pending_count} pending slots",
+                queued.len()
+            ));
+        }
+        if let Some(slot) = queued
+            .iter()
+            .find(|slot| self.slots[**slot as usize].state != SlotState::Pending)
+        {
+            return Err(format!("queued slot {slot} is not pending"));
+        }
+        let held_total: usize = self.nodes.values().map(|entry| entry.held.len()).sum();
+        if held_total != self.in_flight.len() {
+            return Err(format!(
+                "nodes hold {held_total} slots but {} are in flight",
+                self.in_flight.len()
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,14 @@
+//! The Sluice application master's core: the job spec and the scheduling decisions.
+//!
+//! - [`spec`] parses a job spec (YAML, TOML or JSON) and validates it once into typed values, with
+//!   errors that name the key path and the fix.
+//! - [`decide`] holds the task table and the decisions of the AM as pure functions of the form
+//!   `decide(state, event) -> actions`: no network, no file, no clock. Time enters as a field of the
+//!   events. The gRPC service, the journal and the launchers wrap these functions.
+//!
+//! YAML is read with `serde_norway`, the maintained fork of `serde_yaml`: `serde_yaml` was archived
+//! by its author in 2024, and `serde_yml` is deprecated by its own author. `serde_norway` keeps the
+//! `serde_yaml` API and its YAML 1.2 behaviour (`no` is a string, not `false`), and gets fixes.
+
+pub mod decide;
+pub mod spec;

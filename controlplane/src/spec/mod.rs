@@ -1,0 +1,307 @@
+//! The job spec: parsed from YAML, TOML or JSON, then validated once into typed values.
+//!
+//! # Implementation
+//! Parsing has three steps. The text is read into a format-neutral tree by the format's own parser (so
+//! syntax errors keep their line and column). The tree is mapped onto serde structs that reject unknown
+//! keys (`raw`), with errors that carry the key path. Then [`JobSpec`] is built from those structs by
+//! `validate`, which fills the defaults and checks every rule, naming the key and the fix.
+
+mod error;
+mod raw;
+mod tree;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::SpecError;
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+/// The text format of a job spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Format {
+    /// YAML, the default.
+    Yaml,
+    /// TOML.
+    Toml,
+    /// JSON.
+    Json,
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(match self {
+            Format::Yaml => "YAML",
+            Format::Toml => "TOML",
+            Format::Json => "JSON",
+        })
+    }
+}
+
+impl Format {
+    /// Picks the format from a file name's extension (`.yaml`, `.yml`, `.toml`, `.json`).
+    pub fn from_path(path: &Path) -> Result<Format, SpecError> {
+        let extension = path
+            .extension()
+            .and_then(|extension| extension.to_str())
+            .map(str::to_ascii_lowercase);
+        match extension.as_deref() {
+            Some("yaml" | "yml") => Ok(Format::Yaml),
+            Some("toml") => Ok(Format::Toml),
+            Some("json") => Ok(Format::Json),
+            _ => Err(SpecError::UnknownExtension {
+                path: path.to_owned(),
+            }),
+        }
+    }
+
+    /// Guesses the format of text with no file name, such as a spec piped on stdin.
+    ///
+    /// Text whose first non-blank character is `{` is JSON. Text whose first line that is neither blank
+    /// nor a comment is a `[table]` header or a `key = value` line is TOML. Anything else is YAML.
+    pub fn sniff(text: &str) -> Format {
+        if text.trim_start().starts_with('{') {
+            return Format::Json;
+        }
+        let first_line = text
+            .lines()
+            .map(str::trim)
+            .find(|line| !line.is_empty() && !line.starts_with('#'));
+        match first_line {
+            Some(line) if line.starts_with('[') && line.ends_with(']') => Format::Toml,
+            Some(line) => {
+                let before_equals = line.split('=').next().unwrap_or("");
+                let is_toml_key = line.contains('=')
+                    && !before_equals.contains(':')
+                    && !before_equals.trim().is_empty()
+                    && before_equals.trim().chars().all(|character| {
+                        character.is_ascii_alphanumeric() || "_-.\"' ".contains(character)
+                    });
+                if is_toml_key {
+                    Format::Toml
+                } else {
+                    Format::Yaml
+                }
+            }
+            None => Format::Yaml,
+        }
+    }
+}
+
+/// A validated job spec. Every optional key has its default filled in.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobSpec {
+    /// The job's name; it names shared-memory directories and pods, so it is a lowercase slug.
+    pub name: String,
+    /// What to read and how to cut it into tasks.
+    pub data: DataSpec,
+    /// How many node daemons to run (default 1).
+    pub nodes: u32,
+    /// The trainer roles.
+    pub roles: Vec<RoleSpec>,
+    /// Restart, failure and heartbeat policy.
+    pub failover: FailoverSpec,
+    /// Where executors run (default `local`).
+    pub launcher: LauncherKind,
+    /// Where the journal and snapshots go; `None` means the job cannot resume after an AM restart.
+    pub checkpoint: Option<CheckpointSpec>,
+}
+
+/// The `data` section.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DataSpec {
+    /// The sources, read in order.
+    pub sources: Vec<SourceSpec>,
+    /// Rows per record batch handed to trainers (default 1024).
+    pub batch_size: u32,
+    /// Passes over the data (default 1).
+    pub epochs: u32,
+    /// Target rows per task (default 65536).
+    pub task_rows: u64,
+    /// Seeds and window of the shuffle.
+    pub shuffle: ShuffleSpec,
+    /// When re-splitting, rows past what the holder has enqueued that it keeps as a margin
+    /// (default `batch_size`).
+    pub resplit_margin_rows: u64,
+    /// The smallest remainder worth re-splitting to an idle node (default `batch_size`).
+    pub resplit_min_rows: u64,
+}
+
+/// One data source.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SourceSpec {
+    /// Where the data is: `file://`, `s3://`, `gs://`, `az://` and the other object-store schemes.
+    pub uri: String,
+    /// How it is encoded; inferred from the uri's extension when not given.
+    pub format: SourceFormat,
+    /// The columns to read; `None` reads them all.
+    pub columns: Option<Vec<String>>,
+    /// A row filter in the formats layer's filter language, checked there.
+    pub filter: Option<String>,
+    /// Object-store settings that override the environment.
+    pub storage_options: BTreeMap<String, String>,
+}
+
+/// The encoding of a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceFormat {
+    /// Apache Parquet files.
+    Parquet,
+    /// A Delta Lake table.
+    Delta,
+    /// Arrow IPC files.
+    Ipc,
+    /// Comma-separated values.
+    Csv,
+    /// JSON lines.
+    Jsonl,
+    /// TFRecord files.
+    Tfrecord,
+}
+
+impl SourceFormat {
+    /// The names accepted in `format`.
+    pub const NAMES: &'static [&'static str] =
+        &["parquet", "delta", "ipc", "csv", "jsonl", "tfrecord"];
+}
+
+/// The `data.shuffle` section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ShuffleSpec {
+    /// The job seed: task order per epoch, interleave and row permutation derive from it (default 0).
+    pub seed: u64,
+    /// Open tasks interleaved by a daemon (default 4).
+    pub window: u32,
+}
+
+/// One trainer role.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RoleSpec {
+    /// The role's name, unique in the job.
+    pub name: String,
+    /// How many processes (default 1).
+    pub num: u32,
+    /// The command and its arguments; `{rank}` is replaced by the process's rank.
+    pub command: Vec<String>,
+    /// Extra environment variables.
+    pub env: BTreeMap<String, String>,
+    /// What each process needs.
+    pub resources: Resources,
+}
+
+/// Resources of one trainer process.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Resources {
+    /// CPU cores, fractional allowed.
+    pub cpu: Option<f64>,
+    /// Memory in bytes, written as `512Mi`, `4Gi`, `2G` or a plain byte count.
+    pub memory_bytes: Option<u64>,
+    /// GPUs (default 0).
+    pub gpu: u32,
+}
+
+/// The `failover` section.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct FailoverSpec {
+    /// When an exited executor is started again (default `on-failure`).
+    pub restart: RestartPolicy,
+    /// Failures allowed per executor before it is not restarted again (default 3).
+    pub max_failures: u32,
+    /// Failures allowed for the whole job: task failures plus lost nodes (default
+    /// `max_failures` × (nodes + trainer processes)).
+    pub max_total_failures: u32,
+    /// Attempts per task before it is failed (default 3).
+    pub max_task_attempts: u32,
+    /// Task failures on one node before the node is blacklisted (default `max_failures`).
+    pub blacklist_after_failures: u32,
+    /// How often daemons heartbeat (default 1000 ms).
+    pub heartbeat_interval_ms: u64,
+    /// Silence after which a daemon is declared lost (default 10 × the interval).
+    pub heartbeat_timeout_ms: u64,
+    /// The job succeeds once this percentage of the last epoch's rows is consumed (default 100).
+    pub task_success_percent: f64,
+    /// The job fails once this percentage of an epoch's rows belongs to failed tasks (default 100).
+    pub task_failed_percent: f64,
+}
+
+/// When an exited executor is started again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    /// Restart after a non-zero exit.
+    OnFailure,
+    /// Never restart.
+    Never,
+    /// Restart after any exit.
+    Always,
+}
+
+impl RestartPolicy {
+    /// The names accepted in `failover.restart`.
+    pub const NAMES: &'static [&'static str] = &["on-failure", "never", "always"];
+}
+
+/// Where executors run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LauncherKind {
+    /// Processes on this machine.
+    Local,
+    /// One pod per node.
+    Kubernetes,
+    /// `srun` steps.
+    Slurm,
+}
+
+impl LauncherKind {
+    /// The names accepted in `launcher.kind`.
+    pub const NAMES: &'static [&'static str] = &["local", "kubernetes", "slurm"];
+}
+
+/// The `checkpoint` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckpointSpec {
+    /// The object-store prefix for the journal and snapshots.
+    pub uri: String,
+    /// Seconds between compacted snapshots (default 300).
+    pub interval_s: u64,
+}
+
+impl JobSpec {
+    /// Reads and validates a spec file, choosing the format by its extension.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<JobSpec, SpecError> {
+        let path = path.as_ref();
+        let format = Format::from_path(path)?;
+        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        JobSpec::parse(&text, format)
+    }
+
+    /// Parses and validates spec text in the given format.
+    pub fn parse(text: &str, format: Format) -> Result<JobSpec, SpecError> {
+        let syntax_error = |message: String| SpecError::Syntax { format, message };
+        let document: tree::Node = match format {
+            Format::Yaml => {
+                serde_norway::from_str(text).map_err(|error| syntax_error(error.to_string()))?
+            }
+            Format::Toml => {
+                toml::from_str(text).map_err(|error| syntax_error(error.to_string()))?
+            }
+            Format::Json => {
+                serde_json::from_str(text).map_err(|error| syntax_error(error.to_string()))?
+            }
+        };
+        if document == tree::Node::Null {
+            return Err(SpecError::Empty);
+        }
+        let raw: raw::RawJobSpec = tree::from_node(document).map_err(error::from_tree_error)?;
+        validate::validate(raw)
+    }
+}

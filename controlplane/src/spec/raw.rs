@@ -1,0 +1,133 @@
+//! The job spec as written: serde structs that reject unknown keys and leave defaults to validation.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The document's top level.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawJobSpec {
+    pub(crate) name: String,
+    pub(crate) data: RawData,
+    pub(crate) nodes: Option<u32>,
+    pub(crate) roles: Vec<RawRole>,
+    pub(crate) failover: Option<RawFailover>,
+    pub(crate) launcher: Option<RawLauncher>,
+    pub(crate) checkpoint: Option<RawCheckpoint>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawData {
+    pub(crate) sources: Vec<RawSource>,
+    pub(crate) batch_size: Option<u32>,
+    pub(crate) epochs: Option<u32>,
+    pub(crate) task_rows: Option<u64>,
+    pub(crate) shuffle: Option<RawShuffle>,
+    pub(crate) resplit_margin_rows: Option<u64>,
+    pub(crate) resplit_min_rows: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSource {
+    pub(crate) uri: String,
+    pub(crate) format: Option<String>,
+    pub(crate) columns: Option<Vec<String>>,
+    pub(crate) filter: Option<String>,
+    pub(crate) storage_options: Option<BTreeMap<String, ScalarString>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawShuffle {
+    pub(crate) seed: Option<u64>,
+    pub(crate) window: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRole {
+    pub(crate) name: String,
+    pub(crate) num: Option<u32>,
+    pub(crate) command: Vec<String>,
+    pub(crate) env: Option<BTreeMap<String, ScalarString>>,
+    pub(crate) resources: Option<RawResources>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawResources {
+    pub(crate) cpu: Option<f64>,
+    pub(crate) memory: Option<ScalarString>,
+    pub(crate) gpu: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFailover {
+    pub(crate) restart: Option<String>,
+    pub(crate) max_failures: Option<u32>,
+    pub(crate) max_total_failures: Option<u32>,
+    pub(crate) max_task_attempts: Option<u32>,
+    pub(crate) blacklist_after_failures: Option<u32>,
+    pub(crate) heartbeat_interval_ms: Option<u64>,
+    pub(crate) heartbeat_timeout_ms: Option<u64>,
+    pub(crate) task_success_percent: Option<f64>,
+    pub(crate) task_failed_percent: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLauncher {
+    pub(crate) kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCheckpoint {
+    pub(crate) uri: String,
+    pub(crate) interval_s: Option<u64>,
+}
+
+/// A string that may be written as a bare scalar (`AWS_ALLOW_HTTP: true`, `OMP_NUM_THREADS: 4`), as
+/// environment variables and storage options often are in YAML.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ScalarString(pub(crate) String);
+
+impl<'de> Deserialize<'de> for ScalarString {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ScalarVisitor;
+
+        impl serde::de::Visitor<'_> for ScalarVisitor {
+            type Value = ScalarString;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a string, number or boolean")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<ScalarString, E> {
+                Ok(ScalarString(value.to_owned()))
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<ScalarString, E> {
+                Ok(ScalarString(value.to_string()))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<ScalarString, E> {
+                Ok(ScalarString(value.to_string()))
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<ScalarString, E> {
+                Ok(ScalarString(value.to_string()))
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<ScalarString, E> {
+                Ok(ScalarString(value.to_string()))
+            }
+        }
+
+        deserializer.deserialize_any(ScalarVisitor)
+    }
+}

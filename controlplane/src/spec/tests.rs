@@ -1,0 +1,630 @@
+use super::*;
+
+/// The spec from the AM issue, in YAML.
+const QUICKSTART_YAML: &str = r#"
+name: quickstart
+data:
+  sources: [{ uri: file:///data/train, format: parquet, columns: [id, features, label] }]
+  batch_size: 1024
+  epochs: 1
+  task_rows: 65536
+  shuffle: { seed: 7, window: 4 }
+nodes: 2                      # node daemons (local launcher: processes on this machine)
+roles:
+  - { name: worker, num: 2, command: ["sluice", "consume", "--ids-out", "/tmp/ids-{rank}.bin"] }
+failover:
+  restart: on-failure         # on-failure | never | always
+  max_failures: 3             # per executor; plus max_total_failures for the job
+  max_task_attempts: 3
+  heartbeat_interval_ms: 1000
+  heartbeat_timeout_ms: 10000
+  task_success_percent: 100   # early stop rules, as in Primus
+  task_failed_percent: 50
+checkpoint: { uri: file:///tmp/sluice/ckpt }   # journal + snapshots; s3:// works too
+"#;
+
+/// The smallest valid spec; every test below changes one thing in it.
+const MINIMAL_YAML: &str = r#"
+name: small
+data:
+  sources: [{ uri: "file:///data/train", format: parquet }]
+roles:
+  - { name: worker, command: [sluice, consume] }
+"#;
+
+fn parse_yaml(text: &str) -> Result<JobSpec, SpecError> {
+    JobSpec::parse(text, Format::Yaml)
+}
+
+/// Parses a spec that must be refused and returns its error.
+fn refused(text: &str) -> SpecError {
+    match parse_yaml(text) {
+        Ok(spec) => panic!("spec was accepted but should be refused: {spec:?}"),
+        Err(error) => error,
+    }
+}
+
+/// Asserts that an error is about `path` and that its message contains every fragment.
+fn assert_error(error: &SpecError, path: &str, fragments: &[&str]) {
+    assert_eq!(error.key_path(), Some(path), "wrong key path in: {error}");
+    let message = error.to_string();
+    for fragment in fragments {
+        assert!(
+            message.contains(fragment),
+            "message `{message}` lacks `{fragment}`"
+        );
+    }
+}
+
+/// The minimal spec with `extra` appended to the top level.
+fn minimal_with(extra: &str) -> String {
+    format!("{MINIMAL_YAML}{extra}\n")
+}
+
+/// The minimal spec with one source written out in full.
+fn with_source(source: &str) -> String {
+    format!(
+        "name: small\ndata:\n  sources: [{source}]\nroles:\n  - {{ name: worker, command: [sluice, consume] }}\n"
+    )
+}
+
+/// The minimal spec with one role written out in full.
+fn with_role(role: &str) -> String {
+    format!(
+        "name: small\ndata:\n  sources: [{{ uri: 'file:///d', format: parquet }}]\nroles:\n  - {role}\n"
+    )
+}
+
+#[test]
+fn quickstart_spec_parses_into_typed_values() {
+    let sut = parse_yaml(QUICKSTART_YAML).expect("quickstart spec is valid");
+    assert_eq!(sut.name, "quickstart");
+    assert_eq!(sut.nodes, 2);
+    assert_eq!(sut.data.sources.len(), 1);
+    let source = &sut.data.sources[0];
+    assert_eq!(source.uri, "file:///data/train");
+    assert_eq!(source.format, SourceFormat::Parquet);
+    assert_eq!(
+        source.columns.as_deref(),
+        Some(&["id".to_owned(), "features".to_owned(), "label".to_owned()][..])
+    );
+    assert_eq!(sut.data.shuffle, ShuffleSpec { seed: 7, window: 4 });
+    assert_eq!(sut.data.task_rows, 65_536);
+    assert_eq!(sut.roles[0].num, 2);
+    assert_eq!(sut.roles[0].command[3], "/tmp/ids-{rank}.bin");
+    assert_eq!(sut.failover.restart, RestartPolicy::OnFailure);
+    assert_eq!(sut.failover.heartbeat_timeout_ms, 10_000);
+    assert_eq!(sut.failover.task_failed_percent, 50.0);
+    assert_eq!(sut.launcher, LauncherKind::Local);
+    assert_eq!(
+        sut.checkpoint,
+        Some(CheckpointSpec {
+            uri: "file:///tmp/sluice/ckpt".to_owned(),
+            interval_s: 300
+        })
+    );
+}
+
+#[test]
+fn defaults_fill_every_optional_key() {
+    let sut = parse_yaml(MINIMAL_YAML).expect("minimal spec is valid");
+    assert_eq!(sut.nodes, 1);
+    assert_eq!(sut.data.batch_size, 1024);
+    assert_eq!(sut.data.epochs, 1);
+    assert_eq!(sut.data.task_rows, 65_536);
+    assert_eq!(sut.data.shuffle, ShuffleSpec { seed: 0, window: 4 });
+    assert_eq!(sut.data.resplit_margin_rows, 1024);
+    assert_eq!(sut.data.resplit_min_rows, 1024);
+    assert_eq!(sut.roles[0].num, 1);
+    assert!(sut.roles[0].env.is_empty());
+    assert_eq!(sut.roles[0].resources.gpu, 0);
+    assert_eq!(sut.failover.restart, RestartPolicy::OnFailure);
+    assert_eq!(sut.failover.max_failures, 3);
+    // 3 failures for each of 1 node and 1 trainer.
+    assert_eq!(sut.failover.max_total_failures, 6);
+    assert_eq!(sut.failover.max_task_attempts, 3);
+    assert_eq!(sut.failover.blacklist_after_failures, 3);
+    assert_eq!(sut.failover.heartbeat_interval_ms, 1000);
+    assert_eq!(sut.failover.heartbeat_timeout_ms, 10_000);
+    assert_eq!(sut.failover.task_success_percent, 100.0);
+    assert_eq!(sut.failover.task_failed_percent, 100.0);
+    assert_eq!(sut.launcher, LauncherKind::Local);
+    assert_eq!(sut.checkpoint, None);
+}
+
+#[test]
+fn toml_and_json_give_the_same_spec_as_yaml() {
+    let toml_text = r#"
+name = "small"
+[data]
+sources = [{ uri = "file:///data/train", format = "parquet" }]
+[[roles]]
+name = "worker"
+command = ["sluice", "consume"]
+"#;
+    let json_text = r#"{"name": "small", "data": {"sources": [{"uri": "file:///data/train",
+        "format": "parquet"}]}, "roles": [{"name": "worker", "command": ["sluice", "consume"]}]}"#;
+    let from_yaml = parse_yaml(MINIMAL_YAML).expect("yaml is valid");
+    assert_eq!(
+        JobSpec::parse(toml_text, Format::Toml).expect("toml is valid"),
+        from_yaml
+    );
+    assert_eq!(
+        JobSpec::parse(json_text, Format::Json).expect("json is valid"),
+        from_yaml
+    );
+}
+
+#[test]
+fn format_follows_the_file_extension() {
+    assert_eq!(
+        Format::from_path(Path::new("job.yaml")).ok(),
+        Some(Format::Yaml)
+    );
+    assert_eq!(
+        Format::from_path(Path::new("job.YML")).ok(),
+        Some(Format::Yaml)
+    );
+    assert_eq!(
+        Format::from_path(Path::new("job.toml")).ok(),
+        Some(Format::Toml)
+    );
+    assert_eq!(
+        Format::from_path(Path::new("job.json")).ok(),
+        Some(Format::Json)
+    );
+    let error = Format::from_path(Path::new("job.txt")).expect_err("txt is not a spec format");
+    assert!(error.to_string().contains(".yaml, .yml, .toml or .json"));
+}
+
+#[test]
+fn sniffing_tells_the_three_formats_apart() {
+    assert_eq!(Format::sniff(MINIMAL_YAML), Format::Yaml);
+    assert_eq!(Format::sniff("  {\"name\": \"x\"}"), Format::Json);
+    assert_eq!(Format::sniff("# job\nname = \"x\"\n"), Format::Toml);
+    assert_eq!(Format::sniff("[data]\nepochs = 1\n"), Format::Toml);
+    assert_eq!(Format::sniff("---\nname: x\n"), Format::Yaml);
+    assert_eq!(Format::sniff("command: \"a=b\"\n"), Format::Yaml);
+}
+
+#[test]
+fn from_path_reads_a_file_and_names_a_missing_one() {
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let path = directory.path().join("job.yml");
+    std::fs::write(&path, QUICKSTART_YAML).expect("write spec");
+    let sut = JobSpec::from_path(&path).expect("file spec is valid");
+    assert_eq!(sut.name, "quickstart");
+
+    let missing = directory.path().join("absent.yaml");
+    let error = JobSpec::from_path(&missing).expect_err("missing file");
+    assert!(matches!(error, SpecError::Read { .. }));
+    assert!(error.to_string().contains("absent.yaml"));
+}
+
+#[test]
+fn syntax_errors_name_the_format_and_place() {
+    let error = parse_yaml("name: [unclosed\n").expect_err("bad yaml");
+    assert!(matches!(
+        error,
+        SpecError::Syntax {
+            format: Format::Yaml,
+            ..
+        }
+    ));
+    assert!(error.to_string().contains("line"), "{error}");
+    let error = JobSpec::parse("name = ", Format::Toml).expect_err("bad toml");
+    assert!(matches!(
+        error,
+        SpecError::Syntax {
+            format: Format::Toml,
+            ..
+        }
+    ));
+    let error = JobSpec::parse("{\"name\": }", Format::Json).expect_err("bad json");
+    assert!(error.to_string().contains("column"), "{error}");
+}
+
+#[test]
+fn an_empty_document_is_refused() {
+    assert!(matches!(refused("   \n# nothing\n"), SpecError::Empty));
+}
+
+#[test]
+fn a_top_level_list_is_refused() {
+    let error = refused("- a\n- b\n");
+    assert_error(&error, "(top level)", &["map"]);
+}
+
+#[test]
+fn duplicate_keys_are_refused() {
+    let error = JobSpec::parse(
+        r#"{"name": "a", "name": "b", "data": {"sources": []}, "roles": []}"#,
+        Format::Json,
+    )
+    .expect_err("duplicate key");
+    assert!(
+        error.to_string().contains("`name` appears twice"),
+        "{error}"
+    );
+}
+
+#[test]
+fn unknown_keys_are_refused_with_a_suggestion() {
+    let error = refused(&minimal_with("failover: { heartbeat_timout_ms: 5000 }"));
+    assert_error(
+        &error,
+        "failover.heartbeat_timout_ms",
+        &["unknown key", "did you mean `heartbeat_timeout_ms`?"],
+    );
+    let error = refused(&with_source(
+        "{ uri: 'file:///d', format: parquet, colums: [a] }",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].colums",
+        &["did you mean `columns`?"],
+    );
+}
+
+#[test]
+fn unknown_keys_far_from_any_list_the_allowed_ones() {
+    let error = refused(&minimal_with("launcher: { kind: local, zone: eu }"));
+    assert_error(&error, "launcher.zone", &["use one of: kind"]);
+    let error = refused(&minimal_with("colour: blue"));
+    assert_error(&error, "colour", &["use one of: name, data, nodes, roles"]);
+}
+
+#[test]
+fn missing_required_keys_are_named() {
+    let error = refused("data: { sources: [{ uri: 'file:///d', format: parquet }] }\nroles: []\n");
+    assert_error(&error, "name", &["is missing", "name: quickstart"]);
+    let error = refused("name: a\ndata: { batch_size: 8 }\nroles: []\n");
+    assert_error(&error, "data.sources", &["is missing"]);
+    let error = refused(&with_source("{ format: parquet }"));
+    assert_error(&error, "data.sources[0].uri", &["is missing", "file:///"]);
+    let error = refused(&with_role("{ name: worker }"));
+    assert_error(&error, "roles[0].command", &["is missing"]);
+}
+
+#[test]
+fn wrong_types_name_the_key_and_the_expected_type() {
+    let error = refused(&minimal_with("nodes: two"));
+    assert_error(&error, "nodes", &["string \"two\"", "whole number"]);
+    let error = refused(&minimal_with("nodes: -1"));
+    assert_error(&error, "nodes", &["-1", "whole number"]);
+    let error = refused(&with_role("{ name: worker, command: sluice }"));
+    assert_error(&error, "roles[0].command", &["a list"]);
+}
+
+#[test]
+fn name_must_be_a_lowercase_slug() {
+    assert_error(
+        &refused(
+            "name: ''\ndata: {sources: [{uri: 'file:///d', format: parquet}]}\nroles: [{name: w, command: [x]}]\n",
+        ),
+        "name",
+        &["is empty"],
+    );
+    let error = refused(
+        "name: My Job\ndata: {sources: [{uri: 'file:///d', format: parquet}]}\nroles: [{name: w, command: [x]}]\n",
+    );
+    assert_error(&error, "name", &["`My Job`", "lowercase"]);
+    let long_name = "a".repeat(64);
+    let error = refused(&format!(
+        "name: {long_name}\ndata: {{sources: [{{uri: 'file:///d', format: parquet}}]}}\nroles: [{{name: w, command: [x]}}]\n"
+    ));
+    assert_error(&error, "name", &["64 characters", "at most 63"]);
+}
+
+#[test]
+fn sources_must_not_be_empty() {
+    let error = refused("name: a\ndata: { sources: [] }\nroles: [{name: w, command: [x]}]\n");
+    assert_error(&error, "data.sources", &["empty list"]);
+}
+
+#[test]
+fn source_uris_need_a_supported_scheme_and_a_location() {
+    let error = refused(&with_source("{ uri: /data/train, format: parquet }"));
+    assert_error(
+        &error,
+        "data.sources[0].uri",
+        &["no scheme", "file:///data/train"],
+    );
+    let error = refused(&with_source("{ uri: 'hdfs://nn/data', format: parquet }"));
+    assert_error(&error, "data.sources[0].uri", &["hdfs://", "s3://"]);
+    let error = refused(&with_source("{ uri: 's3://', format: parquet }"));
+    assert_error(&error, "data.sources[0].uri", &["names no bucket"]);
+}
+
+#[test]
+fn source_format_is_checked_or_inferred() {
+    let error = refused(&with_source("{ uri: 'file:///d', format: parket }"));
+    assert_error(
+        &error,
+        "data.sources[0].format",
+        &["`parket`", "did you mean `parquet`?"],
+    );
+    let error = refused(&with_source("{ uri: 's3://bucket/table' }"));
+    assert_error(
+        &error,
+        "data.sources[0].format",
+        &["is missing", "does not tell the format", "delta"],
+    );
+    let sut = parse_yaml(&with_source("{ uri: 'file:///d/part-0.parquet' }")).expect("inferred");
+    assert_eq!(sut.data.sources[0].format, SourceFormat::Parquet);
+    let sut = parse_yaml(&with_source("{ uri: 'gs://b/x.jsonl' }")).expect("inferred");
+    assert_eq!(sut.data.sources[0].format, SourceFormat::Jsonl);
+}
+
+#[test]
+fn columns_must_be_named_once_each() {
+    let error = refused(&with_source(
+        "{ uri: 'file:///d', format: csv, columns: [] }",
+    ));
+    assert_error(&error, "data.sources[0].columns", &["empty list"]);
+    let error = refused(&with_source(
+        "{ uri: 'file:///d', format: csv, columns: [a, ''] }",
+    ));
+    assert_error(&error, "data.sources[0].columns[1]", &["empty column name"]);
+    let error = refused(&with_source(
+        "{ uri: 'file:///d', format: csv, columns: [a, b, a] }",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].columns[2]",
+        &["repeats the column `a`"],
+    );
+}
+
+#[test]
+fn a_blank_filter_is_refused() {
+    let error = refused(&with_source(
+        "{ uri: 'file:///d', format: csv, filter: '  ' }",
+    ));
+    assert_error(&error, "data.sources[0].filter", &["is blank"]);
+    let sut = parse_yaml(&with_source(
+        "{ uri: 'file:///d', format: csv, filter: 'label > 0' }",
+    ))
+    .expect("filter kept");
+    assert_eq!(sut.data.sources[0].filter.as_deref(), Some("label > 0"));
+}
+
+#[test]
+fn storage_options_accept_scalars_and_refuse_empty_keys() {
+    let sut = parse_yaml(&with_source(
+        "{ uri: 's3://b/x.parquet', storage_options: { AWS_ALLOW_HTTP: true, AWS_REGION: eu-1, PORT: 8333 } }",
+    ))
+    .expect("scalars become strings");
+    let options = &sut.data.sources[0].storage_options;
+    assert_eq!(
+        options.get("AWS_ALLOW_HTTP").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(options.get("PORT").map(String::as_str), Some("8333"));
+    let error = refused(&with_source(
+        "{ uri: 's3://b/x.parquet', storage_options: { '': x } }",
+    ));
+    assert_error(&error, "data.sources[0].storage_options", &["empty key"]);
+    let error = refused(&with_source(
+        "{ uri: 's3://b/x.parquet', storage_options: { A: [1] } }",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].storage_options.A",
+        &["string, number or boolean"],
+    );
+}
+
+#[test]
+fn zero_counts_are_refused_where_one_is_the_least() {
+    for (key, yaml) in [
+        ("data.batch_size", "batch_size: 0"),
+        ("data.epochs", "epochs: 0"),
+        ("data.task_rows", "task_rows: 0"),
+        ("data.resplit_min_rows", "resplit_min_rows: 0"),
+        ("data.shuffle.window", "shuffle: { window: 0 }"),
+    ] {
+        let text = format!(
+            "name: a\ndata:\n  sources: [{{ uri: 'file:///d', format: csv }}]\n  {yaml}\nroles: [{{name: w, command: [x]}}]\n"
+        );
+        assert_error(&refused(&text), key, &["is 0", "1 or more"]);
+    }
+    assert_error(&refused(&minimal_with("nodes: 0")), "nodes", &["is 0"]);
+    assert_error(
+        &refused(&with_role("{ name: w, num: 0, command: [x] }")),
+        "roles[0].num",
+        &["is 0"],
+    );
+}
+
+#[test]
+fn resplit_settings_follow_batch_size_unless_set() {
+    let text = "name: a\ndata:\n  sources: [{ uri: 'file:///d', format: csv }]\n  batch_size: 64\n  resplit_margin_rows: 0\nroles: [{name: w, command: [x]}]\n";
+    let sut = parse_yaml(text).expect("valid");
+    assert_eq!(sut.data.resplit_margin_rows, 0);
+    assert_eq!(sut.data.resplit_min_rows, 64);
+}
+
+#[test]
+fn roles_must_exist_and_have_unique_valid_names() {
+    let error = refused("name: a\ndata: {sources: [{uri: 'file:///d', format: csv}]}\nroles: []\n");
+    assert_error(&error, "roles", &["empty list"]);
+    let error = refused(
+        "name: a\ndata: {sources: [{uri: 'file:///d', format: csv}]}\nroles: [{name: w, command: [x]}, {name: w, command: [y]}]\n",
+    );
+    assert_error(&error, "roles[1].name", &["repeats the role name `w`"]);
+    let error = refused(&with_role("{ name: Worker!, command: [x] }"));
+    assert_error(&error, "roles[0].name", &["lowercase"]);
+}
+
+#[test]
+fn role_commands_must_name_a_program() {
+    assert_error(
+        &refused(&with_role("{ name: w, command: [] }")),
+        "roles[0].command",
+        &["empty list"],
+    );
+    assert_error(
+        &refused(&with_role("{ name: w, command: ['', x] }")),
+        "roles[0].command[0]",
+        &["empty program name"],
+    );
+}
+
+#[test]
+fn role_env_needs_valid_names_and_leaves_sluice_variables_alone() {
+    let sut = parse_yaml(&with_role(
+        "{ name: w, command: [x], env: { OMP_NUM_THREADS: 4 } }",
+    ))
+    .expect("valid env");
+    assert_eq!(
+        sut.roles[0].env.get("OMP_NUM_THREADS").map(String::as_str),
+        Some("4")
+    );
+    assert_error(
+        &refused(&with_role("{ name: w, command: [x], env: { 1BAD: x } }")),
+        "roles[0].env.1BAD",
+        &["not a valid environment variable name"],
+    );
+    assert_error(
+        &refused(&with_role(
+            "{ name: w, command: [x], env: { SLUICE_RANK: 3 } }",
+        )),
+        "roles[0].env.SLUICE_RANK",
+        &["set by the application master", "remove it"],
+    );
+}
+
+#[test]
+fn resources_are_checked_and_memory_units_parsed() {
+    let sut = parse_yaml(&with_role(
+        "{ name: w, command: [x], resources: { cpu: 0.5, memory: 4Gi, gpu: 1 } }",
+    ))
+    .expect("valid resources");
+    assert_eq!(sut.roles[0].resources.cpu, Some(0.5));
+    assert_eq!(sut.roles[0].resources.memory_bytes, Some(4 << 30));
+    assert_eq!(sut.roles[0].resources.gpu, 1);
+    let sut = parse_yaml(&with_role(
+        "{ name: w, command: [x], resources: { memory: 2G } }",
+    ))
+    .expect("decimal unit");
+    assert_eq!(sut.roles[0].resources.memory_bytes, Some(2_000_000_000));
+    assert_error(
+        &refused(&with_role(
+            "{ name: w, command: [x], resources: { cpu: 0 } }",
+        )),
+        "roles[0].resources.cpu",
+        &["positive number of cores"],
+    );
+    assert_error(
+        &refused(&with_role(
+            "{ name: w, command: [x], resources: { memory: 4 GB } }",
+        )),
+        "roles[0].resources.memory",
+        &["`4 GB` is not a size", "4Gi"],
+    );
+}
+
+#[test]
+fn restart_policy_and_launcher_kind_are_checked_with_suggestions() {
+    let error = refused(&minimal_with("failover: { restart: on_failure }"));
+    assert_error(
+        &error,
+        "failover.restart",
+        &["`on_failure`", "did you mean `on-failure`?"],
+    );
+    let sut = parse_yaml(&minimal_with("failover: { restart: never }")).expect("valid");
+    assert_eq!(sut.failover.restart, RestartPolicy::Never);
+    let error = refused(&minimal_with("launcher: { kind: kubernets }"));
+    assert_error(&error, "launcher.kind", &["did you mean `kubernetes`?"]);
+    let sut = parse_yaml(&minimal_with("launcher: { kind: slurm }")).expect("valid");
+    assert_eq!(sut.launcher, LauncherKind::Slurm);
+}
+
+#[test]
+fn heartbeat_timeout_must_exceed_the_interval() {
+    let error = refused(&minimal_with(
+        "failover: { heartbeat_interval_ms: 1000, heartbeat_timeout_ms: 1000 }",
+    ));
+    assert_error(
+        &error,
+        "failover.heartbeat_timeout_ms",
+        &[
+            "must be greater than heartbeat_interval_ms (1000)",
+            "raise it or lower the interval",
+        ],
+    );
+    let error = refused(&minimal_with("failover: { heartbeat_interval_ms: 5 }"));
+    assert_error(&error, "failover.heartbeat_interval_ms", &["10 or more"]);
+    let sut = parse_yaml(&minimal_with("failover: { heartbeat_interval_ms: 2000 }"))
+        .expect("timeout follows interval");
+    assert_eq!(sut.failover.heartbeat_timeout_ms, 20_000);
+}
+
+#[test]
+fn task_attempts_and_blacklist_threshold_are_bounded() {
+    assert_error(
+        &refused(&minimal_with("failover: { max_task_attempts: 0 }")),
+        "failover.max_task_attempts",
+        &["is 0"],
+    );
+    assert_error(
+        &refused(&minimal_with("failover: { max_task_attempts: 5000 }")),
+        "failover.max_task_attempts",
+        &["at most 1000"],
+    );
+    assert_error(
+        &refused(&minimal_with("failover: { blacklist_after_failures: 0 }")),
+        "failover.blacklist_after_failures",
+        &["is 0"],
+    );
+    let sut = parse_yaml(&minimal_with(
+        "failover: { max_failures: 5, max_total_failures: 7 }",
+    ))
+    .expect("valid");
+    assert_eq!(sut.failover.blacklist_after_failures, 5);
+    assert_eq!(sut.failover.max_total_failures, 7);
+}
+
+#[test]
+fn percentages_must_lie_in_zero_to_one_hundred() {
+    for value in ["0", "100.5", "-3", ".nan"] {
+        let error = refused(&minimal_with(&format!(
+            "failover: {{ task_success_percent: {value} }}"
+        )));
+        assert_error(
+            &error,
+            "failover.task_success_percent",
+            &["above 0 and at most 100"],
+        );
+    }
+    let error = refused(&minimal_with("failover: { task_failed_percent: 101 }"));
+    assert_error(&error, "failover.task_failed_percent", &["is 101"]);
+}
+
+#[test]
+fn checkpoint_needs_a_valid_uri_and_interval() {
+    assert_error(
+        &refused(&minimal_with("checkpoint: { uri: /tmp/ckpt }")),
+        "checkpoint.uri",
+        &["file:///tmp/ckpt"],
+    );
+    assert_error(
+        &refused(&minimal_with(
+            "checkpoint: { uri: 's3://b/ckpt', interval_s: 0 }",
+        )),
+        "checkpoint.interval_s",
+        &["is 0"],
+    );
+    assert_error(
+        &refused(&minimal_with("checkpoint: { interval_s: 5 }")),
+        "checkpoint.uri",
+        &["is missing"],
+    );
+}
+
+#[test]
+fn sections_must_be_maps_not_lists() {
+    let error = refused(&minimal_with("failover: [on-failure, 3]"));
+    assert_error(&error, "failover", &["is sequence", "a map of keys"]);
+}

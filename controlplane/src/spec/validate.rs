@@ -1,0 +1,545 @@
+//! The rules of the job spec, applied once to the raw structs to build a [`JobSpec`].
+
+use super::error::suggest;
+use super::raw::{
+    RawCheckpoint, RawData, RawFailover, RawJobSpec, RawResources, RawRole, RawSource, ScalarString,
+};
+use super::{
+    CheckpointSpec, DataSpec, FailoverSpec, JobSpec, LauncherKind, Resources, RestartPolicy,
+    RoleSpec, ShuffleSpec, SourceFormat, SourceSpec, SpecError,
+};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Object-store schemes a source or checkpoint uri may use.
+const URI_SCHEMES: &[&str] = &[
+    "file", "s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https", "memory",
+];
+
+/// Environment variables the AM sets for every trainer.
+const RESERVED_ENV: &[&str] = &[
+    "SLUICE_RING",
+    "SLUICE_RANK",
+    "SLUICE_WORLD_SIZE",
+    "SLUICE_AM",
+];
+
+/// The most attempts a task may be given; a larger number hides a broken task.
+const MAX_TASK_ATTEMPTS: u32 = 1000;
+
+/// The shortest heartbeat interval accepted.
+const MIN_HEARTBEAT_INTERVAL_MS: u64 = 10;
+
+pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
+    let name = validate_slug("name", &raw.name, 63)?;
+    let data = validate_data(raw.data)?;
+    let nodes = raw.nodes.unwrap_or(1);
+    if nodes == 0 {
+        return Err(SpecError::invalid(
+            "nodes",
+            "is 0",
+            "set it to 1 or more: every job needs a node daemon",
+        ));
+    }
+    if raw.roles.is_empty() {
+        return Err(SpecError::invalid(
+            "roles",
+            "is an empty list",
+            "add at least one role, for example `{ name: worker, num: 1, command: [sluice, consume] }`",
+        ));
+    }
+    let mut roles = Vec::with_capacity(raw.roles.len());
+    let mut role_names = BTreeSet::new();
+    for (index, raw_role) in raw.roles.into_iter().enumerate() {
+        let role = validate_role(index, raw_role)?;
+        if !role_names.insert(role.name.clone()) {
+            return Err(SpecError::invalid(
+                format!("roles[{index}].name"),
+                format!("repeats the role name `{}`", role.name),
+                "give every role its own name",
+            ));
+        }
+        roles.push(role);
+    }
+    let trainers: u64 = roles.iter().map(|role| u64::from(role.num)).sum();
+    let failover = validate_failover(raw.failover, u64::from(nodes) + trainers)?;
+    let launcher = match raw.launcher {
+        None => LauncherKind::Local,
+        Some(launcher) => match launcher.kind.as_str() {
+            "local" => LauncherKind::Local,
+            "kubernetes" => LauncherKind::Kubernetes,
+            "slurm" => LauncherKind::Slurm,
+            other => {
+                return Err(SpecError::invalid(
+                    "launcher.kind",
+                    format!("has unknown value `{other}`"),
+                    suggest(other, LauncherKind::NAMES),
+                ));
+            }
+        },
+    };
+    let checkpoint = raw.checkpoint.map(validate_checkpoint).transpose()?;
+    Ok(JobSpec {
+        name,
+        data,
+        nodes,
+        roles,
+        failover,
+        launcher,
+        checkpoint,
+    })
+}
+
+/// A lowercase name usable in paths and pod names.
+fn validate_slug(path: &str, value: &str, max_len: usize) -> Result<String, SpecError> {
+    let fix = "use lowercase letters, digits, `-`, `_` and `.`, starting with a letter or digit";
+    if value.is_empty() {
+        return Err(SpecError::invalid(path, "is empty", fix));
+    }
+    if value.len() > max_len {
+        return Err(SpecError::invalid(
+            path,
+            format!("is {} characters long", value.len()),
+            format!("shorten it to at most {max_len}"),
+        ));
+    }
+    let starts_well = value
+        .chars()
+        .next()
+        .is_some_and(|first| first.is_ascii_lowercase() || first.is_ascii_digit());
+    let all_allowed = value.chars().all(|character| {
+        character.is_ascii_lowercase() || character.is_ascii_digit() || "-_.".contains(character)
+    });
+    if !starts_well || !all_allowed {
+        return Err(SpecError::invalid(
+            path,
+            format!("`{value}` has characters that cannot name files and pods"),
+            fix,
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+fn validate_data(raw: RawData) -> Result<DataSpec, SpecError> {
+    if raw.sources.is_empty() {
+        return Err(SpecError::invalid(
+            "data.sources",
+            "is an empty list",
+            "add at least one source, for example `{ uri: file:///data/train, format: parquet }`",
+        ));
+    }
+    let sources = raw
+        .sources
+        .into_iter()
+        .enumerate()
+        .map(|(index, source)| validate_source(index, source))
+        .collect::<Result<Vec<_>, _>>()?;
+    let batch_size = positive_u32("data.batch_size", raw.batch_size, 1024)?;
+    let epochs = positive_u32("data.epochs", raw.epochs, 1)?;
+    let task_rows = positive_u64("data.task_rows", raw.task_rows, 65_536)?;
+    let shuffle = match raw.shuffle {
+        None => ShuffleSpec { seed: 0, window: 4 },
+        Some(shuffle) => ShuffleSpec {
+            seed: shuffle.seed.unwrap_or(0),
+            window: positive_u32("data.shuffle.window", shuffle.window, 4)?,
+        },
+    };
+    let resplit_margin_rows = raw.resplit_margin_rows.unwrap_or(u64::from(batch_size));
+    let resplit_min_rows = positive_u64(
+        "data.resplit_min_rows",
+        raw.resplit_min_rows,
+        u64::from(batch_size),
+    )?;
+    Ok(DataSpec {
+        sources,
+        batch_size,
+        epochs,
+        task_rows,
+        shuffle,
+        resplit_margin_rows,
+        resplit_min_rows,
+    })
+}
+
+fn positive_u32(path: &str, value: Option<u32>, default: u32) -> Result<u32, SpecError> {
+    match value {
+        None => Ok(default),
+        Some(0) => Err(SpecError::invalid(
+            path,
+            "is 0",
+            format!("set it to 1 or more, or remove it for the default {default}"),
+        )),
+        Some(value) => Ok(value),
+    }
+}
+
+fn positive_u64(path: &str, value: Option<u64>, default: u64) -> Result<u64, SpecError> {
+    match value {
+        None => Ok(default),
+        Some(0) => Err(SpecError::invalid(
+            path,
+            "is 0",
+            format!("set it to 1 or more, or remove it for the default {default}"),
+        )),
+        Some(value) => Ok(value),
+    }
+}
+
+fn validate_uri(path: &str, uri: &str) -> Result<(), SpecError> {
+    let schemes = URI_SCHEMES.join("://, ") + "://";
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        let fix = if uri.starts_with('/') {
+            format!("write a local path as file://{uri}")
+        } else {
+            format!("start it with one of {schemes}")
+        };
+        return Err(SpecError::invalid(
+            path,
+            format!("`{uri}` has no scheme"),
+            fix,
+        ));
+    };
+    if !URI_SCHEMES.contains(&scheme) {
+        return Err(SpecError::invalid(
+            path,
+            format!("`{uri}` uses the unsupported scheme `{scheme}://`"),
+            format!("use one of {schemes}"),
+        ));
+    }
+    if rest.trim_matches('/').is_empty() {
+        return Err(SpecError::invalid(
+            path,
+            format!("`{uri}` names no bucket or path"),
+            format!("add the location after `{scheme}://`"),
+        ));
+    }
+    Ok(())
+}
+
+/// Infers a source format from the uri's extension or a Delta log in the path.
+fn infer_format(uri: &str) -> Option<SourceFormat> {
+    let lower = uri.trim_end_matches('/').to_ascii_lowercase();
+    let extension = lower.rsplit('/').next()?.rsplit_once('.')?.1;
+    match extension {
+        "parquet" | "pq" => Some(SourceFormat::Parquet),
+        "arrow" | "ipc" | "feather" => Some(SourceFormat::Ipc),
+        "csv" => Some(SourceFormat::Csv),
+        "jsonl" | "ndjson" => Some(SourceFormat::Jsonl),
+        "tfrecord" | "tfrecords" => Some(SourceFormat::Tfrecord),
+        _ => None,
+    }
+}
+
+fn validate_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError> {
+    let at = |key: &str| format!("data.sources[{index}].{key}");
+    validate_uri(&at("uri"), &raw.uri)?;
+    let format = match raw.format.as_deref() {
+        Some("parquet") => SourceFormat::Parquet,
+        Some("delta") => SourceFormat::Delta,
+        Some("ipc" | "arrow") => SourceFormat::Ipc,
+        Some("csv") => SourceFormat::Csv,
+        Some("jsonl") => SourceFormat::Jsonl,
+        Some("tfrecord") => SourceFormat::Tfrecord,
+        Some(other) => {
+            return Err(SpecError::invalid(
+                at("format"),
+                format!("has unknown value `{other}`"),
+                suggest(other, SourceFormat::NAMES),
+            ));
+        }
+        None => infer_format(&raw.uri).ok_or_else(|| SpecError::Missing {
+            path: at("format"),
+            fix: format!(
+                "the uri `{}` does not tell the format; set it to one of: {}",
+                raw.uri,
+                SourceFormat::NAMES.join(", ")
+            ),
+        })?,
+    };
+    let columns = match raw.columns {
+        None => None,
+        Some(columns) if columns.is_empty() => {
+            return Err(SpecError::invalid(
+                at("columns"),
+                "is an empty list",
+                "list the columns to read, or remove the key to read them all",
+            ));
+        }
+        Some(columns) => {
+            let mut seen = BTreeSet::new();
+            for (column_index, column) in columns.iter().enumerate() {
+                if column.trim().is_empty() {
+                    return Err(SpecError::invalid(
+                        format!("{}[{column_index}]", at("columns")),
+                        "is an empty column name",
+                        "write the column's name or remove the entry",
+                    ));
+                }
+                if !seen.insert(column.as_str()) {
+                    return Err(SpecError::invalid(
+                        format!("{}[{column_index}]", at("columns")),
+                        format!("repeats the column `{column}`"),
+                        "list each column once",
+                    ));
+                }
+            }
+            Some(columns)
+        }
+    };
+    let filter = match raw.filter {
+        Some(filter) if filter.trim().is_empty() => {
+            return Err(SpecError::invalid(
+                at("filter"),
+                "is blank",
+                "write a filter expression, or remove the key to keep every row",
+            ));
+        }
+        other => other,
+    };
+    let storage_options = string_map(&at("storage_options"), raw.storage_options, |_| Ok(()))?;
+    Ok(SourceSpec {
+        uri: raw.uri,
+        format,
+        columns,
+        filter,
+        storage_options,
+    })
+}
+
+/// Converts a map of scalars to strings, refusing empty keys and checking each key.
+fn string_map(
+    path: &str,
+    raw: Option<BTreeMap<String, ScalarString>>,
+    check_key: impl Fn(&str) -> Result<(), (String, String)>,
+) -> Result<BTreeMap<String, String>, SpecError> {
+    let mut converted = BTreeMap::new();
+    for (key, ScalarString(value)) in raw.unwrap_or_default() {
+        if key.trim().is_empty() {
+            return Err(SpecError::invalid(
+                path,
+                "has an empty key",
+                "name every entry",
+            ));
+        }
+        check_key(&key)
+            .map_err(|(problem, fix)| SpecError::invalid(format!("{path}.{key}"), problem, fix))?;
+        converted.insert(key, value);
+    }
+    Ok(converted)
+}
+
+fn validate_role(index: usize, raw: RawRole) -> Result<RoleSpec, SpecError> {
+    let at = |key: &str| format!("roles[{index}].{key}");
+    let name = validate_slug(&at("name"), &raw.name, 63)?;
+    let num = positive_u32(&at("num"), raw.num, 1)?;
+    match raw.command.first() {
+        None => {
+            return Err(SpecError::invalid(
+                at("command"),
+                "is an empty list",
+                "write the program and its arguments, for example `[python, train.py]`",
+            ));
+        }
+        Some(program) if program.trim().is_empty() => {
+            return Err(SpecError::invalid(
+                format!("{}[0]", at("command")),
+                "is an empty program name",
+                "write the program to run first",
+            ));
+        }
+        Some(_) => {}
+    }
+    let env = string_map(&at("env"), raw.env, |key| {
+        let valid_name = key
+            .chars()
+            .next()
+            .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
+            && key
+                .chars()
+                .all(|character| character.is_ascii_alphanumeric() || character == '_');
+        if !valid_name {
+            return Err((
+                "is not a valid environment variable name".to_owned(),
+                "use letters, digits and `_`, not starting with a digit".to_owned(),
+            ));
+        }
+        if RESERVED_ENV.contains(&key) {
+            return Err((
+                "is set by the application master for every trainer".to_owned(),
+                "remove it".to_owned(),
+            ));
+        }
+        Ok(())
+    })?;
+    let resources = validate_resources(&at("resources"), raw.resources)?;
+    Ok(RoleSpec {
+        name,
+        num,
+        command: raw.command,
+        env,
+        resources,
+    })
+}
+
+fn validate_resources(path: &str, raw: Option<RawResources>) -> Result<Resources, SpecError> {
+    let Some(raw) = raw else {
+        return Ok(Resources {
+            cpu: None,
+            memory_bytes: None,
+            gpu: 0,
+        });
+    };
+    if let Some(cpu) = raw.cpu
+        && !(cpu.is_finite() && cpu > 0.0)
+    {
+        return Err(SpecError::invalid(
+            format!("{path}.cpu"),
+            format!("is {cpu}"),
+            "give a positive number of cores, for example 2 or 0.5",
+        ));
+    }
+    let memory_bytes = raw
+        .memory
+        .map(|ScalarString(text)| {
+            parse_bytes(&text).ok_or_else(|| {
+                SpecError::invalid(
+                    format!("{path}.memory"),
+                    format!("`{text}` is not a size"),
+                    "write a byte count or a size with a unit, for example 512Mi, 4Gi or 2G",
+                )
+            })
+        })
+        .transpose()?;
+    Ok(Resources {
+        cpu: raw.cpu,
+        memory_bytes,
+        gpu: raw.gpu.unwrap_or(0),
+    })
+}
+
+/// Parses `4Gi`, `512Mi`, `2G`, `1500` into bytes; `None` if it is not a positive size.
+fn parse_bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits_end = text
+        .find(|character: char| !character.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    let number: u64 = number.parse().ok()?;
+    let multiplier: u64 = match unit.trim() {
+        "" => 1,
+        "K" | "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return None,
+    };
+    number.checked_mul(multiplier).filter(|bytes| *bytes > 0)
+}
+
+fn validate_failover(raw: Option<RawFailover>, executors: u64) -> Result<FailoverSpec, SpecError> {
+    let raw = raw.unwrap_or(RawFailover {
+        restart: None,
+        max_failures: None,
+        max_total_failures: None,
+        max_task_attempts: None,
+        blacklist_after_failures: None,
+        heartbeat_interval_ms: None,
+        heartbeat_timeout_ms: None,
+        task_success_percent: None,
+        task_failed_percent: None,
+    });
+    let restart = match raw.restart.as_deref() {
+        None | Some("on-failure") => RestartPolicy::OnFailure,
+        Some("never") => RestartPolicy::Never,
+        Some("always") => RestartPolicy::Always,
+        Some(other) => {
+            return Err(SpecError::invalid(
+                "failover.restart",
+                format!("has unknown value `{other}`"),
+                suggest(other, RestartPolicy::NAMES),
+            ));
+        }
+    };
+    let max_failures = raw.max_failures.unwrap_or(3);
+    let default_total =
+        u32::try_from(u64::from(max_failures).saturating_mul(executors)).unwrap_or(u32::MAX);
+    let max_total_failures = raw.max_total_failures.unwrap_or(default_total);
+    let max_task_attempts = positive_u32("failover.max_task_attempts", raw.max_task_attempts, 3)?;
+    if max_task_attempts > MAX_TASK_ATTEMPTS {
+        return Err(SpecError::invalid(
+            "failover.max_task_attempts",
+            format!("is {max_task_attempts}"),
+            format!("use at most {MAX_TASK_ATTEMPTS}: a task that fails that often is broken"),
+        ));
+    }
+    let blacklist_after_failures = positive_u32(
+        "failover.blacklist_after_failures",
+        raw.blacklist_after_failures,
+        max_failures.max(1),
+    )?;
+    let heartbeat_interval_ms = raw.heartbeat_interval_ms.unwrap_or(1000);
+    if heartbeat_interval_ms < MIN_HEARTBEAT_INTERVAL_MS {
+        return Err(SpecError::invalid(
+            "failover.heartbeat_interval_ms",
+            format!("is {heartbeat_interval_ms}"),
+            format!("use {MIN_HEARTBEAT_INTERVAL_MS} or more"),
+        ));
+    }
+    let heartbeat_timeout_ms = raw
+        .heartbeat_timeout_ms
+        .unwrap_or(heartbeat_interval_ms.saturating_mul(10));
+    if heartbeat_timeout_ms <= heartbeat_interval_ms {
+        return Err(SpecError::invalid(
+            "failover.heartbeat_timeout_ms",
+            format!(
+                "({heartbeat_timeout_ms}) must be greater than heartbeat_interval_ms ({heartbeat_interval_ms})"
+            ),
+            "raise it or lower the interval",
+        ));
+    }
+    let task_success_percent = percent(
+        "failover.task_success_percent",
+        raw.task_success_percent,
+        100.0,
+    )?;
+    let task_failed_percent = percent(
+        "failover.task_failed_percent",
+        raw.task_failed_percent,
+        100.0,
+    )?;
+    Ok(FailoverSpec {
+        restart,
+        max_failures,
+        max_total_failures,
+        max_task_attempts,
+        blacklist_after_failures,
+        heartbeat_interval_ms,
+        heartbeat_timeout_ms,
+        task_success_percent,
+        task_failed_percent,
+    })
+}
+
+fn percent(path: &str, value: Option<f64>, default: f64) -> Result<f64, SpecError> {
+    match value {
+        None => Ok(default),
+        Some(value) if value.is_finite() && value > 0.0 && value <= 100.0 => Ok(value),
+        Some(value) => Err(SpecError::invalid(
+            path,
+            format!("is {value}"),
+            "give a percentage above 0 and at most 100",
+        )),
+    }
+}
+
+fn validate_checkpoint(raw: RawCheckpoint) -> Result<CheckpointSpec, SpecError> {
+    validate_uri("checkpoint.uri", &raw.uri)?;
+    let interval_s = positive_u64("checkpoint.interval_s", raw.interval_s, 300)?;
+    Ok(CheckpointSpec {
+        uri: raw.uri,
+        interval_s,
+    })
+}
