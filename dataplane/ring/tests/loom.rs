@@ -40,7 +40,10 @@ fn records_cross_a_full_ring_without_loss_or_lost_wakeup() {
             producer.close();
         });
         for row in 0..3u64 {
-            let record = consumer.next().expect("next").expect("a record before the end");
+            let record = consumer
+                .next()
+                .expect("next")
+                .expect("a record before the end");
             assert_eq!(record.sequence(), row);
             assert_eq!(record.meta(), meta(row));
             assert_eq!(record.payload()[0], row as u8 + 1);

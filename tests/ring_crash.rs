@@ -1,0 +1,89 @@
+//! The producer is killed with SIGKILL at random points, many times, and a new one reattaches each
+//! time; the consumer, its own process, must see every committed record exactly once, in order.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sluice_ring::RingOptions;
+use sluice_tests::{mix, wait_with_deadline};
+
+const RECORDS: u64 = 5_000_000;
+const KILLS: u32 = 40;
+
+#[test]
+fn killed_producers_lose_and_repeat_nothing() {
+    let directory = tempfile::Builder::new()
+        .prefix("sluice-crash")
+        .tempdir_in("/dev/shm")
+        .expect("tempdir in /dev/shm");
+    let path = directory.path().join("0.ring");
+    drop(
+        RingOptions::new(&path)
+            .capacity(256 << 10)
+            .create()
+            .expect("create"),
+    );
+    let path = path.to_str().expect("utf-8 path").to_owned();
+    let seed = 0x5EED_0002;
+    let peer = env!("CARGO_BIN_EXE_ring-peer");
+    let mut consumer = Command::new(peer)
+        .args(["consume", &path, &RECORDS.to_string(), &seed.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn consumer");
+
+    let mut random = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64;
+    eprintln!("kill schedule seed {random}");
+    let mut killed_mid_stream = 0;
+    let mut starts = Vec::new();
+    for _ in 0..KILLS {
+        let mut producer = Command::new(peer)
+            .args(["produce", &path, &RECORDS.to_string(), &seed.to_string()])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn producer");
+        random = mix(random);
+        std::thread::sleep(Duration::from_micros(500 + random % 15_000));
+        producer.kill().expect("SIGKILL");
+        let status = producer.wait().expect("wait");
+        let stderr =
+            std::io::read_to_string(producer.stderr.take().expect("stderr")).expect("read");
+        if let Some(start) = stderr
+            .lines()
+            .find_map(|line| line.strip_prefix("producer starts at "))
+        {
+            starts.push(start.parse::<u64>().expect("a number"));
+        }
+        if status.code().is_none() {
+            killed_mid_stream += 1;
+        } else {
+            assert!(status.success(), "producer failed: {stderr}");
+            break;
+        }
+    }
+    let mut last = Command::new(peer)
+        .args(["produce", &path, &RECORDS.to_string(), &seed.to_string()])
+        .spawn()
+        .expect("spawn the last producer");
+    let limit = Duration::from_secs(600);
+    assert!(wait_with_deadline(&mut last, limit, "last producer").success());
+    assert!(wait_with_deadline(&mut consumer, limit, "consumer").success());
+    let output = std::io::read_to_string(consumer.stdout.take().expect("stdout")).expect("read");
+    assert_eq!(output.trim(), format!("ok {RECORDS}"));
+
+    assert!(
+        killed_mid_stream >= KILLS / 2,
+        "only {killed_mid_stream} producers were killed before the stream ended: the test proves little"
+    );
+    assert!(
+        starts.windows(2).all(|pair| pair[0] <= pair[1]),
+        "a reattached producer went back: {starts:?}"
+    );
+    assert!(
+        starts.iter().filter(|start| **start > 0).count() >= (KILLS / 2) as usize,
+        "producers rarely resumed past record 0: {starts:?}"
+    );
+}
