@@ -1,1 +1,249 @@
 //! Drivers of the `sluice bench` suite.
+//!
+//! `sluice bench ring` moves records of each size from a producer to a consumer over the Sluice ring and
+//! over the transports a user would otherwise pick, one after the other in the same run, and compares
+//! them with the single-thread memcpy bandwidth of the machine:
+//!
+//! - `sluice_ring`: the shared-memory ring, over a file in /dev/shm, between two processes;
+//! - `unix_socket`: a Unix domain stream socket with length-prefixed records, between two processes;
+//! - `crossbeam`: a bounded crossbeam channel between two threads of one process (the in-process upper
+//!   bound);
+//! - `iceoryx2`: iceoryx2 publish-subscribe of byte slices, between two processes.
+//!
+//! Every transport runs the same workload (see [`workload`]) with the producer and the consumer pinned to
+//! the same two cores. Two-process runs re-execute the `sluice` binary as the producer (see [`peer`]).
+//! Each run is sized to last about a second (a tenth in quick mode), from a short pilot run.
+
+pub mod affinity;
+pub mod error;
+pub mod memcpy;
+pub mod peer;
+pub mod report;
+pub mod transport;
+pub mod workload;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use error::{BenchError, Result};
+pub use peer::{PeerArgs, PeerCommand, peer_main};
+pub use report::{Baselines, Figures, RingBenchReport, SizeReport};
+pub use transport::{Measurement, Transport};
+
+use affinity::{Placement, pin_current_thread};
+use memcpy::{MEMCPY_BUFFER_BYTES, measure_memcpy_gbps};
+use transport::RunContext;
+use workload::DEFAULT_SIZES;
+
+/// The most records one run may move.
+const MAX_COUNT: u64 = 1 << 32;
+/// The most pilot runs before a count is accepted.
+const MAX_CALIBRATION_ROUNDS: usize = 5;
+
+/// What `sluice bench ring` runs.
+#[derive(Debug, Clone)]
+pub struct RingBenchOptions {
+    /// The record sizes, in bytes.
+    pub sizes: Vec<usize>,
+    /// Runs each size for about 0.1 s instead of 1 s, for CI.
+    pub quick: bool,
+    /// How to start the producer process of two-process runs.
+    pub peer: PeerCommand,
+}
+
+impl RingBenchOptions {
+    /// The default sizes (64 B, 4 KiB, 64 KiB, 1 MiB), full length, with this executable as the peer.
+    pub fn new(peer: PeerCommand) -> RingBenchOptions {
+        RingBenchOptions {
+            sizes: DEFAULT_SIZES.to_vec(),
+            quick: false,
+            peer,
+        }
+    }
+
+    fn target(&self) -> Duration {
+        if self.quick {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs(1)
+        }
+    }
+}
+
+/// Runs the ring benchmark and its baselines; `progress` receives one line per finished run.
+pub fn run_ring_bench(
+    options: &RingBenchOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RingBenchReport> {
+    let placement = Placement::detect().map_err(|source| BenchError::Io {
+        transport: Transport::SluiceRing,
+        operation: "reading the cpus this process may use".to_owned(),
+        source,
+    })?;
+    let memcpy_gbps = memcpy_on(placement.consumer, if options.quick { 2 } else { 5 })?;
+    progress(&format!("memcpy: {memcpy_gbps:.2} GB/s"));
+
+    let scratch_root = scratch_root();
+    let mut runs = 0u64;
+    let mut sizes = Vec::with_capacity(options.sizes.len());
+    for &size in &options.sizes {
+        let mut measure = |transport: Transport| -> Result<Figures> {
+            let measurement = calibrated(options.target(), size, |count| {
+                runs += 1;
+                let scratch = tempfile::Builder::new()
+                    .prefix("sluice-bench-")
+                    .tempdir_in(&scratch_root)
+                    .map_err(|source| BenchError::Io {
+                        transport,
+                        operation: format!(
+                            "creating a scratch directory in {}",
+                            scratch_root.display()
+                        ),
+                        source,
+                    })?;
+                let context = RunContext {
+                    placement,
+                    peer: &options.peer,
+                    scratch: scratch.path(),
+                    run_name: format!("{}-{runs}", std::process::id()),
+                };
+                transport::run(transport, size, count, &context)
+            })?;
+            progress(&format!(
+                "{size} B {transport}: {:.0} records/s, {:.3} GB/s ({} records in {:?})",
+                measurement.msgs_per_s(),
+                measurement.gbps(),
+                measurement.messages,
+                measurement.elapsed
+            ));
+            Ok(Figures::from(measurement))
+        };
+        let ring = measure(Transport::SluiceRing)?;
+        let baselines = Baselines {
+            unix_socket: measure(Transport::UnixSocket)?,
+            crossbeam: measure(Transport::Crossbeam)?,
+            iceoryx2: measure(Transport::Iceoryx2)?,
+        };
+        sizes.push(SizeReport {
+            bytes: size,
+            msgs_per_s: ring.msgs_per_s,
+            gbps: ring.gbps,
+            ratio_to_memcpy: ring.gbps / memcpy_gbps,
+            baselines,
+        });
+    }
+    Ok(RingBenchReport {
+        memcpy_gbps,
+        sizes,
+        placement,
+    })
+}
+
+/// Measures memcpy bandwidth on a thread pinned to `cpu`, where the consumers run.
+fn memcpy_on(cpu: Option<usize>, passes: usize) -> Result<f64> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                pin_current_thread(cpu)?;
+                Ok(measure_memcpy_gbps(MEMCPY_BUFFER_BYTES, passes))
+            })
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the memcpy thread panicked")))
+    })
+    .map_err(|source| BenchError::Io {
+        transport: Transport::SluiceRing,
+        operation: "measuring memcpy bandwidth".to_owned(),
+        source,
+    })
+}
+
+/// Where runs put their files: /dev/shm when it exists, as the ring's home, else the temp dir.
+fn scratch_root() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// A first count for `size`-byte records: a few MiB worth, small enough to finish quickly on any
+/// transport.
+fn pilot_count(size: usize) -> u64 {
+    ((4 << 20) / size).clamp(16, 1 << 16) as u64
+}
+
+/// Runs `run` with growing counts until one run lasts at least half of `target`, and returns that run.
+fn calibrated(
+    target: Duration,
+    size: usize,
+    mut run: impl FnMut(u64) -> Result<Measurement>,
+) -> Result<Measurement> {
+    let mut count = pilot_count(size);
+    let mut measurement = run(count)?;
+    for _ in 1..MAX_CALIBRATION_ROUNDS {
+        if measurement.elapsed >= target / 2 || count >= MAX_COUNT {
+            break;
+        }
+        let scale = target.as_secs_f64() / measurement.elapsed.as_secs_f64().max(1e-6);
+        count = ((count as f64 * scale.min(100.0) * 1.05) as u64).clamp(count + 1, MAX_COUNT);
+        measurement = run(count)?;
+    }
+    Ok(measurement)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calibration_grows_the_count_until_a_run_is_long_enough() {
+        let mut counts = Vec::new();
+        let measurement = calibrated(Duration::from_secs(1), 64, |count| {
+            counts.push(count);
+            Ok(Measurement {
+                messages: count,
+                size: 64,
+                elapsed: Duration::from_nanos(count * 10),
+            })
+        })
+        .expect("calibrated");
+        assert!(
+            measurement.elapsed >= Duration::from_millis(500),
+            "{counts:?}"
+        );
+        assert!(
+            counts.windows(2).all(|pair| pair[0] < pair[1]),
+            "{counts:?}"
+        );
+        assert!(counts.len() <= MAX_CALIBRATION_ROUNDS, "{counts:?}");
+    }
+
+    #[test]
+    fn calibration_keeps_a_pilot_that_is_already_long_enough() {
+        let mut runs = 0;
+        calibrated(Duration::from_millis(100), 1 << 20, |count| {
+            runs += 1;
+            Ok(Measurement {
+                messages: count,
+                size: 1 << 20,
+                elapsed: Duration::from_millis(80),
+            })
+        })
+        .expect("calibrated");
+        assert_eq!(runs, 1);
+    }
+
+    #[test]
+    fn calibration_stops_at_the_first_failure() {
+        let error = calibrated(Duration::from_secs(1), 64, |_| {
+            Err(BenchError::ShortStream {
+                transport: Transport::UnixSocket,
+                expected: 1,
+                received: 0,
+            })
+        })
+        .expect_err("run fails");
+        assert!(error.to_string().contains("after 0 of 1"), "{error}");
+    }
+}

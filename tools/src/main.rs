@@ -15,11 +15,22 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Moves records between two processes through a shared-memory ring and checks every byte.
+    Demo(cmd::demo::DemoArgs),
+    /// Removes the rings under a directory whose producer, consumer and creator are all gone.
+    Gc(cmd::gc::GcArgs),
+    /// Benchmarks: `sluice bench ring` compares the ring with memcpy and other transports.
+    Bench(cmd::bench::BenchArgs),
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result: anyhow::Result<()> = match cli.command {};
+    let result: anyhow::Result<()> = match cli.command {
+        Command::Demo(args) => cmd::demo::run(args),
+        Command::Gc(args) => cmd::gc::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -8,7 +8,7 @@ use crate::layout::{
     RECORD_HEADER_LEN, RecordHeader, RecordMeta, ValidRecord, WAITING, check_cursors,
 };
 use crate::process::PeerState;
-use crate::producer::{LIVENESS_SLICE, SPIN_LIMIT, last_holder};
+use crate::producer::{LIVENESS_SLICE, SPIN_LIMIT, last_holder, wrap_offset};
 use crate::sync::{Ordering, spin_loop};
 use crate::{DEFAULT_PEER_TIMEOUT, Shared, role};
 
@@ -20,8 +20,14 @@ use crate::{DEFAULT_PEER_TIMEOUT, Shared, role};
 pub struct Consumer {
     shared: Arc<Shared>,
     identity: u64,
-    /// The read cursor as this consumer last published it.
+    /// The end of the last record this consumer released.
     read_position: u64,
+    /// `read_position % capacity`, kept up to date without a division per record.
+    read_offset: u64,
+    /// The read cursor as this consumer last published it; at most `publish_threshold` bytes behind
+    /// `read_position`.
+    published_read: u64,
+    publish_threshold: u64,
     /// The write cursor as last seen; the producer may since have moved it further.
     cached_write: u64,
     /// The sequence number of the next record, once known.
@@ -35,6 +41,8 @@ pub struct Consumer {
 pub struct Record<'consumer> {
     consumer: &'consumer mut Consumer,
     position: u64,
+    /// Where the record starts in the data region.
+    offset: u64,
     valid: ValidRecord,
 }
 
@@ -58,12 +66,17 @@ impl Consumer {
         }
         // With records waiting, the first one's sequence number is taken as it is; otherwise the next
         // record follows the last one released, whose successor's number the previous consumer stored.
+        let publish_threshold = publish_threshold(shared.capacity());
+        let read_offset = read % shared.capacity();
         let expected_sequence =
             (read == write).then(|| header.read_sequence.load(Ordering::Acquire));
         Ok(Consumer {
             shared,
             identity,
             read_position: read,
+            read_offset,
+            published_read: read,
+            publish_threshold,
             cached_write: write,
             expected_sequence,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
@@ -86,6 +99,7 @@ impl Consumer {
     pub fn next(&mut self) -> Result<Option<Record<'_>>, RecvError> {
         loop {
             if self.read_position == self.cached_write && !self.refresh_write() {
+                self.publish_read();
                 let started = Instant::now();
                 let outcome = self.wait_for_data();
                 self.empty_wait += started.elapsed();
@@ -104,6 +118,7 @@ impl Consumer {
     pub fn try_next(&mut self) -> Result<Record<'_>, TryRecvError> {
         loop {
             if self.read_position == self.cached_write && !self.refresh_write() {
+                self.publish_read();
                 // Acquire pairs with the Release store in `Producer::close`.
                 if self.shared.header().closed.load(Ordering::Acquire) != 0 && !self.refresh_write()
                 {
@@ -125,7 +140,8 @@ impl Consumer {
         }
     }
 
-    /// The number of bytes released to the producer since the ring was created.
+    /// The number of bytes this consumer has released since the ring was created (the producer sees
+    /// them a little later: releases are published in batches).
     pub fn position(&self) -> u64 {
         self.read_position
     }
@@ -137,9 +153,11 @@ impl Consumer {
 
     fn record(&mut self, valid: ValidRecord) -> Record<'_> {
         let position = self.read_position;
+        let offset = self.read_offset;
         Record {
             consumer: self,
             position,
+            offset,
             valid,
         }
     }
@@ -166,7 +184,7 @@ impl Consumer {
         let capacity = self.shared.capacity();
         check_cursors(self.cached_write, self.read_position, capacity)
             .map_err(|fault| fault.to_string())?;
-        let offset = self.read_position % capacity;
+        let offset = self.read_offset;
         debug_assert!(offset.is_multiple_of(64) && offset + RECORD_HEADER_LEN <= capacity);
         // SAFETY: the cursors are checked, so `offset` is a multiple of 64 below `capacity` (itself a
         // multiple of 64), and the 64 header bytes lie inside the data region. They lie below the write
@@ -189,7 +207,7 @@ impl Consumer {
         if valid.meta.is_some() {
             return Ok(Some(valid));
         }
-        self.release_to(self.read_position + valid.size, valid.next_sequence());
+        self.release(valid.size, valid.next_sequence());
         Ok(None)
     }
 
@@ -247,24 +265,53 @@ impl Consumer {
         }
     }
 
-    fn release_to(&mut self, end: u64, next_sequence: u64) {
-        let header = self.shared.header();
-        // Relaxed: published by the Release swap below, read by a producer that attaches after it.
-        header.read_sequence.store(next_sequence, Ordering::Relaxed);
-        // AcqRel: Release hands the bytes below `end` back to the producer's Acquire load of the read
-        // cursor; Acquire orders it after the producer's `fetch_or` of WAITING when it sees that flag.
-        let previous = header.read.swap(end, Ordering::AcqRel);
-        debug_assert_eq!(previous & !WAITING, self.read_position);
+    /// Releases the record of `size` bytes at the read cursor. The read cursor is published in batches: once
+    /// `publish_threshold` bytes are pending, at once when the producer waits for space, and always
+    /// before this consumer waits for data or gives up its role.
+    fn release(&mut self, size: u64, next_sequence: u64) {
+        let end = self.read_position + size;
+        self.read_offset = wrap_offset(self.read_offset + size, self.shared.capacity());
         self.read_position = end;
         self.expected_sequence = Some(next_sequence);
+        // Relaxed: only a hint. A producer that set WAITING after this load is woken by a later
+        // publication, which comes at the latest before this consumer waits for data.
+        let producer_waits = self.shared.header().read.load(Ordering::Relaxed) & WAITING != 0;
+        if producer_waits || end - self.published_read >= self.publish_threshold {
+            self.publish_read();
+        }
+    }
+
+    fn publish_read(&mut self) {
+        if self.published_read == self.read_position {
+            return;
+        }
+        let header = self.shared.header();
+        let next_sequence = self
+            .expected_sequence
+            .expect("a released record sets the next sequence");
+        // Relaxed: published by the Release swap below, read by a producer that attaches after it.
+        header.read_sequence.store(next_sequence, Ordering::Relaxed);
+        // AcqRel: Release hands the bytes below the cursor back to the producer's Acquire load of the
+        // read cursor; Acquire orders it after the producer's `fetch_or` of WAITING when it sees that flag.
+        let previous = header.read.swap(self.read_position, Ordering::AcqRel);
+        debug_assert_eq!(previous & !WAITING, self.published_read);
+        self.published_read = self.read_position;
         if previous & WAITING != 0 {
             header.space_futex.bump();
         }
     }
 }
 
+/// How many released bytes a consumer may keep unpublished: an eighth of the ring, at most 256 KiB, so
+/// small records cost one cursor publication per hundreds of records while the producer still sees
+/// space come back in small steps.
+fn publish_threshold(capacity: u64) -> u64 {
+    (capacity / 8).min(256 << 10)
+}
+
 impl Drop for Consumer {
     fn drop(&mut self) {
+        self.publish_read();
         role::give_up(&self.shared.header().consumer, self.identity);
     }
 }
@@ -272,9 +319,8 @@ impl Drop for Consumer {
 impl Record<'_> {
     /// The payload, borrowed in place, 64-byte aligned.
     pub fn payload(&self) -> &[u8] {
-        let capacity = self.consumer.shared.capacity();
-        let offset = self.position % capacity + RECORD_HEADER_LEN;
-        debug_assert!(offset + self.valid.payload_len <= capacity);
+        let offset = self.offset + RECORD_HEADER_LEN;
+        debug_assert!(offset + self.valid.payload_len <= self.consumer.shared.capacity());
         // SAFETY: `validate` checked that the whole record lies inside the data region and below the
         // write cursor; the producer does not write it again until the read cursor passes it, which
         // happens only when this record is dropped.
@@ -311,6 +357,6 @@ impl Record<'_> {
 impl Drop for Record<'_> {
     fn drop(&mut self) {
         self.consumer
-            .release_to(self.position + self.valid.size, self.valid.next_sequence());
+            .release(self.valid.size, self.valid.next_sequence());
     }
 }

@@ -34,9 +34,12 @@
 //!
 //! **Publishing.** The producer writes the record header and payload with plain stores, then publishes
 //! the new write cursor with a `swap` (`AcqRel`); the consumer loads the write cursor with `Acquire`
-//! before it reads anything below it. Releasing is the mirror image on the read cursor. Each side keeps a
-//! private copy of the other's cursor and reloads it only when that copy says the ring is full (or empty),
-//! so in steady state a cursor's cache line moves between cores once per batch of records, not per record.
+//! before it reads anything below it. Releasing is the mirror image on the read cursor, in batches: the
+//! consumer publishes its cursor once an eighth of the ring (at most 256 KiB) is pending, at once when the
+//! producer waits for space, and always before it waits for data itself, so neither side can wait on the
+//! other's unpublished progress. Each side keeps a private copy of the other's cursor and reloads it only
+//! when that copy says the ring is full (or empty), so in steady state a cursor's cache line moves between
+//! cores once per batch of records, not per record.
 //!
 //! **Sleeping.** Bit 63 of each cursor word is a WAITING flag. A side that finds nothing to do spins
 //! briefly, then reads the futex count, sets the flag with `fetch_or` on the *other* side's cursor word, and
@@ -207,7 +210,7 @@ fn initialise(
             });
         }
     }
-    let mapping = memmap2::MmapRaw::map_raw(file).map_err(|source| RingCreateError::Io {
+    let mapping = map(file).map_err(|source| RingCreateError::Io {
         path: temporary.to_path_buf(),
         operation: "mmap",
         source,
@@ -231,6 +234,13 @@ fn initialise(
         (&raw mut (*header).creator).write(creator);
     }
     Ok(mapping)
+}
+
+/// Maps a whole ring file shared, with its page tables filled in up front (`MAP_POPULATE`), so that the
+/// first pass over a new ring does not take a page fault every 4 KiB on the hot path.
+#[cfg(not(loom))]
+fn map(file: &File) -> std::io::Result<memmap2::MmapRaw> {
+    memmap2::MmapOptions::new().populate().map_raw(file)
 }
 
 #[cfg(not(loom))]
@@ -353,7 +363,7 @@ impl Ring {
         if len < HEADER_LEN as u64 {
             return Err(RingOpenError::Truncated { path, len });
         }
-        let mapping = memmap2::MmapRaw::map_raw(&file).map_err(io_error("mmap"))?;
+        let mapping = map(&file).map_err(io_error("mmap"))?;
         // SAFETY: the mapping is at least HEADER_LEN bytes and page aligned; every RingHeader field is
         // valid for any bits, and the mapping outlives this reference.
         let header = unsafe { &*mapping.as_ptr().cast::<RingHeader>() };

@@ -26,6 +26,8 @@ pub struct Producer {
     identity: u64,
     /// The write cursor as this producer last published it.
     write_position: u64,
+    /// `write_position % capacity`, kept up to date without a division per record.
+    write_offset: u64,
     /// The read cursor as last seen; the consumer may since have moved it further.
     cached_read: u64,
     next_sequence: u64,
@@ -39,7 +41,8 @@ pub struct Producer {
 #[derive(Debug)]
 pub struct Slot<'producer> {
     producer: &'producer mut Producer,
-    position: u64,
+    /// Where the record starts in the data region.
+    offset: u64,
     payload_len: u64,
 }
 
@@ -66,10 +69,12 @@ impl Producer {
         };
         // Tells a waiting consumer that a producer (re)attached; pairs with its Acquire load.
         header.producer_epoch.fetch_add(1, Ordering::Release);
+        let write_offset = write_position % shared.capacity();
         Ok(Producer {
             shared,
             identity,
             write_position,
+            write_offset,
             cached_read,
             next_sequence,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
@@ -147,7 +152,7 @@ impl Producer {
         let size = record_size(len as u64)
             .filter(|size| *size <= capacity)
             .ok_or(max)?;
-        let offset = self.write_position % capacity;
+        let offset = self.write_offset;
         let padding = if offset + size > capacity {
             capacity - offset
         } else {
@@ -157,10 +162,10 @@ impl Producer {
     }
 
     fn slot(&mut self, payload_len: u64) -> Slot<'_> {
-        let position = self.write_position;
+        let offset = self.write_offset;
         Slot {
             producer: self,
-            position,
+            offset,
             payload_len,
         }
     }
@@ -170,7 +175,7 @@ impl Producer {
         if capacity - (self.write_position - self.cached_read) >= needed {
             return true;
         }
-        // Acquire pairs with the Release swap in `Consumer::release_to`: the consumer is done with every
+        // Acquire pairs with the Release swap in `Consumer::publish_read`: the consumer is done with every
         // byte below the read cursor.
         self.cached_read = self.shared.header().read.load(Ordering::Acquire) & !WAITING;
         capacity - (self.write_position - self.cached_read) >= needed
@@ -221,14 +226,14 @@ impl Producer {
 
     fn write_padding(&mut self, padding: u64) {
         let header = RecordHeader::new(padding - RECORD_HEADER_LEN, self.next_sequence, None);
-        self.write_header(self.write_position, header);
+        self.write_header(self.write_offset, header);
         self.publish(self.write_position + padding);
         self.write_position += padding;
+        self.write_offset = 0;
     }
 
-    fn write_header(&self, position: u64, header: RecordHeader) {
+    fn write_header(&self, offset: u64, header: RecordHeader) {
         let capacity = self.shared.capacity();
-        let offset = position % capacity;
         debug_assert!(offset.is_multiple_of(64) && offset + RECORD_HEADER_LEN <= capacity);
         // SAFETY: `offset + 64 <= capacity`, so the header lies inside the data region, at a 64-byte
         // aligned offset of a 64-byte aligned region. The bytes lie in `[write, read + capacity)`, which
@@ -265,9 +270,8 @@ impl Slot<'_> {
     /// The payload bytes, exactly as many as reserved, starting 64-byte aligned. They hold whatever an
     /// earlier record left there.
     pub fn payload_mut(&mut self) -> &mut [u8] {
-        let capacity = self.producer.shared.capacity();
-        let offset = self.position % capacity + RECORD_HEADER_LEN;
-        debug_assert!(offset + self.payload_len <= capacity);
+        let offset = self.offset + RECORD_HEADER_LEN;
+        debug_assert!(offset + self.payload_len <= self.producer.shared.capacity());
         // SAFETY: `reserve` checked that `[position, position + record_size)` is free and does not cross
         // the end of the data region, so the payload range lies inside the region, and the consumer does
         // not touch it until `commit` publishes it. The slot borrows the producer mutably, so no other
@@ -295,12 +299,13 @@ impl Slot<'_> {
         let producer = self.producer;
         let sequence = producer.next_sequence;
         let header = RecordHeader::new(self.payload_len, sequence, Some(meta));
-        producer.write_header(self.position, header);
+        producer.write_header(self.offset, header);
         let size = record_size(self.payload_len).expect("checked by reserve");
         producer.next_sequence += 1;
-        let end = self.position + size;
+        let end = producer.write_position + size;
         producer.publish(end);
         producer.write_position = end;
+        producer.write_offset = wrap_offset(self.offset + size, producer.shared.capacity());
         sequence
     }
 }
@@ -312,7 +317,7 @@ fn recover_position(shared: &Shared) -> Result<(u64, u64, u64), String> {
     let header = shared.header();
     let capacity = shared.capacity();
     let write = header.write.load(Ordering::Acquire) & !WAITING;
-    // Acquire pairs with the Release swap in `Consumer::release_to`, which comes after the consumer's
+    // Acquire pairs with the Release swap in `Consumer::publish_read`, which comes after the consumer's
     // store of `read_sequence`: when read == write, `read_sequence` follows the last committed record.
     let read = header.read.load(Ordering::Acquire) & !WAITING;
     check_cursors(write, read, capacity).map_err(|fault| fault.to_string())?;
@@ -350,5 +355,16 @@ pub(crate) fn last_holder(state: PeerState) -> Option<ProcessId> {
     match state {
         PeerState::Absent => None,
         PeerState::Alive(process) | PeerState::Dead(process) => Some(process),
+    }
+}
+
+/// Maps the offset just past a record back into the data region: a record that ends exactly at the end
+/// of the region is followed by one at offset 0.
+pub(crate) fn wrap_offset(end_offset: u64, capacity: u64) -> u64 {
+    debug_assert!(end_offset <= capacity);
+    if end_offset == capacity {
+        0
+    } else {
+        end_offset
     }
 }

@@ -8,8 +8,12 @@ use loom::thread;
 use sluice_ring::{RecordKind, RecordMeta, Ring};
 
 fn model(test: impl Fn() + Sync + Send + 'static) {
+    model_with_bound(3, test);
+}
+
+fn model_with_bound(preemptions: usize, test: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
+    builder.preemption_bound = Some(preemptions);
     builder.check(test);
 }
 
@@ -88,6 +92,34 @@ fn small_records_ping_pong_through_a_tiny_ring() {
             seen += 1;
         }
         assert_eq!(seen, 4);
+        writer.join().expect("writer");
+    });
+}
+
+/// Records of 320 bytes in a 4096-byte ring, whose consumer publishes its cursor every 512 bytes: the
+/// producer fills the ring and waits while releases are pending, and neither side may wait forever on
+/// progress the other has not published.
+#[test]
+fn batched_releases_never_strand_a_waiting_producer() {
+    model_with_bound(2, || {
+        let ring = Ring::in_memory(4096).expect("ring");
+        let mut producer = ring.producer().expect("producer");
+        let mut consumer = ring.consumer().expect("consumer");
+        let writer = thread::spawn(move || {
+            for row in 0..14u64 {
+                let mut slot = producer.reserve(200).expect("reserve");
+                slot.payload_mut()[199] = row as u8;
+                slot.commit(meta(row));
+            }
+            producer.close();
+        });
+        let mut seen = 0u64;
+        while let Some(record) = consumer.next().expect("next") {
+            assert_eq!(record.sequence(), seen);
+            assert_eq!(record.payload()[199], seen as u8);
+            seen += 1;
+        }
+        assert_eq!(seen, 14);
         writer.join().expect("writer");
     });
 }

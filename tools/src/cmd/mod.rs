@@ -1,1 +1,5 @@
 //! One module per `sluice` subcommand.
+
+pub mod bench;
+pub mod demo;
+pub mod gc;

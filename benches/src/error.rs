@@ -1,0 +1,131 @@
+//! The error type of the benchmark drivers.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use crate::transport::Transport;
+
+/// A boxed error from a transport's own crate (the ring, iceoryx2).
+pub type TransportSource = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a benchmark could not run or could not be trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A `--sizes` entry is not a record size the benchmark can use.
+    #[error(
+        "record size {given:?}: {reason}; give sizes in bytes, e.g. --sizes 64,4096,64KiB,1MiB"
+    )]
+    InvalidSize {
+        /// The entry as written.
+        given: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The hidden peer subcommand was given an argument it cannot use.
+    #[error("bench peer: {reason}")]
+    InvalidPeerArgs {
+        /// What is wrong with the arguments.
+        reason: String,
+    },
+    /// A system call or socket operation failed.
+    #[error("{transport}: {operation}: {source}")]
+    Io {
+        /// The transport under test.
+        transport: Transport,
+        /// What was being done.
+        operation: String,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The transport's own crate reported an error.
+    #[error("{transport}: {operation}: {source}")]
+    Transport {
+        /// The transport under test.
+        transport: Transport,
+        /// What was being done.
+        operation: String,
+        /// The transport's error.
+        source: TransportSource,
+    },
+    /// The consumer received something other than the record it expected.
+    #[error(
+        "{transport}: record {expected_sequence} of {size} bytes arrived as {found}; the transport lost, \
+         reordered or corrupted records"
+    )]
+    Corrupt {
+        /// The transport under test.
+        transport: Transport,
+        /// The record size of the run.
+        size: usize,
+        /// The sequence number the consumer expected.
+        expected_sequence: u64,
+        /// What arrived instead.
+        found: String,
+    },
+    /// The stream ended before every record arrived.
+    #[error("{transport}: the stream ended after {received} of {expected} records")]
+    ShortStream {
+        /// The transport under test.
+        transport: Transport,
+        /// The records sent.
+        expected: u64,
+        /// The records received.
+        received: u64,
+    },
+    /// The producer process could not be started.
+    #[error("{transport}: starting the producer process {program}: {source}")]
+    PeerSpawn {
+        /// The transport under test.
+        transport: Transport,
+        /// The executable that was run.
+        program: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The producer process exited with a failure.
+    #[error("{transport}: the producer process failed ({status}); its stderr: {stderr}")]
+    PeerFailed {
+        /// The transport under test.
+        transport: Transport,
+        /// How it exited.
+        status: ExitStatus,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// The producer process did not finish in time and was killed.
+    #[error(
+        "{transport}: the {size}-byte run did not finish within {timeout:?}; the producer process was \
+         killed; its stderr: {stderr}"
+    )]
+    PeerTimeout {
+        /// The transport under test.
+        transport: Transport,
+        /// The record size of the run.
+        size: usize,
+        /// The bound that was exceeded.
+        timeout: Duration,
+        /// What the producer printed on stderr.
+        stderr: String,
+    },
+    /// The producer process printed something other than its report.
+    #[error("{transport}: the producer process printed {stdout:?}, not its start time as JSON")]
+    PeerReport {
+        /// The transport under test.
+        transport: Transport,
+        /// What it printed.
+        stdout: String,
+    },
+    /// A benchmark thread panicked.
+    #[error("{transport}: the {role} thread panicked")]
+    ThreadPanicked {
+        /// The transport under test.
+        transport: Transport,
+        /// Which thread.
+        role: &'static str,
+    },
+}
+
+/// The result type of the benchmark drivers.
+pub type Result<T, E = BenchError> = std::result::Result<T, E>;

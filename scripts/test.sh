@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace: unit, integration and multi-process tests, the loom models of the
+# ring, and the ring under Miri. Installs the Python packages the tests compare against.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+
+if [ -s scripts/requirements.txt ]; then
+    python3 -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
+fi
+
+echo "== workspace tests"
+cargo test --workspace
+
+echo "== loom models of the ring protocol"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target/loom" \
+    cargo test -p sluice-ring --test loom --release
+
+echo "== the ring under Miri"
+if ! cargo +nightly miri --version >/dev/null 2>&1; then
+    if rustup toolchain list | grep -q '^nightly'; then
+        rustup component add --toolchain nightly miri rust-src || true
+    else
+        rustup toolchain install nightly --profile minimal --component miri,rust-src || true
+    fi
+fi
+if cargo +nightly miri --version >/dev/null 2>&1; then
+    MIRIFLAGS="-Zmiri-disable-isolation" CARGO_TARGET_DIR="$target/miri" \
+        cargo +nightly miri test -p sluice-ring --lib
+else
+    echo "miri: SKIPPED: no nightly toolchain with the miri component could be installed" >&2
+fi
