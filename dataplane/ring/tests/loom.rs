@@ -96,7 +96,7 @@ fn small_records_ping_pong_through_a_tiny_ring() {
     });
 }
 
-/// Records of 320 bytes in a 4096-byte ring, whose consumer publishes its cursor every 512 bytes: the
+/// Records of 1024 bytes in a 4096-byte ring whose consumer publishes its cursor every 2048 bytes: the
 /// producer fills the ring and waits while releases are pending, and neither side may wait forever on
 /// progress the other has not published.
 #[test]
@@ -106,9 +106,9 @@ fn batched_releases_never_strand_a_waiting_producer() {
         let mut producer = ring.producer().expect("producer");
         let mut consumer = ring.consumer().expect("consumer");
         let writer = thread::spawn(move || {
-            for row in 0..14u64 {
-                let mut slot = producer.reserve(200).expect("reserve");
-                slot.payload_mut()[199] = row as u8;
+            for row in 0..6u64 {
+                let mut slot = producer.reserve(960).expect("reserve");
+                slot.payload_mut()[959] = row as u8;
                 slot.commit(meta(row));
             }
             producer.close();
@@ -116,10 +116,10 @@ fn batched_releases_never_strand_a_waiting_producer() {
         let mut seen = 0u64;
         while let Some(record) = consumer.next().expect("next") {
             assert_eq!(record.sequence(), seen);
-            assert_eq!(record.payload()[199], seen as u8);
+            assert_eq!(record.payload()[959], seen as u8);
             seen += 1;
         }
-        assert_eq!(seen, 14);
+        assert_eq!(seen, 6);
         writer.join().expect("writer");
     });
 }
