@@ -22,6 +22,12 @@ enum Command {
     Gc(cmd::gc::GcArgs),
     /// Benchmarks: `sluice bench ring` compares the ring with memcpy and other transports.
     Bench(cmd::bench::BenchArgs),
+    /// Reads a source (Parquet, Delta, Arrow IPC, CSV, JSON lines, TFRecord) and prints its rows or stats.
+    Read(cmd::read::ReadArgs),
+    /// Prints the tasks (splits) a job would get from a source.
+    Plan(cmd::plan::PlanArgs),
+    /// Writes synthetic training data (Parquet files or a Delta table).
+    Gen(cmd::r#gen::GenArgs),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +36,9 @@ fn main() -> ExitCode {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Gc(args) => cmd::gc::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Read(args) => cmd::read::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
+        Command::Gen(args) => cmd::r#gen::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,3 +3,6 @@
 pub mod bench;
 pub mod demo;
 pub mod gc;
+pub mod r#gen;
+pub mod plan;
+pub mod read;

@@ -1,0 +1,698 @@
+//! Datasets: a file, a directory tree or a glob of files of one format, or a Delta table, listed once.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use crate::delta::DeltaTable;
+use crate::error::{FormatError, Result};
+use crate::parquet::{FileAccess, FooterCache, ParquetSplitRead};
+use crate::plan::{Split, cut};
+use crate::read::{PartitionStatistics, ReadOptions, ReadPlan};
+use crate::store::{Location, StorageOptions, open_location};
+use crate::text::RowFileFormat;
+use crate::uring::{LocalIo, LocalReader};
+
+/// The default task size of `sluice plan`: about a million rows.
+pub const DEFAULT_TASK_ROWS: u64 = 1 << 20;
+
+/// How many footers (or row counts) the planner reads at once.
+pub const PLAN_CONCURRENCY: usize = 32;
+
+/// The format of a dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatKind {
+    /// Apache Parquet files.
+    Parquet,
+    /// A Delta Lake table.
+    Delta,
+    /// Arrow IPC files (`.arrow`, `.feather`, `.ipc`).
+    ArrowIpc,
+    /// CSV files with a header row.
+    Csv,
+    /// JSON lines (`.jsonl`, `.ndjson`, `.json`).
+    JsonLines,
+    /// TFRecord files (`.tfrecord`, `.tfrecords`): one binary `record` column.
+    TfRecord,
+}
+
+impl FormatKind {
+    fn from_extension(name: &str) -> Option<Self> {
+        let lower = name.to_ascii_lowercase();
+        let extension = lower.rsplit('.').next()?;
+        match extension {
+            "parquet" | "parq" | "pq" => Some(Self::Parquet),
+            "arrow" | "feather" | "ipc" | "arrows" => Some(Self::ArrowIpc),
+            "csv" => Some(Self::Csv),
+            "jsonl" | "ndjson" | "json" => Some(Self::JsonLines),
+            "tfrecord" | "tfrecords" => Some(Self::TfRecord),
+            _ => None,
+        }
+    }
+
+    /// Parses a format name as given on the command line.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`FormatError::InvalidArgument`] for an unknown name.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "parquet" => Ok(Self::Parquet),
+            "delta" => Ok(Self::Delta),
+            "arrow" | "ipc" | "feather" => Ok(Self::ArrowIpc),
+            "csv" => Ok(Self::Csv),
+            "jsonl" | "json" | "ndjson" => Ok(Self::JsonLines),
+            "tfrecord" => Ok(Self::TfRecord),
+            other => Err(FormatError::InvalidArgument(format!(
+                "unknown format {other:?}; use parquet, delta, arrow, csv, jsonl or tfrecord"
+            ))),
+        }
+    }
+}
+
+/// How to open a dataset.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Object store settings that override the environment.
+    pub storage_options: StorageOptions,
+    /// The format; detected from `_delta_log` or the file extensions when `None`.
+    pub format: Option<FormatKind>,
+    /// A Delta table version to read instead of the latest.
+    pub version: Option<u64>,
+    /// A Delta table timestamp (RFC 3339, or milliseconds since the epoch) to read the version current then.
+    pub timestamp: Option<String>,
+    /// How local Parquet files are read (io_uring or `pread`); remote stores ignore it.
+    pub local_io: LocalIo,
+}
+
+/// One data file of a dataset.
+#[derive(Debug, Clone)]
+pub(crate) struct DataFile {
+    pub path: Path,
+    pub uri: String,
+    pub size: u64,
+    /// Partition values, aligned with [`Dataset::partition_fields`].
+    pub partition_values: Vec<Option<String>>,
+}
+
+/// An opened dataset: its files, listed once, and its schema.
+#[derive(Debug)]
+pub struct Dataset {
+    location: Location,
+    kind: FormatKind,
+    files: Vec<DataFile>,
+    schema: SchemaRef,
+    /// The columns stored in the files (physical names for Delta), without partition columns.
+    file_schema: SchemaRef,
+    partition_fields: Vec<Field>,
+    footers: FooterCache,
+    access: FileAccess,
+    delta: Option<DeltaTable>,
+}
+
+/// Local files go through a [`LocalReader`]; every other store through `object_store`.
+fn file_access(location: &Location, local_io: LocalIo) -> Result<FileAccess> {
+    if location.root.scheme() != "file" || local_io == LocalIo::ObjectStore {
+        return Ok(FileAccess::Store(Arc::clone(&location.store)));
+    }
+    let reader = LocalReader::new(local_io).map_err(|error| {
+        FormatError::io(
+            format!("starting local reads ({local_io:?}) for {}", location.uri),
+            error,
+        )
+    })?;
+    Ok(FileAccess::Local {
+        reader,
+        root: location.root.clone(),
+    })
+}
+
+fn is_hidden(component: &str) -> bool {
+    component.starts_with('_') || component.starts_with('.')
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escaped = (bytes[index] == b'%')
+            .then(|| text.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        if let Some(value) = escaped {
+            decoded.push(value);
+            index += 3;
+            continue;
+        }
+        decoded.push(bytes[index]);
+        index += 1;
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+/// Hive partition pairs (`key=value` directories) between the dataset root and the file.
+fn hive_pairs(root: &Path, file: &Path) -> Vec<(String, Option<String>)> {
+    let Some(parts) = file.prefix_match(root) else {
+        return Vec::new();
+    };
+    let parts: Vec<String> = parts.map(|part| part.as_ref().to_string()).collect();
+    let directories = &parts[..parts.len().saturating_sub(1)];
+    directories
+        .iter()
+        .filter_map(|directory| {
+            // Store paths keep directory names as they are; Hive writers escape special characters as %XX.
+            let decoded = percent_decode(directory);
+            let (key, value) = decoded.split_once('=')?;
+            let value = (value != "__HIVE_DEFAULT_PARTITION__").then(|| value.to_string());
+            Some((key.to_string(), value))
+        })
+        .collect()
+}
+
+fn infer_partition_type(values: impl Iterator<Item = Option<String>> + Clone) -> DataType {
+    let mut present = values.flatten().peekable();
+    if present.peek().is_none() {
+        return DataType::Utf8;
+    }
+    let all: Vec<String> = present.collect();
+    if all.iter().all(|value| value.parse::<i64>().is_ok()) {
+        DataType::Int64
+    } else if all.iter().all(|value| value.parse::<f64>().is_ok()) {
+        DataType::Float64
+    } else if all.iter().all(|value| value == "true" || value == "false") {
+        DataType::Boolean
+    } else {
+        DataType::Utf8
+    }
+}
+
+async fn list_files(location: &Location) -> Result<Vec<object_store::ObjectMeta>> {
+    if location.glob.is_none() && !location.path.as_ref().is_empty() {
+        match location.store.head(&location.path).await {
+            Ok(meta) => return Ok(vec![meta]),
+            Err(object_store::Error::NotFound { .. }) => {}
+            // Local directories answer `head` with an error other than NotFound; listing decides.
+            Err(error) => {
+                tracing::debug!(uri = %location.uri, %error, "head failed, listing instead")
+            }
+        }
+    }
+    let prefix = (!location.path.as_ref().is_empty()).then_some(&location.path);
+    let mut objects: Vec<object_store::ObjectMeta> = location
+        .store
+        .list(prefix)
+        .try_collect()
+        .await
+        .map_err(|error| FormatError::store(format!("listing {}", location.uri), error))?;
+    objects.retain(|meta| {
+        let relative: Vec<String> = meta
+            .location
+            .prefix_match(&location.path)
+            .map(|parts| parts.map(|part| part.as_ref().to_string()).collect())
+            .unwrap_or_default();
+        let visible = !relative.iter().any(|part| is_hidden(part));
+        let matches_glob = location
+            .glob
+            .as_ref()
+            .is_none_or(|pattern| pattern.matches(meta.location.as_ref()));
+        visible && matches_glob
+    });
+    objects.sort_by(|left, right| left.location.cmp(&right.location));
+    Ok(objects)
+}
+
+async fn is_delta_table(location: &Location) -> bool {
+    if location.glob.is_some() {
+        return false;
+    }
+    let log = location.path.clone().join("_delta_log");
+    let mut listing = location.store.list(Some(&log));
+    matches!(listing.next().await, Some(Ok(_)))
+}
+
+impl Dataset {
+    /// Opens a dataset: lists its files once and reads the schema.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the URI is invalid, nothing is found, the format cannot be told, or the first
+    /// file's schema cannot be read.
+    pub async fn open(uri: &str, options: &OpenOptions) -> Result<Self> {
+        let location = open_location(uri, &options.storage_options)?;
+        let delta = match options.format {
+            Some(FormatKind::Delta) => true,
+            Some(_) => false,
+            None => is_delta_table(&location).await,
+        };
+        if delta {
+            return Self::open_delta(location, options).await;
+        }
+        if options.version.is_some() || options.timestamp.is_some() {
+            return Err(FormatError::InvalidArgument(format!(
+                "source {uri}: --version and --timestamp apply to Delta tables only, and {uri} has no _delta_log"
+            )));
+        }
+        let objects = list_files(&location).await?;
+        let kind = match options.format {
+            Some(kind) => kind,
+            None => {
+                let mut kinds: Vec<FormatKind> = objects
+                    .iter()
+                    .filter_map(|meta| FormatKind::from_extension(meta.location.as_ref()))
+                    .collect();
+                kinds.dedup();
+                match kinds.as_slice() {
+                    [] if objects.len() == 1 => FormatKind::Parquet,
+                    [] => {
+                        return Err(FormatError::EmptyDataset {
+                            uri: uri.to_string(),
+                        });
+                    }
+                    [kind] => *kind,
+                    _ => {
+                        return Err(FormatError::SourceUri {
+                            uri: uri.to_string(),
+                            reason: "holds files of several formats; narrow it with a glob such as dir/*.parquet".to_string(),
+                        });
+                    }
+                }
+            }
+        };
+        let single_file = objects.len() == 1 && objects[0].location == location.path;
+        let objects: Vec<object_store::ObjectMeta> = if single_file {
+            objects
+        } else {
+            objects
+                .into_iter()
+                .filter(|meta| FormatKind::from_extension(meta.location.as_ref()) == Some(kind))
+                .collect()
+        };
+        if objects.is_empty() {
+            return Err(FormatError::EmptyDataset {
+                uri: uri.to_string(),
+            });
+        }
+        let pairs: Vec<Vec<(String, Option<String>)>> = objects
+            .iter()
+            .map(|meta| hive_pairs(&location.path, &meta.location))
+            .collect();
+        let mut keys: Vec<String> = Vec::new();
+        for file_pairs in &pairs {
+            for (key, _) in file_pairs {
+                if !keys.contains(key) {
+                    keys.push(key.clone());
+                }
+            }
+        }
+        let files: Vec<DataFile> = objects
+            .iter()
+            .zip(&pairs)
+            .map(|(meta, file_pairs)| DataFile {
+                path: meta.location.clone(),
+                uri: location.uri_of(&meta.location),
+                size: meta.size,
+                partition_values: keys
+                    .iter()
+                    .map(|key| {
+                        file_pairs
+                            .iter()
+                            .find(|(name, _)| name == key)
+                            .and_then(|(_, value)| value.clone())
+                    })
+                    .collect(),
+            })
+            .collect();
+        let partition_fields: Vec<Field> = keys
+            .iter()
+            .enumerate()
+            .map(|(index, key)| {
+                let data_type = infer_partition_type(
+                    files
+                        .iter()
+                        .map(|file| file.partition_values[index].clone()),
+                );
+                Field::new(key, data_type, true)
+            })
+            .collect();
+        let footers = FooterCache::default();
+        let access = file_access(&location, options.local_io)?;
+        let first = &files[0];
+        let file_schema: SchemaRef = match kind {
+            FormatKind::Parquet => Arc::clone(
+                footers
+                    .get(&access, &first.path, &first.uri, first.size, false)
+                    .await?
+                    .schema(),
+            ),
+            other => {
+                RowFileFormat::from_kind(other)?
+                    .schema(&location.store, &first.path, &first.uri)
+                    .await?
+            }
+        };
+        let mut fields: Vec<Field> = file_schema
+            .fields()
+            .iter()
+            .filter(|field| !keys.contains(field.name()))
+            .map(|field| field.as_ref().clone())
+            .collect();
+        let file_schema = Arc::new(Schema::new_with_metadata(
+            fields.clone(),
+            file_schema.metadata().clone(),
+        ));
+        fields.extend(partition_fields.iter().cloned());
+        let schema = Arc::new(Schema::new_with_metadata(
+            fields,
+            file_schema.metadata().clone(),
+        ));
+        Ok(Self {
+            location,
+            kind,
+            files,
+            schema,
+            file_schema,
+            partition_fields,
+            footers,
+            access,
+            delta: None,
+        })
+    }
+
+    async fn open_delta(location: Location, options: &OpenOptions) -> Result<Self> {
+        let mut table =
+            DeltaTable::open(&location, options.version, options.timestamp.as_deref()).await?;
+        let schema = table.schema();
+        let file_schema = table.physical_schema();
+        let partition_fields = table.partition_fields();
+        let files = table.files(&location);
+        let access = file_access(&location, options.local_io)?;
+        Ok(Self {
+            location,
+            kind: FormatKind::Delta,
+            files,
+            schema,
+            file_schema,
+            partition_fields,
+            footers: FooterCache::default(),
+            access,
+            delta: Some(table),
+        })
+    }
+
+    /// Returns the format of the dataset.
+    pub fn kind(&self) -> FormatKind {
+        self.kind
+    }
+
+    /// Returns the dataset's schema: the file columns, then the partition columns.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    /// Returns the number of data files.
+    pub fn file_count(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Returns the URIs of the data files, in plan order.
+    pub fn file_uris(&self) -> Vec<&str> {
+        self.files.iter().map(|file| file.uri.as_str()).collect()
+    }
+
+    /// Returns the Delta table version the dataset is pinned to, for Delta tables.
+    pub fn delta_version(&self) -> Option<u64> {
+        self.delta.as_ref().map(DeltaTable::version)
+    }
+
+    /// Returns the schema that reading with `options` produces.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`FormatError::ColumnNotFound`] for an unknown column.
+    pub fn output_schema(&self, options: &ReadOptions) -> Result<SchemaRef> {
+        Ok(ReadPlan::new(&self.schema, options)?.output_schema)
+    }
+
+    async fn file_row_groups(&self, file: &DataFile) -> Result<Vec<u64>> {
+        match self.kind {
+            FormatKind::Parquet | FormatKind::Delta => {
+                let footer = self
+                    .footers
+                    .get(&self.access, &file.path, &file.uri, file.size, false)
+                    .await?;
+                Ok(crate::parquet::row_group_rows(footer.metadata()))
+            }
+            other => {
+                let rows = RowFileFormat::from_kind(other)?
+                    .count_rows(&self.location.store, &file.path, &file.uri)
+                    .await?;
+                Ok(vec![rows])
+            }
+        }
+    }
+
+    /// Plans the dataset into splits of at most `task_rows` rows that cover every row exactly once.
+    ///
+    /// Footers (or, for row formats without metadata, row counts) are read with bounded concurrency; splits
+    /// come in file order (sorted by path) then row order, and `task_id` is the position in that order.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when a footer cannot be read.
+    pub async fn plan(&self, task_rows: u64) -> Result<Vec<Split>> {
+        if task_rows == 0 {
+            return Err(FormatError::InvalidArgument(
+                "task rows must be at least 1".to_string(),
+            ));
+        }
+        let row_groups: Vec<Vec<u64>> =
+            stream::iter(self.files.iter().map(|file| self.file_row_groups(file)))
+                .buffered(PLAN_CONCURRENCY)
+                .try_collect()
+                .await?;
+        let delta_info = self.delta.as_ref();
+        let splits = cut(&row_groups, task_rows)
+            .into_iter()
+            .enumerate()
+            .map(|(task_id, (file_index, first_row, row_count))| {
+                let file = &self.files[file_index];
+                Split {
+                    task_id: task_id as u64,
+                    uri: file.uri.clone(),
+                    file_size: file.size,
+                    first_row,
+                    row_count,
+                    partition_values: self
+                        .partition_fields
+                        .iter()
+                        .zip(&file.partition_values)
+                        .map(|(field, value)| (field.name().clone(), value.clone()))
+                        .collect(),
+                    delta: delta_info.map(|table| table.split_info(file_index)),
+                }
+            })
+            .collect();
+        Ok(splits)
+    }
+
+    fn path_of(&self, split: &Split) -> Result<Path> {
+        let root = self.location.root.as_str();
+        let relative = split
+            .uri
+            .strip_prefix(root)
+            .ok_or_else(|| FormatError::SplitInvalid {
+                task_id: split.task_id,
+                uri: split.uri.clone(),
+                reason: format!("the file is not in this dataset's store {root}"),
+            })?;
+        Path::parse(relative).map_err(|error| FormatError::SplitInvalid {
+            task_id: split.task_id,
+            uri: split.uri.clone(),
+            reason: error.to_string(),
+        })
+    }
+
+    fn split_partitions(&self, split: &Split) -> Vec<(Field, Option<String>)> {
+        self.partition_fields
+            .iter()
+            .map(|field| {
+                let value = split
+                    .partition_values
+                    .iter()
+                    .find(|(name, _)| name == field.name())
+                    .and_then(|(_, value)| value.clone());
+                (field.clone(), value)
+            })
+            .collect()
+    }
+
+    /// Reads one split: the rows of its range that pass the filter, with the requested columns.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error for an unknown column, a split that does not fit its file, or a corrupt file; errors
+    /// while decoding come through the stream.
+    pub async fn read_split(
+        &self,
+        split: &Split,
+        options: &ReadOptions,
+    ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+        let plan = ReadPlan::new(&self.schema, options)?;
+        let path = self.path_of(split)?;
+        let partitions = self.split_partitions(split);
+        if let Some(filter) = &plan.filter
+            && !partitions.is_empty()
+            && !filter
+                .prune(&PartitionStatistics {
+                    partitions: &partitions,
+                })?
+                .first()
+                .copied()
+                .unwrap_or(true)
+        {
+            tracing::debug!(uri = %split.uri, "file pruned by partition values");
+            return Ok(stream::empty().boxed());
+        }
+        let request = |partitions, deleted_rows| ParquetSplitRead {
+            access: &self.access,
+            path: &path,
+            uri: &split.uri,
+            file_size: split.file_size,
+            task_id: split.task_id,
+            first_row: split.first_row,
+            row_count: split.row_count,
+            partitions,
+            deleted_rows,
+        };
+        match (self.kind, &self.delta) {
+            (FormatKind::Delta, Some(table)) => {
+                let info = split
+                    .delta
+                    .as_ref()
+                    .ok_or_else(|| FormatError::SplitInvalid {
+                        task_id: split.task_id,
+                        uri: split.uri.clone(),
+                        reason: "the split carries no Delta version; plan the table again"
+                            .to_string(),
+                    })?;
+                let deleted_rows = table.deleted_rows(info, &split.uri).await?;
+                let physical_plan = ReadPlan::raw(Arc::clone(&self.file_schema), plan.batch_rows);
+                let physical = crate::parquet::read_split(
+                    &self.footers,
+                    request(Vec::new(), deleted_rows),
+                    &physical_plan,
+                )
+                .await?;
+                let logical = table.to_logical(&split.uri, physical)?;
+                let uri = split.uri.clone();
+                Ok(logical
+                    .and_then(move |batch| futures::future::ready(plan.finish(batch, &[], &uri)))
+                    .try_filter_map(futures::future::ok)
+                    .boxed())
+            }
+            (FormatKind::Parquet, _) => {
+                crate::parquet::read_split(&self.footers, request(partitions, None), &plan).await
+            }
+            (other, _) => {
+                RowFileFormat::from_kind(other)?
+                    .read_split(
+                        &self.location.store,
+                        &path,
+                        split,
+                        partitions,
+                        &plan,
+                        Arc::clone(&self.file_schema),
+                    )
+                    .await
+            }
+        }
+    }
+
+    /// Reads the whole dataset in plan order, one split after another.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when planning fails; read errors come through the stream.
+    pub async fn scan(
+        self: &Arc<Self>,
+        options: &ReadOptions,
+    ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+        ReadPlan::new(&self.schema, options)?;
+        let splits = self.plan(u64::MAX).await?;
+        let dataset = Arc::clone(self);
+        let options = options.clone();
+        let stream = stream::iter(splits)
+            .then(move |split| {
+                let dataset = Arc::clone(&dataset);
+                let options = options.clone();
+                async move { dataset.read_split(&split, &options).await }
+            })
+            .try_flatten()
+            .boxed();
+        Ok(stream)
+    }
+
+    /// Returns the store the dataset lives in.
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        Arc::clone(&self.location.store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hive_pairs_decode_and_map_the_default_partition_to_null() {
+        let root = Path::from("data/t");
+        // On disk `city=New%20York`: Hive escapes the space.
+        let file = Path::parse("data/t/year=2024/city=New%20York/part-0.parquet").expect("path");
+        assert_eq!(
+            hive_pairs(&root, &file),
+            vec![
+                ("year".to_string(), Some("2024".to_string())),
+                ("city".to_string(), Some("New York".to_string()))
+            ]
+        );
+        let plain = Path::parse("data/t/city=San Jose/part-0.parquet").expect("path");
+        assert_eq!(
+            hive_pairs(&root, &plain),
+            vec![("city".to_string(), Some("San Jose".to_string()))]
+        );
+        let null_file = Path::from("data/t/year=__HIVE_DEFAULT_PARTITION__/part-0.parquet");
+        assert_eq!(
+            hive_pairs(&root, &null_file),
+            vec![("year".to_string(), None)]
+        );
+    }
+
+    #[test]
+    fn partition_types_are_inferred_from_all_values() {
+        let values = |list: &[Option<&str>]| {
+            list.iter()
+                .map(|value| value.map(str::to_string))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            infer_partition_type(values(&[Some("1"), None, Some("-3")]).into_iter()),
+            DataType::Int64
+        );
+        assert_eq!(
+            infer_partition_type(values(&[Some("1"), Some("2.5")]).into_iter()),
+            DataType::Float64
+        );
+        assert_eq!(
+            infer_partition_type(values(&[Some("1"), Some("x")]).into_iter()),
+            DataType::Utf8
+        );
+        assert_eq!(
+            infer_partition_type(values(&[None]).into_iter()),
+            DataType::Utf8
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! The error type of the formats layer.
+
+/// The result type of the formats layer.
+pub type Result<T, E = FormatError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while locating, planning or reading a source.
+///
+/// Each message names the thing that failed (URI, file, column, byte position) and, where there is one, the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    /// The source URI could not be parsed or names an unsupported scheme.
+    #[error("source {uri}: {reason}")]
+    SourceUri {
+        /// The URI as given.
+        uri: String,
+        /// What is wrong with it and how to fix it.
+        reason: String,
+    },
+    /// A storage option key or value was rejected by the object store builder.
+    #[error("source {uri}: storage option {key}: {reason}")]
+    StorageOption {
+        /// The URI whose store was being built.
+        uri: String,
+        /// The option key.
+        key: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The object store failed (listing, reading or writing).
+    #[error("{context}: {cause}")]
+    ObjectStore {
+        /// What was being done, naming the object.
+        context: String,
+        /// The store's error (in the message, so it is not repeated as a source).
+        cause: object_store::Error,
+    },
+    /// A dataset resolved to no data files.
+    #[error("source {uri}: no data files found; check the path, the glob or the file extension")]
+    EmptyDataset {
+        /// The URI that matched nothing.
+        uri: String,
+    },
+    /// A Parquet file is corrupt or uses a feature this reader does not support.
+    #[error("parquet file {file}: {cause}")]
+    Parquet {
+        /// The file.
+        file: String,
+        /// The decoder's error, which names the unsupported feature or the corruption.
+        cause: parquet::errors::ParquetError,
+    },
+    /// An Arrow operation failed (cast, filter, encoding, a malformed IPC/CSV/JSON file).
+    #[error("{context}: {cause}")]
+    Arrow {
+        /// What was being done, naming the file or column.
+        context: String,
+        /// Arrow's error.
+        cause: arrow::error::ArrowError,
+    },
+    /// A filter expression failed to parse.
+    #[error("filter syntax error at byte {position}: {message}\n  {expression}\n  {caret:>width$}", caret = "^", width = position + 1)]
+    FilterSyntax {
+        /// The whole expression.
+        expression: String,
+        /// The byte offset of the error.
+        position: usize,
+        /// What was expected.
+        message: String,
+    },
+    /// A filter expression is well formed but cannot be applied to this data.
+    #[error("filter: {0}")]
+    FilterApply(String),
+    /// A column named in a projection or a filter does not exist.
+    #[error("column {column:?} not found; available columns: {available}")]
+    ColumnNotFound {
+        /// The missing column.
+        column: String,
+        /// The columns there are, comma-separated.
+        available: String,
+    },
+    /// A split does not fit the file it names (row range out of bounds).
+    #[error("split {task_id} on {uri}: {reason}")]
+    SplitInvalid {
+        /// The task id of the split.
+        task_id: u64,
+        /// The file.
+        uri: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A Delta table could not be read, or uses a table feature this reader cannot honour.
+    #[error("delta table {table}: {reason}")]
+    Delta {
+        /// The table URI.
+        table: String,
+        /// The kernel's error, which names the feature when one is unsupported.
+        reason: String,
+    },
+    /// A TFRecord file is corrupt.
+    #[error("tfrecord file {file}: record at byte {offset}: {reason}")]
+    TfRecord {
+        /// The file.
+        file: String,
+        /// Byte offset of the record's start.
+        offset: u64,
+        /// What is wrong (length or data CRC mismatch, truncation).
+        reason: String,
+    },
+    /// A bad argument from the caller (options, generator parameters).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A local I/O operation failed.
+    #[error("{context}: {cause}")]
+    Io {
+        /// What was being done, naming the path.
+        context: String,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+}
+
+impl FormatError {
+    /// Wraps an object store error with what was being done.
+    pub fn store(context: impl Into<String>, source: object_store::Error) -> Self {
+        Self::ObjectStore {
+            context: context.into(),
+            cause: source,
+        }
+    }
+
+    /// Wraps an Arrow error with what was being done.
+    pub fn arrow(context: impl Into<String>, source: arrow::error::ArrowError) -> Self {
+        Self::Arrow {
+            context: context.into(),
+            cause: source,
+        }
+    }
+
+    /// Wraps a Parquet error with the file it came from.
+    pub fn parquet(file: impl Into<String>, source: parquet::errors::ParquetError) -> Self {
+        Self::Parquet {
+            file: file.into(),
+            cause: source,
+        }
+    }
+
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            cause: source,
+        }
+    }
+}

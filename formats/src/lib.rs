@@ -1,0 +1,33 @@
+//! Sluice's formats layer: sources by URI over object stores, lake-format readers, the split planner and the
+//! row filter language.
+//!
+//! - [`store`]: `file://` and plain paths, `s3://`, `gs://`, `az://`, with per-source storage options.
+//! - [`Dataset`]: a Parquet file, directory tree or glob (hive `k=v` directories become columns), a Delta
+//!   table (through `delta_kernel`), or Arrow IPC, CSV, JSON lines and TFRecord files.
+//! - [`Dataset::plan`] cuts a dataset into [`Split`]s that cover every row exactly once, in a stable order.
+//! - [`Dataset::read_split`] reads one split with projection and a [`filter::Expr`], pushed down to row-group
+//!   statistics, bloom filters and the page index where the files have them.
+//! - [`generate`] writes synthetic training data (Parquet or Delta).
+//!
+//! A planner lists splits; a reader turns byte ranges into record batches; the caller decides prefetch and
+//! concurrency.
+
+pub mod dataset;
+pub mod delta;
+pub mod error;
+pub mod filter;
+pub mod generate;
+mod parquet;
+pub mod plan;
+pub mod read;
+pub mod store;
+pub mod text;
+pub mod uring;
+
+pub use dataset::{Dataset, FormatKind, OpenOptions};
+pub use error::{FormatError, Result};
+pub use filter::Expr;
+pub use plan::{DeletionVector, DeltaSplitInfo, Split};
+pub use read::ReadOptions;
+pub use store::StorageOptions;
+pub use uring::LocalIo;

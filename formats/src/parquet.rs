@@ -1,0 +1,926 @@
+//! Parquet reading through `object_store`: footers, row-range selections, projection and predicate pushdown.
+//!
+//! # Implementation
+//!
+//! A split names `[first_row, first_row + row_count)` of one file. The reader maps that range onto the row
+//! groups it overlaps and gives each one a row-group-local [`RowSelection`]. Before decoding it drops what
+//! the filter proves empty, in three steps, each conservative:
+//!
+//! 1. row groups whose column-chunk statistics (min, max, null count) exclude every match;
+//! 2. row groups whose bloom filters hold none of the values of an `=` or `in` conjunct;
+//! 3. pages whose page-index statistics exclude every match of a one-column conjunct, by intersecting the
+//!    row selection with the pages that remain.
+//!
+//! The decoder ([`ParquetRecordBatchStreamBuilder`] over [`ParquetObjectReader`]) then fetches only the
+//! byte ranges of the projected columns in the selected pages. The filter is always evaluated on the decoded
+//! rows too, so pruning only saves work and never changes results.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, ArrayRef, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use bytes::Bytes;
+use futures::future::{BoxFuture, FutureExt};
+use futures::stream::{BoxStream, StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
+};
+use parquet::arrow::async_reader::{
+    AsyncFileReader, ParquetRecordBatchStreamBuilder, RowGroupSelection,
+};
+use parquet::basic::Type as PhysicalType;
+use parquet::bloom_filter::Sbbf;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+
+use crate::error::{FormatError, Result};
+use crate::filter::{CompareOp, Expr, Literal, PruningStatistics};
+use crate::read::ReadPlan;
+use crate::uring::{LocalFileReader, LocalReader};
+
+/// How many bytes at the end of a file are fetched at first, to read a footer in one request.
+const FOOTER_PREFETCH_BYTES: usize = 64 * 1024;
+
+/// An [`AsyncFileReader`] over one object: single ranges with `get_range`, several with `get_ranges`, which
+/// coalesces nearby ranges into fewer requests.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreReader {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    file_size: u64,
+}
+
+impl StoreReader {
+    pub(crate) fn new(store: Arc<dyn ObjectStore>, path: Path, file_size: u64) -> Self {
+        Self {
+            store,
+            path,
+            file_size,
+        }
+    }
+}
+
+impl AsyncFileReader for StoreReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        async move {
+            self.store
+                .get_range(&self.path, range)
+                .await
+                .map_err(|error| parquet::errors::ParquetError::External(Box::new(error)))
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        async move {
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(|error| parquet::errors::ParquetError::External(Box::new(error)))
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            let mut reader =
+                ParquetMetaDataReader::new().with_prefetch_hint(Some(FOOTER_PREFETCH_BYTES));
+            if let Some(options) = options {
+                reader = reader
+                    .with_metadata_options(Some(options.metadata_options().clone()))
+                    .with_column_index_policy(options.column_index_policy())
+                    .with_offset_index_policy(options.offset_index_policy());
+            }
+            let file_size = self.file_size;
+            let metadata = reader.load_and_finish(self, file_size).await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
+    }
+}
+
+/// How the files of a dataset are reached: through the object store, or for local files through a
+/// [`LocalReader`] (io_uring or `pread`).
+#[derive(Debug, Clone)]
+pub(crate) enum FileAccess {
+    Store(Arc<dyn ObjectStore>),
+    Local { reader: LocalReader, root: url::Url },
+}
+
+impl FileAccess {
+    pub(crate) async fn open(
+        &self,
+        path: &Path,
+        uri: &str,
+        size: u64,
+    ) -> Result<Box<dyn AsyncFileReader>> {
+        match self {
+            Self::Store(store) => Ok(Box::new(StoreReader::new(
+                Arc::clone(store),
+                path.clone(),
+                size,
+            ))),
+            Self::Local { reader, root } => {
+                // Each part is the file name as it is on disk: the URL escapes it, and the file path
+                // unescapes it again.
+                let mut url = root.clone();
+                if let Ok(mut segments) = url.path_segments_mut() {
+                    segments
+                        .pop_if_empty()
+                        .extend(path.parts().map(|part| part.as_ref().to_string()));
+                }
+                let file_path = url
+                    .to_file_path()
+                    .ok()
+                    .ok_or_else(|| FormatError::SourceUri {
+                        uri: uri.to_string(),
+                        reason: "not a local file path".to_string(),
+                    })?;
+                let file = LocalFileReader::open(reader.clone(), file_path, size, uri)
+                    .await
+                    .map_err(|error| FormatError::io(format!("opening {uri}"), error))?;
+                Ok(Box::new(file))
+            }
+        }
+    }
+}
+
+/// Footers already read, by file URI: planning and reading the same dataset reads each footer once.
+#[derive(Debug, Default)]
+pub(crate) struct FooterCache {
+    entries: Mutex<HashMap<String, ArrowReaderMetadata>>,
+}
+
+impl FooterCache {
+    /// Returns the footer of a file, reading it when it is not cached or lacks a page index that is wanted.
+    pub(crate) async fn get(
+        &self,
+        access: &FileAccess,
+        path: &Path,
+        uri: &str,
+        size: u64,
+        with_page_index: bool,
+    ) -> Result<ArrowReaderMetadata> {
+        if let Some(cached) = self.lookup(uri) {
+            let has_index = cached.metadata().page_index().is_some();
+            if !with_page_index || has_index || !file_has_page_index(cached.metadata()) {
+                return Ok(cached);
+            }
+        }
+        let mut reader = access.open(path, uri, size).await?;
+        let policy = if with_page_index {
+            PageIndexPolicy::Optional
+        } else {
+            PageIndexPolicy::Skip
+        };
+        let options = ArrowReaderOptions::new().with_page_index_policy(policy);
+        let metadata = ArrowReaderMetadata::load_async(&mut reader, options)
+            .await
+            .map_err(|error| FormatError::parquet(uri, error))?;
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.insert(uri.to_string(), metadata.clone());
+        }
+        Ok(metadata)
+    }
+
+    fn lookup(&self, uri: &str) -> Option<ArrowReaderMetadata> {
+        self.entries
+            .lock()
+            .ok()
+            .and_then(|entries| entries.get(uri).cloned())
+    }
+}
+
+fn file_has_page_index(metadata: &ParquetMetaData) -> bool {
+    metadata.row_groups().iter().any(|row_group| {
+        row_group.columns().iter().any(|column| {
+            column.column_index_offset().is_some() || column.offset_index_offset().is_some()
+        })
+    })
+}
+
+/// The row counts of a file's row groups, in order.
+pub(crate) fn row_group_rows(metadata: &ParquetMetaData) -> Vec<u64> {
+    metadata
+        .row_groups()
+        .iter()
+        .map(|row_group| u64::try_from(row_group.num_rows()).unwrap_or(0))
+        .collect()
+}
+
+/// One file-level read request.
+#[derive(Debug)]
+pub(crate) struct ParquetSplitRead<'a> {
+    pub access: &'a FileAccess,
+    pub path: &'a Path,
+    pub uri: &'a str,
+    pub file_size: u64,
+    pub task_id: u64,
+    pub first_row: u64,
+    pub row_count: u64,
+    pub partitions: Vec<(Field, Option<String>)>,
+    /// Rows of the file (in file order) to drop, e.g. a Delta deletion vector; sorted.
+    pub deleted_rows: Option<Vec<u64>>,
+}
+
+/// Row-group statistics as [`PruningStatistics`], with partition columns as constant containers.
+struct RowGroupStatistics<'a> {
+    metadata: &'a ParquetMetaData,
+    arrow_schema: &'a Schema,
+    row_groups: &'a [usize],
+    partitions: &'a [(Field, Option<String>)],
+}
+
+impl RowGroupStatistics<'_> {
+    fn converter(&self, column: &str) -> Option<StatisticsConverter<'_>> {
+        StatisticsConverter::try_new(
+            column,
+            self.arrow_schema,
+            self.metadata.file_metadata().schema_descr(),
+        )
+        .ok()
+        .map(|converter| converter.with_missing_null_counts_as_zero(false))
+    }
+
+    fn partition(&self, column: &str) -> Option<&(Field, Option<String>)> {
+        self.partitions
+            .iter()
+            .find(|(field, _)| field.name() == column)
+    }
+
+    fn partition_bound(&self, column: &str) -> Option<ArrayRef> {
+        let (field, value) = self.partition(column)?;
+        crate::read::partition_array(
+            field,
+            value.as_deref(),
+            self.row_groups.len(),
+            "partition statistics",
+        )
+        .ok()
+    }
+
+    fn row_group_metadata(
+        &self,
+    ) -> impl Iterator<Item = &parquet::file::metadata::RowGroupMetaData> {
+        self.row_groups
+            .iter()
+            .map(|index| self.metadata.row_group(*index))
+    }
+}
+
+impl PruningStatistics for RowGroupStatistics<'_> {
+    fn num_containers(&self) -> usize {
+        self.row_groups.len()
+    }
+
+    fn min_values(&self, column: &str) -> Option<ArrayRef> {
+        if self.partition(column).is_some() {
+            return self.partition_bound(column);
+        }
+        self.converter(column)?
+            .row_group_mins(self.row_group_metadata())
+            .ok()
+    }
+
+    fn max_values(&self, column: &str) -> Option<ArrayRef> {
+        if self.partition(column).is_some() {
+            return self.partition_bound(column);
+        }
+        self.converter(column)?
+            .row_group_maxes(self.row_group_metadata())
+            .ok()
+    }
+
+    fn null_counts(&self, column: &str) -> Option<UInt64Array> {
+        if let Some((_, value)) = self.partition(column) {
+            let rows = self.row_counts()?;
+            return Some(
+                rows.iter()
+                    .map(|count| if value.is_none() { count } else { Some(0) })
+                    .collect(),
+            );
+        }
+        self.converter(column)?
+            .row_group_null_counts(self.row_group_metadata())
+            .ok()
+    }
+
+    fn row_counts(&self) -> Option<UInt64Array> {
+        Some(
+            self.row_group_metadata()
+                .map(|row_group| u64::try_from(row_group.num_rows()).ok())
+                .collect(),
+        )
+    }
+}
+
+/// Page statistics of one column inside one row group.
+struct PageStatistics {
+    column: String,
+    mins: ArrayRef,
+    maxes: ArrayRef,
+    null_counts: UInt64Array,
+    row_counts: UInt64Array,
+}
+
+impl PruningStatistics for PageStatistics {
+    fn num_containers(&self) -> usize {
+        self.row_counts.len()
+    }
+    fn min_values(&self, column: &str) -> Option<ArrayRef> {
+        (column == self.column).then(|| Arc::clone(&self.mins))
+    }
+    fn max_values(&self, column: &str) -> Option<ArrayRef> {
+        (column == self.column).then(|| Arc::clone(&self.maxes))
+    }
+    fn null_counts(&self, column: &str) -> Option<UInt64Array> {
+        (column == self.column).then(|| self.null_counts.clone())
+    }
+    fn row_counts(&self) -> Option<UInt64Array> {
+        Some(self.row_counts.clone())
+    }
+}
+
+/// The selection of row group `row_group` that keeps only pages that may match `conjunct`, or `None` when
+/// the page index cannot tell.
+fn page_selection(
+    metadata: &ParquetMetaData,
+    arrow_schema: &Schema,
+    row_group: usize,
+    conjunct: &Expr,
+) -> Option<RowSelection> {
+    let columns = conjunct.columns();
+    let [column] = columns.as_slice() else {
+        return None;
+    };
+    let page_index = metadata.page_index()?.as_ref();
+    let converter = StatisticsConverter::try_new(
+        column,
+        arrow_schema,
+        metadata.file_metadata().schema_descr(),
+    )
+    .ok()?
+    .with_missing_null_counts_as_zero(false);
+    let row_groups = [row_group];
+    let row_counts = converter
+        .data_page_row_counts(page_index, metadata.row_groups(), &row_groups)
+        .ok()??;
+    let statistics = PageStatistics {
+        column: column.clone(),
+        mins: converter.data_page_mins(page_index, &row_groups).ok()?,
+        maxes: converter.data_page_maxes(page_index, &row_groups).ok()?,
+        null_counts: converter
+            .data_page_null_counts(page_index, &row_groups)
+            .ok()?,
+        row_counts,
+    };
+    if statistics.mins.len() != statistics.row_counts.len()
+        || statistics.row_counts.null_count() > 0
+    {
+        return None;
+    }
+    let keep = conjunct.prune(&statistics).ok()?;
+    let selectors: Vec<RowSelector> = keep
+        .iter()
+        .zip(statistics.row_counts.values().iter())
+        .map(|(keep, rows)| {
+            let rows = usize::try_from(*rows).unwrap_or(usize::MAX);
+            if *keep {
+                RowSelector::select(rows)
+            } else {
+                RowSelector::skip(rows)
+            }
+        })
+        .collect();
+    Some(RowSelection::from(selectors))
+}
+
+/// The literal values of an `=` or `in` conjunct on one column, for bloom filter checks.
+fn bloom_probe(conjunct: &Expr) -> Option<(&str, Vec<&Literal>)> {
+    match conjunct {
+        Expr::Compare {
+            column,
+            op: CompareOp::Eq,
+            value,
+        } => Some((column.as_str(), vec![value])),
+        Expr::InList {
+            column,
+            values,
+            negated: false,
+        } => Some((column.as_str(), values.iter().collect())),
+        _ => None,
+    }
+}
+
+/// Whether the bloom filter may hold `literal` for a column of this physical and Arrow type; `true` when the
+/// question cannot be asked.
+fn bloom_may_contain(
+    filter: &Sbbf,
+    physical: PhysicalType,
+    arrow_type: &DataType,
+    literal: &Literal,
+) -> bool {
+    match (literal, physical, arrow_type) {
+        (
+            Literal::Str(text),
+            PhysicalType::BYTE_ARRAY,
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View,
+        ) => filter.check(&text.as_str()),
+        (
+            Literal::Int(value),
+            PhysicalType::INT32,
+            DataType::Int8 | DataType::Int16 | DataType::Int32,
+        ) => i32::try_from(*value).is_ok_and(|narrow| filter.check(&narrow)),
+        (Literal::Int(value), PhysicalType::INT64, DataType::Int64) => filter.check(value),
+        _ => true,
+    }
+}
+
+/// Maps `[first_row, first_row + row_count)` onto row-group-local selections.
+fn range_selections(
+    row_group_rows: &[u64],
+    first_row: u64,
+    row_count: u64,
+) -> Vec<(usize, RowSelection)> {
+    let end = first_row + row_count;
+    let mut selections = Vec::new();
+    let mut group_start = 0u64;
+    for (index, rows) in row_group_rows.iter().enumerate() {
+        let group_end = group_start + rows;
+        let (from, to) = (first_row.max(group_start), end.min(group_end));
+        if from < to {
+            let mut selectors = Vec::with_capacity(3);
+            let to_usize = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+            if from > group_start {
+                selectors.push(RowSelector::skip(to_usize(from - group_start)));
+            }
+            selectors.push(RowSelector::select(to_usize(to - from)));
+            if group_end > to {
+                selectors.push(RowSelector::skip(to_usize(group_end - to)));
+            }
+            selections.push((index, RowSelection::from(selectors)));
+        }
+        group_start = group_end;
+    }
+    selections
+}
+
+/// Removes deleted file rows from a row group's selection; `deleted` holds file row numbers, sorted.
+fn drop_deleted(
+    selection: &RowSelection,
+    group_start: u64,
+    group_rows: u64,
+    deleted: &[u64],
+) -> RowSelection {
+    let lower = deleted.partition_point(|row| *row < group_start);
+    let upper = deleted.partition_point(|row| *row < group_start + group_rows);
+    if lower == upper {
+        return selection.clone();
+    }
+    let mut selectors = Vec::new();
+    let mut cursor = 0u64;
+    for row in &deleted[lower..upper] {
+        let local = row - group_start;
+        if local > cursor {
+            selectors.push(RowSelector::select(
+                usize::try_from(local - cursor).unwrap_or(usize::MAX),
+            ));
+        }
+        selectors.push(RowSelector::skip(1));
+        cursor = local + 1;
+    }
+    if group_rows > cursor {
+        selectors.push(RowSelector::select(
+            usize::try_from(group_rows - cursor).unwrap_or(usize::MAX),
+        ));
+    }
+    selection.intersection(&RowSelection::from(selectors))
+}
+
+/// Reads one split of a Parquet file as a stream of finished batches (partition columns, filter, projection).
+pub(crate) async fn read_split(
+    footers: &FooterCache,
+    request: ParquetSplitRead<'_>,
+    plan: &ReadPlan,
+) -> Result<BoxStream<'static, Result<arrow::array::RecordBatch>>> {
+    let wants_page_index = plan.filter.is_some();
+    let metadata = footers
+        .get(
+            request.access,
+            request.path,
+            request.uri,
+            request.file_size,
+            wants_page_index,
+        )
+        .await?;
+    let parquet_metadata = Arc::clone(metadata.metadata());
+    let file_schema: SchemaRef = Arc::clone(metadata.schema());
+    let group_rows = row_group_rows(&parquet_metadata);
+    let total: u64 = group_rows.iter().sum();
+    if request
+        .first_row
+        .checked_add(request.row_count)
+        .is_none_or(|end| end > total)
+    {
+        return Err(FormatError::SplitInvalid {
+            task_id: request.task_id,
+            uri: request.uri.to_string(),
+            reason: format!(
+                "rows [{}, +{}) exceed the file's {total} rows; plan the dataset again",
+                request.first_row, request.row_count
+            ),
+        });
+    }
+    let mut selections = range_selections(&group_rows, request.first_row, request.row_count);
+    let group_starts: Vec<u64> = group_rows
+        .iter()
+        .scan(0u64, |start, rows| {
+            let current = *start;
+            *start += rows;
+            Some(current)
+        })
+        .collect();
+    if let Some(deleted) = &request.deleted_rows {
+        for (group, selection) in &mut selections {
+            *selection = drop_deleted(selection, group_starts[*group], group_rows[*group], deleted);
+        }
+    }
+
+    let reader = request
+        .access
+        .open(request.path, request.uri, request.file_size)
+        .await?;
+    let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata.clone());
+
+    if let Some(filter) = &plan.filter {
+        let candidate_groups: Vec<usize> = selections.iter().map(|(group, _)| *group).collect();
+        let statistics = RowGroupStatistics {
+            metadata: &parquet_metadata,
+            arrow_schema: &file_schema,
+            row_groups: &candidate_groups,
+            partitions: &request.partitions,
+        };
+        let keep = filter.prune(&statistics)?;
+        let mut kept = Vec::with_capacity(selections.len());
+        for ((group, selection), keep) in selections.into_iter().zip(keep) {
+            if keep {
+                kept.push((group, selection));
+            } else {
+                tracing::debug!(
+                    uri = request.uri,
+                    row_group = group,
+                    "row group pruned by statistics"
+                );
+            }
+        }
+        selections = kept;
+
+        let normal_form = filter.negation_normal_form();
+        let conjuncts = normal_form.conjuncts();
+        let schema_descr = parquet_metadata.file_metadata().schema_descr();
+        let mut after_bloom = Vec::with_capacity(selections.len());
+        'groups: for (group, selection) in selections {
+            for conjunct in &conjuncts {
+                let Some((column, literals)) = bloom_probe(conjunct) else {
+                    continue;
+                };
+                let Ok(converter) =
+                    StatisticsConverter::try_new(column, &file_schema, schema_descr)
+                else {
+                    continue;
+                };
+                let (Some(leaf), arrow_field) =
+                    (converter.parquet_column_index(), converter.arrow_field())
+                else {
+                    continue;
+                };
+                if parquet_metadata
+                    .row_group(group)
+                    .column(leaf)
+                    .bloom_filter_offset()
+                    .is_none()
+                {
+                    continue;
+                }
+                let bloom = builder
+                    .get_row_group_column_bloom_filter(group, leaf)
+                    .await
+                    .map_err(|error| FormatError::parquet(request.uri, error))?;
+                if let Some(bloom) = bloom {
+                    let physical = schema_descr.column(leaf).physical_type();
+                    if !literals.iter().any(|literal| {
+                        bloom_may_contain(&bloom, physical, arrow_field.data_type(), literal)
+                    }) {
+                        tracing::debug!(
+                            uri = request.uri,
+                            row_group = group,
+                            column,
+                            "row group pruned by bloom filter"
+                        );
+                        continue 'groups;
+                    }
+                }
+            }
+            let mut narrowed = selection;
+            for conjunct in &conjuncts {
+                if let Some(pages) =
+                    page_selection(&parquet_metadata, &file_schema, group, conjunct)
+                {
+                    narrowed = narrowed.intersection(&pages);
+                }
+            }
+            if narrowed.selects_any() {
+                after_bloom.push((group, narrowed));
+            }
+        }
+        selections = after_bloom;
+    }
+
+    let root_indices: Vec<usize> = file_schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, field)| {
+            plan.needed.contains(field.name())
+                && !request
+                    .partitions
+                    .iter()
+                    .any(|(partition, _)| partition.name() == field.name())
+        })
+        .map(|(index, _)| index)
+        .collect();
+    let mask = ProjectionMask::roots(
+        parquet_metadata.file_metadata().schema_descr(),
+        root_indices,
+    );
+    // A selection that keeps the whole row group is left out: the decoder then reads the group plainly.
+    let row_group_selections: Vec<RowGroupSelection> = selections
+        .into_iter()
+        .map(|(group, selection)| {
+            let whole = selection.skipped_row_count() == 0
+                && selection.row_count() as u64 == group_rows[group];
+            RowGroupSelection::new(group, (!whole).then_some(selection))
+        })
+        .collect();
+    // `with_batch_size` caps the batch size at the footer's file row count; some writers leave that count
+    // at 0 while their row groups hold rows, so such a file keeps the decoder's default batch size.
+    let footer_rows = u64::try_from(parquet_metadata.file_metadata().num_rows()).unwrap_or(0);
+    if footer_rows != total {
+        tracing::debug!(
+            uri = request.uri,
+            footer_rows,
+            row_group_rows = total,
+            "file row count disagrees with its row groups"
+        );
+    }
+    let builder = if footer_rows == total {
+        builder.with_batch_size(plan.batch_rows)
+    } else {
+        builder
+    };
+    let stream = builder
+        .with_projection(mask)
+        .with_row_group_selections(row_group_selections)
+        .build()
+        .map_err(|error| FormatError::parquet(request.uri, error))?;
+    let uri = request.uri.to_string();
+    let partitions = request.partitions;
+    let plan = plan.clone();
+    let finished = stream
+        .map_err({
+            let uri = uri.clone();
+            move |error| FormatError::parquet(uri.clone(), error)
+        })
+        .and_then(move |batch| {
+            let result = plan.finish(batch, &partitions, &uri);
+            futures::future::ready(result)
+        })
+        .try_filter_map(futures::future::ok)
+        .boxed();
+    Ok(finished)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filter::Expr;
+
+    fn expand(selection: &RowSelection) -> Vec<bool> {
+        selection
+            .iter()
+            .flat_map(|selector| std::iter::repeat_n(!selector.skip, selector.row_count))
+            .collect()
+    }
+
+    #[test]
+    fn range_maps_onto_row_groups() {
+        let sut = range_selections(&[10, 10, 5], 7, 12);
+        assert_eq!(sut.len(), 2);
+        assert_eq!(sut[0].0, 0);
+        assert_eq!(expand(&sut[0].1), [vec![false; 7], vec![true; 3]].concat());
+        assert_eq!(sut[1].0, 1);
+        assert_eq!(expand(&sut[1].1), [vec![true; 9], vec![false; 1]].concat());
+        assert!(range_selections(&[10], 3, 0).is_empty());
+    }
+
+    fn testdata_file(name: &str) -> Option<std::path::PathBuf> {
+        let root = std::env::var_os("SLUICE_TESTDATA")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata")
+            });
+        let path = root.join("parquet/data").join(name);
+        if path.is_file() {
+            Some(path)
+        } else {
+            eprintln!(
+                "skipped: {name} not found under {} (set SLUICE_TESTDATA)",
+                root.display()
+            );
+            None
+        }
+    }
+
+    async fn footer_of(
+        path: &std::path::Path,
+        with_page_index: bool,
+    ) -> (FileAccess, Path, u64, ArrowReaderMetadata) {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::local::LocalFileSystem::new());
+        let access = FileAccess::Store(store);
+        let object_path = Path::from_filesystem_path(path).expect("path");
+        let size = std::fs::metadata(path).expect("metadata").len();
+        let footer = FooterCache::default()
+            .get(
+                &access,
+                &object_path,
+                &path.to_string_lossy(),
+                size,
+                with_page_index,
+            )
+            .await
+            .expect("footer");
+        (access, object_path, size, footer)
+    }
+
+    #[tokio::test]
+    async fn bloom_filter_rejects_absent_values_that_statistics_cannot() {
+        let Some(path) = testdata_file("data_index_bloom_encoding_stats.parquet") else {
+            return;
+        };
+        let (access, object_path, size, footer) = footer_of(&path, false).await;
+        let reader = access
+            .open(&object_path, &path.to_string_lossy(), size)
+            .await
+            .expect("opens");
+        let mut builder =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, footer.clone());
+        let bloom = builder
+            .get_row_group_column_bloom_filter(0, 0)
+            .await
+            .expect("reads")
+            .expect("the file has a bloom filter");
+        let physical = footer
+            .metadata()
+            .file_metadata()
+            .schema_descr()
+            .column(0)
+            .physical_type();
+        let present = [
+            "Hello",
+            "This is",
+            "a",
+            "test",
+            "How",
+            "are you",
+            "doing ",
+            "today",
+            "the quick",
+            "brown fox",
+            "jumps",
+            "over",
+            "the lazy",
+            "dog",
+        ];
+        for value in present {
+            assert!(
+                bloom_may_contain(
+                    &bloom,
+                    physical,
+                    &DataType::Utf8,
+                    &Literal::Str(value.to_string())
+                ),
+                "{value}"
+            );
+        }
+        // Inside the statistics' range [Hello, today], so only the bloom filter can exclude them.
+        for value in ["brown cat", "jumped", "over the"] {
+            assert!(
+                !bloom_may_contain(
+                    &bloom,
+                    physical,
+                    &DataType::Utf8,
+                    &Literal::Str(value.to_string())
+                ),
+                "{value}"
+            );
+            let expr = Expr::parse(&format!("String = '{value}'")).expect("parses");
+            let groups = [0usize];
+            let statistics = RowGroupStatistics {
+                metadata: footer.metadata(),
+                arrow_schema: footer.schema(),
+                row_groups: &groups,
+                partitions: &[],
+            };
+            assert_eq!(
+                expr.prune(&statistics).expect("prunes"),
+                vec![true],
+                "statistics alone keep {value}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn page_index_narrows_the_selection_to_matching_pages() {
+        let Some(path) = testdata_file("alltypes_tiny_pages.parquet") else {
+            return;
+        };
+        let (_, _, _, footer) = footer_of(&path, true).await;
+        let metadata = footer.metadata();
+        assert!(metadata.page_index().is_some(), "the page index was loaded");
+        let rows = metadata.row_group(0).num_rows() as usize;
+        let expr = Expr::parse("id = 5000").expect("parses");
+        let selection =
+            page_selection(metadata, footer.schema(), 0, &expr).expect("id has a page index");
+        let selected = selection.row_count();
+        assert!(
+            selected > 0 && selected * 20 < rows,
+            "{selected} of {rows} rows selected"
+        );
+        // id 5000 is row 5885 of the file (checked with pyarrow); its page must be selected.
+        let mask = expand(&selection);
+        assert!(mask[5885], "the page holding id 5000 is kept");
+    }
+
+    #[tokio::test]
+    async fn row_group_statistics_prune_generated_row_groups() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("groups.parquet");
+        let properties = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(100))
+            .build();
+        let file = std::fs::File::create(&path).expect("create");
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(file, crate::generate::schema(), Some(properties))
+                .expect("writer");
+        writer
+            .write(&crate::generate::batch(3, 0, 1000).expect("batch"))
+            .expect("write");
+        writer.close().expect("close");
+        let (_, _, _, footer) = footer_of(&path, false).await;
+        let groups: Vec<usize> = (0..10).collect();
+        let statistics = RowGroupStatistics {
+            metadata: footer.metadata(),
+            arrow_schema: footer.schema(),
+            row_groups: &groups,
+            partitions: &[],
+        };
+        let keep = Expr::parse("id >= 250 and id < 310")
+            .expect("parses")
+            .prune(&statistics)
+            .expect("prunes");
+        assert_eq!(
+            keep,
+            vec![
+                false, false, true, true, false, false, false, false, false, false
+            ]
+        );
+        let keep = Expr::parse("not (id < 900) or id is null")
+            .expect("parses")
+            .prune(&statistics)
+            .expect("prunes");
+        assert_eq!(keep, [vec![false; 9], vec![true]].concat());
+    }
+
+    #[test]
+    fn deleted_rows_are_skipped_inside_the_range() {
+        let range = RowSelection::from(vec![RowSelector::skip(2), RowSelector::select(8)]);
+        let sut = drop_deleted(&range, 100, 10, &[1, 100, 103, 109, 200]);
+        assert_eq!(
+            expand(&sut),
+            vec![
+                false, false, true, false, true, true, true, true, true, false
+            ]
+        );
+    }
+}
