@@ -32,7 +32,7 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
 };
 use parquet::arrow::async_reader::{
-    AsyncFileReader, ParquetRecordBatchStreamBuilder, RowGroupSelection,
+    AsyncFileReader, MetadataFetch, ParquetRecordBatchStreamBuilder, RowGroupSelection,
 };
 use parquet::basic::Type as PhysicalType;
 use parquet::bloom_filter::Sbbf;
@@ -45,6 +45,23 @@ use crate::uring::{LocalFileReader, LocalReader};
 
 /// How many bytes at the end of a file are fetched at first, to read a footer in one request.
 const FOOTER_PREFETCH_BYTES: usize = 64 * 1024;
+
+/// Reads a Parquet footer through `fetch`, asking first for the last 64 KiB so that most footers come in
+/// one request, with the page-index policies of `options`.
+pub(crate) async fn load_metadata<F: MetadataFetch>(
+    fetch: F,
+    file_size: u64,
+    options: Option<&ArrowReaderOptions>,
+) -> parquet::errors::Result<Arc<ParquetMetaData>> {
+    let mut reader = ParquetMetaDataReader::new().with_prefetch_hint(Some(FOOTER_PREFETCH_BYTES));
+    if let Some(options) = options {
+        reader = reader
+            .with_metadata_options(Some(options.metadata_options().clone()))
+            .with_column_index_policy(options.column_index_policy())
+            .with_offset_index_policy(options.offset_index_policy());
+    }
+    Ok(Arc::new(reader.load_and_finish(fetch, file_size).await?))
+}
 
 /// An [`AsyncFileReader`] over one object: single ranges with `get_range`, several with `get_ranges`, which
 /// coalesces nearby ranges into fewer requests.
@@ -93,20 +110,8 @@ impl AsyncFileReader for StoreReader {
         &'a mut self,
         options: Option<&'a ArrowReaderOptions>,
     ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
-        async move {
-            let mut reader =
-                ParquetMetaDataReader::new().with_prefetch_hint(Some(FOOTER_PREFETCH_BYTES));
-            if let Some(options) = options {
-                reader = reader
-                    .with_metadata_options(Some(options.metadata_options().clone()))
-                    .with_column_index_policy(options.column_index_policy())
-                    .with_offset_index_policy(options.offset_index_policy());
-            }
-            let file_size = self.file_size;
-            let metadata = reader.load_and_finish(self, file_size).await?;
-            Ok(Arc::new(metadata))
-        }
-        .boxed()
+        let file_size = self.file_size;
+        load_metadata(self, file_size, options).boxed()
     }
 }
 

@@ -165,8 +165,9 @@ fn compile_glob(uri: &str, full_pattern: &str) -> Result<glob::Pattern> {
     })
 }
 
-fn local_location(uri: &str, path: Path, pattern: Option<&str>) -> Result<Location> {
-    let glob = pattern
+/// Compiles the glob part of a URI, anchored under the path that precedes it.
+fn glob_under(uri: &str, path: &Path, pattern: Option<&str>) -> Result<Option<glob::Pattern>> {
+    pattern
         .map(|rest| {
             let prefix = path.as_ref();
             let full = if prefix.is_empty() {
@@ -176,7 +177,11 @@ fn local_location(uri: &str, path: Path, pattern: Option<&str>) -> Result<Locati
             };
             compile_glob(uri, &full)
         })
-        .transpose()?;
+        .transpose()
+}
+
+fn local_location(uri: &str, path: Path, pattern: Option<&str>) -> Result<Location> {
+    let glob = glob_under(uri, &path, pattern)?;
     let root = Url::parse("file:///").map_err(|error| FormatError::SourceUri {
         uri: uri.to_string(),
         reason: error.to_string(),
@@ -207,17 +212,7 @@ fn cloud_location(
             reason: error.to_string(),
         }
     })?;
-    let glob = pattern
-        .map(|rest| {
-            let prefix = path.as_ref();
-            let full = if prefix.is_empty() {
-                rest.to_string()
-            } else {
-                format!("{prefix}/{rest}")
-            };
-            compile_glob(uri, &full)
-        })
-        .transpose()?;
+    let glob = glob_under(uri, &path, pattern)?;
     Ok(Location {
         store,
         root,

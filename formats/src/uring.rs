@@ -24,14 +24,12 @@ use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt};
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::AsyncFileReader;
-use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::ParquetMetaData;
 
 /// Entries of the submission queue.
 const RING_ENTRIES: u32 = 128;
 /// Ranges closer than this are fetched as one read.
 const COALESCE_GAP_BYTES: u64 = 64 * 1024;
-/// How many bytes at the end of a file are fetched at first, to read a footer in one request.
-const FOOTER_PREFETCH_BYTES: usize = 64 * 1024;
 
 /// How local files are read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -393,19 +391,8 @@ impl AsyncFileReader for LocalFileReader {
         &'a mut self,
         options: Option<&'a ArrowReaderOptions>,
     ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
-        async move {
-            let mut reader =
-                ParquetMetaDataReader::new().with_prefetch_hint(Some(FOOTER_PREFETCH_BYTES));
-            if let Some(options) = options {
-                reader = reader
-                    .with_metadata_options(Some(options.metadata_options().clone()))
-                    .with_column_index_policy(options.column_index_policy())
-                    .with_offset_index_policy(options.offset_index_policy());
-            }
-            let file_size = self.file_size;
-            Ok(Arc::new(reader.load_and_finish(self, file_size).await?))
-        }
-        .boxed()
+        let file_size = self.file_size;
+        crate::parquet::load_metadata(self, file_size, options).boxed()
     }
 }
 
