@@ -1,0 +1,85 @@
+//! The Sluice gRPC protocol, spoken between node daemons, trainers' clients, the CLI and the
+//! application master.
+//!
+//! [`v1`] holds the messages and tonic services generated from `sluice/v1/sluice.proto`. Ids travel
+//! there as plain fields (`task_id: u64`, `node_id: u64`, `job_id: String`); [`TaskId`], [`NodeId`]
+//! and [`JobId`] give them types, and convert to and from those fields.
+
+use std::fmt;
+
+/// The generated `sluice.v1` messages, clients and servers.
+pub mod v1 {
+    tonic::include_proto!("sluice.v1");
+}
+
+/// A task's identity, unique across all epochs of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TaskId(pub u64);
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "task-{}", self.0)
+    }
+}
+
+impl From<u64> for TaskId {
+    fn from(task_id: u64) -> TaskId {
+        TaskId(task_id)
+    }
+}
+
+impl From<TaskId> for u64 {
+    fn from(task_id: TaskId) -> u64 {
+        task_id.0
+    }
+}
+
+/// A node daemon's identity, stable across its restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u64);
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "node-{}", self.0)
+    }
+}
+
+impl From<u64> for NodeId {
+    fn from(node_id: u64) -> NodeId {
+        NodeId(node_id)
+    }
+}
+
+impl From<NodeId> for u64 {
+    fn from(node_id: NodeId) -> u64 {
+        node_id.0
+    }
+}
+
+/// A job's identity, the name it is known by to the AM and its executors.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobId(pub String);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(&self.0)
+    }
+}
+
+impl From<String> for JobId {
+    fn from(job_id: String) -> JobId {
+        JobId(job_id)
+    }
+}
+
+impl From<&str> for JobId {
+    fn from(job_id: &str) -> JobId {
+        JobId(job_id.to_owned())
+    }
+}
+
+impl From<JobId> for String {
+    fn from(job_id: JobId) -> String {
+        job_id.0
+    }
+}

@@ -1,0 +1,278 @@
+//! Encodes and decodes the daemon protocol's messages with prost, and converts ids.
+
+use prost::Message;
+use sluice_proto::v1::{
+    AssignTasks, Blacklisted, Command, CountOutOfRange, DeletionVector, DeltaSplitInfo,
+    DoneBeforeEnd, Drain, Fence, HeartbeatReply, HeartbeatRequest, NoStopRequested, NotHeld,
+    PartitionValue, Refusal, Refuse, RingStats, Shutdown, Split, StageStats, StopRowOutOfRange,
+    StopTask, TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command, refusal,
+};
+use sluice_proto::{JobId, NodeId, TaskId};
+use std::collections::BTreeSet;
+
+fn heartbeat_request() -> HeartbeatRequest {
+    HeartbeatRequest {
+        node_id: NodeId(3).into(),
+        progress: vec![
+            TaskProgress {
+                task_id: 11,
+                enqueued: 4096,
+                consumed: 1024,
+            },
+            TaskProgress {
+                task_id: 12,
+                enqueued: 0,
+                consumed: 0,
+            },
+        ],
+        stages: vec![
+            StageStats {
+                stage: "fetch".into(),
+                busy_ns: 7,
+                wait_ns: 9,
+                rows: 0,
+                bytes: 1 << 20,
+            },
+            StageStats {
+                stage: "decode".into(),
+                busy_ns: 70,
+                wait_ns: 90,
+                rows: 4096,
+                bytes: 3,
+            },
+        ],
+        rings: vec![RingStats {
+            rank: 1,
+            used_bytes: 512,
+            capacity_bytes: 1 << 28,
+            trainer_wait_ns: 100,
+            daemon_wait_ns: 200,
+        }],
+    }
+}
+
+fn delta_assignment() -> TaskAssignment {
+    TaskAssignment {
+        task_id: 42,
+        epoch: 2,
+        split_index: 5,
+        start: 100,
+        end: 65_636,
+        split: Some(Split {
+            uri: "s3://bucket/table/part=a/file.parquet".into(),
+            file_size: 123_456_789,
+            first_row: 131_072,
+            row_count: 65_536,
+            partition_values: vec![
+                PartitionValue {
+                    name: "part".into(),
+                    value: Some("a".into()),
+                },
+                PartitionValue {
+                    name: "day".into(),
+                    value: None,
+                },
+            ],
+            delta: Some(DeltaSplitInfo {
+                version: 17,
+                deletion_vector: Some(DeletionVector {
+                    storage_type: "u".into(),
+                    path_or_inline_dv: "ab^-aqEH.-t@S}K{vb[*k^".into(),
+                    offset: Some(4),
+                    size_in_bytes: 40,
+                    cardinality: 6,
+                }),
+            }),
+        }),
+    }
+}
+
+fn refuse(kind: refusal::Kind) -> Command {
+    Command {
+        command: Some(command::Command::Refuse(Refuse {
+            reason: Some(Refusal { kind: Some(kind) }),
+            message: "refused".into(),
+        })),
+    }
+}
+
+fn heartbeat_reply_with_every_command() -> HeartbeatReply {
+    let mut commands = vec![
+        Command {
+            command: Some(command::Command::Assign(AssignTasks {
+                tasks: vec![
+                    delta_assignment(),
+                    TaskAssignment {
+                        task_id: 43,
+                        epoch: 2,
+                        split_index: 6,
+                        start: 0,
+                        end: 10,
+                        split: Some(Split {
+                            uri: "file:///data/train/0.parquet".into(),
+                            file_size: 999,
+                            first_row: 0,
+                            row_count: 10,
+                            partition_values: Vec::new(),
+                            delta: None,
+                        }),
+                    },
+                ],
+            })),
+        },
+        Command {
+            command: Some(command::Command::Stop(StopTask {
+                task_id: 11,
+                row: 5000,
+            })),
+        },
+        Command {
+            command: Some(command::Command::Drain(Drain {})),
+        },
+        Command {
+            command: Some(command::Command::Shutdown(Shutdown {})),
+        },
+        Command {
+            command: Some(command::Command::Fence(Fence {})),
+        },
+    ];
+    commands.extend(
+        [
+            refusal::Kind::UnknownNode(UnknownNode {}),
+            refusal::Kind::Blacklisted(Blacklisted {}),
+            refusal::Kind::UnknownTask(UnknownTask { task_id: 1 }),
+            refusal::Kind::NotHeld(NotHeld { task_id: 2 }),
+            refusal::Kind::CountOutOfRange(CountOutOfRange {
+                task_id: 3,
+                enqueued: 10,
+                consumed: 11,
+                rows: 10,
+            }),
+            refusal::Kind::NoStopRequested(NoStopRequested { task_id: 4 }),
+            refusal::Kind::StopRowOutOfRange(StopRowOutOfRange {
+                task_id: 5,
+                stop_row: 3,
+                min: 4,
+                max: 9,
+            }),
+            refusal::Kind::DoneBeforeEnd(DoneBeforeEnd {
+                task_id: 6,
+                consumed: 2,
+                rows: 9,
+            }),
+        ]
+        .into_iter()
+        .map(refuse),
+    );
+    HeartbeatReply { commands }
+}
+
+/// Names a command's kind; the match is exhaustive, so a new kind must be added to the test.
+fn command_kind(command: &command::Command) -> &'static str {
+    match command {
+        command::Command::Assign(_) => "assign",
+        command::Command::Stop(_) => "stop",
+        command::Command::Drain(_) => "drain",
+        command::Command::Shutdown(_) => "shutdown",
+        command::Command::Fence(_) => "fence",
+        command::Command::Refuse(_) => "refuse",
+    }
+}
+
+/// Names a refusal's kind; the match is exhaustive, so a new kind must be added to the test.
+fn refusal_kind(kind: &refusal::Kind) -> &'static str {
+    match kind {
+        refusal::Kind::UnknownNode(_) => "unknown_node",
+        refusal::Kind::Blacklisted(_) => "blacklisted",
+        refusal::Kind::UnknownTask(_) => "unknown_task",
+        refusal::Kind::NotHeld(_) => "not_held",
+        refusal::Kind::CountOutOfRange(_) => "count_out_of_range",
+        refusal::Kind::NoStopRequested(_) => "no_stop_requested",
+        refusal::Kind::StopRowOutOfRange(_) => "stop_row_out_of_range",
+        refusal::Kind::DoneBeforeEnd(_) => "done_before_end",
+    }
+}
+
+#[test]
+fn heartbeat_request_survives_encode_and_decode() {
+    let sut = heartbeat_request();
+    let bytes = sut.encode_to_vec();
+    let decoded = HeartbeatRequest::decode(bytes.as_slice()).expect("a valid HeartbeatRequest");
+    assert_eq!(decoded, sut);
+    assert_eq!(NodeId::from(decoded.node_id), NodeId(3));
+    assert_eq!(decoded.progress[0].consumed, 1024);
+    assert_eq!(decoded.rings[0].daemon_wait_ns, 200);
+}
+
+#[test]
+fn heartbeat_reply_with_every_command_kind_survives_encode_and_decode() {
+    let sut = heartbeat_reply_with_every_command();
+    let bytes = sut.encode_to_vec();
+    let decoded = HeartbeatReply::decode(bytes.as_slice()).expect("a valid HeartbeatReply");
+    assert_eq!(decoded, sut);
+
+    let commands: Vec<&command::Command> = decoded
+        .commands
+        .iter()
+        .map(|command| command.command.as_ref().expect("every command is set"))
+        .collect();
+    let command_kinds: BTreeSet<&str> = commands
+        .iter()
+        .map(|command| command_kind(command))
+        .collect();
+    assert_eq!(
+        command_kinds,
+        BTreeSet::from(["assign", "stop", "drain", "shutdown", "fence", "refuse"])
+    );
+    let refusal_kinds: BTreeSet<&str> = commands
+        .iter()
+        .filter_map(|command| match command {
+            command::Command::Refuse(refuse) => refuse.reason.as_ref()?.kind.as_ref(),
+            _ => None,
+        })
+        .map(refusal_kind)
+        .collect();
+    assert_eq!(
+        refusal_kinds.len(),
+        8,
+        "every refusal kind: {refusal_kinds:?}"
+    );
+
+    let command::Command::Assign(assign) = commands[0] else {
+        panic!("the first command assigns tasks, got {:?}", commands[0]);
+    };
+    let split = assign.tasks[0].split.as_ref().expect("the split is set");
+    assert_eq!(
+        split.partition_values[1].value, None,
+        "a null partition value stays null"
+    );
+    let deletion_vector = split
+        .delta
+        .as_ref()
+        .and_then(|delta| delta.deletion_vector.as_ref())
+        .expect("the deletion vector is set");
+    assert_eq!(deletion_vector.offset, Some(4));
+    assert_eq!(
+        assign.tasks[1]
+            .split
+            .as_ref()
+            .and_then(|split| split.delta.as_ref()),
+        None
+    );
+}
+
+#[test]
+fn ids_convert_to_and_from_the_generated_fields() {
+    let task_field: u64 = TaskId(42).into();
+    assert_eq!(task_field, 42);
+    assert_eq!(TaskId::from(task_field), TaskId(42));
+    assert_eq!(TaskId(42).to_string(), "task-42");
+
+    let node_field: u64 = NodeId(7).into();
+    assert_eq!(NodeId::from(node_field), NodeId(7));
+    assert_eq!(NodeId(7).to_string(), "node-7");
+
+    let job_field: String = JobId::from("quickstart").into();
+    assert_eq!(job_field, "quickstart");
+    assert_eq!(JobId::from(job_field.clone()).to_string(), "quickstart");
+}
