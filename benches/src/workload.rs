@@ -257,7 +257,8 @@ mod tests {
     #[test]
     fn queue_depth_stays_within_bounds() {
         assert_eq!(queue_depth(64), 1024);
-        assert_eq!(queue_depth(1 << 20), 64);
+        assert_eq!(queue_depth(64 << 10), QUEUE_BYTES / (64 << 10));
+        assert_eq!(queue_depth(1 << 20), 16);
         assert_eq!(queue_depth(16 << 20), 16);
     }
 }
