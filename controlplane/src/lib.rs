@@ -5,10 +5,23 @@
 //! - [`decide`] holds the task table and the decisions of the AM as pure functions of the form
 //!   `decide(state, event) -> actions`: no network, no file, no clock. Time enters as a field of the
 //!   events. The gRPC service, the journal and the launchers wrap these functions.
+//! - [`plan`] opens the job's sources through the formats layer and plans them into splits once.
+//! - [`master`] keeps the task table with what the AM tracks beside it (commands waiting for a
+//!   node, pipeline statistics, data checkpoints), still without IO.
+//! - [`service`] and [`server`] serve the `sluice.v1` gRPC API over it.
 //!
 //! YAML is read with `serde_norway`, the maintained fork of `serde_yaml`: `serde_yaml` was archived
 //! by its author in 2024, and `serde_yml` is deprecated by its own author. `serde_norway` keeps the
 //! `serde_yaml` API and its YAML 1.2 behaviour (`no` is a string, not `false`), and gets fixes.
 
+pub mod checkpoint_store;
 pub mod decide;
+pub mod error;
+pub mod master;
+pub mod persist;
+pub mod plan;
+pub mod server;
+pub mod service;
 pub mod spec;
+
+pub use error::{AmError, Result};

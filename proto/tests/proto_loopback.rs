@@ -43,6 +43,7 @@ impl DaemonService for EchoDaemonService {
             job_id: request.job_id,
             heartbeat_interval_ms: 250,
             commands,
+            ..RegisterReply::default()
         }))
     }
 

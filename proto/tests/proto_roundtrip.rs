@@ -83,6 +83,7 @@ fn delta_assignment() -> TaskAssignment {
                     cardinality: 6,
                 }),
             }),
+            source_index: 1,
         }),
     }
 }
@@ -115,6 +116,7 @@ fn heartbeat_reply_with_every_command() -> HeartbeatReply {
                             row_count: 10,
                             partition_values: Vec::new(),
                             delta: None,
+                            source_index: 0,
                         }),
                     },
                 ],

@@ -28,10 +28,23 @@ enum Command {
     Plan(cmd::plan::PlanArgs),
     /// Writes synthetic training data (Parquet files or a Delta table).
     Gen(cmd::r#gen::GenArgs),
+    /// Runs the application master of a job until the job is over.
+    Am(cmd::am::AmArgs),
+    /// Prints the status of a running job.
+    Status(cmd::am::StatusArgs),
+    /// Stops a running job.
+    Stop(cmd::am::StopArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result: anyhow::Result<()> = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Gc(args) => cmd::gc::run(args),
@@ -39,6 +52,9 @@ fn main() -> ExitCode {
         Command::Read(args) => cmd::read::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Gen(args) => cmd::r#gen::run(args),
+        Command::Am(args) => cmd::am::run(args),
+        Command::Status(args) => cmd::am::status(args),
+        Command::Stop(args) => cmd::am::stop(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

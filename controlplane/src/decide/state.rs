@@ -809,17 +809,25 @@ impl JobState {
         }
     }
 
-    pub(crate) fn on_tick(&mut self, now_ms: u64, actions: &mut Vec<Action>) {
+    /// Whether a live node has been silent for longer than the heartbeat timeout at `now_ms`: the
+    /// only case in which a tick changes the table.
+    pub fn has_expired_nodes(&self, now_ms: u64) -> bool {
+        self.expired_nodes(now_ms).next().is_some()
+    }
+
+    fn expired_nodes(&self, now_ms: u64) -> impl Iterator<Item = NodeId> + '_ {
         let timeout = self.config.heartbeat_timeout_ms;
-        let expired: Vec<NodeId> = self
-            .nodes
+        self.nodes
             .iter()
-            .filter(|(_, entry)| {
+            .filter(move |(_, entry)| {
                 entry.status == NodeStatus::Alive
                     && now_ms.saturating_sub(entry.last_seen_ms) > timeout
             })
             .map(|(node, _)| *node)
-            .collect();
+    }
+
+    pub(crate) fn on_tick(&mut self, now_ms: u64, actions: &mut Vec<Action>) {
+        let expired: Vec<NodeId> = self.expired_nodes(now_ms).collect();
         for node in expired {
             self.total_failures = self.total_failures.saturating_add(1);
             self.take_node_out(node, NodeStatus::Lost, actions);

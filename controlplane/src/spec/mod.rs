@@ -168,6 +168,18 @@ impl SourceFormat {
     /// The names accepted in `format`.
     pub const NAMES: &'static [&'static str] =
         &["parquet", "delta", "ipc", "csv", "jsonl", "tfrecord"];
+
+    /// The name of the format as written in `format`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceFormat::Parquet => "parquet",
+            SourceFormat::Delta => "delta",
+            SourceFormat::Ipc => "ipc",
+            SourceFormat::Csv => "csv",
+            SourceFormat::Jsonl => "jsonl",
+            SourceFormat::Tfrecord => "tfrecord",
+        }
+    }
 }
 
 /// The `data.shuffle` section.

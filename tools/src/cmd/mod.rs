@@ -1,5 +1,6 @@
 //! One module per `sluice` subcommand.
 
+pub mod am;
 pub mod bench;
 pub mod demo;
 pub mod gc;

@@ -1,0 +1,132 @@
+//! Where data checkpoints are kept: one immutable object per token under the checkpoint location,
+//! or the AM's memory for a job without one.
+
+use crate::decide::DataPosition;
+use crate::error::{AmError, Result};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// The store of data checkpoints.
+#[derive(Debug)]
+pub enum CheckpointStore {
+    /// Kept in memory for the AM's life.
+    Memory(Mutex<BTreeMap<String, DataPosition>>),
+    /// Objects `<prefix>/data-checkpoints/<token>.json`.
+    Object {
+        /// The store.
+        store: Arc<dyn ObjectStore>,
+        /// The checkpoint location's path in it.
+        prefix: Path,
+        /// The location as the spec wrote it, for messages.
+        uri: String,
+    },
+}
+
+impl CheckpointStore {
+    /// Keeps checkpoints in memory.
+    pub fn in_memory() -> CheckpointStore {
+        CheckpointStore::Memory(Mutex::new(BTreeMap::new()))
+    }
+
+    /// Keeps checkpoints under the location `uri`.
+    pub fn at(uri: &str, options: &sluice_formats::StorageOptions) -> Result<CheckpointStore> {
+        let location = sluice_formats::store::open_location(uri, options)
+            .map_err(|source| AmError::InvalidRequest(format!("checkpoint.uri {uri}: {source}")))?;
+        Ok(CheckpointStore::Object {
+            store: location.store,
+            prefix: location.path,
+            uri: uri.to_owned(),
+        })
+    }
+
+    /// Stores a checkpoint under its token; storing the same token again is a no-op, since a
+    /// token names its content.
+    pub async fn put(&self, token: &str, position: &DataPosition) -> Result<()> {
+        check_token(token)?;
+        match self {
+            CheckpointStore::Memory(positions) => {
+                positions
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .entry(token.to_owned())
+                    .or_insert_with(|| position.clone());
+                Ok(())
+            }
+            CheckpointStore::Object { store, prefix, uri } => {
+                let bytes = serde_json::to_vec(position).expect("a data position serializes");
+                let options = PutOptions {
+                    mode: PutMode::Create,
+                    ..PutOptions::default()
+                };
+                match store
+                    .put_opts(&object(prefix, token), PutPayload::from(bytes), options)
+                    .await
+                {
+                    Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+                    Err(error) => Err(AmError::FailedPrecondition(format!(
+                        "storing data checkpoint {token} under {uri}: {error}; check that the checkpoint location is writable"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Loads the checkpoint named `token`.
+    pub async fn get(&self, token: &str) -> Result<DataPosition> {
+        check_token(token)?;
+        let unknown = |place: &str| {
+            AmError::NotFound(format!(
+                "data checkpoint {token} is not in {place}; pass a token that CommitDataCheckpoint returned for this job"
+            ))
+        };
+        match self {
+            CheckpointStore::Memory(positions) => positions
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .get(token)
+                .cloned()
+                .ok_or_else(|| unknown("this AM's memory (the job has no checkpoint location)")),
+            CheckpointStore::Object { store, prefix, uri } => {
+                let bytes = match store.get(&object(prefix, token)).await {
+                    Ok(result) => result.bytes().await,
+                    Err(error) => Err(error),
+                };
+                let bytes = bytes.map_err(|error| match error {
+                    object_store::Error::NotFound { .. } => unknown(uri),
+                    other => AmError::FailedPrecondition(format!(
+                        "reading data checkpoint {token} under {uri}: {other}"
+                    )),
+                })?;
+                serde_json::from_slice(&bytes).map_err(|error| {
+                    AmError::FailedPrecondition(format!(
+                        "data checkpoint {token} under {uri} is damaged: {error}; restore another checkpoint"
+                    ))
+                })
+            }
+        }
+    }
+}
+
+fn object(prefix: &Path, token: &str) -> Path {
+    prefix
+        .clone()
+        .join("data-checkpoints")
+        .join(format!("{token}.json"))
+}
+
+/// A token is a plain name: it becomes an object name.
+fn check_token(token: &str) -> Result<()> {
+    let plain = !token.is_empty()
+        && token
+            .chars()
+            .all(|character| character.is_ascii_alphanumeric() || "-_.".contains(character));
+    if plain {
+        Ok(())
+    } else {
+        Err(AmError::InvalidRequest(format!(
+            "data checkpoint token {token:?} is malformed; pass a token exactly as CommitDataCheckpoint returned it"
+        )))
+    }
+}

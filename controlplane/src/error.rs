@@ -1,0 +1,66 @@
+//! The AM's errors, one enum for the crate, mapped onto a few gRPC status codes at the edge.
+
+use crate::decide::{PlanError, RestoreError};
+use crate::spec::SpecError;
+
+/// What went wrong in the application master. Every message names the thing and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum AmError {
+    /// The job spec was refused.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// A source could not be opened or planned.
+    #[error("planning source {uri}: {source}")]
+    Source {
+        /// The source's URI from the job spec.
+        uri: String,
+        /// The formats layer's error.
+        source: sluice_formats::FormatError,
+    },
+    /// The splits could not be cut into tasks.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// A saved data position does not fit the job.
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+    /// A request was malformed or does not fit the job.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The request names something the AM does not have.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request cannot be served in the job's current state.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The listen address could not be bound or the server failed.
+    #[error(
+        "serving on {address}: {source}; choose another --listen address or stop the process using it"
+    )]
+    Serve {
+        /// The address.
+        address: String,
+        /// The transport's error.
+        source: std::io::Error,
+    },
+}
+
+/// The crate's result type.
+pub type Result<T, E = AmError> = std::result::Result<T, E>;
+
+impl From<AmError> for tonic::Status {
+    fn from(error: AmError) -> tonic::Status {
+        let message = error.to_string();
+        match error {
+            AmError::InvalidRequest(_) | AmError::Spec(_) => {
+                tonic::Status::invalid_argument(message)
+            }
+            AmError::NotFound(_) => tonic::Status::not_found(message),
+            AmError::FailedPrecondition(_) | AmError::Restore(_) => {
+                tonic::Status::failed_precondition(message)
+            }
+            AmError::Source { .. } | AmError::Plan(_) | AmError::Serve { .. } => {
+                tonic::Status::internal(message)
+            }
+        }
+    }
+}

@@ -1,0 +1,443 @@
+use super::*;
+use crate::plan::PlannedSplit;
+use crate::spec::Format;
+use sluice_formats::Split;
+use v1::command::Command as Cmd;
+
+/// Two nodes, four trainers, tasks of 10 rows over splits of 25 and 15 rows.
+const SPEC: &str = r#"
+name: unit
+data:
+  sources: [{ uri: "file:///data/train", format: parquet }]
+  task_rows: 10
+  batch_size: 2
+  shuffle: { seed: 3 }
+nodes: 2
+roles:
+  - { name: worker, num: 4, command: [sluice, consume] }
+failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
+"#;
+
+fn master() -> Master {
+    let spec = Arc::new(JobSpec::parse(SPEC, Format::Yaml).expect("valid spec"));
+    let splits = [25u64, 15]
+        .iter()
+        .enumerate()
+        .map(|(index, rows)| PlannedSplit {
+            source: 0,
+            split: Split {
+                task_id: index as u64,
+                uri: format!("file:///data/train/part-{index}.parquet"),
+                file_size: 1000,
+                first_row: 0,
+                row_count: *rows,
+                partition_values: Vec::new(),
+                delta: None,
+            },
+        })
+        .collect();
+    Master::new(spec, Arc::new(JobPlan { splits })).expect("the splits have rows")
+}
+
+fn register(sut: &mut Master, node: u64, now_ms: u64) -> Applied<v1::RegisterReply> {
+    sut.register(
+        v1::RegisterRequest {
+            node_id: node,
+            job_id: "unit".into(),
+            hostname: format!("host-{node}"),
+            held: Vec::new(),
+        },
+        now_ms,
+    )
+    .expect("registration accepted")
+}
+
+fn acquire(sut: &mut Master, node: u64, now_ms: u64, max_tasks: u32) -> Vec<v1::Command> {
+    sut.acquire(
+        v1::AcquireTasksRequest {
+            node_id: node,
+            max_tasks,
+        },
+        now_ms,
+    )
+    .reply
+    .commands
+}
+
+fn heartbeat(
+    sut: &mut Master,
+    node: u64,
+    now_ms: u64,
+    progress: &[(u64, u64, u64)],
+) -> Vec<v1::Command> {
+    sut.heartbeat(
+        v1::HeartbeatRequest {
+            node_id: node,
+            progress: progress
+                .iter()
+                .map(|(task_id, enqueued, consumed)| v1::TaskProgress {
+                    task_id: *task_id,
+                    enqueued: *enqueued,
+                    consumed: *consumed,
+                })
+                .collect(),
+            ..v1::HeartbeatRequest::default()
+        },
+        now_ms,
+    )
+    .reply
+    .commands
+}
+
+fn assigned(commands: &[v1::Command]) -> Vec<v1::TaskAssignment> {
+    commands
+        .iter()
+        .filter_map(|command| match &command.command {
+            Some(Cmd::Assign(assign)) => Some(assign.tasks.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn has_shutdown(commands: &[v1::Command]) -> bool {
+    commands
+        .iter()
+        .any(|command| matches!(command.command, Some(Cmd::Shutdown(_))))
+}
+
+#[test]
+fn register_hands_out_the_job_data_and_the_node_ranks() {
+    let mut sut = master();
+    let applied = register(&mut sut, 1, 0);
+    assert_eq!(applied.reply.job_id, "unit");
+    assert_eq!(applied.reply.ranks, vec![2, 3]);
+    assert_eq!(applied.reply.world_size, 4);
+    let data = applied.reply.data.expect("job data");
+    assert_eq!(data.sources[0].uri, "file:///data/train");
+    assert_eq!(data.sources[0].format, "parquet");
+    assert_eq!(data.batch_size, 2);
+    assert_eq!(applied.entries.len(), 1, "a registration is journaled");
+    assert_eq!(sut.ranks_of(NodeId(0)), vec![0, 1]);
+}
+
+#[test]
+fn register_refuses_a_node_outside_the_job_and_a_daemon_of_another_job() {
+    let mut sut = master();
+    let outside = sut
+        .register(
+            v1::RegisterRequest {
+                node_id: 2,
+                job_id: "unit".into(),
+                ..v1::RegisterRequest::default()
+            },
+            0,
+        )
+        .expect_err("node 2 of a 2-node job");
+    assert!(outside.to_string().contains("numbered 0 to 1"), "{outside}");
+    let foreign = sut
+        .register(
+            v1::RegisterRequest {
+                node_id: 0,
+                job_id: "other".into(),
+                ..v1::RegisterRequest::default()
+            },
+            0,
+        )
+        .expect_err("another job's daemon");
+    assert!(foreign.to_string().contains("\"other\""), "{foreign}");
+}
+
+#[test]
+fn a_job_runs_to_success_and_every_daemon_is_shut_down() {
+    let mut sut = master();
+    register(&mut sut, 0, 0);
+    register(&mut sut, 1, 0);
+    assert_eq!(sut.job_state(), v1::JobState::Running);
+    let mut delivered = Vec::new();
+    let mut now = 1;
+    for node in [0, 1].iter().cycle() {
+        now += 1;
+        let tasks = assigned(&acquire(&mut sut, *node, now, 1));
+        if tasks.is_empty() && sut.table().outcome().is_some() {
+            break;
+        }
+        for task in tasks {
+            let split = task.split.as_ref().expect("split attached");
+            assert_eq!(split.row_count, if task.split_index == 0 { 25 } else { 15 });
+            delivered.push((task.split_index, task.start, task.end));
+            let rows = task.end - task.start;
+            heartbeat(&mut sut, *node, now, &[(task.task_id, rows, rows)]);
+        }
+        assert!(now < 100, "the job did not finish");
+    }
+    delivered.sort_unstable();
+    assert_eq!(
+        delivered,
+        vec![
+            (0, 0, 10),
+            (0, 10, 20),
+            (0, 20, 25),
+            (1, 0, 10),
+            (1, 10, 15)
+        ]
+    );
+    assert_eq!(sut.job_state(), v1::JobState::Succeeded);
+    assert!(!sut.finished(), "daemons were not told yet");
+    assert!(has_shutdown(&heartbeat(&mut sut, 0, now, &[])));
+    assert!(has_shutdown(&heartbeat(&mut sut, 1, now, &[])));
+    assert!(sut.finished());
+}
+
+#[test]
+fn a_stop_request_for_the_holder_of_a_re_split_task_waits_for_its_next_call() {
+    let mut sut = master();
+    register(&mut sut, 0, 0);
+    register(&mut sut, 1, 0);
+    let mut held = Vec::new();
+    while let Some(task) = assigned(&acquire(&mut sut, 0, 1, 1)).pop() {
+        held.push(task);
+    }
+    assert_eq!(held.len(), 5, "node 0 took every task");
+    // Node 1 is idle with nothing pending: the AM re-splits one of node 0's tasks.
+    let idle = acquire(&mut sut, 1, 2, 1);
+    assert!(
+        assigned(&idle).is_empty(),
+        "nothing to hand out before the holder stops"
+    );
+    let commands = heartbeat(&mut sut, 0, 3, &[]);
+    let stop = commands
+        .iter()
+        .find_map(|command| match &command.command {
+            Some(Cmd::Stop(stop)) => Some(*stop),
+            _ => None,
+        })
+        .expect("node 0 is asked to stop a task");
+    assert!(held.iter().any(|task| task.task_id == stop.task_id));
+    let ack = sut.ack_stop(
+        v1::AckStopRequest {
+            node_id: 0,
+            task_id: stop.task_id,
+            stop_row: stop.row,
+        },
+        4,
+    );
+    assert_eq!(ack.entries.len(), 1);
+    let piece = assigned(&acquire(&mut sut, 1, 5, 1));
+    assert_eq!(piece.len(), 1, "the cut-off piece goes to the idle node");
+    assert_eq!(piece[0].start, stop.row);
+}
+
+#[test]
+fn replaying_the_journal_rebuilds_the_same_table() {
+    let mut sut = master();
+    let mut journal = Vec::new();
+    journal.extend(register(&mut sut, 0, 0).entries);
+    journal.extend(register(&mut sut, 1, 0).entries);
+    let applied = sut.acquire(
+        v1::AcquireTasksRequest {
+            node_id: 0,
+            max_tasks: 2,
+        },
+        1,
+    );
+    let tasks = assigned(&applied.reply.commands);
+    journal.extend(applied.entries);
+    let applied = sut.heartbeat(
+        v1::HeartbeatRequest {
+            node_id: 0,
+            progress: vec![v1::TaskProgress {
+                task_id: tasks[0].task_id,
+                enqueued: 6,
+                consumed: 4,
+            }],
+            ..v1::HeartbeatRequest::default()
+        },
+        2,
+    );
+    journal.extend(applied.entries);
+    // Node 1 falls silent and is declared lost.
+    journal.extend(heartbeat_entries(&mut sut, 0, 1500));
+    let tick = sut.tick(2000);
+    assert_eq!(
+        tick.entries.len(),
+        1,
+        "the tick that loses node 1 is journaled"
+    );
+    journal.extend(tick.entries);
+    assert!(
+        sut.tick(2001).entries.is_empty(),
+        "a tick that changes nothing is not"
+    );
+
+    let mut recovered = master();
+    for entry in journal {
+        recovered.replay(entry).expect("replay");
+    }
+    assert_eq!(recovered.table().position(), sut.table().position());
+}
+
+fn heartbeat_entries(sut: &mut Master, node: u64, now_ms: u64) -> Vec<Entry> {
+    sut.heartbeat(
+        v1::HeartbeatRequest {
+            node_id: node,
+            ..v1::HeartbeatRequest::default()
+        },
+        now_ms,
+    )
+    .entries
+}
+
+#[test]
+fn a_stopped_job_shuts_every_daemon_down() {
+    let mut sut = master();
+    register(&mut sut, 0, 0);
+    let stop = sut.stop("operator".into());
+    assert_eq!(stop.reply, v1::JobState::Stopping);
+    assert_eq!(stop.entries.len(), 1);
+    assert!(sut.stop("again".into()).entries.is_empty());
+    assert!(has_shutdown(&acquire(&mut sut, 0, 1, 4)));
+    assert_eq!(sut.job_state(), v1::JobState::Stopped);
+    assert!(sut.finished());
+}
+
+/// Consumes `rows` of a task on `node` with one heartbeat.
+fn consume(sut: &mut Master, node: u64, now_ms: u64, task: &v1::TaskAssignment, rows: u64) {
+    heartbeat(sut, node, now_ms, &[(task.task_id, rows, rows)]);
+}
+
+fn commit(
+    sut: &mut Master,
+    step: u64,
+    rank: u32,
+    positions: &[(u64, u64)],
+) -> Result<Applied<CommitOutcome>> {
+    sut.commit_checkpoint(v1::CommitDataCheckpointRequest {
+        step,
+        rank,
+        world_size: 2,
+        epoch: 0,
+        positions: positions
+            .iter()
+            .map(|(task_id, end_row)| v1::TaskPosition {
+                task_id: *task_id,
+                end_row: *end_row,
+            })
+            .collect(),
+    })
+}
+
+#[test]
+fn a_data_checkpoint_restores_exactly_the_rows_not_consumed_at_its_step() {
+    let mut sut = master();
+    register(&mut sut, 0, 0);
+    let tasks = assigned(&acquire(&mut sut, 0, 1, 3));
+    assert_eq!(tasks.len(), 3);
+    let (first, second, third) = (&tasks[0], &tasks[1], &tasks[2]);
+    // At step 5, rank 0 finished the first task and read 4 rows of the second; rank 1 read 2
+    // rows of the third.
+    consume(&mut sut, 0, 2, first, first.end - first.start);
+    let pending = commit(
+        &mut sut,
+        5,
+        0,
+        &[
+            (first.task_id, first.end),
+            (second.task_id, second.start + 4),
+        ],
+    )
+    .expect("rank 0 commits");
+    assert!(matches!(
+        pending.reply,
+        CommitOutcome::Pending {
+            reported: 1,
+            world_size: 2
+        }
+    ));
+    // The trainers go on past step 5 before rank 1 commits it.
+    consume(&mut sut, 0, 3, second, 6);
+    let ready = commit(&mut sut, 5, 1, &[(third.task_id, third.start + 2)]).expect("rank 1");
+    let CommitOutcome::Ready(ready) = ready.reply else {
+        panic!("every rank reported");
+    };
+    assert!(ready.token.starts_with("unit-step5-"), "{}", ready.token);
+    assert_eq!(ready.position.done_rows, (first.end - first.start) + 4 + 2);
+    sut.checkpoint_stored(5, ready.token.clone());
+    assert!(matches!(
+        commit(&mut sut, 5, 0, &[]).expect("a late retry").reply,
+        CommitOutcome::Stored(ref token) if *token == ready.token
+    ));
+
+    // Run on, then go back to step 5: the daemon is fenced, and what is handed out afterwards is
+    // exactly the rows not consumed at step 5.
+    consume(&mut sut, 0, 4, third, third.end - third.start);
+    let restored = sut
+        .restore(ready.token.clone(), ready.position.clone(), 10)
+        .expect("restore");
+    assert_eq!(restored.reply.step, 5);
+    let commands = heartbeat(&mut sut, 0, 11, &[]);
+    assert!(
+        commands
+            .iter()
+            .any(|command| matches!(command.command, Some(Cmd::Fence(_)))),
+        "the daemon is fenced: {commands:?}"
+    );
+    register(&mut sut, 0, 12);
+    let mut after: Vec<(u32, u64, u64)> = Vec::new();
+    loop {
+        let tasks = assigned(&acquire(&mut sut, 0, 13, 8));
+        if tasks.is_empty() {
+            break;
+        }
+        for task in tasks {
+            after.push((task.split_index, task.start, task.end));
+            consume(&mut sut, 0, 13, &task, task.end - task.start);
+        }
+    }
+    let mut expected: Vec<(u32, u64, u64)> = vec![
+        (0, 0, 10),
+        (0, 10, 20),
+        (0, 20, 25),
+        (1, 0, 10),
+        (1, 10, 15),
+    ]
+    .into_iter()
+    .filter_map(|(split, start, end)| {
+        let consumed_to = [
+            (first, first.end),
+            (second, second.start + 4),
+            (third, third.start + 2),
+        ]
+        .iter()
+        .find(|(task, _)| task.split_index == split && task.start == start)
+        .map_or(start, |(_, consumed_to)| *consumed_to);
+        (consumed_to < end).then_some((split, consumed_to, end))
+    })
+    .collect();
+    expected.sort_unstable();
+    after.sort_unstable();
+    assert_eq!(after, expected);
+    assert_eq!(sut.job_state(), v1::JobState::Succeeded);
+}
+
+#[test]
+fn a_checkpoint_with_a_position_outside_a_task_is_refused() {
+    let mut sut = master();
+    register(&mut sut, 0, 0);
+    let tasks = assigned(&acquire(&mut sut, 0, 1, 1));
+    commit(&mut sut, 1, 0, &[(tasks[0].task_id, tasks[0].end + 1)]).expect("rank 0");
+    let error = commit(&mut sut, 1, 1, &[]).expect_err("rows past the task's end");
+    assert!(error.to_string().contains("outside its rows"), "{error}");
+    let mismatch = commit(&mut sut, 2, 0, &[]).and_then(|_| {
+        sut.commit_checkpoint(v1::CommitDataCheckpointRequest {
+            step: 2,
+            rank: 1,
+            world_size: 3,
+            ..v1::CommitDataCheckpointRequest::default()
+        })
+    });
+    assert!(
+        mismatch.is_err(),
+        "ranks of a step disagree on the world size"
+    );
+}

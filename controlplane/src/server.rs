@@ -1,0 +1,142 @@
+//! Running an AM: plan the job, serve the gRPC API, tick, and exit once the job is over.
+
+use crate::checkpoint_store::CheckpointStore;
+use crate::error::{AmError, Result};
+use crate::master::Master;
+use crate::persist::Persist;
+use crate::plan::JobPlan;
+use crate::service::{Am, AmService, TokenCheck};
+use crate::spec::JobSpec;
+use sluice_proto::v1;
+use sluice_proto::v1::checkpoint_service_server::CheckpointServiceServer;
+use sluice_proto::v1::control_service_server::ControlServiceServer;
+use sluice_proto::v1::daemon_service_server::DaemonServiceServer;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+
+/// How an AM is run.
+#[derive(Debug, Clone)]
+pub struct AmOptions {
+    /// The address of the gRPC API.
+    pub listen: SocketAddr,
+    /// A shared token every caller must present.
+    pub token: Option<String>,
+    /// A data checkpoint to reset the job to before serving.
+    pub resume_from: Option<String>,
+}
+
+/// A bound, planned AM, ready to serve.
+#[derive(Debug)]
+pub struct AmServer {
+    am: Arc<Am>,
+    listener: TcpListener,
+    token: Option<String>,
+    tick_interval: Duration,
+}
+
+/// The state a job ended in, as the AM saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobEnd {
+    /// The final state.
+    pub state: v1::JobState,
+    /// Why it failed, when it did.
+    pub failure_reason: Option<String>,
+}
+
+impl AmServer {
+    /// Plans the job (or loads the plan a previous AM stored), restores the journal, and binds
+    /// the listen address.
+    pub async fn start(spec: JobSpec, options: AmOptions) -> Result<AmServer> {
+        let spec = Arc::new(spec);
+        let plan = Arc::new(JobPlan::build(&spec).await?);
+        let master = Master::new(spec.clone(), plan)?;
+        let checkpoints = match &spec.checkpoint {
+            Some(checkpoint) => CheckpointStore::at(&checkpoint.uri, &Default::default())?,
+            None => CheckpointStore::in_memory(),
+        };
+        let am = Arc::new(Am::new(master, Persist::in_memory(), checkpoints));
+        if let Some(token) = &options.resume_from {
+            let reply = am.restore(token).await?;
+            tracing::info!(
+                token,
+                step = reply.step,
+                epoch = reply.epoch,
+                "job reset to data checkpoint"
+            );
+        }
+        let listener =
+            TcpListener::bind(options.listen)
+                .await
+                .map_err(|source| AmError::Serve {
+                    address: options.listen.to_string(),
+                    source,
+                })?;
+        let tick_interval =
+            Duration::from_millis((spec.failover.heartbeat_interval_ms / 2).clamp(10, 1000));
+        Ok(AmServer {
+            am,
+            listener,
+            token: options.token,
+            tick_interval,
+        })
+    }
+
+    /// The address the gRPC API listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// The shared state, for the HTTP status page and tests.
+    pub fn am(&self) -> Arc<Am> {
+        self.am.clone()
+    }
+
+    /// Serves until the job is over and every daemon was told so.
+    pub async fn serve(self) -> Result<JobEnd> {
+        let address = self.local_addr();
+        let check = TokenCheck::new(self.token);
+        let service = AmService::new(self.am.clone());
+        let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
+        let am = self.am.clone();
+        let tick_interval = self.tick_interval;
+        let finished = async move {
+            let mut ticker = tokio::time::interval(tick_interval);
+            loop {
+                ticker.tick().await;
+                if let Err(error) = am.tick().await {
+                    tracing::error!(%error, "journaling a tick failed");
+                }
+                if am.finished() {
+                    return;
+                }
+            }
+        };
+        tracing::info!(%address, "application master serving");
+        tonic::transport::Server::builder()
+            .add_service(DaemonServiceServer::with_interceptor(
+                service.clone(),
+                check.clone(),
+            ))
+            .add_service(CheckpointServiceServer::with_interceptor(
+                service.clone(),
+                check.clone(),
+            ))
+            .add_service(ControlServiceServer::with_interceptor(service, check))
+            .serve_with_incoming_shutdown(incoming, finished)
+            .await
+            .map_err(|error| AmError::Serve {
+                address: address.to_string(),
+                source: std::io::Error::other(error),
+            })?;
+        let status = self.am.master().status(crate::service::now_ms());
+        Ok(JobEnd {
+            state: v1::JobState::try_from(status.state).unwrap_or(v1::JobState::Unspecified),
+            failure_reason: status.failure_reason,
+        })
+    }
+}

@@ -1,0 +1,298 @@
+//! `sluice am`, `sluice status` and `sluice stop`: the application master and its control API.
+
+use std::io::Write;
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use sluice_am::server::{AmOptions, AmServer};
+use sluice_am::spec::JobSpec;
+use sluice_proto::v1;
+use sluice_proto::v1::control_service_client::ControlServiceClient;
+use tonic::transport::Channel;
+
+use crate::cmd::read::runtime;
+
+/// The address the AM listens on when none is given.
+pub const DEFAULT_AM_ADDRESS: &str = "127.0.0.1:7070";
+
+/// Arguments of `sluice am`.
+#[derive(Debug, clap::Args)]
+pub struct AmArgs {
+    /// The job spec (YAML, TOML or JSON).
+    pub job: std::path::PathBuf,
+    /// The address of the gRPC API.
+    #[arg(long, default_value = DEFAULT_AM_ADDRESS)]
+    pub listen: SocketAddr,
+    /// A shared token every caller must present.
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Reset the job to this data checkpoint before serving.
+    #[arg(long)]
+    pub resume_from: Option<String>,
+}
+
+/// Runs the AM until the job is over; exits non-zero when the job failed.
+pub fn run(args: AmArgs) -> anyhow::Result<()> {
+    let spec = JobSpec::from_path(&args.job)?;
+    let name = spec.name.clone();
+    runtime(2)?.block_on(async move {
+        let server = AmServer::start(
+            spec,
+            AmOptions {
+                listen: args.listen,
+                token: args.token,
+                resume_from: args.resume_from,
+            },
+        )
+        .await?;
+        let mut stdout = std::io::stdout();
+        writeln!(
+            stdout,
+            "sluice am: job {name} serving on {}",
+            server.local_addr()
+        )?;
+        stdout.flush()?;
+        let end = server.serve().await?;
+        writeln!(stdout, "sluice am: job {name} {}", state_name(end.state))?;
+        match end.state {
+            v1::JobState::Succeeded | v1::JobState::Stopped => Ok(()),
+            _ => Err(anyhow::anyhow!(
+                "job {name} {}: {}",
+                state_name(end.state),
+                end.failure_reason.unwrap_or_default()
+            )),
+        }
+    })
+}
+
+/// Where to reach an AM.
+#[derive(Debug, clap::Args)]
+pub struct AmAddress {
+    /// The AM's gRPC address.
+    #[arg(long, env = "SLUICE_AM", default_value = DEFAULT_AM_ADDRESS)]
+    pub am: String,
+    /// The AM's shared token, when it has one.
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl AmAddress {
+    async fn control(
+        &self,
+    ) -> anyhow::Result<
+        ControlServiceClient<tonic::service::interceptor::InterceptedService<Channel, BearerToken>>,
+    > {
+        let endpoint = if self.am.contains("://") {
+            self.am.clone()
+        } else {
+            format!("http://{}", self.am)
+        };
+        let channel = Channel::from_shared(endpoint.clone())
+            .with_context(|| format!("AM address {:?} is not a valid address", self.am))?
+            .connect()
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot reach the AM at {}; check --am (or SLUICE_AM) and that the AM runs",
+                    self.am
+                )
+            })?;
+        Ok(ControlServiceClient::with_interceptor(
+            channel,
+            BearerToken(self.token.clone()),
+        ))
+    }
+}
+
+/// Adds `authorization: Bearer <token>` to every call when a token is set.
+#[derive(Debug, Clone)]
+pub struct BearerToken(Option<String>);
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            let value = format!("Bearer {token}").parse().map_err(|_| {
+                tonic::Status::invalid_argument("the token must be printable ASCII")
+            })?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
+    }
+}
+
+/// Arguments of `sluice status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub address: AmAddress,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints the job's status.
+pub fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let reply = runtime(1)?.block_on(async {
+        let mut client = args.address.control().await?;
+        let reply = client
+            .status(v1::StatusRequest {})
+            .await
+            .map_err(|status| anyhow::anyhow!("status: {}", status.message()))?;
+        anyhow::Ok(reply.into_inner())
+    })?;
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer(&mut stdout, &status_json(&reply))?;
+        writeln!(stdout)?;
+    } else {
+        write_status(&mut stdout, &reply)?;
+    }
+    Ok(())
+}
+
+/// Arguments of `sluice stop`.
+#[derive(Debug, clap::Args)]
+pub struct StopArgs {
+    #[command(flatten)]
+    pub address: AmAddress,
+    /// Why, for the AM's log and status.
+    #[arg(long, default_value = "stopped from the command line")]
+    pub reason: String,
+}
+
+/// Asks the AM to stop the job.
+pub fn stop(args: StopArgs) -> anyhow::Result<()> {
+    let state = runtime(1)?.block_on(async {
+        let mut client = args.address.control().await?;
+        let reply = client
+            .stop(v1::StopRequest {
+                reason: args.reason.clone(),
+            })
+            .await
+            .map_err(|status| anyhow::anyhow!("stop: {}", status.message()))?;
+        anyhow::Ok(reply.into_inner().state)
+    })?;
+    let state = v1::JobState::try_from(state).unwrap_or(v1::JobState::Unspecified);
+    println!("job {}", state_name(state));
+    Ok(())
+}
+
+/// The lowercase name of a job state, as `sluice status` prints it.
+pub fn state_name(state: v1::JobState) -> &'static str {
+    match state {
+        v1::JobState::Unspecified => "unknown",
+        v1::JobState::Starting => "starting",
+        v1::JobState::Running => "running",
+        v1::JobState::Stopping => "stopping",
+        v1::JobState::Succeeded => "succeeded",
+        v1::JobState::Failed => "failed",
+        v1::JobState::Stopped => "stopped",
+    }
+}
+
+fn node_state_name(state: i32) -> &'static str {
+    match v1::NodeState::try_from(state) {
+        Ok(v1::NodeState::Alive) => "alive",
+        Ok(v1::NodeState::Lost) => "lost",
+        Ok(v1::NodeState::Blacklisted) => "blacklisted",
+        _ => "unknown",
+    }
+}
+
+/// The status as one JSON object, the shape of `sluice status --json` and the AM's JSON API.
+pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
+    let tasks = reply.tasks.unwrap_or_default();
+    let state = v1::JobState::try_from(reply.state).unwrap_or(v1::JobState::Unspecified);
+    serde_json::json!({
+        "job": reply.job_id,
+        "state": state_name(state),
+        "failure_reason": reply.failure_reason,
+        "epoch": reply.epoch,
+        "epochs": reply.epochs,
+        "rows_per_second": reply.rows_per_second,
+        "tasks": {
+            "pending": tasks.pending,
+            "in_flight": tasks.in_flight,
+            "done": tasks.done,
+            "failed": tasks.failed,
+            "rows_total": tasks.rows_total,
+            "rows_consumed": tasks.rows_consumed,
+            "rows_failed": tasks.rows_failed,
+        },
+        "roles": reply.roles.iter().map(|role| serde_json::json!({
+            "name": role.name,
+            "num": role.num,
+            "running": role.running,
+            "succeeded": role.succeeded,
+            "failures": role.failures,
+        })).collect::<Vec<_>>(),
+        "nodes": reply.nodes.iter().map(|node| serde_json::json!({
+            "node_id": node.node_id,
+            "hostname": node.hostname,
+            "state": node_state_name(node.state),
+            "since_last_heartbeat_ms": node.since_last_heartbeat_ms,
+            "tasks_held": node.tasks_held,
+            "task_failures": node.task_failures,
+            "stages": node.stages.iter().map(|stage| serde_json::json!({
+                "stage": stage.stage,
+                "busy_ns": stage.busy_ns,
+                "wait_ns": stage.wait_ns,
+                "rows": stage.rows,
+                "bytes": stage.bytes,
+            })).collect::<Vec<_>>(),
+            "rings": node.rings.iter().map(|ring| serde_json::json!({
+                "rank": ring.rank,
+                "used_bytes": ring.used_bytes,
+                "capacity_bytes": ring.capacity_bytes,
+                "trainer_wait_ns": ring.trainer_wait_ns,
+                "daemon_wait_ns": ring.daemon_wait_ns,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn write_status(out: &mut dyn Write, reply: &v1::StatusReply) -> std::io::Result<()> {
+    let tasks = reply.tasks.unwrap_or_default();
+    let state = v1::JobState::try_from(reply.state).unwrap_or(v1::JobState::Unspecified);
+    writeln!(
+        out,
+        "job {}: {} (epoch {} of {})",
+        reply.job_id,
+        state_name(state),
+        reply.epoch + 1,
+        reply.epochs
+    )?;
+    if let Some(reason) = &reply.failure_reason {
+        writeln!(out, "  failure: {reason}")?;
+    }
+    let percent = if tasks.rows_total == 0 {
+        0.0
+    } else {
+        tasks.rows_consumed as f64 * 100.0 / tasks.rows_total as f64
+    };
+    writeln!(
+        out,
+        "  rows: {} of {} consumed ({percent:.1}%), {} failed, {:.0} rows/s",
+        tasks.rows_consumed, tasks.rows_total, tasks.rows_failed, reply.rows_per_second
+    )?;
+    writeln!(
+        out,
+        "  tasks: {} pending, {} in flight, {} done, {} failed",
+        tasks.pending, tasks.in_flight, tasks.done, tasks.failed
+    )?;
+    for node in &reply.nodes {
+        writeln!(
+            out,
+            "  node {} ({}): {}, {} tasks, last heard {} ms ago",
+            node.node_id,
+            node.hostname,
+            node_state_name(node.state),
+            node.tasks_held,
+            node.since_last_heartbeat_ms
+        )?;
+    }
+    Ok(())
+}
