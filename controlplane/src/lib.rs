@@ -23,5 +23,6 @@ pub mod plan;
 pub mod server;
 pub mod service;
 pub mod spec;
+pub mod status;
 
 pub use error::{AmError, Result};

@@ -1,0 +1,79 @@
+//! The job's status in the shapes people read: names of states, and the JSON object of `sluice
+//! status --json` and the AM's JSON API.
+
+use sluice_proto::v1;
+
+/// The lowercase name of a job state, as `sluice status` prints it.
+pub fn state_name(state: v1::JobState) -> &'static str {
+    match state {
+        v1::JobState::Unspecified => "unknown",
+        v1::JobState::Starting => "starting",
+        v1::JobState::Running => "running",
+        v1::JobState::Stopping => "stopping",
+        v1::JobState::Succeeded => "succeeded",
+        v1::JobState::Failed => "failed",
+        v1::JobState::Stopped => "stopped",
+    }
+}
+
+/// The lowercase name of a node state.
+pub fn node_state_name(state: i32) -> &'static str {
+    match v1::NodeState::try_from(state) {
+        Ok(v1::NodeState::Alive) => "alive",
+        Ok(v1::NodeState::Lost) => "lost",
+        Ok(v1::NodeState::Blacklisted) => "blacklisted",
+        _ => "unknown",
+    }
+}
+
+/// The status as one JSON object, the shape of `sluice status --json` and the AM's JSON API.
+pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
+    let tasks = reply.tasks.unwrap_or_default();
+    let state = v1::JobState::try_from(reply.state).unwrap_or(v1::JobState::Unspecified);
+    serde_json::json!({
+        "job": reply.job_id,
+        "state": state_name(state),
+        "failure_reason": reply.failure_reason,
+        "epoch": reply.epoch,
+        "epochs": reply.epochs,
+        "rows_per_second": reply.rows_per_second,
+        "tasks": {
+            "pending": tasks.pending,
+            "in_flight": tasks.in_flight,
+            "done": tasks.done,
+            "failed": tasks.failed,
+            "rows_total": tasks.rows_total,
+            "rows_consumed": tasks.rows_consumed,
+            "rows_failed": tasks.rows_failed,
+        },
+        "roles": reply.roles.iter().map(|role| serde_json::json!({
+            "name": role.name,
+            "num": role.num,
+            "running": role.running,
+            "succeeded": role.succeeded,
+            "failures": role.failures,
+        })).collect::<Vec<_>>(),
+        "nodes": reply.nodes.iter().map(|node| serde_json::json!({
+            "node_id": node.node_id,
+            "hostname": node.hostname,
+            "state": node_state_name(node.state),
+            "since_last_heartbeat_ms": node.since_last_heartbeat_ms,
+            "tasks_held": node.tasks_held,
+            "task_failures": node.task_failures,
+            "stages": node.stages.iter().map(|stage| serde_json::json!({
+                "stage": stage.stage,
+                "busy_ns": stage.busy_ns,
+                "wait_ns": stage.wait_ns,
+                "rows": stage.rows,
+                "bytes": stage.bytes,
+            })).collect::<Vec<_>>(),
+            "rings": node.rings.iter().map(|ring| serde_json::json!({
+                "rank": ring.rank,
+                "used_bytes": ring.used_bytes,
+                "capacity_bytes": ring.capacity_bytes,
+                "trainer_wait_ns": ring.trainer_wait_ns,
+                "daemon_wait_ns": ring.daemon_wait_ns,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
