@@ -1,7 +1,7 @@
 //! Conversions between the task table's types and the `sluice.v1` messages.
 
 use crate::decide::{Assignment, NodeStatus, Refusal, TaskId, TaskProgress};
-use crate::plan::JobPlan;
+use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
 use crate::spec::JobSpec;
 use sluice_proto::v1::{self, command, refusal};
 
@@ -25,27 +25,27 @@ pub(super) fn assign_command(plan: &JobPlan, tasks: &[Assignment]) -> v1::Comman
     let tasks = tasks
         .iter()
         .map(|assignment| {
-            let planned = &plan.splits[assignment.split as usize];
+            let planned = plan.splits[assignment.split as usize];
             v1::TaskAssignment {
                 task_id: assignment.task.0,
                 epoch: assignment.epoch,
                 split_index: assignment.split,
                 start: assignment.start,
                 end: assignment.end,
-                split: Some(split(planned.source, &planned.split)),
+                split: Some(split(&plan.files[planned.file as usize], planned)),
             }
         })
         .collect();
     command(command::Command::Assign(v1::AssignTasks { tasks }))
 }
 
-fn split(source: u32, split: &sluice_formats::Split) -> v1::Split {
+fn split(file: &PlannedFile, split: PlannedSplit) -> v1::Split {
     v1::Split {
-        uri: split.uri.clone(),
-        file_size: split.file_size,
+        uri: file.uri.clone(),
+        file_size: file.file_size,
         first_row: split.first_row,
         row_count: split.row_count,
-        partition_values: split
+        partition_values: file
             .partition_values
             .iter()
             .map(|(name, value)| v1::PartitionValue {
@@ -53,7 +53,7 @@ fn split(source: u32, split: &sluice_formats::Split) -> v1::Split {
                 value: value.clone(),
             })
             .collect(),
-        delta: split.delta.as_ref().map(|delta| v1::DeltaSplitInfo {
+        delta: file.delta.as_ref().map(|delta| v1::DeltaSplitInfo {
             version: delta.version,
             deletion_vector: delta
                 .deletion_vector
@@ -66,7 +66,7 @@ fn split(source: u32, split: &sluice_formats::Split) -> v1::Split {
                     cardinality: vector.cardinality,
                 }),
         }),
-        source_index: source,
+        source_index: file.source,
     }
 }
 

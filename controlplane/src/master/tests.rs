@@ -1,5 +1,4 @@
 use super::*;
-use crate::plan::PlannedSplit;
 use crate::spec::Format;
 use sluice_formats::Split;
 use v1::command::Command as Cmd;
@@ -20,23 +19,25 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
 
 fn master() -> Master {
     let spec = Arc::new(JobSpec::parse(SPEC, Format::Yaml).expect("valid spec"));
+    let mut plan = JobPlan {
+        files: Vec::new(),
+        splits: Vec::new(),
+    };
     let splits = [25u64, 15]
         .iter()
         .enumerate()
-        .map(|(index, rows)| PlannedSplit {
-            source: 0,
-            split: Split {
-                task_id: index as u64,
-                uri: format!("file:///data/train/part-{index}.parquet"),
-                file_size: 1000,
-                first_row: 0,
-                row_count: *rows,
-                partition_values: Vec::new(),
-                delta: None,
-            },
+        .map(|(index, rows)| Split {
+            task_id: index as u64,
+            uri: format!("file:///data/train/part-{index}.parquet"),
+            file_size: 1000,
+            first_row: 0,
+            row_count: *rows,
+            partition_values: Vec::new(),
+            delta: None,
         })
         .collect();
-    Master::new(spec, Arc::new(JobPlan { splits })).expect("the splits have rows")
+    plan.extend(0, splits);
+    Master::new(spec, Arc::new(plan)).expect("the splits have rows")
 }
 
 fn register(sut: &mut Master, node: u64, now_ms: u64) -> Applied<v1::RegisterReply> {
