@@ -17,6 +17,7 @@
 pub mod checkpoint_store;
 pub mod decide;
 pub mod error;
+pub mod launcher;
 pub mod master;
 pub mod persist;
 pub mod plan;

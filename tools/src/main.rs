@@ -34,6 +34,9 @@ enum Command {
     Status(cmd::am::StatusArgs),
     /// Stops a running job.
     Stop(cmd::am::StopArgs),
+    /// Runs a command as an executor of the local launcher, recording its identity and exit code.
+    #[command(hide = true)]
+    Shim(cmd::shim::ShimArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,19 +48,21 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let result: anyhow::Result<()> = match cli.command {
-        Command::Demo(args) => cmd::demo::run(args),
-        Command::Gc(args) => cmd::gc::run(args),
-        Command::Bench(args) => cmd::bench::run(args),
-        Command::Read(args) => cmd::read::run(args),
-        Command::Plan(args) => cmd::plan::run(args),
-        Command::Gen(args) => cmd::r#gen::run(args),
-        Command::Am(args) => cmd::am::run(args),
-        Command::Status(args) => cmd::am::status(args),
-        Command::Stop(args) => cmd::am::stop(args),
+    let success = |result: anyhow::Result<()>| result.map(|()| ExitCode::SUCCESS);
+    let result: anyhow::Result<ExitCode> = match cli.command {
+        Command::Demo(args) => success(cmd::demo::run(args)),
+        Command::Gc(args) => success(cmd::gc::run(args)),
+        Command::Bench(args) => success(cmd::bench::run(args)),
+        Command::Read(args) => success(cmd::read::run(args)),
+        Command::Plan(args) => success(cmd::plan::run(args)),
+        Command::Gen(args) => success(cmd::r#gen::run(args)),
+        Command::Am(args) => success(cmd::am::run(args)),
+        Command::Status(args) => success(cmd::am::status(args)),
+        Command::Stop(args) => success(cmd::am::stop(args)),
+        Command::Shim(args) => cmd::shim::run(args),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE

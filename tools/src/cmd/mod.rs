@@ -7,3 +7,4 @@ pub mod gc;
 pub mod r#gen;
 pub mod plan;
 pub mod read;
+pub mod shim;

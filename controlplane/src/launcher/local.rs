@@ -1,0 +1,200 @@
+//! Executors as processes on this machine.
+//!
+//! # Implementation
+//! Each executor runs under `sluice shim`, started in a session of its own so that it survives the
+//! AM. The shim records its identity (pid and start time) in `<state>/<executor>.pid`, starts the
+//! command in its process group, waits for it, and writes the exit code (128 + signal for a
+//! signal) to `<state>/<executor>.exit` by rename, so the file is whole or absent. Any AM of the job
+//! reads those two files: an exit file means the executor ended; a live shim means it runs; a dead
+//! shim without an exit file means the shim itself was killed, and the executor with it. Output goes
+//! to `<state>/<executor>.log`.
+
+use super::{ExecutorId, Exit, LaunchSpec, Launcher, Observation};
+use crate::error::{AmError, Result};
+use sluice_ring::ProcessId;
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+
+/// Runs executors as local processes under `sluice shim`.
+#[derive(Debug)]
+pub struct LocalLauncher {
+    state_dir: PathBuf,
+    shim: PathBuf,
+    children: Mutex<BTreeMap<ExecutorId, Child>>,
+}
+
+impl LocalLauncher {
+    /// Keeps executor state under `state_dir`, starting executors with the `sluice` binary at
+    /// `shim` (its `shim` subcommand).
+    pub fn new(state_dir: impl Into<PathBuf>, shim: impl Into<PathBuf>) -> Result<LocalLauncher> {
+        let state_dir = state_dir.into();
+        std::fs::create_dir_all(&state_dir).map_err(|error| {
+            AmError::FailedPrecondition(format!(
+                "executor state directory {}: {error}; choose a writable --state-dir",
+                state_dir.display()
+            ))
+        })?;
+        Ok(LocalLauncher {
+            state_dir,
+            shim: shim.into(),
+            children: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    fn file(&self, id: &ExecutorId, extension: &str) -> PathBuf {
+        self.state_dir.join(format!("{id}.{extension}"))
+    }
+
+    /// The executor's output file.
+    pub fn log_file(&self, id: &ExecutorId) -> PathBuf {
+        self.file(id, "log")
+    }
+
+    fn shim_process(&self, id: &ExecutorId) -> Option<ProcessId> {
+        let text = std::fs::read_to_string(self.file(id, "pid")).ok()?;
+        let (pid, start_ticks) = text.trim().split_once(' ')?;
+        Some(ProcessId {
+            pid: pid.parse().ok()?,
+            start_ticks: start_ticks.parse().ok()?,
+        })
+    }
+
+    /// Reaps a shim this AM started once it has exited, so it leaves no zombie.
+    fn reap(&self, id: &ExecutorId) -> bool {
+        let mut children = self
+            .children
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match children.get_mut(id).map(Child::try_wait) {
+            Some(Ok(Some(_)) | Err(_)) => {
+                children.remove(id);
+                true
+            }
+            Some(Ok(None)) => false,
+            None => true,
+        }
+    }
+}
+
+impl Launcher for LocalLauncher {
+    fn launch(&self, spec: &LaunchSpec) -> Result<()> {
+        let exit_file = self.file(&spec.id, "exit");
+        let pid_file = self.file(&spec.id, "pid");
+        for stale in [&exit_file, &pid_file] {
+            match std::fs::remove_file(stale) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    return Err(AmError::FailedPrecondition(format!(
+                        "{}: cannot remove {}: {error}",
+                        spec.id,
+                        stale.display()
+                    )));
+                }
+            }
+        }
+        let log = std::fs::File::create(self.log_file(&spec.id)).map_err(|error| {
+            AmError::FailedPrecondition(format!(
+                "{}: cannot create its log in {}: {error}",
+                spec.id,
+                self.state_dir.display()
+            ))
+        })?;
+        let log_err = log
+            .try_clone()
+            .map_err(|error| AmError::FailedPrecondition(format!("{}: {error}", spec.id)))?;
+        let mut command = Command::new(&self.shim);
+        command
+            .arg("shim")
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .arg("--exit-file")
+            .arg(&exit_file)
+            .arg("--")
+            .args(&spec.command)
+            .envs(&spec.env)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .process_group(0);
+        let child = command.spawn().map_err(|error| {
+            AmError::FailedPrecondition(format!(
+                "{}: cannot start {}: {error}; check that the sluice binary is installed",
+                spec.id,
+                self.shim.display()
+            ))
+        })?;
+        self.children
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(spec.id.clone(), child);
+        tracing::info!(executor = %spec.id, command = ?spec.command, "executor launched");
+        Ok(())
+    }
+
+    fn observe(&self, id: &ExecutorId) -> Observation {
+        let reaped = self.reap(id);
+        if let Ok(text) = std::fs::read_to_string(self.file(id, "exit")) {
+            return match text.trim().parse::<i32>() {
+                Ok(code) if code < 128 => Observation::Exited(Exit::Code(code)),
+                _ => Observation::Exited(Exit::Killed),
+            };
+        }
+        match self.shim_process(id) {
+            Some(shim) if shim.is_alive() => Observation::Running,
+            Some(_) => Observation::Exited(Exit::Killed),
+            // The shim has not written its pid yet: it runs if this AM holds it unreaped.
+            None if !reaped => Observation::Running,
+            None if self.file(id, "log").exists() => Observation::Exited(Exit::Killed),
+            None => Observation::Unknown,
+        }
+    }
+
+    fn kill(&self, id: &ExecutorId) {
+        if let Some(shim) = self.shim_process(id)
+            && shim.is_alive()
+        {
+            // SAFETY: `killpg` has no memory-safety obligations; the group is the shim's own,
+            // whose identity was just checked against its start time.
+            let result = unsafe { libc::killpg(shim.pid as libc::pid_t, libc::SIGKILL) };
+            if result != 0 {
+                tracing::warn!(executor = %id, error = %std::io::Error::last_os_error(), "kill failed");
+            }
+        }
+        self.reap(id);
+    }
+}
+
+/// `sluice shim`: runs `command` in the shim's process group, records the shim's identity in
+/// `pid_file`, and writes the command's exit code to `exit_file` when it ends.
+pub fn run_shim(pid_file: &Path, exit_file: &Path, command: &[String]) -> std::io::Result<i32> {
+    let (program, arguments) = command.split_first().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "no command to run")
+    })?;
+    let me = ProcessId::current()?;
+    write_atomically(pid_file, &format!("{} {}\n", me.pid, me.start_ticks))?;
+    let code = match Command::new(program).args(arguments).status() {
+        Ok(status) => {
+            use std::os::unix::process::ExitStatusExt;
+            status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+        }
+        Err(error) => {
+            eprintln!("sluice shim: cannot start {program}: {error}");
+            127
+        }
+    };
+    write_atomically(exit_file, &format!("{code}\n"))?;
+    Ok(code)
+}
+
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    std::fs::write(&temporary, text)?;
+    std::fs::rename(&temporary, path)
+}

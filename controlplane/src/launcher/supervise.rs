@@ -1,0 +1,298 @@
+//! The executors' lifecycle as pure decisions: what to do when one exits, when a role has
+//! succeeded, and when the executors' failures end the job.
+
+use super::ExecutorId;
+use crate::spec::{FailoverSpec, RestartPolicy};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Where one executor stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExecutorState {
+    /// To be launched, or launched again.
+    Pending,
+    /// Running.
+    Running,
+    /// Exited with code 0, not to be launched again.
+    Succeeded,
+    /// Failed with no launch left.
+    Failed,
+}
+
+/// One executor's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutorRecord {
+    /// Where it stands.
+    pub state: ExecutorState,
+    /// How often it failed.
+    pub failures: u32,
+    /// How often it was launched.
+    pub launches: u32,
+    /// How often it was launched again.
+    pub restarts: u32,
+    /// Its last exit code; `None` while it has not exited, or when a signal ended it.
+    pub exit_code: Option<i32>,
+}
+
+/// How an executor ended, as the launcher saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Exit {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal ended it, or it vanished without leaving its code.
+    Killed,
+}
+
+/// What the AM does about an executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchAction {
+    /// Start it (again).
+    Launch(ExecutorId),
+}
+
+/// Every executor of a job and the failover rules that apply to them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Executors {
+    records: BTreeMap<ExecutorId, ExecutorRecord>,
+    restart: RestartPolicyName,
+    max_failures: u32,
+    max_total_failures: u32,
+    total_failures: u32,
+    failure: Option<String>,
+}
+
+/// The restart policy, kept in a form the journal can store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum RestartPolicyName {
+    OnFailure,
+    Never,
+    Always,
+}
+
+impl Executors {
+    /// Every executor pending, under the job's failover rules.
+    pub fn new(executors: impl IntoIterator<Item = ExecutorId>, failover: &FailoverSpec) -> Self {
+        Executors {
+            records: executors
+                .into_iter()
+                .map(|id| {
+                    (
+                        id,
+                        ExecutorRecord {
+                            state: ExecutorState::Pending,
+                            failures: 0,
+                            launches: 0,
+                            restarts: 0,
+                            exit_code: None,
+                        },
+                    )
+                })
+                .collect(),
+            restart: match failover.restart {
+                RestartPolicy::OnFailure => RestartPolicyName::OnFailure,
+                RestartPolicy::Never => RestartPolicyName::Never,
+                RestartPolicy::Always => RestartPolicyName::Always,
+            },
+            max_failures: failover.max_failures,
+            max_total_failures: failover.max_total_failures,
+            total_failures: 0,
+            failure: None,
+        }
+    }
+
+    /// The executors waiting to be launched.
+    pub fn to_launch(&self) -> Vec<LaunchAction> {
+        if self.failure.is_some() {
+            return Vec::new();
+        }
+        self.records
+            .iter()
+            .filter(|(_, record)| record.state == ExecutorState::Pending)
+            .map(|(id, _)| LaunchAction::Launch(id.clone()))
+            .collect()
+    }
+
+    /// Records that an executor was started.
+    pub fn launched(&mut self, id: &ExecutorId) {
+        if let Some(record) = self.records.get_mut(id) {
+            if record.launches > 0 {
+                record.restarts += 1;
+            }
+            record.launches += 1;
+            record.state = ExecutorState::Running;
+        }
+    }
+
+    /// Records how an executor ended, and decides whether it runs again.
+    pub fn exited(&mut self, id: &ExecutorId, exit: Exit) {
+        let Some(record) = self.records.get_mut(id) else {
+            return;
+        };
+        if record.state != ExecutorState::Running {
+            return;
+        }
+        record.exit_code = match exit {
+            Exit::Code(code) => Some(code),
+            Exit::Killed => None,
+        };
+        let failed = exit != Exit::Code(0);
+        if failed {
+            record.failures += 1;
+            self.total_failures += 1;
+        }
+        let restart = match self.restart {
+            RestartPolicyName::Always => true,
+            RestartPolicyName::OnFailure => failed,
+            RestartPolicyName::Never => false,
+        };
+        record.state = if !failed && !restart {
+            ExecutorState::Succeeded
+        } else if restart && record.failures <= self.max_failures {
+            ExecutorState::Pending
+        } else {
+            ExecutorState::Failed
+        };
+        if self.failure.is_none() {
+            if record.state == ExecutorState::Failed {
+                self.failure = Some(format!(
+                    "{id} failed {} times (last exit: {}) and failover.restart ({}) with failover.max_failures ({}) allows no more launches",
+                    record.failures,
+                    describe(record.exit_code),
+                    match self.restart {
+                        RestartPolicyName::OnFailure => "on-failure",
+                        RestartPolicyName::Never => "never",
+                        RestartPolicyName::Always => "always",
+                    },
+                    self.max_failures
+                ));
+            } else if self.total_failures > self.max_total_failures {
+                self.failure = Some(format!(
+                    "{} executor failures exceed failover.max_total_failures ({})",
+                    self.total_failures, self.max_total_failures
+                ));
+            }
+        }
+    }
+
+    /// Why the executors' failures end the job, once they do.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Whether every trainer of every role exited with code 0 for good.
+    pub fn trainers_succeeded(&self) -> bool {
+        let mut trainers = self
+            .records
+            .iter()
+            .filter(|(id, _)| matches!(id, ExecutorId::Trainer { .. }))
+            .peekable();
+        trainers.peek().is_some()
+            && trainers.all(|(_, record)| record.state == ExecutorState::Succeeded)
+    }
+
+    /// Every executor with its record.
+    pub fn records(&self) -> impl Iterator<Item = (&ExecutorId, &ExecutorRecord)> {
+        self.records.iter()
+    }
+}
+
+fn describe(code: Option<i32>) -> String {
+    code.map_or_else(
+        || "killed by a signal".to_owned(),
+        |code| format!("code {code}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{Format, JobSpec};
+
+    fn failover(extra: &str) -> FailoverSpec {
+        let text = format!(
+            "name: t\ndata: {{ sources: [{{ uri: \"file:///d\", format: parquet }}] }}\nroles: [{{ name: w, num: 2, command: [x] }}]\nfailover: {{ max_failures: 2, max_total_failures: 3 {extra} }}\n"
+        );
+        JobSpec::parse(&text, Format::Yaml)
+            .expect("valid spec")
+            .failover
+    }
+
+    fn trainer(rank: u32) -> ExecutorId {
+        ExecutorId::Trainer {
+            role: "w".into(),
+            rank,
+        }
+    }
+
+    fn launch_all(sut: &mut Executors) -> Vec<ExecutorId> {
+        let launched: Vec<ExecutorId> = sut
+            .to_launch()
+            .into_iter()
+            .map(|LaunchAction::Launch(id)| id)
+            .collect();
+        for id in &launched {
+            sut.launched(id);
+        }
+        launched
+    }
+
+    #[test]
+    fn on_failure_relaunches_until_max_failures_then_fails_the_job() {
+        let mut sut = Executors::new([trainer(0), trainer(1)], &failover(""));
+        assert_eq!(launch_all(&mut sut).len(), 2);
+        sut.exited(&trainer(0), Exit::Code(3));
+        assert_eq!(launch_all(&mut sut), vec![trainer(0)]);
+        sut.exited(&trainer(0), Exit::Killed);
+        assert_eq!(launch_all(&mut sut), vec![trainer(0)]);
+        assert!(sut.failure().is_none());
+        sut.exited(&trainer(0), Exit::Code(1));
+        let failure = sut
+            .failure()
+            .expect("a third failure is past max_failures 2");
+        assert!(failure.contains("trainer-w-0 failed 3 times"), "{failure}");
+        assert!(
+            sut.to_launch().is_empty(),
+            "nothing launches after the job failed"
+        );
+        let record = sut.records().next().expect("records").1;
+        assert_eq!((record.restarts, record.exit_code), (2, Some(1)));
+    }
+
+    #[test]
+    fn trainers_succeed_when_each_exits_zero() {
+        let mut sut = Executors::new(
+            [trainer(0), trainer(1), ExecutorId::Daemon(0)],
+            &failover(""),
+        );
+        launch_all(&mut sut);
+        sut.exited(&trainer(0), Exit::Code(0));
+        assert!(!sut.trainers_succeeded());
+        sut.exited(&trainer(1), Exit::Code(0));
+        assert!(sut.trainers_succeeded(), "the daemon does not count");
+        assert!(sut.to_launch().is_empty());
+    }
+
+    #[test]
+    fn never_fails_at_the_first_failure_and_always_relaunches_success_too() {
+        let mut never = Executors::new([trainer(0)], &failover(", restart: never"));
+        launch_all(&mut never);
+        never.exited(&trainer(0), Exit::Code(2));
+        assert!(never.failure().is_some());
+        let mut always = Executors::new([trainer(0)], &failover(", restart: always"));
+        launch_all(&mut always);
+        always.exited(&trainer(0), Exit::Code(0));
+        assert_eq!(launch_all(&mut always), vec![trainer(0)]);
+    }
+
+    #[test]
+    fn failures_across_executors_past_the_job_limit_fail_the_job() {
+        let ids: Vec<ExecutorId> = (0..4).map(trainer).collect();
+        let mut sut = Executors::new(ids.clone(), &failover(""));
+        launch_all(&mut sut);
+        for id in &ids {
+            sut.exited(id, Exit::Code(9));
+        }
+        let failure = sut.failure().expect("4 failures exceed 3");
+        assert!(failure.contains("max_total_failures (3)"), "{failure}");
+    }
+}

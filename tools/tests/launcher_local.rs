@@ -1,0 +1,106 @@
+//! The local launcher over real processes: exit codes, kills, and a second launcher (a new AM)
+//! adopting executors the first one started.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use sluice_am::launcher::local::LocalLauncher;
+use sluice_am::launcher::{ExecutorId, Exit, LaunchSpec, Launcher, Observation};
+
+fn trainer(rank: u32) -> ExecutorId {
+    ExecutorId::Trainer {
+        role: "worker".into(),
+        rank,
+    }
+}
+
+fn spec(id: ExecutorId, script: &str) -> LaunchSpec {
+    LaunchSpec {
+        id,
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        env: BTreeMap::from([("SLUICE_RANK".to_owned(), "7".to_owned())]),
+    }
+}
+
+/// Observes `id` until it is no longer running, failing after 10 s.
+fn wait_exit(launcher: &dyn Launcher, id: &ExecutorId) -> Observation {
+    let started = Instant::now();
+    loop {
+        let observation = launcher.observe(id);
+        if observation != Observation::Running {
+            return observation;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{id} still runs after 10 s (deadlock watchdog)"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn launcher(directory: &std::path::Path) -> LocalLauncher {
+    LocalLauncher::new(directory, env!("CARGO_BIN_EXE_sluice")).expect("launcher")
+}
+
+#[test]
+fn exit_codes_and_the_environment_reach_the_launcher() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let sut = launcher(directory.path());
+    assert_eq!(sut.observe(&trainer(0)), Observation::Unknown);
+    sut.launch(&spec(trainer(0), "echo rank $SLUICE_RANK; exit 3"))
+        .expect("launch");
+    assert_eq!(
+        wait_exit(&sut, &trainer(0)),
+        Observation::Exited(Exit::Code(3))
+    );
+    let log = std::fs::read_to_string(sut.log_file(&trainer(0))).expect("log");
+    assert_eq!(log.trim(), "rank 7");
+    sut.launch(&spec(trainer(0), "exit 0"))
+        .expect("launch again");
+    assert_eq!(
+        wait_exit(&sut, &trainer(0)),
+        Observation::Exited(Exit::Code(0)),
+        "a relaunch forgets the previous exit"
+    );
+}
+
+#[test]
+fn a_new_launcher_adopts_running_executors_and_can_kill_them() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let first = launcher(directory.path());
+    first.launch(&spec(trainer(1), "sleep 60")).expect("launch");
+    let started = Instant::now();
+    while !directory.path().join("trainer-worker-1.pid").exists() {
+        assert!(started.elapsed() < Duration::from_secs(10), "no pid file");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let second = launcher(directory.path());
+    assert_eq!(second.observe(&trainer(1)), Observation::Running);
+    second.kill(&trainer(1));
+    assert_eq!(
+        wait_exit(&second, &trainer(1)),
+        Observation::Exited(Exit::Killed)
+    );
+    assert_eq!(
+        wait_exit(&first, &trainer(1)),
+        Observation::Exited(Exit::Killed)
+    );
+}
+
+#[test]
+fn a_missing_program_is_exit_code_127_with_a_message() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let sut = launcher(directory.path());
+    sut.launch(&LaunchSpec {
+        id: trainer(2),
+        command: vec!["/nonexistent/trainer".into()],
+        env: BTreeMap::new(),
+    })
+    .expect("the shim starts");
+    assert_eq!(
+        wait_exit(&sut, &trainer(2)),
+        Observation::Exited(Exit::Code(127))
+    );
+    let log = std::fs::read_to_string(sut.log_file(&trainer(2))).expect("log");
+    assert!(log.contains("cannot start /nonexistent/trainer"), "{log}");
+}
