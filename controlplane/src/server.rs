@@ -2,16 +2,18 @@
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::error::{AmError, Result};
+use crate::launcher::Launcher;
 use crate::master::Master;
 use crate::persist::Persist;
 use crate::plan::JobPlan;
-use crate::service::{Am, AmService, TokenCheck};
+use crate::service::{Am, AmService, ExecutorLauncher, TokenCheck};
 use crate::spec::JobSpec;
 use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_server::CheckpointServiceServer;
 use sluice_proto::v1::control_service_server::ControlServiceServer;
 use sluice_proto::v1::daemon_service_server::DaemonServiceServer;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -26,6 +28,19 @@ pub struct AmOptions {
     pub token: Option<String>,
     /// A data checkpoint to reset the job to before serving.
     pub resume_from: Option<String>,
+    /// Launch the job's executors (daemons and trainers) with this launcher.
+    pub launch: Option<LaunchOptions>,
+}
+
+/// How the AM launches the job's executors.
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// The launcher.
+    pub launcher: Arc<dyn Launcher>,
+    /// The `sluice` binary the daemons run.
+    pub sluice: PathBuf,
+    /// The directory rings live under.
+    pub ring_dir: PathBuf,
 }
 
 /// A bound, planned AM, ready to serve.
@@ -35,6 +50,7 @@ pub struct AmServer {
     listener: TcpListener,
     token: Option<String>,
     tick_interval: Duration,
+    executors: Option<ExecutorLauncher>,
 }
 
 /// The state a job ended in, as the AM saw it.
@@ -52,7 +68,10 @@ impl AmServer {
     pub async fn start(spec: JobSpec, options: AmOptions) -> Result<AmServer> {
         let spec = Arc::new(spec);
         let plan = Arc::new(JobPlan::build(&spec).await?);
-        let master = Master::new(spec.clone(), plan)?;
+        let mut master = Master::new(spec.clone(), plan)?;
+        if options.launch.is_some() {
+            master.launch_executors();
+        }
         let checkpoints = match &spec.checkpoint {
             Some(checkpoint) => CheckpointStore::at(&checkpoint.uri, &Default::default())?,
             None => CheckpointStore::in_memory(),
@@ -76,11 +95,23 @@ impl AmServer {
                 })?;
         let tick_interval =
             Duration::from_millis((spec.failover.heartbeat_interval_ms / 2).clamp(10, 1000));
+        let bound = listener.local_addr().map_err(|source| AmError::Serve {
+            address: options.listen.to_string(),
+            source,
+        })?;
+        let executors = options.launch.map(|launch| ExecutorLauncher {
+            launcher: launch.launcher,
+            sluice: launch.sluice,
+            ring_dir: launch.ring_dir,
+            am_address: reachable(bound).to_string(),
+            token: options.token.clone(),
+        });
         Ok(AmServer {
             am,
             listener,
             token: options.token,
             tick_interval,
+            executors,
         })
     }
 
@@ -104,12 +135,27 @@ impl AmServer {
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
         let am = self.am.clone();
         let tick_interval = self.tick_interval;
+        let executors = self.executors.clone();
         let finished = async move {
             let mut ticker = tokio::time::interval(tick_interval);
             loop {
                 ticker.tick().await;
                 if let Err(error) = am.tick().await {
                     tracing::error!(%error, "journaling a tick failed");
+                }
+                if let Some(executors) = &executors {
+                    let supervising = am.clone();
+                    let launcher = executors.clone();
+                    let durable =
+                        tokio::task::spawn_blocking(move || supervising.supervise(&launcher)).await;
+                    match durable {
+                        Ok(durable) => {
+                            if let Err(error) = durable.await {
+                                tracing::error!(%error, "journaling an executor change failed");
+                            }
+                        }
+                        Err(error) => tracing::error!(%error, "supervising executors failed"),
+                    }
                 }
                 if am.finished() {
                     return;
@@ -133,10 +179,25 @@ impl AmServer {
                 address: address.to_string(),
                 source: std::io::Error::other(error),
             })?;
+        if let Some(executors) = &self.executors {
+            let am = self.am.clone();
+            let executors = executors.clone();
+            let _ = tokio::task::spawn_blocking(move || am.kill_executors(&executors)).await;
+        }
         let status = self.am.master().status(crate::service::now_ms());
         Ok(JobEnd {
             state: v1::JobState::try_from(status.state).unwrap_or(v1::JobState::Unspecified),
             failure_reason: status.failure_reason,
         })
+    }
+}
+
+/// The address executors on this machine reach a listener at: an unspecified address (`0.0.0.0`)
+/// becomes loopback.
+fn reachable(bound: SocketAddr) -> SocketAddr {
+    if bound.ip().is_unspecified() {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), bound.port())
+    } else {
+        bound
     }
 }

@@ -9,8 +9,11 @@
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::error::AmError;
+use crate::launcher::{
+    ExecutorId, ExecutorState, Exit, LaunchAction, LaunchSpec, Launcher, Observation,
+};
 use crate::master::{Applied, CommitOutcome, Master};
-use crate::persist::Persist;
+use crate::persist::{Durable, Persist};
 use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_server::CheckpointService;
 use sluice_proto::v1::control_service_server::ControlService;
@@ -99,6 +102,105 @@ impl Am {
     /// Whether the job is over and every daemon was told so.
     pub fn finished(&self) -> bool {
         self.master().finished()
+    }
+
+    /// Follows the executors: records the ones that ended, launches the ones the failover rules
+    /// want running, and kills the trainers that still run once the job is over. Blocks on process
+    /// and file operations, so it runs on a blocking thread.
+    pub fn supervise(&self, executors: &ExecutorLauncher) -> Durable {
+        let mut durables = Vec::new();
+        let running: Vec<ExecutorId> = self
+            .master()
+            .executors()
+            .map(|records| {
+                records
+                    .records()
+                    .filter(|(_, record)| record.state == ExecutorState::Running)
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for id in running {
+            let exit = match executors.launcher.observe(&id) {
+                Observation::Running => continue,
+                Observation::Exited(exit) => exit,
+                Observation::Unknown => Exit::Killed,
+            };
+            tracing::info!(executor = %id, ?exit, "executor ended");
+            let mut master = self.master();
+            let applied = master.executor_exited(id, exit);
+            durables.push(self.persist.append(&applied.entries, &master));
+        }
+        let (to_launch, over) = {
+            let master = self.master();
+            let over = master.outcome().is_some();
+            let to_launch = match master.executors() {
+                Some(records) if !over => records.to_launch(),
+                _ => Vec::new(),
+            };
+            (to_launch, over)
+        };
+        for LaunchAction::Launch(id) in to_launch {
+            let spec = executors.spec_for(&self.master(), &id);
+            match executors.launcher.launch(&spec) {
+                Ok(()) => {
+                    let mut master = self.master();
+                    let applied = master.executor_launched(id);
+                    durables.push(self.persist.append(&applied.entries, &master));
+                }
+                Err(error) => {
+                    tracing::error!(executor = %id, %error, "launch failed");
+                    let mut master = self.master();
+                    master.executor_launched(id.clone());
+                    let applied = master.executor_exited(id, Exit::Code(127));
+                    durables.push(self.persist.append(&applied.entries, &master));
+                }
+            }
+        }
+        if over {
+            let trainers: Vec<ExecutorId> = self
+                .master()
+                .executors()
+                .map(|records| {
+                    records
+                        .records()
+                        .filter(|(id, record)| {
+                            record.state == ExecutorState::Running
+                                && matches!(id, ExecutorId::Trainer { .. })
+                        })
+                        .map(|(id, _)| id.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            for id in trainers {
+                tracing::info!(executor = %id, "the job is over: stopping trainer");
+                executors.launcher.kill(&id);
+            }
+        }
+        Box::pin(async move {
+            for durable in durables {
+                durable.await?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Kills every executor still running, once the job is over and the AM exits.
+    pub fn kill_executors(&self, executors: &ExecutorLauncher) {
+        let running: Vec<ExecutorId> = self
+            .master()
+            .executors()
+            .map(|records| {
+                records
+                    .records()
+                    .filter(|(_, record)| record.state == ExecutorState::Running)
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for id in running {
+            executors.launcher.kill(&id);
+        }
     }
 
     /// Where the AM's changes go.
@@ -293,5 +395,259 @@ impl tonic::service::Interceptor for TokenCheck {
                 "this AM requires its shared token; pass --token or set SLUICE_TOKEN to the AM's token",
             ))
         }
+    }
+}
+
+/// What the AM needs to launch its executors: a launcher, the `sluice` binary daemons run, and
+/// where rings and the API are.
+#[derive(Debug, Clone)]
+pub struct ExecutorLauncher {
+    /// The launcher.
+    pub launcher: Arc<dyn Launcher>,
+    /// The `sluice` binary, for `sluice daemon`.
+    pub sluice: std::path::PathBuf,
+    /// The directory rings live under (`<ring_dir>/<job>/<rank>.ring`).
+    pub ring_dir: std::path::PathBuf,
+    /// The AM's gRPC address as executors reach it.
+    pub am_address: String,
+    /// The AM's shared token, passed on to executors.
+    pub token: Option<String>,
+}
+
+impl ExecutorLauncher {
+    /// The command and environment of an executor.
+    pub fn spec_for(&self, master: &Master, id: &ExecutorId) -> LaunchSpec {
+        let spec = master.spec();
+        let mut env = std::collections::BTreeMap::new();
+        env.insert("SLUICE_AM".to_owned(), self.am_address.clone());
+        if let Some(token) = &self.token {
+            env.insert("SLUICE_TOKEN".to_owned(), token.clone());
+        }
+        let command = match id {
+            ExecutorId::Daemon(node) => vec![
+                self.sluice.display().to_string(),
+                "daemon".to_owned(),
+                "--am".to_owned(),
+                self.am_address.clone(),
+                "--node-id".to_owned(),
+                node.to_string(),
+                "--ring-dir".to_owned(),
+                self.ring_dir.display().to_string(),
+            ],
+            ExecutorId::Trainer { role, rank } => {
+                let role_spec = spec.roles.iter().find(|candidate| candidate.name == *role);
+                env.extend(role_spec.map(|found| found.env.clone()).unwrap_or_default());
+                let ring = self.ring_dir.join(&spec.name).join(format!("{rank}.ring"));
+                env.insert("SLUICE_RING".to_owned(), ring.display().to_string());
+                env.insert("SLUICE_RANK".to_owned(), rank.to_string());
+                env.insert(
+                    "SLUICE_WORLD_SIZE".to_owned(),
+                    master.world_size().to_string(),
+                );
+                role_spec
+                    .map(|found| {
+                        found
+                            .command
+                            .iter()
+                            .map(|argument| argument.replace("{rank}", &rank.to_string()))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            }
+        };
+        LaunchSpec {
+            id: id.clone(),
+            command,
+            env,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint_store::CheckpointStore;
+    use crate::plan::JobPlan;
+    use crate::spec::{Format, JobSpec};
+    use std::collections::BTreeMap;
+
+    /// A launcher whose executors end when the test says so.
+    #[derive(Debug, Default)]
+    struct ScriptedLauncher {
+        launched: Mutex<Vec<LaunchSpec>>,
+        exits: Mutex<BTreeMap<ExecutorId, Exit>>,
+        killed: Mutex<Vec<ExecutorId>>,
+    }
+
+    impl Launcher for ScriptedLauncher {
+        fn launch(&self, spec: &LaunchSpec) -> crate::Result<()> {
+            self.exits.lock().expect("lock").remove(&spec.id);
+            self.launched.lock().expect("lock").push(spec.clone());
+            Ok(())
+        }
+
+        fn observe(&self, id: &ExecutorId) -> Observation {
+            match self.exits.lock().expect("lock").get(id) {
+                Some(exit) => Observation::Exited(*exit),
+                None => Observation::Running,
+            }
+        }
+
+        fn kill(&self, id: &ExecutorId) {
+            self.killed.lock().expect("lock").push(id.clone());
+            self.exits
+                .lock()
+                .expect("lock")
+                .insert(id.clone(), Exit::Killed);
+        }
+    }
+
+    fn am() -> Am {
+        let text = r#"
+name: sup
+data: { sources: [{ uri: "file:///d", format: parquet }], task_rows: 10 }
+nodes: 1
+roles:
+  - { name: worker, num: 2, command: [train, "--out", "/tmp/ids-{rank}"], env: { MODE: fast } }
+failover: { max_failures: 1 }
+"#;
+        let spec = Arc::new(JobSpec::parse(text, Format::Yaml).expect("spec"));
+        let mut plan = JobPlan {
+            files: Vec::new(),
+            splits: Vec::new(),
+        };
+        plan.extend(
+            0,
+            vec![sluice_formats::Split {
+                task_id: 0,
+                uri: "file:///d/a.parquet".into(),
+                file_size: 1,
+                first_row: 0,
+                row_count: 20,
+                partition_values: Vec::new(),
+                delta: None,
+            }],
+        );
+        let mut master = Master::new(spec, Arc::new(plan)).expect("master");
+        master.launch_executors();
+        Am::new(master, Persist::in_memory(), CheckpointStore::in_memory())
+    }
+
+    fn launcher(scripted: &Arc<ScriptedLauncher>) -> ExecutorLauncher {
+        ExecutorLauncher {
+            launcher: scripted.clone(),
+            sluice: "/usr/bin/sluice".into(),
+            ring_dir: "/dev/shm/sluice".into(),
+            am_address: "127.0.0.1:7070".into(),
+            token: None,
+        }
+    }
+
+    fn trainer(rank: u32) -> ExecutorId {
+        ExecutorId::Trainer {
+            role: "worker".into(),
+            rank,
+        }
+    }
+
+    #[tokio::test]
+    async fn executors_are_launched_with_their_commands_and_environment() {
+        let sut = am();
+        let scripted = Arc::new(ScriptedLauncher::default());
+        sut.supervise(&launcher(&scripted)).await.expect("durable");
+        let launched = scripted.launched.lock().expect("lock").clone();
+        assert_eq!(launched.len(), 3);
+        let daemon = &launched[0];
+        assert_eq!(daemon.id, ExecutorId::Daemon(0));
+        assert_eq!(
+            daemon.command,
+            [
+                "/usr/bin/sluice",
+                "daemon",
+                "--am",
+                "127.0.0.1:7070",
+                "--node-id",
+                "0",
+                "--ring-dir",
+                "/dev/shm/sluice"
+            ]
+        );
+        let rank_one = &launched[2];
+        assert_eq!(rank_one.id, trainer(1));
+        assert_eq!(rank_one.command, ["train", "--out", "/tmp/ids-1"]);
+        assert_eq!(rank_one.env["SLUICE_RING"], "/dev/shm/sluice/sup/1.ring");
+        assert_eq!(rank_one.env["SLUICE_RANK"], "1");
+        assert_eq!(rank_one.env["SLUICE_WORLD_SIZE"], "2");
+        assert_eq!(rank_one.env["SLUICE_AM"], "127.0.0.1:7070");
+        assert_eq!(rank_one.env["MODE"], "fast");
+        let status = sut.master().status(0);
+        assert_eq!(status.roles[0].running, 2);
+    }
+
+    #[tokio::test]
+    async fn a_failed_trainer_is_relaunched_and_success_of_every_trainer_ends_the_job() {
+        let sut = am();
+        let scripted = Arc::new(ScriptedLauncher::default());
+        let executors = launcher(&scripted);
+        sut.supervise(&executors).await.expect("durable");
+        scripted
+            .exits
+            .lock()
+            .expect("lock")
+            .insert(trainer(0), Exit::Code(5));
+        sut.supervise(&executors).await.expect("durable");
+        assert_eq!(
+            scripted.launched.lock().expect("lock").len(),
+            4,
+            "rank 0 relaunched"
+        );
+        let status = sut.master().status(0);
+        assert_eq!(status.trainers[0].restarts, 1);
+        assert_eq!(status.trainers[0].exit_code, Some(5));
+        for rank in [0, 1] {
+            scripted
+                .exits
+                .lock()
+                .expect("lock")
+                .insert(trainer(rank), Exit::Code(0));
+        }
+        sut.supervise(&executors).await.expect("durable");
+        assert_eq!(sut.master().outcome(), Some(v1::JobState::Succeeded));
+        assert!(
+            sut.finished(),
+            "no daemon registered, so none waits for its shutdown"
+        );
+        sut.kill_executors(&executors);
+        assert_eq!(
+            *scripted.killed.lock().expect("lock"),
+            vec![ExecutorId::Daemon(0)],
+            "the daemon still running is killed when the AM exits"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_trainer_past_max_failures_fails_the_job_and_the_others_are_stopped() {
+        let sut = am();
+        let scripted = Arc::new(ScriptedLauncher::default());
+        let executors = launcher(&scripted);
+        sut.supervise(&executors).await.expect("durable");
+        for _ in 0..2 {
+            scripted
+                .exits
+                .lock()
+                .expect("lock")
+                .insert(trainer(0), Exit::Code(1));
+            sut.supervise(&executors).await.expect("durable");
+        }
+        assert_eq!(sut.master().outcome(), Some(v1::JobState::Failed));
+        let reason = sut.master().failure_reason().expect("a reason");
+        assert!(
+            reason.contains("trainer-worker-0 failed 2 times"),
+            "{reason}"
+        );
+        assert!(
+            scripted.killed.lock().expect("lock").contains(&trainer(1)),
+            "the other trainer is stopped"
+        );
     }
 }

@@ -28,6 +28,10 @@ enum Command {
     Plan(cmd::plan::PlanArgs),
     /// Writes synthetic training data (Parquet files or a Delta table).
     Gen(cmd::r#gen::GenArgs),
+    /// Runs a job on this machine: its AM, node daemons and trainers, start to finish.
+    Run(cmd::run::RunArgs),
+    /// Starts a job in the background and prints its AM's address.
+    Submit(cmd::run::SubmitArgs),
     /// Runs the application master of a job until the job is over.
     Am(cmd::am::AmArgs),
     /// Prints the status of a running job.
@@ -56,6 +60,8 @@ fn main() -> ExitCode {
         Command::Read(args) => success(cmd::read::run(args)),
         Command::Plan(args) => success(cmd::plan::run(args)),
         Command::Gen(args) => success(cmd::r#gen::run(args)),
+        Command::Run(args) => success(cmd::run::run(args)),
+        Command::Submit(args) => success(cmd::run::submit(args)),
         Command::Am(args) => success(cmd::am::run(args)),
         Command::Status(args) => success(cmd::am::status(args)),
         Command::Stop(args) => success(cmd::am::stop(args)),

@@ -20,6 +20,7 @@ use crate::decide::{
     RestoreMode, TaskId, TaskStatus, decide,
 };
 use crate::error::{AmError, Result};
+use crate::launcher::{ExecutorId, ExecutorState, Executors, Exit};
 use crate::plan::JobPlan;
 use crate::spec::JobSpec;
 use checkpoint::RankPositions;
@@ -66,6 +67,18 @@ pub enum Entry {
     StopRequested {
         /// Why, for logs and status.
         reason: String,
+    },
+    /// The AM started an executor.
+    ExecutorLaunched {
+        /// The executor.
+        id: ExecutorId,
+    },
+    /// An executor ended.
+    ExecutorExited {
+        /// The executor.
+        id: ExecutorId,
+        /// How.
+        exit: Exit,
     },
 }
 
@@ -207,6 +220,7 @@ pub struct Master {
     stop_reason: Option<String>,
     shut_down: BTreeSet<NodeId>,
     throughput: Throughput,
+    executors: Option<Executors>,
 }
 
 impl Master {
@@ -229,7 +243,70 @@ impl Master {
             stop_reason: None,
             shut_down: BTreeSet::new(),
             throughput: Throughput::default(),
+            executors: None,
         })
+    }
+
+    /// Makes this AM the launcher of the job's executors: a daemon per node and the trainers of
+    /// every role, ranked in role order.
+    pub fn launch_executors(&mut self) {
+        let daemons = (0..self.spec.nodes).map(ExecutorId::Daemon);
+        let trainers = self
+            .trainer_ranks()
+            .into_iter()
+            .map(|(role, rank)| ExecutorId::Trainer {
+                role: role.to_owned(),
+                rank,
+            });
+        self.executors = Some(Executors::new(
+            daemons.chain(trainers).collect::<Vec<_>>(),
+            &self.spec.failover,
+        ));
+    }
+
+    /// Every trainer of the job as (role, rank), ranks numbered across roles in spec order.
+    pub fn trainer_ranks(&self) -> Vec<(&str, u32)> {
+        let mut rank = 0;
+        let mut ranks = Vec::new();
+        for role in &self.spec.roles {
+            for _ in 0..role.num {
+                ranks.push((role.name.as_str(), rank));
+                rank += 1;
+            }
+        }
+        ranks
+    }
+
+    /// The executors this AM launches, if it launches them.
+    pub fn executors(&self) -> Option<&Executors> {
+        self.executors.as_ref()
+    }
+
+    /// The job spec.
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// Records that an executor was started.
+    pub fn executor_launched(&mut self, id: ExecutorId) -> Applied<()> {
+        if let Some(executors) = &mut self.executors {
+            executors.launched(&id);
+        }
+        Applied {
+            reply: (),
+            entries: vec![Entry::ExecutorLaunched { id }],
+        }
+    }
+
+    /// Records how an executor ended; the failover rules decide whether it runs again.
+    pub fn executor_exited(&mut self, id: ExecutorId, exit: Exit) -> Applied<()> {
+        if let Some(executors) = &mut self.executors {
+            executors.exited(&id, exit);
+        }
+        Applied {
+            reply: (),
+            entries: vec![Entry::ExecutorExited { id, exit }],
+        }
     }
 
     /// The job's name, which is its id on the wire.
@@ -281,6 +358,12 @@ impl Master {
                 position, now_ms, ..
             } => self.reset_to(position, now_ms)?,
             Entry::StopRequested { reason } => self.stop_reason = Some(reason),
+            Entry::ExecutorLaunched { id } => {
+                self.executor_launched(id);
+            }
+            Entry::ExecutorExited { id, exit } => {
+                self.executor_exited(id, exit);
+            }
         }
         Ok(())
     }
@@ -658,7 +741,7 @@ impl Master {
 
     /// Applies an event for `caller` and returns its commands and the entry to journal.
     fn apply_and_log(&mut self, caller: NodeId, event: Event) -> (Vec<v1::Command>, Vec<Entry>) {
-        if self.stop_reason.is_some() && self.table.outcome().is_none() {
+        if self.ending_beside_the_table() {
             self.shut_down.insert(caller);
             let mut commands = self.outbox.remove(&caller).unwrap_or_default();
             commands.push(convert::shutdown_command());
@@ -749,21 +832,65 @@ impl Master {
         u64::from(self.table.epoch()) * self.table.epoch_rows() + self.table.done_rows()
     }
 
+    /// Whether the job ends for a reason the task table does not know: a stop request, the
+    /// executors' failures, or every trainer having exited with success.
+    fn ending_beside_the_table(&self) -> bool {
+        self.table.outcome().is_none()
+            && (self.stop_reason.is_some()
+                || self.executors.as_ref().is_some_and(|executors| {
+                    executors.failure().is_some() || executors.trainers_succeeded()
+                }))
+    }
+
+    /// The job's final state once it has one. With executors, the job succeeds when every trainer
+    /// has exited with success; without, when the task table does.
+    pub fn outcome(&self) -> Option<v1::JobState> {
+        if let Some(JobOutcome::Failed { .. }) = self.table.outcome() {
+            return Some(v1::JobState::Failed);
+        }
+        match &self.executors {
+            Some(executors) if executors.failure().is_some() => {
+                return Some(v1::JobState::Failed);
+            }
+            Some(executors) if executors.trainers_succeeded() => {
+                return Some(v1::JobState::Succeeded);
+            }
+            Some(_) if self.stop_reason.is_some() => return Some(v1::JobState::Stopped),
+            Some(_) => return None,
+            None => {}
+        }
+        match (self.table.outcome(), &self.stop_reason) {
+            (Some(_), _) => Some(v1::JobState::Succeeded),
+            (None, Some(_)) => Some(v1::JobState::Stopped),
+            (None, None) => None,
+        }
+    }
+
+    /// Why the job failed, when it did.
+    pub fn failure_reason(&self) -> Option<String> {
+        if let Some(JobOutcome::Failed { reason }) = self.table.outcome() {
+            return Some(reason.clone());
+        }
+        self.executors
+            .as_ref()
+            .and_then(|executors| executors.failure().map(str::to_owned))
+    }
+
     /// The job's state on the wire.
     pub fn job_state(&self) -> v1::JobState {
-        match (self.table.outcome(), &self.stop_reason) {
-            (Some(JobOutcome::Succeeded), _) => v1::JobState::Succeeded,
-            (Some(JobOutcome::Failed { .. }), _) => v1::JobState::Failed,
-            (None, Some(_)) if self.all_shut_down() => v1::JobState::Stopped,
-            (None, Some(_)) => v1::JobState::Stopping,
-            (None, None) if self.nodes.is_empty() => v1::JobState::Starting,
-            (None, None) => v1::JobState::Running,
+        match self.outcome() {
+            Some(state) if self.all_shut_down() => state,
+            Some(v1::JobState::Stopped) => v1::JobState::Stopping,
+            Some(state) => state,
+            None if self.stop_reason.is_some() => v1::JobState::Stopping,
+            None if self.nodes.is_empty() => v1::JobState::Starting,
+            None => v1::JobState::Running,
         }
     }
 
     /// Whether the job is over and every live daemon was told to shut down, so the AM may exit.
     pub fn finished(&self) -> bool {
-        (self.table.outcome().is_some() || self.stop_reason.is_some()) && self.all_shut_down()
+        self.outcome().is_some() && self.all_shut_down()
     }
 
     fn all_shut_down(&self) -> bool {
@@ -808,28 +935,16 @@ impl Master {
                 }
             })
             .collect();
-        let failure_reason = match (self.table.outcome(), &self.stop_reason) {
-            (Some(JobOutcome::Failed { reason }), _) => Some(reason.clone()),
-            _ => None,
-        };
+        let failure_reason = self.failure_reason();
         v1::StatusReply {
             job_id: self.spec.name.clone(),
             state: self.job_state() as i32,
             failure_reason,
             epoch: self.table.epoch(),
             epochs: self.spec.data.epochs,
-            roles: self
-                .spec
-                .roles
-                .iter()
-                .map(|role| v1::RoleStatus {
-                    name: role.name.clone(),
-                    num: role.num,
-                    ..v1::RoleStatus::default()
-                })
-                .collect(),
+            roles: self.role_statuses(),
             nodes,
-            trainers: Vec::new(),
+            trainers: self.trainer_statuses(),
             tasks: Some(v1::TaskCounts {
                 pending: self.table.pending_count() as u64,
                 in_flight: self.table.in_flight_count() as u64,
@@ -841,5 +956,53 @@ impl Master {
             }),
             rows_per_second: self.throughput.rows_per_second(),
         }
+    }
+
+    fn role_statuses(&self) -> Vec<v1::RoleStatus> {
+        self.spec
+            .roles
+            .iter()
+            .map(|role| {
+                let mut status = v1::RoleStatus {
+                    name: role.name.clone(),
+                    num: role.num,
+                    ..v1::RoleStatus::default()
+                };
+                let records = self.executors.iter().flat_map(Executors::records);
+                for (id, record) in records {
+                    if matches!(id, ExecutorId::Trainer { role: name, .. } if *name == role.name) {
+                        status.running += u32::from(record.state == ExecutorState::Running);
+                        status.succeeded += u32::from(record.state == ExecutorState::Succeeded);
+                        status.failures += record.failures;
+                    }
+                }
+                status
+            })
+            .collect()
+    }
+
+    fn trainer_statuses(&self) -> Vec<v1::TrainerStatus> {
+        let nodes = u64::from(self.spec.nodes.max(1));
+        let world = u64::from(self.world_size().max(1));
+        self.executors
+            .iter()
+            .flat_map(Executors::records)
+            .filter_map(|(id, record)| match id {
+                ExecutorId::Trainer { role, rank } => Some(v1::TrainerStatus {
+                    role: role.clone(),
+                    rank: *rank,
+                    node_id: u64::from(*rank) * nodes / world,
+                    state: match record.state {
+                        ExecutorState::Pending => v1::TrainerState::Pending,
+                        ExecutorState::Running => v1::TrainerState::Running,
+                        ExecutorState::Succeeded => v1::TrainerState::Succeeded,
+                        ExecutorState::Failed => v1::TrainerState::Failed,
+                    } as i32,
+                    exit_code: record.exit_code,
+                    restarts: record.restarts,
+                }),
+                ExecutorId::Daemon(_) => None,
+            })
+            .collect()
     }
 }

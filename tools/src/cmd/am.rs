@@ -43,6 +43,7 @@ pub fn run(args: AmArgs) -> anyhow::Result<()> {
                 listen: args.listen,
                 token: args.token,
                 resume_from: args.resume_from,
+                launch: None,
             },
         )
         .await?;

@@ -7,4 +7,5 @@ pub mod gc;
 pub mod r#gen;
 pub mod plan;
 pub mod read;
+pub mod run;
 pub mod shim;

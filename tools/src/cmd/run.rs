@@ -1,0 +1,168 @@
+//! `sluice run` and `sluice submit`: a job's AM with its executors launched on this machine.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use sluice_am::launcher::local::LocalLauncher;
+use sluice_am::server::{AmOptions, AmServer, LaunchOptions};
+use sluice_am::spec::{JobSpec, LauncherKind};
+use sluice_am::status::state_name;
+use sluice_proto::v1;
+
+use crate::cmd::read::runtime;
+
+/// Arguments of `sluice run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The job spec (YAML, TOML or JSON).
+    pub job: PathBuf,
+    /// The address of the AM's gRPC API.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// The directory rings are created under, one subdirectory per job.
+    #[arg(long, default_value = "/dev/shm/sluice")]
+    pub ring_dir: PathBuf,
+    /// Where executors' state and logs are kept (default: <temp dir>/sluice/<job>).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// A shared token every caller of the AM must present.
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Reset the job to this data checkpoint before it runs.
+    #[arg(long)]
+    pub resume_from: Option<String>,
+}
+
+/// Runs a job to its end with the local launcher; exits non-zero when it fails.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let spec = JobSpec::from_path(&args.job)?;
+    if spec.launcher != LauncherKind::Local {
+        anyhow::bail!(
+            "job {}: `sluice run` launches executors on this machine, but the spec asks for the {:?} launcher; set `launcher: local`",
+            spec.name,
+            spec.launcher
+        );
+    }
+    let name = spec.name.clone();
+    let state_dir = args
+        .state_dir
+        .unwrap_or_else(|| std::env::temp_dir().join("sluice").join(&name));
+    let sluice = std::env::current_exe().context("locating the sluice binary")?;
+    let launcher = Arc::new(LocalLauncher::new(&state_dir, &sluice)?);
+    runtime(2)?.block_on(async move {
+        let server = AmServer::start(
+            spec,
+            AmOptions {
+                listen: args.listen,
+                token: args.token,
+                resume_from: args.resume_from,
+                launch: Some(LaunchOptions {
+                    launcher,
+                    sluice,
+                    ring_dir: args.ring_dir,
+                }),
+            },
+        )
+        .await?;
+        let mut stdout = std::io::stdout();
+        writeln!(
+            stdout,
+            "sluice run: job {name} serving on {}",
+            server.local_addr()
+        )?;
+        writeln!(
+            stdout,
+            "sluice run: executor logs in {}",
+            state_dir.display()
+        )?;
+        stdout.flush()?;
+        let end = server.serve().await?;
+        writeln!(stdout, "sluice run: job {name} {}", state_name(end.state))?;
+        match end.state {
+            v1::JobState::Succeeded | v1::JobState::Stopped => Ok(()),
+            state => Err(anyhow::anyhow!(
+                "job {name} {}: {}",
+                state_name(state),
+                end.failure_reason.unwrap_or_default()
+            )),
+        }
+    })
+}
+
+/// Where `sluice submit` runs the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SubmitLauncher {
+    /// Processes on this machine.
+    Local,
+    /// One pod per node.
+    Kubernetes,
+    /// `srun` steps.
+    Slurm,
+}
+
+/// Arguments of `sluice submit`.
+#[derive(Debug, clap::Args)]
+pub struct SubmitArgs {
+    /// The job spec (YAML, TOML or JSON).
+    pub job: PathBuf,
+    /// Where the job runs.
+    #[arg(long, value_enum, default_value = "local")]
+    pub launcher: SubmitLauncher,
+    /// The address of the AM's gRPC API.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+}
+
+/// Starts `sluice run` in the background and prints the AM's address once it serves.
+pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
+    if args.launcher != SubmitLauncher::Local {
+        anyhow::bail!(
+            "the {:?} launcher is not available in this build; submit with --launcher local",
+            args.launcher
+        );
+    }
+    let spec = JobSpec::from_path(&args.job)?;
+    let state_dir = std::env::temp_dir().join("sluice").join(&spec.name);
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating {}", state_dir.display()))?;
+    let log_path = state_dir.join("am.log");
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let sluice = std::env::current_exe().context("locating the sluice binary")?;
+    let mut child = Command::new(sluice)
+        .arg("run")
+        .arg(&args.job)
+        .arg("--listen")
+        .arg(args.listen.to_string())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("starting sluice run")?;
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if let Some(line) = text.lines().find(|line| line.contains("serving on")) {
+            println!("{}", line.replacen("sluice run", "sluice submit", 1));
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("job {} did not start ({status}):\n{text}", spec.name);
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            anyhow::bail!(
+                "job {} did not start serving within 120 s; see {}",
+                spec.name,
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
