@@ -17,6 +17,11 @@ pub struct DataPosition {
     pub tasks: Vec<TaskRecord>,
     /// The pending tasks, in the order they will be handed out.
     pub pending: Vec<TaskId>,
+    /// How many of the first `pending` tasks are queued again (re-split pieces, tasks back from a
+    /// failure or a lost node) rather than next in the epoch's order: a task queued again later
+    /// goes after them but before the rest of the order.
+    #[serde(default)]
+    pub requeued: usize,
     /// Every node that registered.
     pub nodes: Vec<NodeRecord>,
     /// Rows of the epoch consumed.
@@ -218,6 +223,7 @@ impl JobState {
             first_task_id: self.first_task_id,
             tasks,
             pending,
+            requeued: self.requeued.len(),
             nodes,
             done_rows: self.done_rows,
             failed_rows: self.failed_rows,
@@ -366,6 +372,7 @@ impl JobState {
                 ),
             });
         }
+        let requeued: VecDeque<u32> = order.drain(..position.requeued.min(order.len())).collect();
         let mut state = JobState {
             config,
             split_rows,
@@ -375,7 +382,7 @@ impl JobState {
             slots,
             order,
             cursor: 0,
-            requeued: VecDeque::new(),
+            requeued,
             in_flight,
             nodes,
             done_rows: position.done_rows,

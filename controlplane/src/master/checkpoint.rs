@@ -86,7 +86,7 @@ pub fn position_at_step(
     }
 
     let mut pending = started.clone();
-    let mut listed: std::collections::BTreeSet<TaskId> = started.into_iter().collect();
+    let mut listed: std::collections::BTreeSet<TaskId> = started.iter().copied().collect();
     let queued_in_order = current.pending.iter().copied();
     let others = (0..tasks.len() as u64).map(|index| TaskId(first + index));
     for task in queued_in_order.chain(others) {
@@ -99,6 +99,7 @@ pub fn position_at_step(
         epoch,
         first_task_id: first,
         tasks,
+        requeued: started.len(),
         pending,
         nodes: current.nodes,
         done_rows,

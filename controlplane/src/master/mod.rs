@@ -82,6 +82,18 @@ pub enum Entry {
     },
 }
 
+/// The AM's state at one point of its journal, from which the entries after it replay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    position: DataPosition,
+    last_seen_ms: BTreeMap<NodeId, u64>,
+    pieces: BTreeMap<TaskId, u64>,
+    checkpoints: BTreeMap<u64, PendingCheckpoint>,
+    stored: BTreeMap<u64, String>,
+    stop_reason: Option<String>,
+    executors: Option<Executors>,
+}
+
 /// What a node last said about its pipeline, and when the AM last heard from it.
 #[derive(Debug, Clone, Default)]
 struct NodeInfo {
@@ -92,7 +104,7 @@ struct NodeInfo {
 }
 
 /// A step's data checkpoint while ranks are still reporting.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct PendingCheckpoint {
     world_size: u32,
     epoch: u32,
@@ -365,6 +377,47 @@ impl Master {
                 self.executor_exited(id, exit);
             }
         }
+        Ok(())
+    }
+
+    /// The state to write as a snapshot: replaying the entries journaled after it over
+    /// [`Master::restore_snapshot`] gives the state this master will then have.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            position: self.table.position(),
+            last_seen_ms: self
+                .table
+                .nodes
+                .iter()
+                .map(|(node, entry)| (*node, entry.last_seen_ms))
+                .collect(),
+            pieces: self.origins.pieces.clone(),
+            checkpoints: self.checkpoints.clone(),
+            stored: self.stored.clone(),
+            stop_reason: self.stop_reason.clone(),
+            executors: self.executors.clone(),
+        }
+    }
+
+    /// Replaces this master's state with a snapshot of the same job.
+    pub fn restore_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
+        let mut table = JobState::restore(
+            self.config,
+            self.plan.split_rows(),
+            snapshot.position,
+            RestoreMode::Resume { now_ms: 0 },
+        )?;
+        for (node, last_seen_ms) in snapshot.last_seen_ms {
+            if let Some(entry) = table.nodes.get_mut(&node) {
+                entry.last_seen_ms = last_seen_ms;
+            }
+        }
+        self.table = table;
+        self.origins.pieces = snapshot.pieces;
+        self.checkpoints = snapshot.checkpoints;
+        self.stored = snapshot.stored;
+        self.stop_reason = snapshot.stop_reason;
+        self.executors = snapshot.executors;
         Ok(())
     }
 

@@ -278,6 +278,65 @@ fn replaying_the_journal_rebuilds_the_same_table() {
     assert_eq!(recovered.table().position(), sut.table().position());
 }
 
+#[test]
+fn a_snapshot_and_the_entries_after_it_rebuild_the_same_state() {
+    let mut sut = master();
+    register(&mut sut, 0, 0);
+    register(&mut sut, 1, 0);
+    let tasks = assigned(&acquire(&mut sut, 0, 1, 3));
+    heartbeat(&mut sut, 0, 2, &[(tasks[0].task_id, 5, 3)]);
+    // Node 1 is lost; node 0 fails a task, which goes back to the queue.
+    heartbeat(&mut sut, 0, 1500, &[]);
+    sut.tick(1600);
+    sut.report(
+        v1::ReportTaskRequest {
+            node_id: 0,
+            task_id: tasks[1].task_id,
+            consumed: 0,
+            outcome: Some(v1::report_task_request::Outcome::Failed(v1::TaskFailed {
+                reason: "corrupt page".into(),
+            })),
+        },
+        1700,
+    )
+    .expect("report");
+    let snapshot = sut.snapshot();
+
+    // Another failure after the snapshot queues its task behind the first one, ahead of the
+    // epoch's order.
+    let mut later = Vec::new();
+    let applied = sut
+        .report(
+            v1::ReportTaskRequest {
+                node_id: 0,
+                task_id: tasks[2].task_id,
+                consumed: 0,
+                outcome: Some(v1::report_task_request::Outcome::Failed(v1::TaskFailed {
+                    reason: "timeout".into(),
+                })),
+            },
+            1800,
+        )
+        .expect("report");
+    later.extend(applied.entries);
+    later.extend(heartbeat_entries(&mut sut, 0, 2900));
+    let tick = sut.tick(3000);
+    later.extend(tick.entries);
+
+    let mut recovered = master();
+    recovered.restore_snapshot(snapshot).expect("restore");
+    for entry in later {
+        recovered.replay(entry).expect("replay");
+    }
+    let position = sut.table().position();
+    assert_eq!(
+        &position.pending[..2],
+        &[TaskId(tasks[1].task_id), TaskId(tasks[2].task_id)]
+    );
+    assert_eq!(recovered.table().position(), position);
+    assert_eq!(recovered.snapshot(), sut.snapshot());
+}
+
 fn heartbeat_entries(sut: &mut Master, node: u64, now_ms: u64) -> Vec<Entry> {
     sut.heartbeat(
         v1::HeartbeatRequest {
