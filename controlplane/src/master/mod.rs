@@ -842,4 +842,43 @@ impl Master {
             rows_per_second: self.throughput.rows_per_second(),
         }
     }
+
+    /// The current epoch's task table for the status page: the tasks in flight, in task order,
+    /// with their progress, and the count of tasks in each state.
+    pub fn task_table(&self) -> crate::status::TaskTable {
+        use crate::status::{InFlightTask, TaskStateCounts, TaskTable};
+        let position = self.table.position();
+        let mut counts = TaskStateCounts::default();
+        let mut in_flight = Vec::new();
+        for (index, record) in position.tasks.iter().enumerate() {
+            match record.status {
+                TaskStatus::Pending => counts.pending += 1,
+                TaskStatus::Done => counts.done += 1,
+                TaskStatus::Failed => counts.failed += 1,
+                TaskStatus::InFlight {
+                    node,
+                    enqueued,
+                    consumed,
+                    ..
+                } => {
+                    counts.in_flight += 1;
+                    let split = &self.plan.splits[record.split as usize].split;
+                    in_flight.push(InFlightTask {
+                        task_id: position.first_task_id + index as u64,
+                        node_id: node.0,
+                        uri: split.uri.clone(),
+                        first_row: split.first_row + record.start,
+                        rows: record.end - record.start,
+                        enqueued,
+                        consumed,
+                    });
+                }
+            }
+        }
+        TaskTable {
+            epoch: position.epoch,
+            counts,
+            in_flight,
+        }
+    }
 }
