@@ -42,6 +42,17 @@ pub enum AmError {
         /// The transport's error.
         source: std::io::Error,
     },
+    /// The status page's address could not be bound or its server failed.
+    #[error(
+        "serving the status page on {address}: {cause}; choose another --http address or stop the process using it"
+    )]
+    Http {
+        /// The address.
+        address: String,
+        /// The transport's error, in the message rather than as a source so that it is printed
+        /// once, before the fix.
+        cause: std::io::Error,
+    },
 }
 
 /// The crate's result type.
@@ -58,9 +69,10 @@ impl From<AmError> for tonic::Status {
             AmError::FailedPrecondition(_) | AmError::Restore(_) => {
                 tonic::Status::failed_precondition(message)
             }
-            AmError::Source { .. } | AmError::Plan(_) | AmError::Serve { .. } => {
-                tonic::Status::internal(message)
-            }
+            AmError::Source { .. }
+            | AmError::Plan(_)
+            | AmError::Serve { .. }
+            | AmError::Http { .. } => tonic::Status::internal(message),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! - [`master`] keeps the task table with what the AM tracks beside it (commands waiting for a
 //!   node, pipeline statistics, data checkpoints), still without IO.
 //! - [`service`] and [`server`] serve the `sluice.v1` gRPC API over it.
+//! - [`http`] serves the status page, its JSON API and Prometheus `/metrics` over the same state.
 //!
 //! YAML is read with `serde_norway`, the maintained fork of `serde_yaml`: `serde_yaml` was archived
 //! by its author in 2024, and `serde_yml` is deprecated by its own author. `serde_norway` keeps the
@@ -17,6 +18,7 @@
 pub mod checkpoint_store;
 pub mod decide;
 pub mod error;
+pub mod http;
 pub mod launcher;
 pub mod master;
 pub mod persist;

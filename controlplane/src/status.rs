@@ -77,3 +77,47 @@ pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
         })).collect::<Vec<_>>(),
     })
 }
+
+/// The current epoch's task table as the JSON API shows it: the tasks in flight with their
+/// progress, and how many tasks are in each state.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TaskTable {
+    /// The current epoch, from 0.
+    pub epoch: u32,
+    /// Tasks of the epoch in each state.
+    pub counts: TaskStateCounts,
+    /// The tasks held by daemons, in task order.
+    pub in_flight: Vec<InFlightTask>,
+}
+
+/// Tasks of an epoch in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TaskStateCounts {
+    /// Waiting in the queue.
+    pub pending: u64,
+    /// Held by a daemon.
+    pub in_flight: u64,
+    /// Every row consumed.
+    pub done: u64,
+    /// Failed for good.
+    pub failed: u64,
+}
+
+/// One task held by a daemon, with its progress.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct InFlightTask {
+    /// The task.
+    pub task_id: u64,
+    /// The daemon that holds it.
+    pub node_id: u64,
+    /// The file its rows come from.
+    pub uri: String,
+    /// The first row of the task's current assignment, counted from the start of the file.
+    pub first_row: u64,
+    /// Rows in the current assignment.
+    pub rows: u64,
+    /// Rows the daemon wrote into its rings.
+    pub enqueued: u64,
+    /// Rows the trainers consumed.
+    pub consumed: u64,
+}

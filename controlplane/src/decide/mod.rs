@@ -52,7 +52,7 @@ mod proptests;
 mod tests;
 
 pub use position::{DataPosition, NodeRecord, RestoreError, RestoreMode, TaskRecord, TaskStatus};
-pub use state::{JobState, NodeStatus, PlanError};
+pub use state::{JobState, NodeStatus, PlanError, TaskCounts};
 
 use crate::spec::JobSpec;
 use serde::{Deserialize, Serialize};

@@ -49,6 +49,19 @@ pub enum PlanError {
     },
 }
 
+/// How many tasks of an epoch are in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskCounts {
+    /// Waiting in the queue.
+    pub pending: u64,
+    /// Held by a node.
+    pub in_flight: u64,
+    /// Every row consumed.
+    pub done: u64,
+    /// Failed for good.
+    pub failed: u64,
+}
+
 /// The lifecycle of one task slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -235,6 +248,20 @@ impl JobState {
     /// Tasks currently held by nodes.
     pub fn in_flight_count(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// How many tasks of the current epoch are in each state, counted without copying the table.
+    pub fn task_counts(&self) -> TaskCounts {
+        let mut counts = TaskCounts::default();
+        for task_slot in &self.slots {
+            match task_slot.state {
+                SlotState::Pending => counts.pending += 1,
+                SlotState::InFlight => counts.in_flight += 1,
+                SlotState::Done => counts.done += 1,
+                SlotState::Failed => counts.failed += 1,
+            }
+        }
+        counts
     }
 
     /// The status of a node, if it ever registered.

@@ -956,14 +956,7 @@ impl Master {
 
     /// The job's status, for `sluice status` and the status page.
     pub fn status(&self, now_ms: u64) -> v1::StatusReply {
-        let position = self.table.position();
-        let count = |wanted: fn(&TaskStatus) -> bool| {
-            position
-                .tasks
-                .iter()
-                .filter(|record| wanted(&record.status))
-                .count() as u64
-        };
+        let counts = self.table.task_counts();
         let held = |node: NodeId| {
             self.table
                 .nodes
@@ -999,10 +992,10 @@ impl Master {
             nodes,
             trainers: self.trainer_statuses(),
             tasks: Some(v1::TaskCounts {
-                pending: self.table.pending_count() as u64,
-                in_flight: self.table.in_flight_count() as u64,
-                done: count(|status| matches!(status, TaskStatus::Done)),
-                failed: count(|status| matches!(status, TaskStatus::Failed)),
+                pending: counts.pending,
+                in_flight: counts.in_flight,
+                done: counts.done,
+                failed: counts.failed,
                 rows_total: self.table.epoch_rows(),
                 rows_consumed: self.table.done_rows(),
                 rows_failed: self.table.failed_rows(),
@@ -1057,5 +1050,41 @@ impl Master {
                 ExecutorId::Daemon(_) => None,
             })
             .collect()
+    }
+
+    /// The current epoch's task table for the status page: the tasks in flight, in task order,
+    /// with their progress, and the count of tasks in each state.
+    pub fn task_table(&self) -> crate::status::TaskTable {
+        use crate::status::{InFlightTask, TaskStateCounts, TaskTable};
+        let counts = self.table.task_counts();
+        let mut in_flight: Vec<InFlightTask> = self
+            .table
+            .in_flight
+            .iter()
+            .map(|(slot, flight)| {
+                let task_slot = &self.table.slots[*slot as usize];
+                let split = self.plan.splits[task_slot.split as usize];
+                InFlightTask {
+                    task_id: self.table.first_task_id + u64::from(*slot),
+                    node_id: flight.node.0,
+                    uri: self.plan.files[split.file as usize].uri.clone(),
+                    first_row: split.first_row + task_slot.start,
+                    rows: task_slot.end - task_slot.start,
+                    enqueued: flight.enqueued,
+                    consumed: flight.consumed,
+                }
+            })
+            .collect();
+        in_flight.sort_unstable_by_key(|task| task.task_id);
+        TaskTable {
+            epoch: self.table.epoch(),
+            counts: TaskStateCounts {
+                pending: counts.pending,
+                in_flight: counts.in_flight,
+                done: counts.done,
+                failed: counts.failed,
+            },
+            in_flight,
+        }
     }
 }

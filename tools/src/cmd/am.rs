@@ -4,6 +4,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 
 use anyhow::Context;
+use sluice_am::http::HttpServer;
 use sluice_am::server::{AmOptions, AmServer};
 use sluice_am::spec::JobSpec;
 use sluice_am::status::{node_state_name, state_name, status_json};
@@ -15,6 +16,9 @@ use crate::cmd::read::runtime;
 
 /// The address the AM listens on when none is given.
 pub const DEFAULT_AM_ADDRESS: &str = "127.0.0.1:7070";
+
+/// The address of the status page when `--http` is given without one.
+pub const DEFAULT_HTTP_ADDRESS: &str = "127.0.0.1:7071";
 
 /// Arguments of `sluice am`.
 #[derive(Debug, clap::Args)]
@@ -30,6 +34,10 @@ pub struct AmArgs {
     /// Reset the job to this data checkpoint before serving.
     #[arg(long)]
     pub resume_from: Option<String>,
+    /// Serve the status page, its JSON API and Prometheus /metrics on this address
+    /// (127.0.0.1:7071 when the flag is given without one).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = DEFAULT_HTTP_ADDRESS)]
+    pub http: Option<SocketAddr>,
 }
 
 /// Runs the AM until the job is over; exits non-zero when the job failed.
@@ -41,18 +49,34 @@ pub fn run(args: AmArgs) -> anyhow::Result<()> {
             spec,
             AmOptions {
                 listen: args.listen,
-                token: args.token,
+                token: args.token.clone(),
                 resume_from: args.resume_from,
                 launch: None,
             },
         )
         .await?;
+        let http = match args.http {
+            Some(address) => Some(HttpServer::bind(address, server.am(), args.token).await?),
+            None => None,
+        };
         let mut stdout = std::io::stdout();
         writeln!(
             stdout,
             "sluice am: job {name} serving on {}",
             server.local_addr()
         )?;
+        if let Some(http) = http {
+            writeln!(
+                stdout,
+                "sluice am: status page on http://{}/",
+                http.local_addr()
+            )?;
+            tokio::spawn(async move {
+                if let Err(error) = http.serve().await {
+                    eprintln!("sluice am: status page stopped: {error}");
+                }
+            });
+        }
         stdout.flush()?;
         let end = server.serve().await?;
         writeln!(stdout, "sluice am: job {name} {}", state_name(end.state))?;

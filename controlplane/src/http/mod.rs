@@ -1,0 +1,214 @@
+//! The AM's HTTP face: the status page, its JSON API and Prometheus `/metrics`.
+//!
+//! - `GET /` is one HTML document with its CSS and JS inline, so it works with no network beyond
+//!   the AM. Its script polls the JSON API every second and draws the charts as inline SVG.
+//! - `GET /api/status` is the object of `sluice status --json`, plus `history`: one sample per
+//!   second of the rows consumed, the throughput and the ring waits, for the charts.
+//! - `GET /api/tasks` is the task table: the tasks in flight with their progress, and the count of
+//!   tasks in each state.
+//! - `GET /metrics` is the OpenMetrics text exposition, which Prometheus scrapes.
+//!
+//! When the AM has a shared token, every route requires it, as `Authorization: Bearer <token>`
+//! or as `?token=<token>` on the address; the page passes the token it was opened with on to its
+//! API calls.
+//!
+//! The server runs on the AM's runtime beside the gRPC API and reads the same [`Am`]: every
+//! request takes the master's lock once, long enough to copy out what it shows.
+
+mod history;
+mod metrics;
+
+#[cfg(test)]
+mod tests;
+
+use crate::error::{AmError, Result};
+use crate::service::{Am, now_ms};
+use crate::status::status_json;
+use axum::Router;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use history::{History, Sample};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// The status page, served as it is.
+const PAGE: &str = include_str!("page.html");
+
+/// How often the sampler records a point of the charts.
+const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How many samples the charts keep: an hour at one per second.
+const HISTORY_SAMPLES: usize = 3600;
+
+/// The content type of the OpenMetrics text exposition that `prometheus-client` writes.
+const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A bound status server, ready to serve.
+#[derive(Debug)]
+pub struct HttpServer {
+    listener: TcpListener,
+    state: HttpState,
+}
+
+impl HttpServer {
+    /// Binds `address` for the HTTP face of `am`; with a `token`, every route requires it.
+    pub async fn bind(
+        address: SocketAddr,
+        am: Arc<Am>,
+        token: Option<String>,
+    ) -> Result<HttpServer> {
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|cause| AmError::Http {
+                address: address.to_string(),
+                cause,
+            })?;
+        Ok(HttpServer {
+            listener,
+            state: HttpState::new(am, token),
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Samples the job every second and serves until the server fails; dropping the future stops
+    /// both.
+    pub async fn serve(self) -> Result<()> {
+        let address = self.local_addr();
+        let sampler = sample(self.state.clone());
+        tracing::info!(%address, "status page serving");
+        tokio::select! {
+            served = axum::serve(self.listener, router(self.state)) => {
+                served.map_err(|cause| AmError::Http {
+                    address: address.to_string(),
+                    cause,
+                })
+            }
+            never = sampler => match never {},
+        }
+    }
+}
+
+/// What the routes share.
+#[derive(Debug, Clone)]
+struct HttpState {
+    am: Arc<Am>,
+    history: Arc<Mutex<History>>,
+    token: Option<Arc<str>>,
+}
+
+impl HttpState {
+    fn new(am: Arc<Am>, token: Option<String>) -> HttpState {
+        HttpState {
+            am,
+            history: Arc::new(Mutex::new(History::new(HISTORY_SAMPLES))),
+            token: token.map(Arc::from),
+        }
+    }
+
+    /// Locks the history. A panic while it was held leaves at worst one sample missing, so the
+    /// lock is taken over rather than poisoning every later request.
+    fn history(&self) -> MutexGuard<'_, History> {
+        self.history
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Records one sample of the job per [`SAMPLE_INTERVAL`], forever.
+async fn sample(state: HttpState) -> Infallible {
+    let mut ticker = tokio::time::interval(SAMPLE_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        ticker.tick().await;
+        let now = now_ms();
+        let status = state.am.master().status(now);
+        state.history().record(Sample::of(now, &status));
+    }
+}
+
+/// The routes, behind the token check.
+fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/api/status", get(api_status))
+        .route("/api/tasks", get(api_tasks))
+        .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            check_token,
+        ))
+        .with_state(state)
+}
+
+async fn page() -> impl IntoResponse {
+    (
+        [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+        Html(PAGE),
+    )
+}
+
+async fn api_status(State(state): State<HttpState>) -> impl IntoResponse {
+    let status = state.am.master().status(now_ms());
+    let mut body = status_json(&status);
+    let history =
+        serde_json::to_value(state.history().samples()).expect("history samples serialize to JSON");
+    body["history"] = history;
+    axum::Json(body)
+}
+
+async fn api_tasks(State(state): State<HttpState>) -> impl IntoResponse {
+    axum::Json(state.am.master().task_table())
+}
+
+async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    let status = state.am.master().status(now_ms());
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE),
+        )],
+        metrics::exposition(&status),
+    )
+}
+
+/// The token of a page's address, `?token=...`.
+#[derive(Debug, serde::Deserialize)]
+struct TokenQuery {
+    token: Option<String>,
+}
+
+/// Lets a request through when the AM has no token, or when the request carries it.
+async fn check_token(State(state): State<HttpState>, request: Request, next: Next) -> Response {
+    let Some(expected) = &state.token else {
+        return next.run(request).await;
+    };
+    let from_header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    let from_query = Query::<TokenQuery>::try_from_uri(request.uri())
+        .ok()
+        .and_then(|Query(query)| query.token);
+    if from_header == Some(expected.as_ref()) || from_query.as_deref() == Some(expected.as_ref()) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))],
+        "this AM requires its shared token: send `Authorization: Bearer <token>`, or open the page as /?token=<token>, with the token given to the AM by --token or SLUICE_TOKEN\n",
+    )
+        .into_response()
+}

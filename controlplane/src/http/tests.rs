@@ -1,0 +1,428 @@
+use super::history::{History, Sample};
+use super::*;
+use crate::checkpoint_store::CheckpointStore;
+use crate::master::Master;
+use crate::persist::Persist;
+use crate::plan::JobPlan;
+use crate::spec::{Format, JobSpec};
+use axum::body::Body;
+use axum::http::Request as HttpRequest;
+use sluice_formats::Split;
+use sluice_proto::v1;
+use sluice_proto::v1::command::Command as Cmd;
+use std::collections::BTreeMap;
+use tower::ServiceExt;
+
+/// One node, one trainer, tasks of 10 rows over splits of 25 and 15 rows, the second split
+/// starting at row 100 of its file.
+const SPEC: &str = r#"
+name: web
+data:
+  sources: [{ uri: "file:///data/train", format: parquet }]
+  task_rows: 10
+nodes: 1
+roles:
+  - { name: worker, num: 1, command: [sluice, consume] }
+failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
+"#;
+
+fn master() -> Master {
+    let spec = Arc::new(JobSpec::parse(SPEC, Format::Yaml).expect("valid spec"));
+    let splits = [(25u64, 0u64), (15, 100)]
+        .iter()
+        .enumerate()
+        .map(|(index, (rows, first_row))| Split {
+            task_id: index as u64,
+            uri: format!("file:///data/train/part-{index}.parquet"),
+            file_size: 1000,
+            first_row: *first_row,
+            row_count: *rows,
+            partition_values: Vec::new(),
+            delta: None,
+        })
+        .collect();
+    let mut plan = JobPlan {
+        files: Vec::new(),
+        splits: Vec::new(),
+    };
+    plan.extend(0, splits);
+    Master::new(spec, Arc::new(plan)).expect("the splits have rows")
+}
+
+/// What the daemon of the tests was handed: task id to (split uri, first row in the file, rows).
+type Handed = BTreeMap<u64, (String, u64, u64)>;
+
+/// An AM whose node 0 registered, took two tasks and reported progress on them, with stage and
+/// ring statistics.
+fn busy_am() -> (Arc<Am>, Handed) {
+    let mut sut = master();
+    sut.register(
+        v1::RegisterRequest {
+            node_id: 0,
+            job_id: "web".into(),
+            hostname: "trainer-host".into(),
+            held: Vec::new(),
+        },
+        1_000,
+    )
+    .expect("registration accepted");
+    let commands = sut
+        .acquire(
+            v1::AcquireTasksRequest {
+                node_id: 0,
+                max_tasks: 2,
+            },
+            1_010,
+        )
+        .reply
+        .commands;
+    let handed: Handed = commands
+        .iter()
+        .filter_map(|command| match &command.command {
+            Some(Cmd::Assign(assign)) => Some(assign.tasks.clone()),
+            _ => None,
+        })
+        .flatten()
+        .map(|task| {
+            let split = task.split.expect("an assignment carries its split");
+            (
+                task.task_id,
+                (
+                    split.uri,
+                    split.first_row + task.start,
+                    task.end - task.start,
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(handed.len(), 2, "two tasks handed out: {commands:?}");
+    let progress = handed
+        .keys()
+        .zip([(5, 3), (4, 4)])
+        .map(|(task_id, (enqueued, consumed))| v1::TaskProgress {
+            task_id: *task_id,
+            enqueued,
+            consumed,
+        })
+        .collect();
+    sut.heartbeat(
+        v1::HeartbeatRequest {
+            node_id: 0,
+            progress,
+            stages: vec![v1::StageStats {
+                stage: "decode".into(),
+                busy_ns: 1_500_000_000,
+                wait_ns: 250_000_000,
+                rows: 12,
+                bytes: 4096,
+            }],
+            rings: vec![v1::RingStats {
+                rank: 0,
+                used_bytes: 1024,
+                capacity_bytes: 8192,
+                trainer_wait_ns: 2_000_000_000,
+                daemon_wait_ns: 500_000_000,
+            }],
+        },
+        1_020,
+    );
+    let am = Am::new(sut, Persist::in_memory(), CheckpointStore::in_memory());
+    (Arc::new(am), handed)
+}
+
+async fn get(router: Router, uri: &str, authorization: Option<&str>) -> (StatusCode, String) {
+    let mut request = HttpRequest::builder().uri(uri);
+    if let Some(value) = authorization {
+        request = request.header(header::AUTHORIZATION, value);
+    }
+    let response = router
+        .oneshot(request.body(Body::empty()).expect("a valid request"))
+        .await
+        .expect("the router answers");
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("a body");
+    (
+        status,
+        String::from_utf8(body.to_vec()).expect("utf-8 body"),
+    )
+}
+
+async fn get_json(router: Router, uri: &str) -> serde_json::Value {
+    let (status, body) = get(router, uri, None).await;
+    assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|error| panic!("{uri}: {error}: {body}"))
+}
+
+#[tokio::test]
+async fn api_status_is_the_status_json_with_the_history() {
+    let (am, _) = busy_am();
+    let state = HttpState::new(am, None);
+    let sample = Sample::of(5_000, &state.am.master().status(5_000));
+    state.history().record(sample);
+
+    let sut = get_json(router(state), "/api/status").await;
+
+    assert_eq!(sut["job"], "web");
+    assert_eq!(sut["state"], "running");
+    assert_eq!(sut["tasks"]["rows_total"], 40);
+    assert_eq!(sut["tasks"]["rows_consumed"], 7);
+    assert_eq!(sut["tasks"]["in_flight"], 2);
+    assert_eq!(sut["nodes"][0]["hostname"], "trainer-host");
+    assert_eq!(sut["nodes"][0]["stages"][0]["busy_ns"], 1_500_000_000u64);
+    assert_eq!(sut["nodes"][0]["rings"][0]["capacity_bytes"], 8192);
+    assert_eq!(
+        sut["history"],
+        serde_json::json!([{
+            "t_ms": 5000,
+            "rows_consumed": 7,
+            "rows_per_second": 0.0,
+            "trainer_wait_ns": 2_000_000_000u64,
+            "daemon_wait_ns": 500_000_000,
+            "rings": 1,
+        }])
+    );
+}
+
+#[tokio::test]
+async fn api_tasks_lists_the_tasks_in_flight_with_their_progress() {
+    let (am, handed) = busy_am();
+
+    let sut = get_json(router(HttpState::new(am, None)), "/api/tasks").await;
+
+    assert_eq!(
+        sut["counts"],
+        serde_json::json!({ "pending": 3, "in_flight": 2, "done": 0, "failed": 0 })
+    );
+    assert_eq!(sut["epoch"], 0);
+    let expected: Vec<serde_json::Value> = handed
+        .iter()
+        .zip([(5, 3), (4, 4)])
+        .map(
+            |((task_id, (uri, first_row, rows)), (enqueued, consumed))| {
+                serde_json::json!({
+                    "task_id": task_id,
+                    "node_id": 0,
+                    "uri": uri,
+                    "first_row": first_row,
+                    "rows": rows,
+                    "enqueued": enqueued,
+                    "consumed": consumed,
+                })
+            },
+        )
+        .collect();
+    assert_eq!(sut["in_flight"], serde_json::Value::Array(expected));
+}
+
+#[tokio::test]
+async fn metrics_route_serves_the_openmetrics_text() {
+    let (am, _) = busy_am();
+    let response = router(HttpState::new(am, None))
+        .oneshot(
+            HttpRequest::builder()
+                .uri("/metrics")
+                .body(Body::empty())
+                .expect("a valid request"),
+        )
+        .await
+        .expect("the router answers");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        OPENMETRICS_CONTENT_TYPE
+    );
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("a body");
+    let text = String::from_utf8(body.to_vec()).expect("utf-8");
+    assert!(
+        text.contains("\nsluice_am_epoch_rows_consumed 7\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nsluice_am_tasks{state=\"in_flight\"} 2\n"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_page_is_served_whole() {
+    let (am, _) = busy_am();
+    let (status, body) = get(router(HttpState::new(am, None)), "/", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, PAGE);
+    assert!(body.contains("id=\"rate-chart\""));
+}
+
+#[tokio::test]
+async fn a_token_guards_every_route() {
+    let (am, _) = busy_am();
+    let sut = router(HttpState::new(am, Some("s3cret".into())));
+    for route in ["/", "/api/status", "/api/tasks", "/metrics"] {
+        for refused in [None, Some("Bearer wrong"), Some("s3cret")] {
+            let (status, body) = get(sut.clone(), route, refused).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{route} with {refused:?}");
+            assert!(
+                body.contains("--token") && body.contains("SLUICE_TOKEN"),
+                "{body}"
+            );
+        }
+        let (status, _) = get(sut.clone(), &format!("{route}?token=wrong"), None).await;
+        assert_eq!(
+            status,
+            StatusCode::UNAUTHORIZED,
+            "{route} with a wrong query"
+        );
+        let (status, body) = get(sut.clone(), route, Some("Bearer s3cret")).await;
+        assert_eq!(status, StatusCode::OK, "{route} with the header: {body}");
+        let (status, body) = get(sut.clone(), &format!("{route}?token=s3cret"), None).await;
+        assert_eq!(status, StatusCode::OK, "{route} with the query: {body}");
+    }
+}
+
+/// The status of [`exposition_lists_every_figure_with_help`]: a running job in its second epoch,
+/// one alive node with one stage and two rings, one lost node.
+fn reported_status() -> v1::StatusReply {
+    v1::StatusReply {
+        job_id: "metrics".into(),
+        state: v1::JobState::Running as i32,
+        failure_reason: None,
+        epoch: 1,
+        epochs: 3,
+        roles: Vec::new(),
+        nodes: vec![
+            v1::NodeStatus {
+                node_id: 0,
+                hostname: "host-a".into(),
+                state: v1::NodeState::Alive as i32,
+                since_last_heartbeat_ms: 1500,
+                tasks_held: 4,
+                task_failures: 0,
+                stages: vec![v1::StageStats {
+                    stage: "fetch".into(),
+                    busy_ns: 2_500_000_000,
+                    wait_ns: 750_000_000,
+                    rows: 1000,
+                    bytes: 65536,
+                }],
+                rings: vec![
+                    v1::RingStats {
+                        rank: 0,
+                        used_bytes: 100,
+                        capacity_bytes: 1 << 20,
+                        trainer_wait_ns: 3_000_000_000,
+                        daemon_wait_ns: 0,
+                    },
+                    v1::RingStats {
+                        rank: 1,
+                        used_bytes: 200,
+                        capacity_bytes: 1 << 20,
+                        trainer_wait_ns: 0,
+                        daemon_wait_ns: 4_500_000_000,
+                    },
+                ],
+            },
+            v1::NodeStatus {
+                node_id: 1,
+                hostname: "host-b".into(),
+                state: v1::NodeState::Lost as i32,
+                since_last_heartbeat_ms: 60_000,
+                ..v1::NodeStatus::default()
+            },
+        ],
+        trainers: Vec::new(),
+        tasks: Some(v1::TaskCounts {
+            pending: 5,
+            in_flight: 4,
+            done: 11,
+            failed: 1,
+            rows_total: 2000,
+            rows_consumed: 1234,
+            rows_failed: 10,
+        }),
+        rows_per_second: 456.5,
+    }
+}
+
+#[test]
+fn exposition_lists_every_figure_with_help() {
+    let text = metrics::exposition(&reported_status());
+    let samples: Vec<&str> = text.lines().filter(|line| !line.starts_with('#')).collect();
+    for expected in [
+        "sluice_am_job_state{state=\"running\"} 1",
+        "sluice_am_job_state{state=\"starting\"} 0",
+        "sluice_am_job_state{state=\"failed\"} 0",
+        "sluice_am_epoch 1",
+        "sluice_am_epochs 3",
+        "sluice_am_epoch_rows 2000",
+        "sluice_am_epoch_rows_consumed 1234",
+        "sluice_am_epoch_rows_failed 10",
+        "sluice_am_rows_per_second 456.5",
+        "sluice_am_tasks{state=\"pending\"} 5",
+        "sluice_am_tasks{state=\"in_flight\"} 4",
+        "sluice_am_tasks{state=\"done\"} 11",
+        "sluice_am_tasks{state=\"failed\"} 1",
+        "sluice_am_node_up{node=\"0\",hostname=\"host-a\"} 1",
+        "sluice_am_node_up{node=\"1\",hostname=\"host-b\"} 0",
+        "sluice_am_node_since_heartbeat_seconds{node=\"0\"} 1.5",
+        "sluice_am_node_since_heartbeat_seconds{node=\"1\"} 60.0",
+        "sluice_am_node_tasks_held{node=\"0\"} 4",
+        "sluice_am_stage_busy_seconds_total{node=\"0\",stage=\"fetch\"} 2.5",
+        "sluice_am_stage_wait_seconds_total{node=\"0\",stage=\"fetch\"} 0.75",
+        "sluice_am_stage_rows_total{node=\"0\",stage=\"fetch\"} 1000",
+        "sluice_am_stage_bytes_total{node=\"0\",stage=\"fetch\"} 65536",
+        "sluice_am_ring_used_bytes{node=\"0\",rank=\"1\"} 200",
+        "sluice_am_ring_capacity_bytes{node=\"0\",rank=\"0\"} 1048576",
+        "sluice_am_ring_trainer_wait_seconds_total{node=\"0\",rank=\"0\"} 3.0",
+        "sluice_am_ring_daemon_wait_seconds_total{node=\"0\",rank=\"1\"} 4.5",
+    ] {
+        assert!(
+            samples.contains(&expected),
+            "missing {expected:?} in\n{text}"
+        );
+    }
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    for sample in samples {
+        let name = sample
+            .split(['{', ' '])
+            .next()
+            .expect("a sample has a name");
+        assert!(name.starts_with("sluice_am_"), "{sample}");
+        let family = name.strip_suffix("_total").unwrap_or(name);
+        for kind in ["HELP", "TYPE"] {
+            assert!(
+                text.contains(&format!("# {kind} {family} ")),
+                "{family} has no {kind} line in\n{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_sample_sums_the_waits_of_every_ring() {
+    let sut = Sample::of(42, &reported_status());
+    assert_eq!(
+        sut,
+        Sample {
+            t_ms: 42,
+            rows_consumed: 1234,
+            rows_per_second: 456.5,
+            trainer_wait_ns: 3_000_000_000,
+            daemon_wait_ns: 4_500_000_000,
+            rings: 2,
+        }
+    );
+}
+
+#[test]
+fn history_keeps_the_latest_samples() {
+    let mut sut = History::new(3);
+    let status = reported_status();
+    for t_ms in 1..=5 {
+        sut.record(Sample::of(t_ms, &status));
+    }
+    let times: Vec<u64> = sut.samples().iter().map(|sample| sample.t_ms).collect();
+    assert_eq!(times, vec![3, 4, 5]);
+}
