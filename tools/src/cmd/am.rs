@@ -43,52 +43,64 @@ pub struct AmArgs {
 /// Runs the AM until the job is over; exits non-zero when the job failed.
 pub fn run(args: AmArgs) -> anyhow::Result<()> {
     let spec = JobSpec::from_path(&args.job)?;
+    let options = AmOptions {
+        listen: args.listen,
+        token: args.token,
+        resume_from: args.resume_from,
+        launch: None,
+    };
+    runtime(2)?.block_on(serve_job("sluice am", spec, options, args.http, &[]))
+}
+
+/// Serves a job's AM (and its status page when `http` is set) until the job is over, printing
+/// where it serves, then `notes`, then how the job ended, each line prefixed with `label`.
+pub async fn serve_job(
+    label: &str,
+    spec: JobSpec,
+    options: AmOptions,
+    http: Option<SocketAddr>,
+    notes: &[String],
+) -> anyhow::Result<()> {
     let name = spec.name.clone();
-    runtime(2)?.block_on(async move {
-        let server = AmServer::start(
-            spec,
-            AmOptions {
-                listen: args.listen,
-                token: args.token.clone(),
-                resume_from: args.resume_from,
-                launch: None,
-            },
-        )
-        .await?;
-        let http = match args.http {
-            Some(address) => Some(HttpServer::bind(address, server.am(), args.token).await?),
-            None => None,
-        };
-        let mut stdout = std::io::stdout();
+    let token = options.token.clone();
+    let server = AmServer::start(spec, options).await?;
+    let http = match http {
+        Some(address) => Some(HttpServer::bind(address, server.am(), token).await?),
+        None => None,
+    };
+    let mut stdout = std::io::stdout();
+    writeln!(
+        stdout,
+        "{label}: job {name} serving on {}",
+        server.local_addr()
+    )?;
+    if let Some(http) = http {
         writeln!(
             stdout,
-            "sluice am: job {name} serving on {}",
-            server.local_addr()
+            "{label}: status page on http://{}/",
+            http.local_addr()
         )?;
-        if let Some(http) = http {
-            writeln!(
-                stdout,
-                "sluice am: status page on http://{}/",
-                http.local_addr()
-            )?;
-            tokio::spawn(async move {
-                if let Err(error) = http.serve().await {
-                    eprintln!("sluice am: status page stopped: {error}");
-                }
-            });
-        }
-        stdout.flush()?;
-        let end = server.serve().await?;
-        writeln!(stdout, "sluice am: job {name} {}", state_name(end.state))?;
-        match end.state {
-            v1::JobState::Succeeded | v1::JobState::Stopped => Ok(()),
-            _ => Err(anyhow::anyhow!(
-                "job {name} {}: {}",
-                state_name(end.state),
-                end.failure_reason.unwrap_or_default()
-            )),
-        }
-    })
+        let label = label.to_owned();
+        tokio::spawn(async move {
+            if let Err(error) = http.serve().await {
+                eprintln!("{label}: status page stopped: {error}");
+            }
+        });
+    }
+    for note in notes {
+        writeln!(stdout, "{label}: {note}")?;
+    }
+    stdout.flush()?;
+    let end = server.serve().await?;
+    writeln!(stdout, "{label}: job {name} {}", state_name(end.state))?;
+    match end.state {
+        v1::JobState::Succeeded | v1::JobState::Stopped => Ok(()),
+        _ => Err(anyhow::anyhow!(
+            "job {name} {}: {}",
+            state_name(end.state),
+            end.failure_reason.unwrap_or_default()
+        )),
+    }
 }
 
 /// Where to reach an AM.

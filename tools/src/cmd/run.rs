@@ -1,6 +1,5 @@
 //! `sluice run` and `sluice submit`: a job's AM with its executors launched on this machine.
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -10,11 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use sluice_am::launcher::local::LocalLauncher;
-use sluice_am::server::{AmOptions, AmServer, LaunchOptions};
+use sluice_am::server::{AmOptions, LaunchOptions};
 use sluice_am::spec::{JobSpec, LauncherKind};
-use sluice_am::status::state_name;
-use sluice_proto::v1;
 
+use crate::cmd::am::{DEFAULT_HTTP_ADDRESS, serve_job};
 use crate::cmd::read::runtime;
 
 /// Arguments of `sluice run`.
@@ -37,6 +35,9 @@ pub struct RunArgs {
     /// Reset the job to this data checkpoint before it runs.
     #[arg(long)]
     pub resume_from: Option<String>,
+    /// Serve the status page, its JSON API and Prometheus /metrics on this address.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = DEFAULT_HTTP_ADDRESS)]
+    pub http: Option<SocketAddr>,
 }
 
 /// Runs a job to its end with the local launcher; exits non-zero when it fails.
@@ -49,50 +50,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             spec.launcher
         );
     }
-    let name = spec.name.clone();
     let state_dir = args
         .state_dir
-        .unwrap_or_else(|| std::env::temp_dir().join("sluice").join(&name));
+        .unwrap_or_else(|| std::env::temp_dir().join("sluice").join(&spec.name));
     let sluice = std::env::current_exe().context("locating the sluice binary")?;
     let launcher = Arc::new(LocalLauncher::new(&state_dir, &sluice)?);
-    runtime(2)?.block_on(async move {
-        let server = AmServer::start(
-            spec,
-            AmOptions {
-                listen: args.listen,
-                token: args.token,
-                resume_from: args.resume_from,
-                launch: Some(LaunchOptions {
-                    launcher,
-                    sluice,
-                    ring_dir: args.ring_dir,
-                }),
-            },
-        )
-        .await?;
-        let mut stdout = std::io::stdout();
-        writeln!(
-            stdout,
-            "sluice run: job {name} serving on {}",
-            server.local_addr()
-        )?;
-        writeln!(
-            stdout,
-            "sluice run: executor logs in {}",
-            state_dir.display()
-        )?;
-        stdout.flush()?;
-        let end = server.serve().await?;
-        writeln!(stdout, "sluice run: job {name} {}", state_name(end.state))?;
-        match end.state {
-            v1::JobState::Succeeded | v1::JobState::Stopped => Ok(()),
-            state => Err(anyhow::anyhow!(
-                "job {name} {}: {}",
-                state_name(state),
-                end.failure_reason.unwrap_or_default()
-            )),
-        }
-    })
+    let options = AmOptions {
+        listen: args.listen,
+        token: args.token,
+        resume_from: args.resume_from,
+        launch: Some(LaunchOptions {
+            launcher,
+            sluice,
+            ring_dir: args.ring_dir,
+        }),
+    };
+    let notes = [format!("executor logs in {}", state_dir.display())];
+    runtime(2)?.block_on(serve_job("sluice run", spec, options, args.http, &notes))
 }
 
 /// Where `sluice submit` runs the job.
