@@ -5,10 +5,14 @@
 //! - [`decide`] holds the task table and the decisions of the AM as pure functions of the form
 //!   `decide(state, event) -> actions`: no network, no file, no clock. Time enters as a field of the
 //!   events. The gRPC service, the journal and the launchers wrap these functions.
+//! - [`journal`] makes every change to the task table durable before the AM acknowledges it:
+//!   group-committed appends and snapshots in a local directory or an object store, with fencing
+//!   of an older writer.
 //!
 //! YAML is read with `serde_norway`, the maintained fork of `serde_yaml`: `serde_yaml` was archived
 //! by its author in 2024, and `serde_yml` is deprecated by its own author. `serde_norway` keeps the
 //! `serde_yaml` API and its YAML 1.2 behaviour (`no` is a string, not `false`), and gets fixes.
 
 pub mod decide;
+pub mod journal;
 pub mod spec;
