@@ -10,6 +10,9 @@
 //!   node, pipeline statistics, data checkpoints), still without IO.
 //! - [`service`] and [`server`] serve the `sluice.v1` gRPC API over it.
 //! - [`http`] serves the status page, its JSON API and Prometheus `/metrics` over the same state.
+//! - [`journal`] makes every change to the task table durable before the AM acknowledges it:
+//!   group-committed appends and snapshots in a local directory or an object store, with fencing
+//!   of an older writer.
 //!
 //! YAML is read with `serde_norway`, the maintained fork of `serde_yaml`: `serde_yaml` was archived
 //! by its author in 2024, and `serde_yml` is deprecated by its own author. `serde_norway` keeps the
@@ -19,6 +22,7 @@ pub mod checkpoint_store;
 pub mod decide;
 pub mod error;
 pub mod http;
+pub mod journal;
 pub mod launcher;
 pub mod master;
 pub mod persist;

