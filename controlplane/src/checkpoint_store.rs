@@ -3,12 +3,16 @@
 
 use crate::decide::DataPosition;
 use crate::error::{AmError, Result};
+use crate::plan::JobPlan;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-/// The store of data checkpoints.
+/// The object holding the job's plan under the checkpoint location.
+const PLAN_OBJECT: &str = "plan.postcard";
+
+/// The store of data checkpoints and of the job's plan.
 #[derive(Debug)]
 pub enum CheckpointStore {
     /// Kept in memory for the AM's life.
@@ -70,6 +74,57 @@ impl CheckpointStore {
                     ))),
                 }
             }
+        }
+    }
+
+    /// The plan a previous AM of the job stored, if any.
+    pub async fn load_plan(&self) -> Result<Option<JobPlan>> {
+        let CheckpointStore::Object { store, prefix, uri } = self else {
+            return Ok(None);
+        };
+        let bytes = match store.get(&prefix.clone().join(PLAN_OBJECT)).await {
+            Ok(result) => result.bytes().await,
+            Err(error) => Err(error),
+        };
+        match bytes {
+            Ok(bytes) => postcard::from_bytes(&bytes).map(Some).map_err(|error| {
+                AmError::FailedPrecondition(format!(
+                    "the job's plan {uri}/{PLAN_OBJECT} is damaged: {error}; remove the checkpoint location to plan the job afresh"
+                ))
+            }),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(AmError::FailedPrecondition(format!(
+                "reading the job's plan {uri}/{PLAN_OBJECT}: {error}"
+            ))),
+        }
+    }
+
+    /// Stores the job's plan once; a plan stored meanwhile by another AM wins and is returned.
+    pub async fn store_plan(&self, plan: JobPlan) -> Result<JobPlan> {
+        let CheckpointStore::Object { store, prefix, uri } = self else {
+            return Ok(plan);
+        };
+        let bytes = postcard::to_allocvec(&plan).expect("a plan serializes");
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match store
+            .put_opts(
+                &prefix.clone().join(PLAN_OBJECT),
+                PutPayload::from(bytes),
+                options,
+            )
+            .await
+        {
+            Ok(_) => Ok(plan),
+            Err(object_store::Error::AlreadyExists { .. }) => match self.load_plan().await? {
+                Some(stored) => Ok(stored),
+                None => Ok(plan),
+            },
+            Err(error) => Err(AmError::FailedPrecondition(format!(
+                "storing the job's plan under {uri}: {error}; check that the checkpoint location is writable"
+            ))),
         }
     }
 

@@ -32,6 +32,9 @@ pub enum AmError {
     /// The request cannot be served in the job's current state.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The journal could not be opened, read or written.
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
     /// The listen address could not be bound or the server failed.
     #[error(
         "serving on {address}: {source}; choose another --listen address or stop the process using it"
@@ -69,6 +72,7 @@ impl From<AmError> for tonic::Status {
             AmError::FailedPrecondition(_) | AmError::Restore(_) => {
                 tonic::Status::failed_precondition(message)
             }
+            AmError::Journal(_) => tonic::Status::unavailable(message),
             AmError::Source { .. }
             | AmError::Plan(_)
             | AmError::Serve { .. }

@@ -2,6 +2,7 @@
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::error::{AmError, Result};
+use crate::journal::{self, JournalConfig};
 use crate::launcher::Launcher;
 use crate::master::Master;
 use crate::persist::Persist;
@@ -67,16 +68,58 @@ impl AmServer {
     /// the listen address.
     pub async fn start(spec: JobSpec, options: AmOptions) -> Result<AmServer> {
         let spec = Arc::new(spec);
-        let plan = Arc::new(JobPlan::build(&spec).await?);
-        let mut master = Master::new(spec.clone(), plan)?;
-        if options.launch.is_some() {
-            master.launch_executors();
-        }
         let checkpoints = match &spec.checkpoint {
             Some(checkpoint) => CheckpointStore::at(&checkpoint.uri, &Default::default())?,
             None => CheckpointStore::in_memory(),
         };
-        let am = Arc::new(Am::new(master, Persist::in_memory(), checkpoints));
+        let plan = match checkpoints.load_plan().await? {
+            Some(plan) => plan,
+            None => checkpoints.store_plan(JobPlan::build(&spec).await?).await?,
+        };
+        AmServer::start_with_plan(spec, plan, checkpoints, options).await
+    }
+
+    /// Starts from a plan made beforehand: restores the journal, if the job has one, and binds
+    /// the listen address.
+    pub async fn start_with_plan(
+        spec: Arc<JobSpec>,
+        plan: JobPlan,
+        checkpoints: CheckpointStore,
+        options: AmOptions,
+    ) -> Result<AmServer> {
+        let mut master = Master::new(spec.clone(), Arc::new(plan))?;
+        if options.launch.is_some() {
+            master.launch_executors();
+        }
+        let persist = match &spec.checkpoint {
+            Some(checkpoint) => {
+                let config = JournalConfig::new(journal_identity(&spec))
+                    .writer(format!("sluice am on {}", options.listen));
+                let (journal, recovered) =
+                    journal::open(&checkpoint.uri, &Default::default(), config).await?;
+                let resumed = recovered.snapshot.is_some() || !recovered.entries.is_empty();
+                let entries = recovered.entries.len();
+                if let Some(snapshot) = recovered.snapshot {
+                    master.restore_snapshot(snapshot)?;
+                }
+                for entry in recovered.entries {
+                    master.replay(entry)?;
+                }
+                if resumed {
+                    master.grant_grace(crate::service::now_ms())?;
+                    master.resume_commands();
+                    tracing::info!(
+                        uri = checkpoint.uri,
+                        entries,
+                        epoch = master.table().epoch(),
+                        "job taken over from its journal"
+                    );
+                }
+                Persist::journal(journal, Duration::from_secs(checkpoint.interval_s))
+            }
+            None => Persist::in_memory(),
+        };
+        let am = Arc::new(Am::new(master, persist, checkpoints));
         if let Some(token) = &options.resume_from {
             let reply = am.restore(token).await?;
             tracing::info!(
@@ -200,4 +243,11 @@ fn reachable(bound: SocketAddr) -> SocketAddr {
     } else {
         bound
     }
+}
+
+/// The identity of a job's journal: its name and a digest of what it reads and how it is cut into
+/// tasks, so a journal is never replayed over other data.
+fn journal_identity(spec: &JobSpec) -> String {
+    let data = serde_json::to_vec(&spec.data).expect("the data section serializes");
+    format!("{}:{:08x}", spec.name, crc32c::crc32c(&data))
 }

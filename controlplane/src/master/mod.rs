@@ -417,7 +417,9 @@ impl Master {
         self.checkpoints = snapshot.checkpoints;
         self.stored = snapshot.stored;
         self.stop_reason = snapshot.stop_reason;
-        self.executors = snapshot.executors;
+        if snapshot.executors.is_some() {
+            self.executors = snapshot.executors;
+        }
         Ok(())
     }
 

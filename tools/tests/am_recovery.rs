@@ -1,0 +1,404 @@
+//! `kill -9` of the AM: a new AM with the same spec and checkpoint location takes the job over with
+//! the same task table, and a daemon that reconnects on its own consumes every row exactly once
+//! across any number of AM deaths.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_proto::v1;
+use sluice_proto::v1::command::Command as Cmd;
+use sluice_proto::v1::daemon_service_client::DaemonServiceClient;
+use tonic::transport::Channel;
+
+const ROWS: u64 = 2000;
+
+fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// 2000 rows in 4 files, tasks of 50 rows, journaled under `<directory>/ckpt`.
+fn job(directory: &Path) -> PathBuf {
+    let data = directory.join("data");
+    let status = sluice()
+        .args(["gen", "--out"])
+        .arg(&data)
+        .args(["--rows", "2000", "--files", "4", "--row-group-rows", "50"])
+        .stdout(Stdio::null())
+        .status()
+        .expect("run sluice gen");
+    assert!(status.success(), "sluice gen failed");
+    let spec = directory.join("job.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            r#"
+name: recovery
+data:
+  sources: [{{ uri: "file://{}", format: parquet }}]
+  task_rows: 50
+  batch_size: 5
+nodes: 1
+roles:
+  - {{ name: worker, num: 1, command: [sluice, consume] }}
+failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
+checkpoint: {{ uri: "file://{}" }}
+"#,
+            data.display(),
+            directory.join("ckpt").display()
+        ),
+    )
+    .expect("write job spec");
+    spec
+}
+
+/// A running `sluice am`, killed with SIGKILL when dropped.
+struct AmProcess {
+    child: Child,
+    address: String,
+    /// Kept open so that the AM's last line finds a reader.
+    _stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl AmProcess {
+    fn start(spec: &Path, listen: &str) -> AmProcess {
+        let mut child = sluice()
+            .arg("am")
+            .arg(spec)
+            .args(["--listen", listen])
+            .env_remove("SLUICE_TOKEN")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn sluice am");
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout piped"));
+        stdout
+            .read_line(&mut line)
+            .expect("read the AM's first line");
+        let address = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .filter(|_| line.contains("serving on"))
+            .unwrap_or_else(|| panic!("unexpected first line of sluice am: {line:?}"))
+            .to_owned();
+        AmProcess {
+            child,
+            address,
+            _stdout: stdout,
+        }
+    }
+
+    fn kill(mut self) {
+        self.child.kill().expect("kill -9 the AM");
+        self.child.wait().expect("reap the AM");
+    }
+
+    fn wait_success(mut self) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                assert!(status.success(), "the AM failed: {status}");
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the AM did not exit within 30 s of the job's end (deadlock watchdog)"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for AmProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn status_json(address: &str) -> serde_json::Value {
+    let output = sluice()
+        .args(["status", "--json", "--am", address])
+        .output()
+        .expect("run sluice status");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("status JSON")
+}
+
+/// A task a simulated daemon holds: its rows in file terms and how far it consumed them.
+#[derive(Debug, Clone)]
+struct Held {
+    uri: String,
+    /// The task's first row in split rows.
+    start: u64,
+    /// The file row of the task's `start`.
+    first: u64,
+    rows: u64,
+    consumed: u64,
+}
+
+/// A daemon speaking the real protocol that consumes `step` rows of each held task per heartbeat,
+/// records every row it consumes, and reconnects and registers again, holding its tasks, whenever
+/// the AM goes away.
+struct Daemon {
+    address: String,
+    held: BTreeMap<u64, Held>,
+    consumed: BTreeMap<(String, u64), u32>,
+    step: u64,
+}
+
+impl Daemon {
+    async fn connect(address: &str) -> Option<DaemonServiceClient<Channel>> {
+        DaemonServiceClient::connect(format!("http://{address}"))
+            .await
+            .ok()
+    }
+
+    fn progress(&self) -> Vec<v1::TaskProgress> {
+        self.held
+            .iter()
+            .map(|(task_id, held)| v1::TaskProgress {
+                task_id: *task_id,
+                enqueued: held.consumed,
+                consumed: held.consumed,
+            })
+            .collect()
+    }
+
+    /// Applies the AM's commands; returns whether it said the job is over.
+    fn apply(&mut self, commands: Vec<v1::Command>, acks: &mut Vec<(u64, u64)>) -> bool {
+        let mut over = false;
+        for command in commands {
+            match command.command {
+                Some(Cmd::Assign(assign)) => {
+                    for task in assign.tasks {
+                        let split = task.split.expect("split");
+                        self.held.insert(
+                            task.task_id,
+                            Held {
+                                uri: split.uri,
+                                start: task.start,
+                                first: split.first_row + task.start,
+                                rows: task.end - task.start,
+                                consumed: 0,
+                            },
+                        );
+                    }
+                }
+                Some(Cmd::Stop(stop)) => {
+                    if let Some(held) = self.held.get_mut(&stop.task_id) {
+                        let stop_row = stop.row.max(held.start + held.consumed);
+                        held.rows = stop_row - held.start;
+                        acks.push((stop.task_id, stop_row));
+                    }
+                }
+                Some(Cmd::Fence(_)) => self.held.clear(),
+                Some(Cmd::Shutdown(_)) => over = true,
+                Some(Cmd::Drain(_)) | Some(Cmd::Refuse(_)) | None => {}
+            }
+        }
+        over
+    }
+
+    /// Runs until the AM says the job is over, riding through AM deaths.
+    async fn run(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        'connection: loop {
+            assert!(Instant::now() < deadline, "the daemon never finished");
+            let Some(mut client) = Daemon::connect(&self.address).await else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            let held: Vec<v1::TaskProgress> = self.progress();
+            let Ok(reply) = client
+                .register(v1::RegisterRequest {
+                    node_id: 0,
+                    job_id: "recovery".into(),
+                    hostname: "test".into(),
+                    held,
+                })
+                .await
+            else {
+                continue;
+            };
+            let mut acks = Vec::new();
+            if self.apply(reply.into_inner().commands, &mut acks) {
+                return;
+            }
+            loop {
+                assert!(Instant::now() < deadline, "the daemon never finished");
+                for (task_id, stop_row) in acks.drain(..) {
+                    let Ok(reply) = client
+                        .ack_stop(v1::AckStopRequest {
+                            node_id: 0,
+                            task_id,
+                            stop_row,
+                        })
+                        .await
+                    else {
+                        continue 'connection;
+                    };
+                    let mut more = Vec::new();
+                    if self.apply(reply.into_inner().commands, &mut more) {
+                        return;
+                    }
+                }
+                if self.held.len() < 2 {
+                    let Ok(reply) = client
+                        .acquire_tasks(v1::AcquireTasksRequest {
+                            node_id: 0,
+                            max_tasks: 2,
+                        })
+                        .await
+                    else {
+                        continue 'connection;
+                    };
+                    if self.apply(reply.into_inner().commands, &mut acks) {
+                        return;
+                    }
+                }
+                self.consume_step();
+                let Ok(reply) = client
+                    .heartbeat(v1::HeartbeatRequest {
+                        node_id: 0,
+                        progress: self.progress(),
+                        ..v1::HeartbeatRequest::default()
+                    })
+                    .await
+                else {
+                    continue 'connection;
+                };
+                if self.apply(reply.into_inner().commands, &mut acks) {
+                    return;
+                }
+                // A task is done once the AM has heard that every row of it was consumed.
+                self.held.retain(|_, held| held.consumed < held.rows);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+
+    fn consume_step(&mut self) {
+        for held in self.held.values_mut() {
+            let until = (held.consumed + self.step).min(held.rows);
+            for row in held.consumed..until {
+                *self
+                    .consumed
+                    .entry((held.uri.clone(), held.first + row))
+                    .or_default() += 1;
+            }
+            held.consumed = until;
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn free_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("address").to_string()
+}
+
+#[test]
+fn a_new_am_takes_over_the_same_task_table() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let spec = job(directory.path());
+    let am = AmProcess::start(&spec, "127.0.0.1:0");
+    let address = am.address.clone();
+    let mut daemon = Daemon {
+        address: address.clone(),
+        held: BTreeMap::new(),
+        consumed: BTreeMap::new(),
+        step: 20,
+    };
+    let before = runtime().block_on(async {
+        let mut client = Daemon::connect(&address).await.expect("connect");
+        let reply = client
+            .register(v1::RegisterRequest {
+                node_id: 0,
+                job_id: "recovery".into(),
+                ..v1::RegisterRequest::default()
+            })
+            .await
+            .expect("register");
+        let mut acks = Vec::new();
+        daemon.apply(reply.into_inner().commands, &mut acks);
+        let reply = client
+            .acquire_tasks(v1::AcquireTasksRequest {
+                node_id: 0,
+                max_tasks: 3,
+            })
+            .await
+            .expect("acquire");
+        daemon.apply(reply.into_inner().commands, &mut acks);
+        assert_eq!(daemon.held.len(), 3);
+        daemon.consume_step();
+        client
+            .heartbeat(v1::HeartbeatRequest {
+                node_id: 0,
+                progress: daemon.progress(),
+                ..v1::HeartbeatRequest::default()
+            })
+            .await
+            .expect("heartbeat");
+        status_json(&address)
+    });
+    assert_eq!(before["tasks"]["in_flight"], 3);
+    assert_eq!(before["tasks"]["rows_consumed"], 60);
+    am.kill();
+
+    let am = AmProcess::start(&spec, &address);
+    let after = status_json(&am.address);
+    assert_eq!(after["tasks"], before["tasks"], "the same task table");
+    assert_eq!(after["epoch"], before["epoch"]);
+    drop(am);
+}
+
+#[test]
+fn every_row_is_consumed_once_across_repeated_am_kills() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let spec = job(directory.path());
+    let address = free_address();
+    let mut am = AmProcess::start(&spec, &address);
+    let rt = runtime();
+    let daemon_address = address.clone();
+    let daemon = rt.spawn(async move {
+        let mut daemon = Daemon {
+            address: daemon_address,
+            held: BTreeMap::new(),
+            consumed: BTreeMap::new(),
+            step: 5,
+        };
+        daemon.run().await;
+        daemon.consumed
+    });
+    let mut seed = 0x5EED_u64;
+    for _ in 0..3 {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        std::thread::sleep(Duration::from_millis(150 + (seed >> 33) % 400));
+        am.kill();
+        am = AmProcess::start(&spec, &address);
+    }
+    let consumed = rt.block_on(daemon).expect("the daemon finished");
+    am.wait_success();
+    let twice: Vec<_> = consumed.iter().filter(|(_, count)| **count > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "rows consumed twice: {:?}",
+        &twice[..twice.len().min(10)]
+    );
+    assert_eq!(consumed.len() as u64, ROWS, "every row consumed");
+}
