@@ -64,10 +64,15 @@ struct AmProcess {
 
 impl AmProcess {
     fn start(spec: &Path, listen: &str) -> AmProcess {
+        AmProcess::start_with(spec, listen, &[])
+    }
+
+    fn start_with(spec: &Path, listen: &str, extra: &[&str]) -> AmProcess {
         let mut child = sluice()
             .arg("am")
             .arg(spec)
             .args(["--listen", listen])
+            .args(extra)
             .env_remove("SLUICE_TOKEN")
             .stdout(Stdio::piped())
             .spawn()
@@ -401,4 +406,109 @@ fn every_row_is_consumed_once_across_repeated_am_kills() {
         &twice[..twice.len().min(10)]
     );
     assert_eq!(consumed.len() as u64, ROWS, "every row consumed");
+}
+
+#[test]
+fn a_data_checkpoint_committed_over_grpc_resumes_a_new_am_at_its_step() {
+    use sluice_proto::v1::checkpoint_service_client::CheckpointServiceClient;
+
+    let directory = tempfile::tempdir().expect("tempdir");
+    let spec = job(directory.path());
+    let am = AmProcess::start(&spec, "127.0.0.1:0");
+    let address = am.address.clone();
+    let mut daemon = Daemon {
+        address: address.clone(),
+        held: BTreeMap::new(),
+        consumed: BTreeMap::new(),
+        step: 20,
+    };
+    let token = runtime().block_on(async {
+        let mut client = Daemon::connect(&address).await.expect("connect");
+        let mut acks = Vec::new();
+        let reply = client
+            .register(v1::RegisterRequest {
+                node_id: 0,
+                job_id: "recovery".into(),
+                ..v1::RegisterRequest::default()
+            })
+            .await
+            .expect("register");
+        daemon.apply(reply.into_inner().commands, &mut acks);
+        let reply = client
+            .acquire_tasks(v1::AcquireTasksRequest {
+                node_id: 0,
+                max_tasks: 2,
+            })
+            .await
+            .expect("acquire");
+        daemon.apply(reply.into_inner().commands, &mut acks);
+        daemon.consume_step();
+        // The trainer (rank 0 of 1) checkpoints here: 20 rows of each of its two tasks.
+        let positions = daemon
+            .held
+            .iter()
+            .map(|(task_id, held)| v1::TaskPosition {
+                task_id: *task_id,
+                end_row: held.start + held.consumed,
+            })
+            .collect();
+        let mut checkpoints = CheckpointServiceClient::connect(format!("http://{address}"))
+            .await
+            .expect("connect");
+        let reply = checkpoints
+            .commit_data_checkpoint(v1::CommitDataCheckpointRequest {
+                step: 100,
+                rank: 0,
+                world_size: 1,
+                positions,
+                epoch: 0,
+            })
+            .await
+            .expect("commit")
+            .into_inner();
+        let Some(v1::commit_data_checkpoint_reply::State::Token(token)) = reply.state else {
+            panic!("the only rank committed, so the checkpoint is complete: {reply:?}");
+        };
+        // Training goes on past the checkpoint before the AM dies.
+        daemon.consume_step();
+        client
+            .heartbeat(v1::HeartbeatRequest {
+                node_id: 0,
+                progress: daemon.progress(),
+                ..v1::HeartbeatRequest::default()
+            })
+            .await
+            .expect("heartbeat");
+        token
+    });
+    assert_eq!(status_json(&address)["tasks"]["rows_consumed"], 80);
+    am.kill();
+
+    let am = AmProcess::start_with(&spec, "127.0.0.1:0", &["--resume-from", &token]);
+    let status = status_json(&am.address);
+    assert_eq!(
+        status["tasks"]["rows_consumed"], 40,
+        "back at the checkpoint's step"
+    );
+    assert_eq!(status["tasks"]["in_flight"], 0, "every task queued again");
+    assert_eq!(status["tasks"]["pending"], 40);
+    drop(am);
+
+    let unknown = sluice()
+        .arg("am")
+        .arg(&spec)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--resume-from",
+            "recovery-step9-00000000",
+        ])
+        .output()
+        .expect("run sluice am");
+    assert!(!unknown.status.success());
+    let message = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        message.contains("recovery-step9-00000000 is not in"),
+        "{message}"
+    );
 }
