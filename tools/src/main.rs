@@ -34,6 +34,8 @@ enum Command {
     Submit(cmd::run::SubmitArgs),
     /// Runs the application master of a job until the job is over.
     Am(cmd::am::AmArgs),
+    /// The reference trainer: reads a ring to its end, recording the ids it saw.
+    Consume(cmd::consume::ConsumeArgs),
     /// Prints the status of a running job.
     Status(cmd::am::StatusArgs),
     /// Stops a running job.
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
         Command::Run(args) => success(cmd::run::run(args)),
         Command::Submit(args) => success(cmd::run::submit(args)),
         Command::Am(args) => success(cmd::am::run(args)),
+        Command::Consume(args) => success(cmd::consume::run(args)),
         Command::Status(args) => success(cmd::am::status(args)),
         Command::Stop(args) => success(cmd::am::stop(args)),
         Command::Shim(args) => cmd::shim::run(args),

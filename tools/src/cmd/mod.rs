@@ -2,6 +2,7 @@
 
 pub mod am;
 pub mod bench;
+pub mod consume;
 pub mod demo;
 pub mod gc;
 pub mod r#gen;
