@@ -37,7 +37,8 @@
 //! (`AcqRel`) in batches: once the unpublished bytes reach a threshold (an eighth of the ring, at most
 //! 64 KiB), at the first commit after the consumer has set WAITING on the write cursor (a plain load of
 //! that word per commit, which stays in the producer's cache while nobody writes it), before the producer
-//! waits for space or reports a full ring, and on `flush`, `close` and drop. The consumer loads the write
+//! waits for space or reports a full ring, and on `flush`, `close` (before it sets the closed flag, so a
+//! consumer that sees the flag finds every record below the cursor) and drop. The consumer loads the write
 //! cursor with `Acquire` before it reads anything below it. Releasing is the mirror image on the read
 //! cursor: the consumer publishes it once an eighth of the ring (at most 256 KiB) is pending, at once
 //! when the producer has set WAITING on the read cursor, and always before it waits for data itself.
