@@ -1,5 +1,7 @@
 //! The producer is killed with SIGKILL at random points, many times, and a new one reattaches each
-//! time; the consumer, its own process, must see every committed record exactly once, in order.
+//! time; the consumer, its own process, must see every published record exactly once, in order, and no
+//! producer may start below what the one before it had published. Commits a producer had not published
+//! when it died are lost with it, and its successor writes those records again.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -39,9 +41,16 @@ fn killed_producers_lose_and_repeat_nothing() {
     eprintln!("kill schedule seed {random}");
     let mut killed_mid_stream = 0;
     let mut starts = Vec::new();
+    let mut published = Vec::new();
     for _ in 0..KILLS {
         let mut producer = Command::new(peer)
-            .args(["produce", &path, &RECORDS.to_string(), &seed.to_string()])
+            .args([
+                "produce",
+                &path,
+                &RECORDS.to_string(),
+                &seed.to_string(),
+                "--report-published",
+            ])
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn producer");
@@ -56,6 +65,12 @@ fn killed_producers_lose_and_repeat_nothing() {
             .find_map(|line| line.strip_prefix("producer starts at "))
         {
             starts.push(start.parse::<u64>().expect("a number"));
+            let last_published = stderr
+                .lines()
+                .filter_map(|line| line.strip_prefix("published "))
+                .map(|count| count.parse::<u64>().expect("a number"))
+                .max();
+            published.push(last_published.unwrap_or(starts[starts.len() - 1]));
         }
         if status.code().is_none() {
             killed_mid_stream += 1;
@@ -78,12 +93,26 @@ fn killed_producers_lose_and_repeat_nothing() {
         killed_mid_stream >= KILLS / 2,
         "only {killed_mid_stream} producers were killed before the stream ended: the test proves little"
     );
-    assert!(
-        starts.windows(2).all(|pair| pair[0] <= pair[1]),
-        "a reattached producer went back: {starts:?}"
-    );
+    for (index, pair) in starts.windows(2).enumerate() {
+        assert!(
+            pair[1] >= published[index],
+            "producer {} started at {} below the {} records its predecessor published: {starts:?} {published:?}",
+            index + 1,
+            pair[1],
+            published[index]
+        );
+    }
     assert!(
         starts.iter().filter(|start| **start > 0).count() >= (KILLS / 2) as usize,
         "producers rarely resumed past record 0: {starts:?}"
+    );
+    assert!(
+        starts
+            .iter()
+            .zip(&published)
+            .filter(|(start, published)| published > start)
+            .count()
+            >= (KILLS / 2) as usize,
+        "producers rarely published before they were killed: {starts:?} {published:?}"
     );
 }

@@ -96,20 +96,19 @@ impl Consumer {
     /// one, up to the peer timeout.
     // Not `Iterator::next`: the record borrows the consumer, so the consumer cannot be an iterator.
     #[allow(clippy::should_implement_trait)]
+    #[inline]
     pub fn next(&mut self) -> Result<Option<Record<'_>>, RecvError> {
         loop {
-            if self.read_position == self.cached_write && !self.refresh_write() {
-                self.publish_read();
-                let started = Instant::now();
-                let outcome = self.wait_for_data();
-                self.empty_wait += started.elapsed();
-                if let Wait::Closed = outcome? {
-                    return Ok(None);
-                }
+            if self.read_position == self.cached_write
+                && !self.refresh_write()
+                && let Wait::Closed = self.wait_for_data()?
+            {
+                return Ok(None);
             }
-            match self.parse().map_err(|reason| self.corrupt(reason))? {
-                Some(valid) => return Ok(Some(self.record(valid))),
-                None => continue,
+            match self.parse() {
+                Ok(Some(valid)) => return Ok(Some(self.record(valid))),
+                Ok(None) => continue,
+                Err(reason) => return Err(self.corrupt(reason)),
             }
         }
     }
@@ -151,6 +150,7 @@ impl Consumer {
         self.empty_wait
     }
 
+    #[inline]
     fn record(&mut self, valid: ValidRecord) -> Record<'_> {
         let position = self.read_position;
         let offset = self.read_offset;
@@ -162,6 +162,7 @@ impl Consumer {
         }
     }
 
+    #[cold]
     fn corrupt(&self, reason: String) -> RecvError {
         RecvError::Corrupt {
             path: self.shared.path().to_path_buf(),
@@ -171,6 +172,7 @@ impl Consumer {
     }
 
     /// Reloads the write cursor; tells whether records are waiting.
+    #[inline]
     fn refresh_write(&mut self) -> bool {
         // Acquire pairs with the AcqRel swap in `Producer::publish`: every byte below the write cursor
         // is written.
@@ -180,6 +182,7 @@ impl Consumer {
 
     /// Reads and checks the record header at the read cursor. Releases padding records and returns
     /// `None` for them.
+    #[inline]
     fn parse(&mut self) -> Result<Option<ValidRecord>, String> {
         let capacity = self.shared.capacity();
         check_cursors(self.cached_write, self.read_position, capacity)
@@ -211,7 +214,18 @@ impl Consumer {
         Ok(None)
     }
 
+    /// Waits until records are published or the stream ends, having published this side's releases,
+    /// and adds the time to [`Consumer::empty_wait`].
+    #[cold]
     fn wait_for_data(&mut self) -> Result<Wait, RecvError> {
+        self.publish_read();
+        let started = Instant::now();
+        let outcome = self.wait_for_published_data();
+        self.empty_wait += started.elapsed();
+        outcome
+    }
+
+    fn wait_for_published_data(&mut self) -> Result<Wait, RecvError> {
         for _ in 0..SPIN_LIMIT {
             spin_loop();
             if self.refresh_write() {
@@ -268,6 +282,7 @@ impl Consumer {
     /// Releases the record of `size` bytes at the read cursor. The read cursor is published in batches: once
     /// `publish_threshold` bytes are pending, at once when the producer waits for space, and always
     /// before this consumer waits for data or gives up its role.
+    #[inline]
     fn release(&mut self, size: u64, next_sequence: u64) {
         let end = self.read_position + size;
         self.read_offset = wrap_offset(self.read_offset + size, self.shared.capacity());
@@ -282,9 +297,15 @@ impl Consumer {
     }
 
     fn publish_read(&mut self) {
-        if self.published_read == self.read_position {
-            return;
+        if self.published_read != self.read_position {
+            self.publish_read_cursor();
         }
+    }
+
+    /// Publishes the read cursor at `read_position`, and wakes the producer if it sleeps. Out of line:
+    /// it runs once per batch.
+    #[inline(never)]
+    fn publish_read_cursor(&mut self) {
         let header = self.shared.header();
         let next_sequence = self
             .expected_sequence
@@ -323,6 +344,7 @@ impl Drop for Consumer {
 
 impl Record<'_> {
     /// The payload, borrowed in place, 64-byte aligned.
+    #[inline]
     pub fn payload(&self) -> &[u8] {
         let offset = self.offset + RECORD_HEADER_LEN;
         debug_assert!(offset + self.valid.payload_len <= self.consumer.shared.capacity());
@@ -338,6 +360,7 @@ impl Record<'_> {
     }
 
     /// What the producer said about the payload.
+    #[inline]
     pub fn meta(&self) -> RecordMeta {
         self.valid
             .meta
@@ -346,6 +369,7 @@ impl Record<'_> {
 
     /// The record's sequence number: records are numbered 0, 1, 2, … in commit order, without gaps,
     /// across producer restarts.
+    #[inline]
     pub fn sequence(&self) -> u64 {
         self.valid.sequence
     }
@@ -360,6 +384,7 @@ impl Record<'_> {
 }
 
 impl Drop for Record<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.consumer
             .release(self.valid.size, self.valid.next_sequence());

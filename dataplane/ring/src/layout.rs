@@ -142,6 +142,7 @@ impl RingHeader {
 
 /// Checks that a pair of cursors can describe this ring: the reader is not ahead of the writer, at most
 /// `capacity` bytes lie between them, and both sit on record boundaries.
+#[inline]
 pub(crate) fn check_cursors(write: u64, read: u64, capacity: u64) -> Result<(), HeaderFault> {
     if read > write
         || write - read > capacity
@@ -224,6 +225,7 @@ pub(crate) struct ValidRecord {
 impl ValidRecord {
     /// The sequence number of the record after this one. Padding takes no number of its own: it carries
     /// the number of the record that follows it, so user records are numbered without gaps.
+    #[inline]
     pub(crate) fn next_sequence(&self) -> u64 {
         match self.meta {
             Some(_) => self.sequence + 1,
@@ -259,6 +261,7 @@ impl std::fmt::Display for RecordFault {
 }
 
 /// The size a record with a payload of `payload_len` bytes takes in the ring, or `None` on overflow.
+#[inline]
 pub(crate) fn record_size(payload_len: u64) -> Option<u64> {
     payload_len
         .checked_add(RECORD_HEADER_LEN + RECORD_ALIGN - 1)
@@ -266,6 +269,7 @@ pub(crate) fn record_size(payload_len: u64) -> Option<u64> {
 }
 
 impl RecordHeader {
+    #[inline]
     pub(crate) fn new(payload_len: u64, sequence: u64, meta: Option<RecordMeta>) -> Self {
         let (kind, task_id, first_row, row_count) = match meta {
             Some(meta) => (
@@ -291,6 +295,7 @@ impl RecordHeader {
     }
 
     /// A cheap hash of every field but `check` (FNV-1a over the words, folded to 32 bits).
+    #[inline]
     fn checksum(&self) -> u32 {
         let words = [
             self.payload_len,
@@ -308,6 +313,7 @@ impl RecordHeader {
 
     /// Validates a header read at a record boundary with `room` committed bytes from the boundary on, of
     /// which `contiguous` lie before the end of the data region.
+    #[inline]
     pub(crate) fn validate(
         &self,
         room: u64,

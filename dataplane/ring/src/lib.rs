@@ -26,33 +26,46 @@
 //!
 //! The file is a 4096-byte header page followed by a data region of `capacity` bytes (see [`layout`]).
 //! Two cursors count bytes from the creation of the ring and never wrap: the **write cursor** is the end of
-//! the last committed record, the **read cursor** the end of the last released one. The bytes
+//! the last published record, the **read cursor** the end of the last released one. The bytes
 //! `[read, write)` hold records that the consumer may read; `[write, read + capacity)` is free for the
 //! producer. A byte position `p` lies at offset `p % capacity` of the data region. Records are 64-byte
 //! aligned and never wrap: when a record does not fit before the end of the region, the producer first
 //! commits a padding record that fills it.
 //!
-//! **Publishing.** The producer writes the record header and payload with plain stores, then publishes
-//! the new write cursor with a `swap` (`AcqRel`); the consumer loads the write cursor with `Acquire`
-//! before it reads anything below it. Releasing is the mirror image on the read cursor, in batches: the
-//! consumer publishes its cursor once an eighth of the ring (at most 256 KiB) is pending, at once when the
-//! producer waits for space, and always before it waits for data itself, so neither side can wait on the
-//! other's unpublished progress. Each side keeps a private copy of the other's cursor and reloads it only
-//! when that copy says the ring is full (or empty), so in steady state a cursor's cache line moves between
-//! cores once per batch of records, not per record.
+//! **Publishing.** The producer writes the record header and payload with plain stores, and commits the
+//! record by advancing its private write position. It publishes the write cursor with a `swap`
+//! (`AcqRel`) in batches: once the unpublished bytes reach a threshold (an eighth of the ring, at most
+//! 64 KiB), at the first commit after the consumer has set WAITING on the write cursor (a plain load of
+//! that word per commit, which stays in the producer's cache while nobody writes it), before the producer
+//! waits for space or reports a full ring, and on `flush`, `close` (before it sets the closed flag, so a
+//! consumer that sees the flag finds every record below the cursor) and drop. The consumer loads the write
+//! cursor with `Acquire` before it reads anything below it. Releasing is the mirror image on the read
+//! cursor: the consumer publishes it once an eighth of the ring (at most 256 KiB) is pending, at once
+//! when the producer has set WAITING on the read cursor, and always before it waits for data itself.
+//! Since each side publishes everything before it waits, neither can wait on the other's unpublished
+//! progress. Each side keeps a private copy of the other's cursor and reloads it only when that copy says
+//! the ring is full (or empty), so in steady state a cursor's cache line moves between cores once per
+//! batch of records, not per record, and the payload stores of a batch drain without a fence between
+//! records.
+//!
+//! A commit is only a promise to the producer's own process until it is published: the consumer cannot
+//! see it, and a producer that dies first loses it exactly like a reserved slot. The one case the
+//! triggers above do not cover is a producer that commits and then stops without waiting on the ring;
+//! such a producer calls `flush` (see [`Producer`] for the exact rule).
 //!
 //! **Sleeping.** Bit 63 of each cursor word is a WAITING flag. A side that finds nothing to do spins
 //! briefly, then reads the futex count, sets the flag with `fetch_or` on the *other* side's cursor word, and
 //! re-checks the cursor value that `fetch_or` returned. The other side's publishing `swap` returns the old
 //! word, so it sees the flag exactly when the `fetch_or` came first, and then bumps the futex. Both are
 //! read-modify-writes of one word, so they are totally ordered: either the sleeper sees the new cursor, or
-//! the publisher sees the flag. No wake-up is lost, and the hot path costs no fence beyond the `swap`.
+//! the publisher sees the flag. No wake-up is lost, and the hot path costs no fence beyond the `swap` of
+//! each batch.
 //!
 //! **Crashes.** The roles are claimed by compare-and-swap of a packed `(start time, pid)` word (see
 //! [`ProcessId`]); a role whose holder is dead may be taken over. A new producer resumes at the write
-//! cursor: what the dead one had reserved but not committed is gone, and what it committed stays for the
-//! consumer. It recovers the next sequence number from the committed records, or, when the consumer has
-//! read them all, from the sequence number the consumer stores before each release. A consumer that waits
+//! cursor: what the dead one had reserved, or committed without publishing, is gone, and what it
+//! published stays for the consumer. It recovers the next sequence number from the published records, or,
+//! when the consumer has read them all, from the sequence number the consumer stores before each release. A consumer that waits
 //! on an empty ring with no live producer gives up after its peer timeout, and so does a producer waiting
 //! on a full ring with no live consumer.
 
@@ -468,13 +481,27 @@ impl Ring {
         self.shared.header().closed.load(Ordering::Acquire) != 0
     }
 
-    /// The write and read cursors: bytes committed and bytes released since the ring was created.
+    /// The write and read cursors: bytes published by the producer and bytes released by the consumer
+    /// since the ring was created. Both sides publish in batches, so either may be a little ahead of its
+    /// cursor.
     pub fn cursors(&self) -> (u64, u64) {
         let header = self.shared.header();
         (
             header.write.load(Ordering::Acquire) & !WAITING,
             header.read.load(Ordering::Acquire) & !WAITING,
         )
+    }
+
+    /// Tells whether the consumer sleeps waiting for records now: a trainer starved for data.
+    pub fn consumer_waits(&self) -> bool {
+        // Acquire pairs with the AcqRel `fetch_or` of WAITING in the consumer's wait for data.
+        self.shared.header().write.load(Ordering::Acquire) & WAITING != 0
+    }
+
+    /// Tells whether the producer sleeps waiting for space now: a daemon held back by its trainer.
+    pub fn producer_waits(&self) -> bool {
+        // Acquire pairs with the AcqRel `fetch_or` of WAITING in the producer's wait for space.
+        self.shared.header().read.load(Ordering::Acquire) & WAITING != 0
     }
 }
 

@@ -19,15 +19,40 @@ pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(100);
 /// The single writer of a ring. Taken with [`crate::Ring::producer`]; gives the role up when dropped.
 ///
 /// Writing is two steps: [`Producer::reserve`] returns a [`Slot`] whose payload the caller fills in
-/// place (an Arrow IPC encoder writes straight into shared memory), then [`Slot::commit`] publishes it.
+/// place (an Arrow IPC encoder writes straight into shared memory), then [`Slot::commit`] commits it.
+///
+/// # When a commit becomes visible
+///
+/// Commits are published to the consumer in batches: the write cursor in shared memory moves once per
+/// batch, not once per record. A committed record becomes visible, together with every record committed
+/// before it, at the first of:
+///
+/// - its own commit, when it brings the unpublished bytes to the publication threshold (an eighth of
+///   the ring, at most 64 KiB: a record that large is published by its own commit);
+/// - its own commit or any later one, once the consumer has announced that it sleeps waiting for data;
+/// - [`Producer::reserve`] or [`Producer::try_reserve`] finding the ring full, before it waits or
+///   returns [`TryReserveError::Full`];
+/// - [`Producer::flush`], [`Producer::close`], or dropping the producer.
+///
+/// So a producer that stops committing for a while (its own input ran dry) calls [`Producer::flush`]
+/// first; otherwise its last records may stay invisible until its next commit. Until a record is
+/// published it is not committed for anyone else: a producer killed before publishing loses it exactly
+/// like a reserved slot, and the producer that takes over resumes at the published write cursor.
+/// [`Producer::published_sequence`] tells how many records are published.
 #[derive(Debug)]
 pub struct Producer {
     shared: Arc<Shared>,
     identity: u64,
-    /// The write cursor as this producer last published it.
+    /// The end of the last record this producer committed.
     write_position: u64,
     /// `write_position % capacity`, kept up to date without a division per record.
     write_offset: u64,
+    /// The write cursor as this producer last published it; less than `publish_threshold` bytes behind
+    /// `write_position` after every commit.
+    published_write: u64,
+    /// The sequence number of the first record not yet published.
+    published_sequence: u64,
+    publish_threshold: u64,
     /// The read cursor as last seen; the consumer may since have moved it further.
     cached_read: u64,
     next_sequence: u64,
@@ -44,6 +69,8 @@ pub struct Slot<'producer> {
     /// Where the record starts in the data region.
     offset: u64,
     payload_len: u64,
+    /// The bytes the record takes: header, payload and alignment padding.
+    size: u64,
 }
 
 impl Producer {
@@ -70,11 +97,15 @@ impl Producer {
         // Tells a waiting consumer that a producer (re)attached; pairs with its Acquire load.
         header.producer_epoch.fetch_add(1, Ordering::Release);
         let write_offset = write_position % shared.capacity();
+        let publish_threshold = publish_threshold(shared.capacity());
         Ok(Producer {
             shared,
             identity,
             write_position,
             write_offset,
+            published_write: write_position,
+            published_sequence: next_sequence,
+            publish_threshold,
             cached_read,
             next_sequence,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
@@ -92,7 +123,23 @@ impl Producer {
     /// A full ring is back-pressure: the call spins briefly, then sleeps until the consumer releases
     /// records. It fails only when the record can never fit, or when no live consumer has been attached
     /// for longer than the peer timeout.
+    #[inline]
     pub fn reserve(&mut self, len: usize) -> Result<Slot<'_>, ReserveError> {
+        let capacity = self.shared.capacity();
+        match record_size(len as u64) {
+            // The fast path: the record fits before the end of the region, in space already known free.
+            Some(size)
+                if self.write_offset + size <= capacity
+                    && capacity - (self.write_position - self.cached_read) >= size => {}
+            _ => self.reserve_slowly(len)?,
+        }
+        Ok(self.slot(len as u64))
+    }
+
+    /// The rest of [`Producer::reserve`]: too large a record, padding at the end of the region, and
+    /// waiting for the consumer.
+    #[cold]
+    fn reserve_slowly(&mut self, len: usize) -> Result<(), ReserveError> {
         let (size, padding) = self.plan(len).map_err(|max| ReserveError::TooLarge {
             path: self.shared.path().to_path_buf(),
             len: len as u64,
@@ -102,11 +149,13 @@ impl Producer {
             self.wait_for_space(padding)?;
             self.write_padding(padding);
         }
-        self.wait_for_space(size)?;
-        Ok(self.slot(len as u64))
+        self.wait_for_space(size)
     }
 
     /// Reserves room for a record with a payload of `len` bytes if the ring has it now.
+    ///
+    /// A full ring publishes the pending commits before it returns [`TryReserveError::Full`], so that a
+    /// caller who waits for space then is not waiting on a consumer that waits for those records.
     pub fn try_reserve(&mut self, len: usize) -> Result<Slot<'_>, TryReserveError> {
         let (size, padding) = self.plan(len).map_err(|max| TryReserveError::TooLarge {
             path: self.shared.path().to_path_buf(),
@@ -114,6 +163,7 @@ impl Producer {
             max,
         })?;
         if !self.has_space(padding + size) {
+            self.flush();
             return Err(TryReserveError::Full);
         }
         if padding > 0 {
@@ -122,22 +172,45 @@ impl Producer {
         Ok(self.slot(len as u64))
     }
 
-    /// Marks the end of the stream: the consumer reads what is committed, then sees the end.
-    pub fn close(self) {
-        // Release pairs with the Acquire load of `closed` in the consumer, which it makes after setting
-        // WAITING; re-publishing the write cursor then wakes a consumer that was already asleep.
-        self.shared.header().closed.store(1, Ordering::Release);
-        self.publish(self.write_position);
+    /// Publishes every committed record to the consumer now (see [`Producer`] for when that happens
+    /// on its own). Costs nothing when every commit is already published.
+    pub fn flush(&mut self) {
+        if self.published_write != self.write_position {
+            self.publish();
+        }
     }
 
-    /// The number of bytes committed to the ring since it was created.
+    /// Marks the end of the stream: the consumer reads every committed record, then sees the end.
+    pub fn close(mut self) {
+        // Every record is published before the stream is marked closed: a consumer that sees `closed`
+        // then finds them all below the write cursor it reloads.
+        self.flush();
+        // Release pairs with the Acquire load of `closed` in the consumer, which it makes after setting
+        // WAITING; publishing the write cursor again, unchanged, then wakes a consumer already asleep.
+        self.shared.header().closed.store(1, Ordering::Release);
+        self.publish();
+    }
+
+    /// The number of bytes committed to the ring since it was created, published or not.
     pub fn position(&self) -> u64 {
         self.write_position
+    }
+
+    /// The number of bytes published to the consumer since the ring was created: the write cursor.
+    pub fn published_position(&self) -> u64 {
+        self.published_write
     }
 
     /// The sequence number the next committed record gets.
     pub fn next_sequence(&self) -> u64 {
         self.next_sequence
+    }
+
+    /// The sequence number of the first record not yet published: every record numbered below it is
+    /// visible to the consumer and survives this producer's death. A daemon counts rows as enqueued up
+    /// to here.
+    pub fn published_sequence(&self) -> u64 {
+        self.published_sequence
     }
 
     /// The total time this producer waited for the consumer to release space.
@@ -161,12 +234,18 @@ impl Producer {
         Ok((size, padding))
     }
 
+    /// The slot of a record with a payload of `payload_len` bytes at the write position, which the
+    /// caller has checked to have room for it before the end of the region.
+    #[inline]
     fn slot(&mut self, payload_len: u64) -> Slot<'_> {
         let offset = self.write_offset;
+        let size = record_size(payload_len).expect("checked by the caller");
+        debug_assert!(offset + size <= self.shared.capacity());
         Slot {
             producer: self,
             offset,
             payload_len,
+            size,
         }
     }
 
@@ -185,6 +264,8 @@ impl Producer {
         if self.has_space(needed) {
             return Ok(());
         }
+        // The consumer may be waiting for the pending commits; it must see them before this side waits.
+        self.flush();
         for _ in 0..SPIN_LIMIT {
             spin_loop();
             if self.has_space(needed) {
@@ -227,11 +308,11 @@ impl Producer {
     fn write_padding(&mut self, padding: u64) {
         let header = RecordHeader::new(padding - RECORD_HEADER_LEN, self.next_sequence, None);
         self.write_header(self.write_offset, header);
-        self.publish(self.write_position + padding);
         self.write_position += padding;
         self.write_offset = 0;
     }
 
+    #[inline]
     fn write_header(&self, offset: u64, header: RecordHeader) {
         let capacity = self.shared.capacity();
         debug_assert!(offset.is_multiple_of(64) && offset + RECORD_HEADER_LEN <= capacity);
@@ -247,21 +328,47 @@ impl Producer {
         }
     }
 
-    fn publish(&self, position: u64) {
+    /// Tells whether the consumer has announced that it sleeps waiting for data. Relaxed: only a hint.
+    /// A consumer that sets WAITING after this load is woken by a later publication, which comes at the
+    /// latest when this producer flushes, waits, closes or is dropped.
+    #[inline]
+    fn consumer_waits(&self) -> bool {
+        self.shared.header().write.load(Ordering::Relaxed) & WAITING != 0
+    }
+
+    /// Publishes the write cursor at `write_position`, and wakes the consumer if it sleeps. Out of line:
+    /// it runs once per batch.
+    #[inline(never)]
+    fn publish(&mut self) {
         let header = self.shared.header();
         // AcqRel: Release publishes the record bytes to the consumer's Acquire load of the write cursor;
         // Acquire orders this swap after the consumer's `fetch_or` of WAITING when it reads that flag, so
         // the consumer's earlier read of the futex count cannot see the bump below.
-        let previous = header.write.swap(position, Ordering::AcqRel);
-        debug_assert_eq!(previous & !WAITING, self.write_position);
+        let previous = header.write.swap(self.write_position, Ordering::AcqRel);
+        debug_assert_eq!(previous & !WAITING, self.published_write);
+        self.published_write = self.write_position;
+        self.published_sequence = self.next_sequence;
         if previous & WAITING != 0 {
             header.data_futex.bump();
         }
     }
 }
 
+/// How many committed bytes a producer may keep unpublished: an eighth of the ring, at most 64 KiB, so
+/// that small records cost one cursor publication per hundreds of records while the consumer, on a ring
+/// of any size, still gets records in small steps. A record of that size or more is published by its own
+/// commit. Under loom, a quarter of the ring, so that models of a few records exercise batching.
+fn publish_threshold(capacity: u64) -> u64 {
+    if cfg!(loom) {
+        capacity / 4
+    } else {
+        (capacity / 8).min(64 << 10)
+    }
+}
+
 impl Drop for Producer {
     fn drop(&mut self) {
+        self.flush();
         role::give_up(&self.shared.header().producer, self.identity);
     }
 }
@@ -269,6 +376,7 @@ impl Drop for Producer {
 impl Slot<'_> {
     /// The payload bytes, exactly as many as reserved, starting 64-byte aligned. They hold whatever an
     /// earlier record left there.
+    #[inline]
     pub fn payload_mut(&mut self) -> &mut [u8] {
         let offset = self.offset + RECORD_HEADER_LEN;
         debug_assert!(offset + self.payload_len <= self.producer.shared.capacity());
@@ -294,18 +402,22 @@ impl Slot<'_> {
         self.payload_len == 0
     }
 
-    /// Publishes the record; the consumer can read it from now on. Returns its sequence number.
+    /// Commits the record and returns its sequence number. The consumer sees it once it is published:
+    /// see [`Producer`] for when that happens.
+    #[inline]
     pub fn commit(self, meta: RecordMeta) -> u64 {
         let producer = self.producer;
         let sequence = producer.next_sequence;
         let header = RecordHeader::new(self.payload_len, sequence, Some(meta));
         producer.write_header(self.offset, header);
-        let size = record_size(self.payload_len).expect("checked by reserve");
         producer.next_sequence += 1;
-        let end = producer.write_position + size;
-        producer.publish(end);
-        producer.write_position = end;
-        producer.write_offset = wrap_offset(self.offset + size, producer.shared.capacity());
+        producer.write_position += self.size;
+        producer.write_offset = wrap_offset(self.offset + self.size, producer.shared.capacity());
+        if producer.write_position - producer.published_write >= producer.publish_threshold
+            || producer.consumer_waits()
+        {
+            producer.publish();
+        }
         sequence
     }
 }
@@ -360,6 +472,7 @@ pub(crate) fn last_holder(state: PeerState) -> Option<ProcessId> {
 
 /// Maps the offset just past a record back into the data region: a record that ends exactly at the end
 /// of the region is followed by one at offset 0.
+#[inline]
 pub(crate) fn wrap_offset(end_offset: u64, capacity: u64) -> u64 {
     debug_assert!(end_offset <= capacity);
     if end_offset == capacity {

@@ -53,6 +53,7 @@ fn records_come_out_in_order_with_their_metadata() {
         );
         assert_eq!(written, sequence);
     }
+    producer.flush();
     for sequence in 0..10 {
         let record = consumer.next().expect("next").expect("a record");
         assert_eq!(record.sequence(), sequence);
@@ -148,9 +149,135 @@ fn an_abandoned_slot_publishes_nothing() {
         .payload_mut()
         .fill(0xAA);
     write(&mut producer, b"kept", batch(0, 0, 1));
+    producer.flush();
     let record = consumer.next().expect("next").expect("record");
     assert_eq!(record.payload(), b"kept");
     assert_eq!(record.sequence(), 0);
+}
+
+#[test]
+fn commits_are_published_in_batches_and_on_flush() {
+    // A 64 KiB ring publishes once 8 KiB are pending; records of 100 bytes take 192.
+    let sut = Ring::in_memory(1 << 16).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    write(&mut producer, &pattern(0, 100), batch(0, 0, 1));
+    assert_eq!(producer.position(), 192);
+    assert_eq!(producer.published_position(), 0);
+    assert_eq!(producer.published_sequence(), 0);
+    assert_eq!(sut.cursors(), (0, 0));
+    assert!(
+        matches!(consumer.try_next(), Err(TryRecvError::Empty)),
+        "an unpublished commit is invisible"
+    );
+    producer.flush();
+    assert_eq!(producer.published_position(), 192);
+    assert_eq!(producer.published_sequence(), 1);
+    assert_eq!(sut.cursors().0, 192);
+    assert_eq!(
+        consumer.try_next().expect("flushed").payload(),
+        pattern(0, 100)
+    );
+
+    let threshold = 8 << 10;
+    let mut sequence = 1;
+    while producer.position() - 192 < threshold {
+        assert_eq!(producer.published_position(), 192, "published early");
+        write(
+            &mut producer,
+            &pattern(sequence, 100),
+            batch(0, sequence, 1),
+        );
+        sequence += 1;
+    }
+    assert_eq!(producer.published_position(), producer.position());
+    assert_eq!(producer.published_sequence(), sequence);
+    for expected in 1..sequence {
+        let record = consumer.try_next().expect("published by the threshold");
+        assert_eq!(record.sequence(), expected);
+        assert_eq!(record.payload(), pattern(expected, 100));
+    }
+    assert!(matches!(consumer.try_next(), Err(TryRecvError::Empty)));
+}
+
+#[test]
+fn a_full_ring_publishes_pending_commits_before_reporting_it() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    write(&mut producer, b"pending", batch(0, 0, 1));
+    assert_eq!(producer.published_position(), 0);
+    assert!(matches!(
+        producer.try_reserve(4000),
+        Err(TryReserveError::Full)
+    ));
+    assert_eq!(producer.published_position(), 128);
+    assert_eq!(
+        consumer.try_next().expect("published").payload(),
+        b"pending"
+    );
+}
+
+#[test]
+fn a_waiting_consumer_gets_the_next_commit_without_a_flush() {
+    let sut = Ring::in_memory(1 << 16).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    let (received, receiver) = std::sync::mpsc::channel();
+    let reader = thread::spawn(move || {
+        let record = consumer.next().expect("next").expect("a record");
+        received
+            .send(record.payload().to_vec())
+            .expect("the test waits");
+    });
+    wait_until(|| sut.consumer_waits(), "the consumer to sleep");
+    write(&mut producer, b"at once", batch(0, 0, 1));
+    let payload = receiver
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the sleeping consumer got the commit while the producer still holds it");
+    assert_eq!(payload, b"at once");
+    assert_eq!(producer.published_sequence(), 1);
+    assert!(!sut.consumer_waits());
+    reader.join().expect("reader");
+}
+
+#[test]
+fn a_producer_waiting_for_space_shows_as_waiting() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    let writer = thread::spawn(move || {
+        for sequence in 0..2 {
+            write(
+                &mut producer,
+                &pattern(sequence, 3000),
+                batch(0, sequence, 1),
+            );
+        }
+        producer.close();
+    });
+    let first = consumer.next().expect("next").expect("first record");
+    wait_until(|| sut.producer_waits(), "the producer to sleep");
+    assert_eq!(first.payload(), pattern(0, 3000));
+    drop(first);
+    let second = consumer.next().expect("next").expect("second record");
+    assert_eq!(second.payload(), pattern(1, 3000));
+    drop(second);
+    assert!(consumer.next().expect("next").is_none());
+    writer.join().expect("writer");
+    assert!(!sut.producer_waits());
+}
+
+/// Polls `condition` until it holds; fails naming `what` after a deadlock watchdog's 30 seconds.
+fn wait_until(condition: impl Fn() -> bool, what: &str) {
+    let started = std::time::Instant::now();
+    while !condition() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "waited 30 s for {what}: deadlock watchdog"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
 }
 
 #[test]
@@ -293,6 +420,7 @@ fn file_rings_are_shared_between_handles() {
     let reader = Ring::open(&path).expect("open");
     let mut consumer = reader.consumer().expect("consumer");
     write(&mut producer, b"through the file", batch(9, 0, 1));
+    producer.flush();
     let record = consumer.next().expect("next").expect("record");
     assert_eq!(record.payload(), b"through the file");
     assert_eq!(record.meta().task_id, 9);
@@ -379,6 +507,7 @@ fn a_corrupt_record_is_an_error_naming_its_position() {
     let mut producer = sut.producer().expect("producer");
     write(&mut producer, &[1; 100], batch(0, 0, 1));
     write(&mut producer, &[2; 100], batch(0, 1, 1));
+    producer.flush();
     let mut bytes = std::fs::read(&path).expect("read");
     // The second record starts at byte 192 of the data region; its row count sits 32 bytes in.
     bytes[HEADER_LEN + 192 + 32] ^= 0xFF;

@@ -4,6 +4,8 @@
 //! as a deadlock, which loom reports; a publication race shows as a wrong payload or sequence number.
 #![cfg(loom)]
 
+use loom::sync::Arc;
+use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::thread;
 use sluice_ring::{RecordKind, RecordMeta, Ring};
 
@@ -120,6 +122,73 @@ fn batched_releases_never_strand_a_waiting_producer() {
             seen += 1;
         }
         assert_eq!(seen, 6);
+        writer.join().expect("writer");
+    });
+}
+
+/// Records of 512 bytes (with their headers) through a 4096-byte ring whose producer publishes every
+/// 1024 bytes and whose consumer releases every 2048: commits wait in batches, the ring wraps and fills,
+/// and the last batch is published only by the close.
+#[test]
+fn batched_commits_arrive_whole_and_in_order() {
+    model_with_bound(2, || {
+        let ring = Ring::in_memory(4096).expect("ring");
+        let mut producer = ring.producer().expect("producer");
+        let mut consumer = ring.consumer().expect("consumer");
+        let writer = thread::spawn(move || {
+            for row in 0..9u64 {
+                let mut slot = producer.reserve(448).expect("reserve");
+                slot.payload_mut()[0] = row as u8;
+                slot.payload_mut()[447] = row as u8 + 101;
+                slot.commit(meta(row));
+            }
+            producer.close();
+        });
+        let mut seen = 0u64;
+        while let Some(record) = consumer.next().expect("next") {
+            assert_eq!(record.sequence(), seen);
+            assert_eq!(record.meta(), meta(seen));
+            assert_eq!(record.payload()[0], seen as u8);
+            assert_eq!(record.payload()[447], seen as u8 + 101);
+            seen += 1;
+        }
+        assert_eq!(seen, 9);
+        writer.join().expect("writer");
+    });
+}
+
+/// A consumer asleep on an empty ring makes the producer's next commit publish at once, well below the
+/// batch threshold and with no flush: the producer waits for the record to arrive before it closes, so
+/// a commit that stayed unpublished would leave both sides waiting forever.
+#[test]
+fn a_sleeping_consumer_forces_the_next_commit_out() {
+    model(|| {
+        let ring = Ring::in_memory(4096).expect("ring");
+        let mut producer = ring.producer().expect("producer");
+        let mut consumer = ring.consumer().expect("consumer");
+        let received = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let ring = ring.clone();
+            let received = Arc::clone(&received);
+            thread::spawn(move || {
+                while !ring.consumer_waits() {
+                    thread::yield_now();
+                }
+                let mut slot = producer.reserve(8).expect("reserve");
+                slot.payload_mut()[7] = 42;
+                slot.commit(meta(0));
+                // Acquire pairs with the Release store below, once the record arrived.
+                while !received.load(Ordering::Acquire) {
+                    thread::yield_now();
+                }
+                producer.close();
+            })
+        };
+        let record = consumer.next().expect("next").expect("the record");
+        assert_eq!(record.payload()[7], 42);
+        drop(record);
+        received.store(true, Ordering::Release);
+        assert!(consumer.next().expect("next").is_none());
         writer.join().expect("writer");
     });
 }
