@@ -34,6 +34,8 @@ enum Command {
     Submit(cmd::run::SubmitArgs),
     /// Runs the application master of a job until the job is over.
     Am(cmd::am::AmArgs),
+    /// The node daemon of a job: reads its tasks into the local trainers' rings.
+    Daemon(cmd::daemon::DaemonArgs),
     /// The reference trainer: reads a ring to its end, recording the ids it saw.
     Consume(cmd::consume::ConsumeArgs),
     /// Prints the status of a running job.
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
         Command::Submit(args) => success(cmd::run::submit(args)),
         Command::Am(args) => success(cmd::am::run(args)),
         Command::Consume(args) => success(cmd::consume::run(args)),
+        Command::Daemon(args) => success(cmd::daemon::run(args)),
         Command::Status(args) => success(cmd::am::status(args)),
         Command::Stop(args) => success(cmd::am::stop(args)),
         Command::Shim(args) => cmd::shim::run(args),

@@ -3,6 +3,7 @@
 pub mod am;
 pub mod bench;
 pub mod consume;
+pub mod daemon;
 pub mod demo;
 pub mod gc;
 pub mod r#gen;

@@ -1,0 +1,656 @@
+//! The Sluice node daemon: it registers with the job's AM, pulls tasks, reads their rows through the
+//! formats layer, and writes them as Arrow record batches into one ring per local trainer rank.
+//!
+//! # Implementation
+//! Each rank's ring has a writer thread ([`writer`]) that owns the ring's producer, and a feeder
+//! task that reads the tasks given to that ring one after the other and hands their batches to the
+//! writer. A task feeds exactly one ring; new tasks go to the ring with the fewest tasks queued. The
+//! main loop heartbeats, pulls tasks before the queues run dry, and applies the AM's commands.
+//!
+//! Positions are split rows. A batch record covers the split rows from the end of the task's
+//! previous batch; the task's last batch covers up to the task's end, so rows a filter or a
+//! deletion vector removed are counted as delivered with the batch that follows them. A task's
+//! *enqueued* count is the end of its last published batch, its *consumed* count the end of the
+//! last batch the trainer released (the ring's read cursor passed it); the AM marks a task done once
+//! its consumed count reaches its end.
+//!
+//! A stop request ("deliver up to row k") is acknowledged with the row where the feeder really
+//! stops: `k`, or the end of what it had already handed to the writer if that is further.
+
+mod writer;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use sluice_formats::{Dataset, Expr, OpenOptions, ReadOptions};
+use sluice_proto::v1;
+use sluice_proto::v1::command::Command as Cmd;
+use sluice_proto::v1::daemon_service_client::DaemonServiceClient;
+use sluice_ring::{Ring, RingOptions};
+use tokio::sync::mpsc;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use writer::{RingState, Write};
+
+/// How a daemon is run.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    /// The AM's gRPC address.
+    pub am: String,
+    /// This node's id in the job.
+    pub node_id: u64,
+    /// Rings are created under `<ring_dir>/<job>/<rank>.ring`.
+    pub ring_dir: PathBuf,
+    /// The size of each ring's data region.
+    pub ring_size: u64,
+    /// The AM's shared token.
+    pub token: Option<String>,
+    /// How long to keep trying to reach an AM that does not answer.
+    pub am_timeout: Duration,
+}
+
+/// Why the daemon stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The AM could not be reached for longer than the timeout.
+    #[error(
+        "no answer from the AM at {am} for {seconds} s: {reason}; check --am and that the AM runs"
+    )]
+    Unreachable {
+        /// The address.
+        am: String,
+        /// How long the daemon tried.
+        seconds: u64,
+        /// The last error.
+        reason: String,
+    },
+    /// The AM refused this daemon.
+    #[error("the AM refused this daemon: {0}")]
+    Refused(String),
+    /// A ring could not be created or written.
+    #[error("{0}")]
+    Ring(String),
+    /// A source of the job could not be opened.
+    #[error("opening source {uri}: {source}")]
+    Source {
+        /// The source.
+        uri: String,
+        /// The formats layer's error.
+        source: sluice_formats::FormatError,
+    },
+}
+
+/// What the feeder and the main loop share about a task.
+#[derive(Debug, Default)]
+struct Control {
+    /// The split row (exclusive) the feeder stops at, once a stop was asked for.
+    stop: Option<u64>,
+    /// The end of the rows handed to the writer.
+    sent_end: u64,
+    /// Why reading failed.
+    failed: Option<String>,
+}
+
+/// A task this daemon holds.
+#[derive(Debug)]
+struct Held {
+    start: u64,
+    end: u64,
+    ring: usize,
+    control: Arc<Mutex<Control>>,
+    enqueued_end: u64,
+    consumed_end: u64,
+}
+
+/// A task on its way to a ring's feeder.
+#[derive(Debug)]
+struct Job {
+    assignment: v1::TaskAssignment,
+    control: Arc<Mutex<Control>>,
+}
+
+/// One source of the job, opened.
+#[derive(Debug)]
+struct Source {
+    dataset: Dataset,
+    options: ReadOptions,
+}
+
+/// One rank's ring: its feeder's queue, the writer's state and thread.
+#[derive(Debug)]
+struct RankRing {
+    rank: u32,
+    queue: mpsc::UnboundedSender<Job>,
+    state: Arc<RingState>,
+    queued: usize,
+    feeder: tokio::task::JoinHandle<()>,
+    writer: std::thread::JoinHandle<()>,
+}
+
+fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Control> {
+    control
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs the daemon until the AM shuts it down.
+pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
+    let client = connect(&options).await?;
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_default();
+    let reply = call(&options, || {
+        let mut client = client.clone();
+        let request = v1::RegisterRequest {
+            node_id: options.node_id,
+            job_id: String::new(),
+            hostname: hostname.clone(),
+            held: Vec::new(),
+        };
+        async move { client.register(request).await }
+    })
+    .await?;
+    let data = reply.data.clone().unwrap_or_default();
+    let sources = open_sources(&data).await?;
+    let schema = sources
+        .first()
+        .map(|source| source.dataset.output_schema(&source.options))
+        .transpose()
+        .map_err(|source| DaemonError::Source {
+            uri: data.sources[0].uri.clone(),
+            source,
+        })?
+        .ok_or_else(|| DaemonError::Refused("the job has no sources".to_owned()))?;
+    let sources = Arc::new(sources);
+    let job_dir = options.ring_dir.join(&reply.job_id);
+    std::fs::create_dir_all(&job_dir).map_err(|error| {
+        DaemonError::Ring(format!(
+            "creating ring directory {}: {error}; check --ring-dir",
+            job_dir.display()
+        ))
+    })?;
+    let mut rings = Vec::new();
+    for rank in &reply.ranks {
+        let ring = open_ring(&job_dir, *rank, options.ring_size)?;
+        let started = writer::start(ring, schema.clone(), *rank).map_err(DaemonError::Ring)?;
+        let (queue, jobs) = mpsc::unbounded_channel();
+        let feeder = tokio::spawn(feed(jobs, started.sender, sources.clone()));
+        rings.push(RankRing {
+            rank: *rank,
+            queue,
+            state: started.state,
+            queued: 0,
+            feeder,
+            writer: started.thread,
+        });
+    }
+    tracing::info!(node = options.node_id, job = reply.job_id, ranks = ?reply.ranks, "daemon registered");
+    let interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(10, 10_000));
+    let mut held: BTreeMap<u64, Held> = BTreeMap::new();
+    let mut pending = reply.commands;
+    let mut acks: Vec<(u64, u64)> = Vec::new();
+    loop {
+        let mut shutdown = false;
+        for command in pending.drain(..) {
+            match command.command {
+                Some(Cmd::Assign(assign)) => {
+                    for assignment in assign.tasks {
+                        let ring = (0..rings.len())
+                            .min_by_key(|index| rings[*index].queued)
+                            .ok_or_else(|| {
+                                DaemonError::Refused(format!(
+                                    "node {} feeds no trainer rank; raise the roles' `num` or lower `nodes`",
+                                    options.node_id
+                                ))
+                            })?;
+                        let control = Arc::new(Mutex::new(Control {
+                            sent_end: assignment.start,
+                            ..Control::default()
+                        }));
+                        held.insert(
+                            assignment.task_id,
+                            Held {
+                                start: assignment.start,
+                                end: assignment.end,
+                                ring,
+                                control: control.clone(),
+                                enqueued_end: assignment.start,
+                                consumed_end: assignment.start,
+                            },
+                        );
+                        rings[ring].queued += 1;
+                        let _ = rings[ring].queue.send(Job {
+                            assignment,
+                            control,
+                        });
+                    }
+                }
+                Some(Cmd::Stop(stop)) => {
+                    if let Some(task) = held.get_mut(&stop.task_id) {
+                        let mut control = lock(&task.control);
+                        let at = stop.row.max(control.sent_end).min(task.end);
+                        control.stop = Some(at);
+                        task.end = at;
+                        acks.push((stop.task_id, at));
+                    }
+                }
+                Some(Cmd::Shutdown(_)) => shutdown = true,
+                Some(Cmd::Fence(_)) => {
+                    return Err(DaemonError::Refused(
+                        "the AM declared this daemon lost; start it again to rejoin the job"
+                            .to_owned(),
+                    ));
+                }
+                Some(Cmd::Refuse(refuse)) => {
+                    tracing::warn!(message = refuse.message, "the AM refused part of a request")
+                }
+                Some(Cmd::Drain(_)) | None => {}
+            }
+        }
+        if shutdown {
+            break;
+        }
+        for (task_id, stop_row) in acks.drain(..) {
+            let reply = call(&options, || {
+                let mut client = client.clone();
+                let request = v1::AckStopRequest {
+                    node_id: options.node_id,
+                    task_id,
+                    stop_row,
+                };
+                async move { client.ack_stop(request).await }
+            })
+            .await?;
+            pending.extend(reply.commands);
+        }
+        // At most two tasks per ring not yet consumed: enough to keep every ring fed, few
+        // enough that nodes share the work.
+        let wanted = (2 * rings.len()).saturating_sub(held.len()) as u32;
+        if wanted > 0 {
+            let reply = call(&options, || {
+                let mut client = client.clone();
+                let request = v1::AcquireTasksRequest {
+                    node_id: options.node_id,
+                    max_tasks: wanted,
+                };
+                async move { client.acquire_tasks(request).await }
+            })
+            .await?;
+            pending.extend(reply.commands);
+        }
+        if !pending.is_empty() {
+            continue;
+        }
+        tokio::time::sleep(interval).await;
+        let progress = collect_progress(&mut held, &mut rings);
+        let failed: Vec<(u64, String, u64)> = held
+            .iter()
+            .filter_map(|(task_id, task)| {
+                let control = lock(&task.control);
+                let reason = control.failed.clone()?;
+                (task.consumed_end >= control.sent_end)
+                    .then(|| (*task_id, reason, task.consumed_end - task.start))
+            })
+            .collect();
+        let reply = call(&options, || {
+            let mut client = client.clone();
+            let request = v1::HeartbeatRequest {
+                node_id: options.node_id,
+                progress: progress.clone(),
+                stages: Vec::new(),
+                rings: ring_stats(&rings),
+            };
+            async move { client.heartbeat(request).await }
+        })
+        .await?;
+        pending.extend(reply.commands);
+        held.retain(|_, task| task.consumed_end < task.end);
+        for (task_id, reason, consumed) in failed {
+            held.remove(&task_id);
+            let reply = call(&options, || {
+                let mut client = client.clone();
+                let request = v1::ReportTaskRequest {
+                    node_id: options.node_id,
+                    task_id,
+                    consumed,
+                    outcome: Some(v1::report_task_request::Outcome::Failed(v1::TaskFailed {
+                        reason: reason.clone(),
+                    })),
+                };
+                async move { client.report_task(request).await }
+            })
+            .await?;
+            pending.extend(reply.commands);
+        }
+        if let Some(failure) = rings.iter().find_map(|ring| ring.state.failure()) {
+            return Err(DaemonError::Ring(failure));
+        }
+    }
+    for ring in rings {
+        ring.feeder.abort();
+        drop(ring.queue);
+        let _ = ring.feeder.await;
+        let rank = ring.rank;
+        tokio::task::spawn_blocking(move || ring.writer.join())
+            .await
+            .map_err(|error| DaemonError::Ring(format!("rank {rank}: {error}")))?
+            .map_err(|_| DaemonError::Ring(format!("the writer of rank {rank} panicked")))?;
+    }
+    tracing::info!(node = options.node_id, "daemon shut down");
+    Ok(())
+}
+
+/// Turns what the rings say into per-task counts, relative to each task's start.
+fn collect_progress(
+    held: &mut BTreeMap<u64, Held>,
+    rings: &mut [RankRing],
+) -> Vec<v1::TaskProgress> {
+    for ring in rings.iter() {
+        let progress = ring.state.progress();
+        for (task_id, end_row) in progress.released {
+            if let Some(task) = held.get_mut(&task_id) {
+                task.consumed_end = task.consumed_end.max(end_row);
+                task.enqueued_end = task.enqueued_end.max(end_row);
+            }
+        }
+        for (task_id, end_row) in progress.published {
+            if let Some(task) = held.get_mut(&task_id) {
+                task.enqueued_end = task.enqueued_end.max(end_row);
+            }
+        }
+    }
+    for ring in rings.iter_mut() {
+        ring.queued = 0;
+    }
+    for task in held.values() {
+        if task.consumed_end < task.end {
+            rings[task.ring].queued += 1;
+        }
+    }
+    held.iter()
+        .map(|(task_id, task)| v1::TaskProgress {
+            task_id: *task_id,
+            enqueued: task.enqueued_end - task.start,
+            consumed: task.consumed_end - task.start,
+        })
+        .collect()
+}
+
+fn ring_stats(rings: &[RankRing]) -> Vec<v1::RingStats> {
+    rings
+        .iter()
+        .map(|ring| {
+            let (used, capacity) = ring.state.occupancy();
+            v1::RingStats {
+                rank: ring.rank,
+                used_bytes: used,
+                capacity_bytes: capacity,
+                trainer_wait_ns: 0,
+                daemon_wait_ns: 0,
+            }
+        })
+        .collect()
+}
+
+/// Reads the tasks given to one ring, one after the other, into its writer.
+async fn feed(
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    writer: mpsc::Sender<Write>,
+    sources: Arc<Vec<Source>>,
+) {
+    let mut epoch = None;
+    while let Some(job) = jobs.recv().await {
+        let assignment = job.assignment;
+        if epoch.is_some_and(|current| current != assignment.epoch)
+            && writer.send(Write::EndOfEpoch).await.is_err()
+        {
+            return;
+        }
+        epoch = Some(assignment.epoch);
+        if let Err(reason) = feed_task(&assignment, &job.control, &writer, &sources).await {
+            tracing::warn!(task = assignment.task_id, %reason, "task failed");
+            lock(&job.control).failed = Some(reason);
+        }
+    }
+}
+
+/// Streams one task's rows into the writer, stopping at its stop row.
+async fn feed_task(
+    assignment: &v1::TaskAssignment,
+    control: &Mutex<Control>,
+    writer: &mpsc::Sender<Write>,
+    sources: &[Source],
+) -> Result<(), String> {
+    let split = assignment
+        .split
+        .as_ref()
+        .ok_or_else(|| format!("task {} came without its split", assignment.task_id))?;
+    let source = sources.get(split.source_index as usize).ok_or_else(|| {
+        format!(
+            "task {} names unknown source {}",
+            assignment.task_id, split.source_index
+        )
+    })?;
+    let read = sluice_formats::Split {
+        task_id: assignment.task_id,
+        uri: split.uri.clone(),
+        file_size: split.file_size,
+        first_row: split.first_row + assignment.start,
+        row_count: assignment.end - assignment.start,
+        partition_values: split
+            .partition_values
+            .iter()
+            .map(|value| (value.name.clone(), value.value.clone()))
+            .collect(),
+        delta: split
+            .delta
+            .as_ref()
+            .map(|delta| sluice_formats::DeltaSplitInfo {
+                version: delta.version,
+                deletion_vector: delta.deletion_vector.as_ref().map(|vector| {
+                    sluice_formats::DeletionVector {
+                        storage_type: vector.storage_type.clone(),
+                        path_or_inline_dv: vector.path_or_inline_dv.clone(),
+                        offset: vector.offset,
+                        size_in_bytes: vector.size_in_bytes,
+                        cardinality: vector.cardinality,
+                    }
+                }),
+            }),
+    };
+    let mut stream = source
+        .dataset
+        .read_split(&read, &source.options)
+        .await
+        .map_err(|error| error.to_string())?;
+    let mut next_row = assignment.start;
+    let mut held_back: Option<arrow::array::RecordBatch> = None;
+    loop {
+        let batch = match stream.next().await {
+            Some(batch) => Some(batch.map_err(|error| error.to_string())?),
+            None => None,
+        };
+        let end_of_task = batch.is_none();
+        if let Some(previous) = held_back.take() {
+            let rows = previous.num_rows() as u64;
+            let decided = {
+                let mut control = lock(control);
+                let limit = control.stop.unwrap_or(assignment.end);
+                if next_row >= limit {
+                    None
+                } else {
+                    let end = if end_of_task {
+                        limit
+                    } else {
+                        (next_row + rows).min(limit)
+                    };
+                    control.sent_end = end;
+                    Some((end, limit))
+                }
+            };
+            let Some((end, limit)) = decided else {
+                return Ok(());
+            };
+            let keep = (end - next_row).min(rows) as usize;
+            let write = Write::Batch {
+                batch: previous.slice(0, keep),
+                task_id: assignment.task_id,
+                first_row: next_row,
+                row_count: end - next_row,
+            };
+            if writer.send(write).await.is_err() {
+                return Err("the ring writer stopped".to_owned());
+            }
+            next_row = end;
+            if next_row >= limit {
+                return Ok(());
+            }
+        }
+        match batch {
+            Some(batch) if batch.num_rows() > 0 => held_back = Some(batch),
+            Some(_) => {}
+            None => return Ok(()),
+        }
+    }
+}
+
+async fn open_sources(data: &v1::JobData) -> Result<Vec<Source>, DaemonError> {
+    let mut sources = Vec::new();
+    for source in &data.sources {
+        let source_error = |error| DaemonError::Source {
+            uri: source.uri.clone(),
+            source: error,
+        };
+        let format = sluice_formats::FormatKind::parse(&source.format).map_err(source_error)?;
+        let open = OpenOptions {
+            storage_options: source
+                .storage_options
+                .iter()
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect(),
+            format: Some(format),
+            ..OpenOptions::default()
+        };
+        let dataset = Dataset::open(&source.uri, &open)
+            .await
+            .map_err(source_error)?;
+        let filter = source
+            .filter
+            .as_deref()
+            .map(Expr::parse)
+            .transpose()
+            .map_err(source_error)?;
+        let options = ReadOptions {
+            columns: (!source.columns.is_empty()).then(|| source.columns.clone()),
+            filter,
+            batch_rows: data.batch_size.max(1) as usize,
+        };
+        sources.push(Source { dataset, options });
+    }
+    Ok(sources)
+}
+
+/// Creates the ring of `rank`, or takes over the one a previous daemon left.
+fn open_ring(job_dir: &std::path::Path, rank: u32, size: u64) -> Result<Ring, DaemonError> {
+    let path = job_dir.join(format!("{rank}.{}", sluice_ring::RING_EXTENSION));
+    let ring_error = |error: &dyn std::fmt::Display| DaemonError::Ring(error.to_string());
+    if path.exists() {
+        return Ring::open(&path).map_err(|error| ring_error(&error));
+    }
+    RingOptions::new(&path)
+        .capacity(size)
+        .create()
+        .map_err(|error| ring_error(&error))
+}
+
+/// A client of the AM's daemon service that presents the shared token.
+type AmClient = DaemonServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// Adds `authorization: Bearer <token>` to every call when a token is set.
+#[derive(Debug, Clone)]
+struct BearerToken(Option<String>);
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            let value = format!("Bearer {token}").parse().map_err(|_| {
+                tonic::Status::invalid_argument("the token must be printable ASCII")
+            })?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
+    }
+}
+
+/// Connects to the AM, trying again with backoff up to the timeout.
+async fn connect(options: &DaemonOptions) -> Result<AmClient, DaemonError> {
+    let endpoint = if options.am.contains("://") {
+        options.am.clone()
+    } else {
+        format!("http://{}", options.am)
+    };
+    let started = std::time::Instant::now();
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let attempt = Channel::from_shared(endpoint.clone())
+            .map_err(|error| DaemonError::Unreachable {
+                am: options.am.clone(),
+                seconds: 0,
+                reason: error.to_string(),
+            })?
+            .connect()
+            .await;
+        match attempt {
+            Ok(channel) => {
+                return Ok(DaemonServiceClient::with_interceptor(
+                    channel,
+                    BearerToken(options.token.clone()),
+                ));
+            }
+            Err(error) if started.elapsed() < options.am_timeout => {
+                tracing::debug!(%error, "AM not reachable yet");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            Err(error) => {
+                return Err(DaemonError::Unreachable {
+                    am: options.am.clone(),
+                    seconds: options.am_timeout.as_secs(),
+                    reason: error.to_string(),
+                });
+            }
+        }
+    }
+}
+
+/// Makes one call, trying again while the AM is unavailable, up to the timeout.
+async fn call<T, F, Fut>(options: &DaemonOptions, mut make: F) -> Result<T, DaemonError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let started = std::time::Instant::now();
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match make().await {
+            Ok(reply) => return Ok(reply.into_inner()),
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+                ) && started.elapsed() < options.am_timeout =>
+            {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            Err(status) => return Err(DaemonError::Refused(status.message().to_owned())),
+        }
+    }
+}

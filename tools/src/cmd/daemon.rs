@@ -1,0 +1,45 @@
+//! `sluice daemon`: the node daemon of a job.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice_daemon::DaemonOptions;
+
+use crate::cmd::read::runtime;
+
+/// Arguments of `sluice daemon`.
+#[derive(Debug, clap::Args)]
+pub struct DaemonArgs {
+    /// The AM's gRPC address.
+    #[arg(long, env = "SLUICE_AM")]
+    pub am: String,
+    /// This node's id in the job, from 0 to the job's `nodes` - 1.
+    #[arg(long, default_value_t = 0)]
+    pub node_id: u64,
+    /// Rings are created under <ring-dir>/<job>/<rank>.ring.
+    #[arg(long, default_value = "/dev/shm/sluice")]
+    pub ring_dir: PathBuf,
+    /// The size of each ring's data region in bytes (a multiple of 4096).
+    #[arg(long, default_value_t = sluice_ring::DEFAULT_CAPACITY)]
+    pub ring_size: u64,
+    /// The AM's shared token.
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// How long to keep trying to reach an AM that does not answer, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub am_timeout_s: u64,
+}
+
+/// Runs the daemon until the AM shuts it down.
+pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
+    let options = DaemonOptions {
+        am: args.am,
+        node_id: args.node_id,
+        ring_dir: args.ring_dir,
+        ring_size: args.ring_size,
+        token: args.token,
+        am_timeout: Duration::from_secs(args.am_timeout_s),
+    };
+    runtime(2)?.block_on(sluice_daemon::run(options))?;
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! `sluice run` end to end on one machine: the AM, two node daemons and four reference trainers
+//! (`sluice consume`) as real processes over generated Parquet data, with every id delivered once.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const ROWS: i64 = 40_000;
+
+fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+fn read_ids(path: &Path) -> Vec<i64> {
+    std::fs::read(path)
+        .unwrap_or_default()
+        .chunks_exact(8)
+        .map(|chunk| i64::from_le_bytes(chunk.try_into().expect("8 bytes")))
+        .collect()
+}
+
+#[test]
+fn two_daemons_and_four_trainers_deliver_every_row_once() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let root = directory.path();
+    let status = sluice()
+        .args(["gen", "--out"])
+        .arg(root.join("data"))
+        .args([
+            "--rows",
+            &ROWS.to_string(),
+            "--files",
+            "4",
+            "--row-group-rows",
+            "1000",
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .expect("run sluice gen");
+    assert!(status.success(), "sluice gen failed");
+    let spec = root.join("job.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            r#"
+name: run-local
+data:
+  sources: [{{ uri: "file://{data}", format: parquet, columns: [id, label] }}]
+  task_rows: 2000
+  batch_size: 256
+nodes: 2
+roles:
+  - {{ name: worker, num: 4, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin", --max-rows-per-s, "20000"] }}
+failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 10000 }}
+"#,
+            data = root.join("data").display(),
+            sluice = env!("CARGO_BIN_EXE_sluice"),
+            root = root.display(),
+        ),
+    )
+    .expect("write job spec");
+    let output = sluice()
+        .arg("run")
+        .arg(&spec)
+        .arg("--ring-dir")
+        .arg(root.join("rings"))
+        .arg("--state-dir")
+        .arg(root.join("state"))
+        .output()
+        .expect("run sluice run");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let logs: String = std::fs::read_dir(root.join("state"))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|entry| {
+                    format!(
+                        "--- {}\n{}",
+                        entry.path().display(),
+                        std::fs::read_to_string(entry.path()).unwrap_or_default()
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        output.status.success(),
+        "sluice run failed:\n{stdout}\n{}\n{logs}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("job run-local succeeded"), "{stdout}");
+    let mut ids: Vec<i64> = (0..4)
+        .flat_map(|rank| read_ids(&root.join(format!("ids-{rank}.bin"))))
+        .collect();
+    let delivered = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), delivered, "some ids were delivered twice");
+    assert_eq!(ids, (0..ROWS).collect::<Vec<_>>(), "every id delivered");
+}
