@@ -61,6 +61,8 @@ pub struct JobEnd {
     pub state: v1::JobState,
     /// Why it failed, when it did.
     pub failure_reason: Option<String>,
+    /// Rows consumed over every epoch.
+    pub rows_consumed: u64,
 }
 
 impl AmServer {
@@ -227,10 +229,12 @@ impl AmServer {
             let executors = executors.clone();
             let _ = tokio::task::spawn_blocking(move || am.kill_executors(&executors)).await;
         }
-        let status = self.am.master().status(crate::service::now_ms());
+        let master = self.am.master();
+        let status = master.status(crate::service::now_ms());
         Ok(JobEnd {
             state: v1::JobState::try_from(status.state).unwrap_or(v1::JobState::Unspecified),
             failure_reason: status.failure_reason,
+            rows_consumed: master.rows_consumed_total(),
         })
     }
 }

@@ -58,9 +58,19 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 10000 }}
         ),
     )
     .expect("write job spec");
+    // The second run finds the first run's finished rings, which must not pass for its data.
+    for run in 0..2 {
+        for rank in 0..4 {
+            let _ = std::fs::remove_file(root.join(format!("ids-{rank}.bin")));
+        }
+        run_job(root, &spec, run);
+    }
+}
+
+fn run_job(root: &Path, spec: &Path, run: u32) {
     let output = sluice()
         .arg("run")
-        .arg(&spec)
+        .arg(spec)
         .arg("--ring-dir")
         .arg(root.join("rings"))
         .arg("--state-dir")
@@ -84,7 +94,7 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 10000 }}
         .unwrap_or_default();
     assert!(
         output.status.success(),
-        "sluice run failed:\n{stdout}\n{}\n{logs}",
+        "run {run}: sluice run failed:\n{stdout}\n{}\n{logs}",
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("job run-local succeeded"), "{stdout}");
@@ -94,6 +104,14 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 10000 }}
     let delivered = ids.len();
     ids.sort_unstable();
     ids.dedup();
-    assert_eq!(ids.len(), delivered, "some ids were delivered twice");
-    assert_eq!(ids, (0..ROWS).collect::<Vec<_>>(), "every id delivered");
+    assert_eq!(
+        ids.len(),
+        delivered,
+        "run {run}: some ids were delivered twice"
+    );
+    assert_eq!(
+        ids,
+        (0..ROWS).collect::<Vec<_>>(),
+        "run {run}: every id delivered"
+    );
 }

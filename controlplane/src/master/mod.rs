@@ -883,7 +883,7 @@ impl Master {
     }
 
     /// Rows consumed over every epoch so far.
-    fn rows_consumed_total(&self) -> u64 {
+    pub fn rows_consumed_total(&self) -> u64 {
         u64::from(self.table.epoch()) * self.table.epoch_rows() + self.table.done_rows()
     }
 

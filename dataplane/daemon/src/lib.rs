@@ -167,6 +167,17 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         .ok_or_else(|| DaemonError::Refused("the job has no sources".to_owned()))?;
     let sources = Arc::new(sources);
     let job_dir = options.ring_dir.join(&reply.job_id);
+    // Rings of an earlier run of the job that no process uses any more hold nothing anyone will
+    // read; a ring a trainer still reads is kept and taken over.
+    let collected = sluice_ring::gc::collect(&job_dir).map_err(|error| {
+        DaemonError::Ring(format!(
+            "collecting dead rings in {}: {error}",
+            job_dir.display()
+        ))
+    })?;
+    for removed in &collected.removed {
+        tracing::info!(ring = %removed.display(), "removed a dead ring of an earlier run");
+    }
     std::fs::create_dir_all(&job_dir).map_err(|error| {
         DaemonError::Ring(format!(
             "creating ring directory {}: {error}; check --ring-dir",

@@ -91,7 +91,15 @@ pub async fn serve_job(
         writeln!(stdout, "{label}: {note}")?;
     }
     stdout.flush()?;
+    let started = std::time::Instant::now();
     let end = server.serve().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    writeln!(
+        stdout,
+        "{label}: {} rows consumed in {seconds:.1} s ({:.0} rows/s)",
+        end.rows_consumed,
+        end.rows_consumed as f64 / seconds.max(1e-3)
+    )?;
     writeln!(stdout, "{label}: job {name} {}", state_name(end.state))?;
     match end.state {
         v1::JobState::Succeeded | v1::JobState::Stopped => Ok(()),

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sluice_formats::FormatKind;
-use sluice_formats::generate::{GenerateOptions, generate};
+use sluice_formats::generate::{GenerateOptions, GenerateReport, generate};
 
 use crate::cmd::read::{parse_key_value, runtime};
 
@@ -39,17 +39,45 @@ pub struct GenArgs {
 
 /// Runs `sluice gen`.
 pub fn run(args: GenArgs) -> anyhow::Result<()> {
-    let format = FormatKind::parse(&args.format)?;
     let options = GenerateOptions {
         out: args.out.clone(),
         rows: args.rows,
         files: args.files,
-        format,
+        format: FormatKind::parse(&args.format)?,
         row_group_rows: args.row_group_rows,
         seed: args.seed,
         storage_options: args.storage_options.iter().cloned().collect(),
     };
-    let bar = ProgressBar::with_draw_target(Some(args.rows), ProgressDrawTarget::hidden());
+    let report = generate_with_progress(&options)?;
+    println!(
+        "{}",
+        serde_json::json!({"out": args.out, "rows": report.rows, "files": report.files.len(), "bytes": report.bytes})
+    );
+    Ok(())
+}
+
+/// Writes `rows` rows of sample data as Parquet files under `out`.
+pub fn generate_parquet(
+    out: &std::path::Path,
+    rows: u64,
+    files: u64,
+    row_group_rows: usize,
+) -> anyhow::Result<()> {
+    generate_with_progress(&GenerateOptions {
+        out: out.display().to_string(),
+        rows,
+        files,
+        format: FormatKind::Parquet,
+        row_group_rows,
+        seed: 0,
+        storage_options: Default::default(),
+    })?;
+    Ok(())
+}
+
+/// Generates data, with a progress bar on stderr once it takes longer than a second.
+fn generate_with_progress(options: &GenerateOptions) -> anyhow::Result<GenerateReport> {
+    let bar = ProgressBar::with_draw_target(Some(options.rows), ProgressDrawTarget::hidden());
     if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} rows {per_sec} eta {eta}")
     {
         bar.set_style(style);
@@ -61,11 +89,7 @@ pub fn run(args: GenArgs) -> anyhow::Result<()> {
         }
         bar.set_position(rows);
     };
-    let report = runtime(2)?.block_on(generate(&options, &progress))?;
+    let report = runtime(2)?.block_on(generate(options, &progress))?;
     bar.finish_and_clear();
-    println!(
-        "{}",
-        serde_json::json!({"out": args.out, "rows": report.rows, "files": report.files.len(), "bytes": report.bytes})
-    );
-    Ok(())
+    Ok(report)
 }

@@ -18,8 +18,9 @@ use crate::cmd::read::runtime;
 /// Arguments of `sluice run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// The job spec (YAML, TOML or JSON).
-    pub job: PathBuf,
+    /// The job spec (YAML, TOML or JSON); without one, the quickstart: a generated sample dataset
+    /// read by two node daemons and four reference trainers.
+    pub job: Option<PathBuf>,
     /// The address of the AM's gRPC API.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
@@ -42,7 +43,10 @@ pub struct RunArgs {
 
 /// Runs a job to its end with the local launcher; exits non-zero when it fails.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let spec = JobSpec::from_path(&args.job)?;
+    let spec = match &args.job {
+        Some(job) => JobSpec::from_path(job)?,
+        None => quickstart()?,
+    };
     if spec.launcher != LauncherKind::Local {
         anyhow::bail!(
             "job {}: `sluice run` launches executors on this machine, but the spec asks for the {:?} launcher; set `launcher: local`",
@@ -54,6 +58,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .state_dir
         .unwrap_or_else(|| std::env::temp_dir().join("sluice").join(&spec.name));
     let sluice = std::env::current_exe().context("locating the sluice binary")?;
+    // A trainer must never find a finished ring of an earlier run and take it for its data: rings
+    // that no live process uses are removed before anything is launched.
+    let job_rings = args.ring_dir.join(&spec.name);
+    sluice_ring::gc::collect(&job_rings)
+        .with_context(|| format!("collecting dead rings in {}", job_rings.display()))?;
     let launcher = Arc::new(LocalLauncher::new(&state_dir, &sluice)?);
     let options = AmOptions {
         listen: args.listen,
@@ -67,6 +76,51 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let notes = [format!("executor logs in {}", state_dir.display())];
     runtime(2)?.block_on(serve_job("sluice run", spec, options, args.http, &notes))
+}
+
+/// Rows of the quickstart's sample dataset.
+const QUICKSTART_ROWS: u64 = 2_000_000;
+
+/// The quickstart job: the sample dataset, generated once into the cache directory, read by two
+/// node daemons into four `sluice consume` trainers.
+fn quickstart() -> anyhow::Result<JobSpec> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("sluice")
+        .join("quickstart");
+    let data = cache.join(format!("data-{QUICKSTART_ROWS}"));
+    if !data.join("_SUCCESS").exists() {
+        println!(
+            "sluice run: generating the sample dataset ({QUICKSTART_ROWS} rows) in {}",
+            data.display()
+        );
+        if data.exists() {
+            std::fs::remove_dir_all(&data)
+                .with_context(|| format!("removing a partial dataset at {}", data.display()))?;
+        }
+        crate::cmd::r#gen::generate_parquet(&data, QUICKSTART_ROWS, 8, 65_536)?;
+        std::fs::write(data.join("_SUCCESS"), b"")?;
+    }
+    let sluice = std::env::current_exe().context("locating the sluice binary")?;
+    let text = format!(
+        r#"
+name: quickstart
+data:
+  sources: [{{ uri: "file://{data}", format: parquet }}]
+  batch_size: 1024
+  task_rows: 65536
+  shuffle: {{ seed: 7, window: 4 }}
+nodes: 2
+roles:
+  - {{ name: worker, num: 4, command: ["{sluice}", consume] }}
+failover: {{ heartbeat_interval_ms: 200, heartbeat_timeout_ms: 10000 }}
+"#,
+        data = data.display(),
+        sluice = sluice.display(),
+    );
+    Ok(JobSpec::parse(&text, sluice_am::spec::Format::Yaml)?)
 }
 
 /// Where `sluice submit` runs the job.
