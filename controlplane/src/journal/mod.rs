@@ -33,7 +33,10 @@
 //! of generation `g` checks that `writers/<g + 1>` does not exist before it acknowledges. Any write
 //! it acknowledges was thus complete before the new writer began to read, so the new writer sees it.
 //! Writes it made after that are never acknowledged, and replay ignores them: they lie past the start
-//! of the new writer's segment (see [`recover`]).
+//! of the new writer's segment (see the `recover` module). So a local writer is fenced as soon as a newer one
+//! starts to open, even if that one then fails to replay; an object-store writer only once a newer
+//! one has replayed and claimed. Identities are compared before either, so opening another job's
+//! journal by mistake fences nobody.
 //!
 //! **Snapshots** are written after every record before them is durable, so any snapshot of a
 //! sequence holds the state every writer would have there. A task of their own writes them, so that

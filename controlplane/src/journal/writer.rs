@@ -294,6 +294,7 @@ fn settle(waiters: Vec<oneshot::Sender<Result<()>>>, outcome: &Result<()>) {
 /// batch, which every later append then reports. Snapshots go to their own task, so that a large
 /// snapshot does not hold up the batches behind it.
 pub(super) async fn run(shared: Arc<Shared>, mut sink: Sink) -> Result<()> {
+    let _stopped = FailWhenStopped(&shared);
     let (snapshot_jobs, snapshot_queue) = mpsc::unbounded_channel();
     let snapshots = tokio::spawn(write_snapshots(
         Arc::clone(&shared),
@@ -359,6 +360,20 @@ pub(super) async fn run(shared: Arc<Shared>, mut sink: Sink) -> Result<()> {
         }
     }
     outcome
+}
+
+/// Fails whatever is still queued when the writer task ends for any reason (a panic in a write, the
+/// runtime shutting down), so that no appender waits forever.
+struct FailWhenStopped<'a>(&'a Shared);
+
+impl Drop for FailWhenStopped<'_> {
+    fn drop(&mut self) {
+        if self.0.lock().failure.is_none() {
+            self.0.fail(&JournalError::WriterStopped {
+                uri: self.0.uri().to_string(),
+            });
+        }
+    }
 }
 
 /// A snapshot handed from the writer task to the snapshot task.
