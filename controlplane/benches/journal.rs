@@ -7,8 +7,9 @@
 //!   encode it, to make it durable and to open the journal again, in postcard through the journal
 //!   and in JSON (`serde_json`) for comparison.
 //!
-//! `cargo bench -p sluice-am --bench journal -- [--dir DIR] [--seconds S] [--tasks N]`, where `S`
-//! is the number of one-second rounds of each kind per appender count.
+//! `cargo bench -p sluice-am --bench journal -- [--dir DIR] [--seconds S] [--tasks N]
+//! [--write-interval-ms N]`, where `S` is the number of one-second rounds of each kind per appender
+//! count.
 
 use std::fs::File;
 use std::io::Write;
@@ -26,6 +27,7 @@ struct Options {
     directory: Option<PathBuf>,
     seconds: u64,
     tasks: u64,
+    write_interval: Duration,
 }
 
 fn parse_options() -> Options {
@@ -33,6 +35,7 @@ fn parse_options() -> Options {
         directory: None,
         seconds: 3,
         tasks: 10_000_000,
+        write_interval: Duration::ZERO,
     };
     let mut arguments = std::env::args().skip(1);
     while let Some(argument) = arguments.next() {
@@ -47,7 +50,16 @@ fn parse_options() -> Options {
             "--dir" => options.directory = Some(PathBuf::from(value("--dir"))),
             "--seconds" => options.seconds = value("--seconds").parse().expect("--seconds N"),
             "--tasks" => options.tasks = value("--tasks").parse().expect("--tasks N"),
-            other => panic!("unknown argument {other:?}; use --dir DIR, --seconds S, --tasks N"),
+            "--write-interval-ms" => {
+                options.write_interval = Duration::from_millis(
+                    value("--write-interval-ms")
+                        .parse()
+                        .expect("--write-interval-ms N"),
+                );
+            }
+            other => panic!(
+                "unknown argument {other:?}; use --dir DIR, --seconds S, --tasks N, --write-interval-ms N"
+            ),
         }
     }
     options
@@ -100,12 +112,17 @@ impl Figures {
     }
 }
 
-async fn journal_appends(directory: &Path, appenders: u64, duration: Duration) -> Figures {
+async fn journal_appends(
+    directory: &Path,
+    appenders: u64,
+    duration: Duration,
+    write_interval: Duration,
+) -> Figures {
     let uri = directory.to_str().expect("utf-8 path").to_string();
     let (journal, _) = journal::open::<Event, DataPosition>(
         &uri,
         &StorageOptions::new(),
-        JournalConfig::new("bench"),
+        JournalConfig::new("bench").write_interval(write_interval),
     )
     .await
     .expect("opens");
@@ -329,12 +346,13 @@ fn main() {
         .build()
         .expect("runtime");
     println!(
-        "appends of a heartbeat event ({} bytes encoded) in {}, {} rounds of one second each",
+        "appends of a heartbeat event ({} bytes encoded) in {}, {} rounds of one second each, journal write interval {:?}",
         postcard::to_stdvec(&heartbeat(1, 1))
             .expect("encodes")
             .len(),
         scratch.path().display(),
-        options.seconds
+        options.seconds,
+        options.write_interval
     );
     println!(
         "| appenders | journal entries/s | p50 | p99 | entries per write | write + fdatasync per append: entries/s | p50 | p99 | journal ÷ baseline |"
@@ -347,7 +365,12 @@ fn main() {
         let mut baseline = Figures::default();
         for round in 0..options.seconds {
             let directory = scratch.path().join(format!("journal-{appenders}-{round}"));
-            journal.add(runtime.block_on(journal_appends(&directory, appenders, ROUND)));
+            journal.add(runtime.block_on(journal_appends(
+                &directory,
+                appenders,
+                ROUND,
+                options.write_interval,
+            )));
             let directory = scratch.path().join(format!("baseline-{appenders}-{round}"));
             baseline.add(synced_appends(&directory, appenders, ROUND));
         }
