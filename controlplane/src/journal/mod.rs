@@ -16,7 +16,9 @@
 //! **Group commit.** [`Journal::append`] encodes the entry into the batch being filled and returns:
 //! it takes a short lock and does no IO, so it can be called while the caller holds its own lock.
 //! One background task writes. While it writes a batch, appends fill the next one, so any number of
-//! concurrent appenders cost one write (and one `fdatasync` locally) per round trip to storage.
+//! concurrent appenders cost one write (and one `fdatasync` locally) per round trip to storage. A
+//! write interval ([`JournalConfig::write_interval`], 50 ms on object stores) bounds the writes per
+//! second further, whatever the rate of appends.
 //!
 //! **Writes.** In a local directory the open segment file is appended to with `write` and
 //! `fdatasync`. On an object store (no append) each batch is a new object named after its first
@@ -33,7 +35,10 @@
 //! of generation `g` checks that `writers/<g + 1>` does not exist before it acknowledges. Any write
 //! it acknowledges was thus complete before the new writer began to read, so the new writer sees it.
 //! Writes it made after that are never acknowledged, and replay ignores them: they lie past the start
-//! of the new writer's segment (see [`recover`]).
+//! of the new writer's segment (see the `recover` module). So a local writer is fenced as soon as a newer one
+//! starts to open, even if that one then fails to replay; an object-store writer only once a newer
+//! one has replayed and claimed. Identities are compared before either, so opening another job's
+//! journal by mistake fences nobody.
 //!
 //! **Snapshots** are written after every record before them is durable, so any snapshot of a
 //! sequence holds the state every writer would have there. A task of their own writes them, so that
@@ -56,7 +61,7 @@ pub use writer::{Durable, JournalStats};
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -72,11 +77,16 @@ const CLAIM_ATTEMPTS: u32 = 16;
 /// The version of the journal's layout, stored in `identity.json`.
 const LAYOUT_VERSION: u32 = 1;
 
+/// The least time between two writes to an object store by default: at most 20 puts per second,
+/// as object stores bill per request.
+const OBJECT_STORE_WRITE_INTERVAL: Duration = Duration::from_millis(50);
+
 /// How to open a journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalConfig {
     identity: String,
     writer: String,
+    write_interval: Option<Duration>,
 }
 
 impl JournalConfig {
@@ -86,7 +96,17 @@ impl JournalConfig {
         JournalConfig {
             identity: identity.into(),
             writer: "sluice am".to_string(),
+            write_interval: None,
         }
+    }
+
+    /// Sets the least time between the starts of two writes; appends made meanwhile join the next
+    /// write. It bounds the writes per second whatever the rate of appends, and adds up to that
+    /// much to an append's latency. Defaults: zero in a local directory (a write is one
+    /// `fdatasync`), 50 ms on object stores (at most 20 puts per second).
+    pub fn write_interval(mut self, interval: Duration) -> JournalConfig {
+        self.write_interval = Some(interval);
+        self
     }
 
     /// Describes this writer in the journal, so that the writer it fences can say who did
@@ -160,6 +180,10 @@ where
         blocking(store.uri(), move || local.create_folders()).await?;
     }
     check_identity(&store, &config.identity).await?;
+    let write_interval = config.write_interval.unwrap_or(match store {
+        Store::Local(_) => Duration::ZERO,
+        Store::Object(_) => OBJECT_STORE_WRITE_INTERVAL,
+    });
     let mut record = OpenRecord {
         writer: config.writer,
         pid: std::process::id(),
@@ -215,7 +239,7 @@ where
             "opened the journal"
         );
         let shared = Arc::new(Shared::new(store.uri(), sequence + 1));
-        let writer = tokio::spawn(writer::run(Arc::clone(&shared), sink));
+        let writer = tokio::spawn(writer::run(Arc::clone(&shared), sink, write_interval));
         let journal = Journal {
             shared,
             writer: Some(writer),

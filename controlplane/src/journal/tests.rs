@@ -147,8 +147,13 @@ fn fixtures() -> [Fixture; 2] {
 
 type TestJournal = Journal<Entry, Count>;
 
+/// Opens with no write interval: these tests are about what each write holds.
 async fn open_as(store: &Store, identity: &str) -> Result<(TestJournal, Recovered<Entry, Count>)> {
-    open_store(store.clone(), JournalConfig::new(identity)).await
+    open_store(
+        store.clone(),
+        JournalConfig::new(identity).write_interval(Duration::ZERO),
+    )
+    .await
 }
 
 async fn reopen(store: &Store) -> (TestJournal, Recovered<Entry, Count>) {
@@ -267,6 +272,45 @@ async fn many_concurrent_appenders_share_writes() {
             fixture.name,
             stats.writes,
             stats.entries
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_write_interval_bounds_the_writes() {
+    let interval = Duration::from_millis(20);
+    for fixture in fixtures() {
+        let config = JournalConfig::new("job-1").write_interval(interval);
+        let (sut, _) = open_store::<Entry, Count>(fixture.store.clone(), config)
+            .await
+            .expect("opens");
+        let sut = Arc::new(sut);
+        let started = std::time::Instant::now();
+        let appenders: Vec<_> = (0..32u64)
+            .map(|appender| {
+                let sut = Arc::clone(&sut);
+                tokio::spawn(async move {
+                    for round in 0..10 {
+                        sut.append(&entry(appender * 1000 + round))
+                            .await
+                            .expect("durable");
+                    }
+                })
+            })
+            .collect();
+        for appender in appenders {
+            appender.await.expect("appender");
+        }
+        let elapsed = started.elapsed();
+        let stats = sut.stats();
+        assert_eq!(stats.entries, 320, "{}", fixture.name);
+        // Writes start at least `interval` apart, and the last one started within `elapsed`.
+        let bound = (elapsed.as_millis() / interval.as_millis()) as u64 + 1;
+        assert!(
+            stats.writes <= bound,
+            "{}: {} writes in {elapsed:?}, at most {bound} allowed",
+            fixture.name,
+            stats.writes
         );
     }
 }

@@ -9,9 +9,11 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::error::{JournalError, Result};
 use super::frame::{self, MAX_FRAME_PAYLOAD, RecordKind, SEGMENT_MAGIC};
@@ -293,19 +295,32 @@ fn settle(waiters: Vec<oneshot::Sender<Result<()>>>, outcome: &Result<()>) {
 /// The writer task: takes ops in order and makes each batch durable. Stops at the first failed
 /// batch, which every later append then reports. Snapshots go to their own task, so that a large
 /// snapshot does not hold up the batches behind it.
-pub(super) async fn run(shared: Arc<Shared>, mut sink: Sink) -> Result<()> {
+///
+/// Two writes start at least `write_interval` apart: appends made meanwhile wait and join the next
+/// write.
+pub(super) async fn run(
+    shared: Arc<Shared>,
+    mut sink: Sink,
+    write_interval: Duration,
+) -> Result<()> {
+    let _stopped = FailWhenStopped(&shared);
     let (snapshot_jobs, snapshot_queue) = mpsc::unbounded_channel();
     let snapshots = tokio::spawn(write_snapshots(
         Arc::clone(&shared),
         sink.snapshot_writer(),
         snapshot_queue,
     ));
+    let mut next_write = Instant::now();
     let outcome = loop {
+        if Instant::now() < next_write {
+            tokio::time::sleep_until(next_write).await;
+        }
         let Some(op) = shared.next_op().await else {
             break Ok(());
         };
         match op {
             Op::Records(batch) => {
+                next_write = Instant::now() + write_interval;
                 let entries = batch.waiters.len() as u64;
                 let bytes = (batch.content.len() - SEGMENT_MAGIC.len()) as u64;
                 let outcome = sink.commit(batch.first, batch.content).await;
@@ -359,6 +374,20 @@ pub(super) async fn run(shared: Arc<Shared>, mut sink: Sink) -> Result<()> {
         }
     }
     outcome
+}
+
+/// Fails whatever is still queued when the writer task ends for any reason (a panic in a write, the
+/// runtime shutting down), so that no appender waits forever.
+struct FailWhenStopped<'a>(&'a Shared);
+
+impl Drop for FailWhenStopped<'_> {
+    fn drop(&mut self) {
+        if self.0.lock().failure.is_none() {
+            self.0.fail(&JournalError::WriterStopped {
+                uri: self.0.uri().to_string(),
+            });
+        }
+    }
 }
 
 /// A snapshot handed from the writer task to the snapshot task.
