@@ -20,7 +20,7 @@ enum Command {
     Demo(cmd::demo::DemoArgs),
     /// Removes the rings under a directory whose producer, consumer and creator are all gone.
     Gc(cmd::gc::GcArgs),
-    /// Benchmarks: `sluice bench ring` compares the ring with memcpy and other transports.
+    /// Benchmarks: the ring against other transports, Parquet decode against pyarrow, and more.
     Bench(cmd::bench::BenchArgs),
     /// Reads a source (Parquet, Delta, Arrow IPC, CSV, JSON lines, TFRecord) and prints its rows or stats.
     Read(cmd::read::ReadArgs),
