@@ -91,7 +91,8 @@ pub struct LocalReader {
 }
 
 impl LocalReader {
-    /// Starts a reader: with [`LocalIo::Uring`] or [`LocalIo::Auto`], a ring and its thread.
+    /// Starts a reader: with [`LocalIo::Uring`] or [`LocalIo::Auto`], a ring and a thread for each core this
+    /// process may use.
     ///
     /// # Errors
     ///
