@@ -231,6 +231,10 @@ fn pread_into(
 /// Bytes per `IORING_OP_READ`: longer reads are cut into pieces, so that the part of a read that must wait
 /// for the device is served by several of the kernel's workers at once.
 const PIECE_BYTES: usize = 1 << 20;
+/// Pieces tried from the page cache per `io_uring_enter`. The kernel copies them before the call returns,
+/// so a small batch lets the thread answer the reads they finish before it copies the next ones, instead of
+/// answering a whole queue of reads at once after a long copy.
+const CACHE_PIECES_PER_ENTER: usize = 1;
 /// Bits of a completion's user data that number the piece; the rest number the read.
 const PIECE_BITS: u32 = 24;
 
@@ -392,6 +396,7 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &mpsc::Receiver<ReadReques
         }
         {
             let mut submission = ring.submission();
+            let mut from_cache = 0;
             while submitted < capacity
                 && let Some(&user_data) = queued.front()
             {
@@ -402,6 +407,9 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &mpsc::Receiver<ReadReques
                 };
                 let wanted = pending.wanted(index);
                 let piece = pending.pieces[index];
+                if !piece.in_workers && from_cache == CACHE_PIECES_PER_ENTER {
+                    break;
+                }
                 let start = index * PIECE_BYTES + piece.done;
                 debug_assert!(piece.done < wanted && start < pending.request.buffer.capacity());
                 // `start` is inside the buffer, and `wanted - done` bytes from it stay inside.
@@ -427,6 +435,7 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &mpsc::Receiver<ReadReques
                 }
                 queued.pop_front();
                 submitted += 1;
+                from_cache += usize::from(!piece.in_workers);
             }
         }
         if submitted == 0 {
