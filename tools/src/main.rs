@@ -6,20 +6,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// mimalloc serves every allocation: decoding allocates and frees buffers of megabytes for every batch, and
-/// mimalloc hands freed memory out again where the system allocator maps fresh pages from the kernel, each
-/// of which costs a page fault and zeroing.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// `mi_option_purge_delay` in mimalloc.h (the value it has had since mimalloc 1.x as `reset_delay`); the
-/// crate exports no constant for it.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-/// How long freed memory stays with the process before mimalloc gives it back to the kernel. mimalloc's
-/// default of one second returns buffers between splits that the next split allocates again, faulting in
-/// and zeroing fresh pages; ten seconds keeps them through a read and still returns them when idle.
-const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
-
 /// Sluice: the data plane that feeds distributed ML training.
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about)]
@@ -45,8 +31,6 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // SAFETY: mi_option_set is not thread safe; it runs first in main, before this process starts a thread.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
