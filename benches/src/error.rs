@@ -125,6 +125,96 @@ pub enum BenchError {
         /// Which thread.
         role: &'static str,
     },
+    /// Preparing a benchmark (its files, its scratch space, its runtime) failed.
+    #[error("{operation}: {source}")]
+    Setup {
+        /// What was being done.
+        operation: String,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Writing or reading a benchmark's Parquet file failed.
+    #[error("{operation}: {source}")]
+    Parquet {
+        /// What was being done.
+        operation: String,
+        /// The parquet crate's error.
+        source: parquet::errors::ParquetError,
+    },
+    /// Building benchmark data failed.
+    #[error("{operation}: {source}")]
+    Arrow {
+        /// What was being done.
+        operation: String,
+        /// The arrow crate's error.
+        source: arrow::error::ArrowError,
+    },
+    /// The formats layer failed.
+    #[error("{operation}: {source}")]
+    Format {
+        /// What was being done.
+        operation: String,
+        /// The formats layer's error.
+        source: sluice_formats::FormatError,
+    },
+    /// A program a benchmark compares against, or runs under, is not installed.
+    #[error("{program} is needed for {purpose} and did not run ({reason}); {fix}")]
+    ToolMissing {
+        /// The program.
+        program: String,
+        /// What it is needed for.
+        purpose: String,
+        /// How it failed.
+        reason: String,
+        /// How to install it.
+        fix: String,
+    },
+    /// A program the benchmark ran exited with a failure.
+    #[error("`{command}` failed ({status}); its stderr: {stderr}")]
+    CommandFailed {
+        /// The command line.
+        command: String,
+        /// How it exited.
+        status: ExitStatus,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// A program the benchmark ran did not finish in time and was killed.
+    #[error("`{command}` did not finish within {timeout:?} and was killed; its stderr: {stderr}")]
+    CommandTimeout {
+        /// The command line.
+        command: String,
+        /// The bound that was exceeded.
+        timeout: Duration,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// A program the benchmark ran printed something it cannot use.
+    #[error("`{command}` printed {stdout:?}: {reason}")]
+    CommandOutput {
+        /// The command line.
+        command: String,
+        /// What it printed.
+        stdout: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The two sides of a comparison produced different results, so their timings cannot be compared.
+    #[error("{what}: the sides disagree: {detail}")]
+    Disagree {
+        /// What was compared.
+        what: String,
+        /// How they differ.
+        detail: String,
+    },
+    /// A benchmark option has a value it cannot use.
+    #[error("{option}: {reason}")]
+    InvalidOption {
+        /// The option, as on the command line.
+        option: String,
+        /// What is wrong with it and what to give instead.
+        reason: String,
+    },
 }
 
 /// The result type of the benchmark drivers.

@@ -1,5 +1,11 @@
 //! Drivers of the `sluice bench` suite.
 //!
+//! - `sluice bench ring`: the ring against other transports (below);
+//! - `sluice bench decode` ([`decode`]): Parquet decode of a training-like file, Sluice against pyarrow on
+//!   one core, and Sluice on two cores;
+//! - `sluice bench local-io` ([`local_io`]): local byte-range reads through io_uring against `pread`;
+//! - `sluice bench plan` ([`plan`]): planning a Delta table of 1,000 files, Sluice against pyarrow.
+//!
 //! `sluice bench ring` moves records of each size from a producer to a consumer over the Sluice ring and
 //! over the transports a user would otherwise pick, one after the other in the same run, and compares
 //! them with the single-thread memcpy bandwidth of the machine:
@@ -15,10 +21,15 @@
 //! Each run is sized to last about a second (a tenth in quick mode), from a short pilot run.
 
 pub mod affinity;
+pub mod command;
+pub mod decode;
 pub mod error;
+pub mod local_io;
 pub mod memcpy;
 pub mod peer;
+pub mod plan;
 pub mod report;
+pub mod training_data;
 pub mod transport;
 pub mod workload;
 

@@ -10,7 +10,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::delta::DeltaTable;
 use crate::error::{FormatError, Result};
-use crate::parquet::{FileAccess, FooterCache, ParquetSplitRead};
+use crate::parquet::{FileAccess, FooterCache, PageIndexNeed, ParquetSplitRead};
 use crate::plan::{Split, cut};
 use crate::read::{PartitionStatistics, ReadOptions, ReadPlan};
 use crate::store::{Location, StorageOptions, open_location};
@@ -345,7 +345,13 @@ impl Dataset {
         let file_schema: SchemaRef = match kind {
             FormatKind::Parquet => Arc::clone(
                 footers
-                    .get(&access, &first.path, &first.uri, first.size, false)
+                    .get(
+                        &access,
+                        &first.path,
+                        &first.uri,
+                        first.size,
+                        PageIndexNeed::Nothing,
+                    )
                     .await?
                     .schema(),
             ),
@@ -443,7 +449,13 @@ impl Dataset {
             FormatKind::Parquet | FormatKind::Delta => {
                 let footer = self
                     .footers
-                    .get(&self.access, &file.path, &file.uri, file.size, false)
+                    .get(
+                        &self.access,
+                        &file.path,
+                        &file.uri,
+                        file.size,
+                        PageIndexNeed::Nothing,
+                    )
                     .await?;
                 Ok(crate::parquet::row_group_rows(footer.metadata()))
             }

@@ -161,38 +161,93 @@ impl FileAccess {
     }
 }
 
-/// Footers already read, by file URI: planning and reading the same dataset reads each footer once.
+/// The parts of the page index a read needs from a footer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum PageIndexNeed {
+    /// Neither: whole row groups are decoded, and no filter looks at pages.
+    Nothing,
+    /// The offset index (where each page starts and which rows it holds), so that a split that covers
+    /// part of a row group fetches and decodes only the pages of its rows.
+    Offsets,
+    /// The offset index and the column index (page statistics), for page pruning by a filter.
+    OffsetsAndStatistics,
+}
+
+impl PageIndexNeed {
+    /// Whether `metadata` holds what is needed, or holds all the file has.
+    fn met_by(self, metadata: &ParquetMetaData) -> bool {
+        let loaded = metadata.page_index();
+        let offsets = loaded.is_some_and(|index| index.has_offset_indexes())
+            || !file_has(metadata, |column| column.offset_index_offset().is_some());
+        let statistics = loaded.is_some_and(|index| index.has_column_indexes())
+            || !file_has(metadata, |column| column.column_index_offset().is_some());
+        match self {
+            Self::Nothing => true,
+            Self::Offsets => offsets,
+            Self::OffsetsAndStatistics => offsets && statistics,
+        }
+    }
+
+    fn reader_options(self) -> ArrowReaderOptions {
+        let policy = |wanted: bool| {
+            if wanted {
+                PageIndexPolicy::Optional
+            } else {
+                PageIndexPolicy::Skip
+            }
+        };
+        ArrowReaderOptions::new()
+            .with_offset_index_policy(policy(self >= Self::Offsets))
+            .with_column_index_policy(policy(self == Self::OffsetsAndStatistics))
+    }
+}
+
+/// Footers already read, by file URI: planning and reading the same dataset reads each footer once, and
+/// once more at most when a read needs more of the page index than the cached footer holds.
 #[derive(Debug, Default)]
 pub(crate) struct FooterCache {
     entries: Mutex<HashMap<String, ArrowReaderMetadata>>,
 }
 
 impl FooterCache {
-    /// Returns the footer of a file, reading it when it is not cached or lacks a page index that is wanted.
+    /// Returns the footer of a file, reading it when it is not cached or lacks a part of the page index
+    /// that is needed.
     pub(crate) async fn get(
         &self,
         access: &FileAccess,
         path: &Path,
         uri: &str,
         size: u64,
-        with_page_index: bool,
+        need: PageIndexNeed,
     ) -> Result<ArrowReaderMetadata> {
-        if let Some(cached) = self.lookup(uri) {
-            let has_index = cached.metadata().page_index().is_some();
-            if !with_page_index || has_index || !file_has_page_index(cached.metadata()) {
-                return Ok(cached);
-            }
+        let cached = self.lookup(uri);
+        if let Some(cached) = &cached
+            && need.met_by(cached.metadata())
+        {
+            return Ok(cached.clone());
         }
         let mut reader = access.open(path, uri, size).await?;
-        let policy = if with_page_index {
-            PageIndexPolicy::Optional
-        } else {
-            PageIndexPolicy::Skip
+        let metadata = match cached {
+            // The footer is known: only the page index is missing, so only the page index is read.
+            Some(cached) => {
+                let mut loader =
+                    ParquetMetaDataReader::new_with_metadata(cached.metadata().as_ref().clone())
+                        .with_offset_index_policy(need.reader_options().offset_index_policy())
+                        .with_column_index_policy(need.reader_options().column_index_policy());
+                loader
+                    .load_page_index(&mut reader)
+                    .await
+                    .map_err(|error| FormatError::parquet(uri, error))?;
+                let metadata = loader
+                    .finish()
+                    .map_err(|error| FormatError::parquet(uri, error))?;
+                ArrowReaderMetadata::try_new(Arc::new(metadata), need.reader_options())
+                    .map_err(|error| FormatError::parquet(uri, error))?
+            }
+            None => ArrowReaderMetadata::load_async(&mut reader, need.reader_options())
+                .await
+                .map_err(|error| FormatError::parquet(uri, error))?,
         };
-        let options = ArrowReaderOptions::new().with_page_index_policy(policy);
-        let metadata = ArrowReaderMetadata::load_async(&mut reader, options)
-            .await
-            .map_err(|error| FormatError::parquet(uri, error))?;
         if let Ok(mut entries) = self.entries.lock() {
             entries.insert(uri.to_string(), metadata.clone());
         }
@@ -207,12 +262,15 @@ impl FooterCache {
     }
 }
 
-fn file_has_page_index(metadata: &ParquetMetaData) -> bool {
-    metadata.row_groups().iter().any(|row_group| {
-        row_group.columns().iter().any(|column| {
-            column.column_index_offset().is_some() || column.offset_index_offset().is_some()
-        })
-    })
+/// Whether any column chunk of the file satisfies `test`.
+fn file_has(
+    metadata: &ParquetMetaData,
+    test: impl Fn(&parquet::file::metadata::ColumnChunkMetaData) -> bool,
+) -> bool {
+    metadata
+        .row_groups()
+        .iter()
+        .any(|row_group| row_group.columns().iter().any(&test))
 }
 
 /// The row counts of a file's row groups, in order.
@@ -481,6 +539,11 @@ fn range_selections(
     selections
 }
 
+/// Whether `selection` keeps every one of a row group's `rows`.
+fn selects_whole_group(selection: &RowSelection, rows: u64) -> bool {
+    selection.skipped_row_count() == 0 && selection.row_count() as u64 == rows
+}
+
 /// Removes deleted file rows from a row group's selection; `deleted` holds file row numbers, sorted.
 fn drop_deleted(
     selection: &RowSelection,
@@ -519,19 +582,22 @@ pub(crate) async fn read_split(
     request: ParquetSplitRead<'_>,
     plan: &ReadPlan,
 ) -> Result<BoxStream<'static, Result<arrow::array::RecordBatch>>> {
-    let wants_page_index = plan.filter.is_some();
-    let metadata = footers
-        .get(
+    let footer_need = if plan.filter.is_some() {
+        PageIndexNeed::OffsetsAndStatistics
+    } else {
+        PageIndexNeed::Nothing
+    };
+    let footer = |need| {
+        footers.get(
             request.access,
             request.path,
             request.uri,
             request.file_size,
-            wants_page_index,
+            need,
         )
-        .await?;
-    let parquet_metadata = Arc::clone(metadata.metadata());
-    let file_schema: SchemaRef = Arc::clone(metadata.schema());
-    let group_rows = row_group_rows(&parquet_metadata);
+    };
+    let mut metadata = footer(footer_need).await?;
+    let group_rows = row_group_rows(metadata.metadata());
     let total: u64 = group_rows.iter().sum();
     if request
         .first_row
@@ -561,6 +627,16 @@ pub(crate) async fn read_split(
             *selection = drop_deleted(selection, group_starts[*group], group_rows[*group], deleted);
         }
     }
+    // Without the offset index, the decoder fetches and decompresses a whole column chunk even for a
+    // split that wants a sliver of its row group.
+    let partial = selections
+        .iter()
+        .any(|(group, selection)| !selects_whole_group(selection, group_rows[*group]));
+    if partial && footer_need < PageIndexNeed::Offsets {
+        metadata = footer(PageIndexNeed::Offsets).await?;
+    }
+    let parquet_metadata = Arc::clone(metadata.metadata());
+    let file_schema: SchemaRef = Arc::clone(metadata.schema());
 
     let reader = request
         .access
@@ -673,8 +749,7 @@ pub(crate) async fn read_split(
     let row_group_selections: Vec<RowGroupSelection> = selections
         .into_iter()
         .map(|(group, selection)| {
-            let whole = selection.skipped_row_count() == 0
-                && selection.row_count() as u64 == group_rows[group];
+            let whole = selects_whole_group(&selection, group_rows[group]);
             RowGroupSelection::new(group, (!whole).then_some(selection))
         })
         .collect();
@@ -759,20 +834,14 @@ mod tests {
 
     async fn footer_of(
         path: &std::path::Path,
-        with_page_index: bool,
+        need: PageIndexNeed,
     ) -> (FileAccess, Path, u64, ArrowReaderMetadata) {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::local::LocalFileSystem::new());
         let access = FileAccess::Store(store);
         let object_path = Path::from_filesystem_path(path).expect("path");
         let size = std::fs::metadata(path).expect("metadata").len();
         let footer = FooterCache::default()
-            .get(
-                &access,
-                &object_path,
-                &path.to_string_lossy(),
-                size,
-                with_page_index,
-            )
+            .get(&access, &object_path, &path.to_string_lossy(), size, need)
             .await
             .expect("footer");
         (access, object_path, size, footer)
@@ -783,7 +852,7 @@ mod tests {
         let Some(path) = testdata_file("data_index_bloom_encoding_stats.parquet") else {
             return;
         };
-        let (access, object_path, size, footer) = footer_of(&path, false).await;
+        let (access, object_path, size, footer) = footer_of(&path, PageIndexNeed::Nothing).await;
         let reader = access
             .open(&object_path, &path.to_string_lossy(), size)
             .await
@@ -860,7 +929,7 @@ mod tests {
         let Some(path) = testdata_file("alltypes_tiny_pages.parquet") else {
             return;
         };
-        let (_, _, _, footer) = footer_of(&path, true).await;
+        let (_, _, _, footer) = footer_of(&path, PageIndexNeed::OffsetsAndStatistics).await;
         let metadata = footer.metadata();
         assert!(metadata.page_index().is_some(), "the page index was loaded");
         let rows = metadata.row_group(0).num_rows() as usize;
@@ -892,7 +961,7 @@ mod tests {
             .write(&crate::generate::batch(3, 0, 1000).expect("batch"))
             .expect("write");
         writer.close().expect("close");
-        let (_, _, _, footer) = footer_of(&path, false).await;
+        let (_, _, _, footer) = footer_of(&path, PageIndexNeed::Nothing).await;
         let groups: Vec<usize> = (0..10).collect();
         let statistics = RowGroupStatistics {
             metadata: footer.metadata(),
@@ -915,6 +984,129 @@ mod tests {
             .prune(&statistics)
             .expect("prunes");
         assert_eq!(keep, [vec![false; 9], vec![true]].concat());
+    }
+
+    /// Writes 3,000 generated rows in row groups of 1,000 into `directory`.
+    fn three_row_groups(directory: &std::path::Path) -> std::path::PathBuf {
+        let path = directory.join("groups.parquet");
+        let properties = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1000))
+            .set_data_page_row_count_limit(100)
+            .set_write_batch_size(100)
+            .build();
+        let file = std::fs::File::create(&path).expect("create");
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(file, crate::generate::schema(), Some(properties))
+                .expect("writer");
+        writer
+            .write(&crate::generate::batch(9, 0, 3000).expect("batch"))
+            .expect("write");
+        writer.close().expect("close");
+        path
+    }
+
+    fn loaded_indexes(footer: &ArrowReaderMetadata) -> (bool, bool) {
+        footer
+            .metadata()
+            .page_index()
+            .map_or((false, false), |index| {
+                (index.has_offset_indexes(), index.has_column_indexes())
+            })
+    }
+
+    #[tokio::test]
+    async fn footer_cache_loads_the_parts_of_the_page_index_a_read_needs() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = three_row_groups(directory.path());
+        let (access, object_path, size, plain) = footer_of(&path, PageIndexNeed::Nothing).await;
+        assert_eq!(loaded_indexes(&plain), (false, false));
+        let sut = FooterCache::default();
+        let uri = path.to_string_lossy();
+        let get = |need| sut.get(&access, &object_path, &uri, size, need);
+        let first = get(PageIndexNeed::Nothing).await.expect("footer");
+        assert_eq!(loaded_indexes(&first), (false, false));
+        let offsets = get(PageIndexNeed::Offsets).await.expect("offsets");
+        assert_eq!(loaded_indexes(&offsets), (true, false));
+        assert_eq!(offsets.schema(), first.schema());
+        let again = get(PageIndexNeed::Nothing).await.expect("cached");
+        assert!(
+            Arc::ptr_eq(again.metadata(), offsets.metadata()),
+            "a footer that holds more than is needed is reused"
+        );
+        let full = get(PageIndexNeed::OffsetsAndStatistics)
+            .await
+            .expect("statistics");
+        assert_eq!(loaded_indexes(&full), (true, true));
+    }
+
+    #[tokio::test]
+    async fn a_split_inside_a_row_group_reads_with_the_offset_index() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = three_row_groups(directory.path());
+        let (access, object_path, size, plain) = footer_of(&path, PageIndexNeed::Nothing).await;
+        let uri = path.to_string_lossy().into_owned();
+        let sut = FooterCache::default();
+        let plan = ReadPlan::raw(Arc::clone(plain.schema()), 256);
+        let read = |first_row, row_count| {
+            let request = ParquetSplitRead {
+                access: &access,
+                path: &object_path,
+                uri: &uri,
+                file_size: size,
+                task_id: 0,
+                first_row,
+                row_count,
+                partitions: Vec::new(),
+                deleted_rows: None,
+            };
+            let sut = &sut;
+            let plan = &plan;
+            async move {
+                let batches: Vec<arrow::array::RecordBatch> = read_split(sut, request, plan)
+                    .await
+                    .expect("opens")
+                    .try_collect()
+                    .await
+                    .expect("reads");
+                let ids: Vec<i64> = batches
+                    .iter()
+                    .flat_map(|batch| {
+                        batch
+                            .column(0)
+                            .as_any()
+                            .downcast_ref::<arrow::array::Int64Array>()
+                            .expect("ids")
+                            .values()
+                            .to_vec()
+                    })
+                    .collect();
+                ids
+            }
+        };
+        let whole = read(1000, 1000).await;
+        assert_eq!(whole, (1000..2000).collect::<Vec<i64>>());
+        let cached = sut
+            .get(&access, &object_path, &uri, size, PageIndexNeed::Nothing)
+            .await
+            .expect("cached");
+        assert_eq!(
+            loaded_indexes(&cached),
+            (false, false),
+            "whole row groups need no page index"
+        );
+        let sliver = read(1250, 300).await;
+        assert_eq!(sliver, (1250..1550).collect::<Vec<i64>>());
+        let cached = sut
+            .get(&access, &object_path, &uri, size, PageIndexNeed::Nothing)
+            .await
+            .expect("cached");
+        assert_eq!(
+            loaded_indexes(&cached),
+            (true, false),
+            "a split inside a row group loaded the offset index"
+        );
+        let across = read(1900, 1050).await;
+        assert_eq!(across, (1900..2950).collect::<Vec<i64>>());
     }
 
     #[test]

@@ -1,23 +1,35 @@
-//! Local byte-range reads through io_uring on a dedicated thread, with a `pread` fallback.
+//! Local byte-range reads through io_uring on dedicated threads, with a `pread` fallback.
 //!
 //! # Implementation
 //!
-//! One thread owns the ring. Callers send it read requests over a channel and await a oneshot reply. The
-//! thread allocates each request's buffer, queues an `IORING_OP_READ` tagged with the request's slot, and
-//! keeps the buffer and the file in that slot until the completion for the tag arrives, so the kernel never
-//! writes into freed memory and never reads a closed descriptor. A short read (the file shrank, or the
-//! kernel returned fewer bytes) is finished with `pread` on the same thread. The thread drains its in-flight
-//! reads before it exits, which it does when the last [`LocalReader`] handle is dropped.
+//! There is one ring per core this process may use, each owned by its own thread. A caller allocates the
+//! read's buffer (without zeroing it), sends the request to the rings in turn over a channel, and awaits a
+//! oneshot reply. A read longer than 1 MiB is cut into 1 MiB pieces. Each piece is first issued with
+//! `RWF_NOWAIT`, so the kernel copies what the page cache holds right away on the ring's thread, and
+//! answers `EAGAIN` (or a short count) instead of waiting for the device; what is left of the piece is then
+//! issued again with `IOSQE_ASYNC`, for the kernel's worker threads, which wait for the device and serve
+//! several pieces at once. Warm reads thus cost one thread hop and one copy, as with `pread`, and cold reads
+//! keep many requests in flight at the device.
+//!
+//! The thread keeps each buffer and file in the read's entry until the completion of every piece has
+//! arrived, so the kernel never writes into freed memory and never reads a closed descriptor. A piece that
+//! the workers cut short (the end of the file, or the file shrank) ends the read there, and `pread` checks
+//! the rest on the same thread. A thread drains its in-flight reads before it exits, which it does when the
+//! last [`LocalReader`] handle is dropped.
+//!
+//! Registered buffers (`IORING_OP_READ_FIXED`) are not used: a read's bytes go to the Parquet decoder as
+//! they are and live until it has decoded the row group, so a fixed set of registered buffers would either
+//! be copied out of, or be held by the decoder for as long.
 //!
 //! Where io_uring is refused (seccomp filters in containers, old kernels), [`LocalIo::Auto`] falls back to
 //! `pread` on tokio's blocking pool.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 
 use bytes::Bytes;
@@ -58,24 +70,29 @@ struct ReadRequest {
     file: Arc<File>,
     offset: u64,
     length: usize,
+    /// Empty, with room for `length` bytes: the read fills its spare capacity, so no byte is zeroed first.
+    buffer: Vec<u8>,
     reply: tokio::sync::oneshot::Sender<std::io::Result<Bytes>>,
 }
 
-/// A read queued in the ring: the request and the buffer the kernel writes into.
-struct InFlight {
-    request: ReadRequest,
-    buffer: Vec<u8>,
+/// The ring threads of a [`LocalReader`]: one per core this process may use.
+#[derive(Debug)]
+struct Rings {
+    senders: Vec<mpsc::Sender<ReadRequest>>,
+    /// Counts reads, to hand them to the rings in turn.
+    next: AtomicUsize,
 }
 
 /// Reads byte ranges of local files.
 #[derive(Debug, Clone)]
 pub struct LocalReader {
     backend: LocalBackend,
-    sender: Option<mpsc::Sender<ReadRequest>>,
+    rings: Option<Arc<Rings>>,
 }
 
 impl LocalReader {
-    /// Starts a reader: with [`LocalIo::Uring`] or [`LocalIo::Auto`], a ring and its thread.
+    /// Starts a reader: with [`LocalIo::Uring`] or [`LocalIo::Auto`], a ring and a thread for each core this
+    /// process may use.
     ///
     /// # Errors
     ///
@@ -84,29 +101,39 @@ impl LocalReader {
         if matches!(mode, LocalIo::Pread | LocalIo::ObjectStore) {
             return Ok(Self {
                 backend: LocalBackend::Pread,
-                sender: None,
+                rings: None,
             });
         }
-        match io_uring::IoUring::new(RING_ENTRIES) {
-            Ok(ring) => {
-                let (sender, receiver) = mpsc::channel();
-                std::thread::Builder::new()
-                    .name("sluice-uring".to_string())
-                    .spawn(move || ring_thread(ring, &receiver))?;
-                Ok(Self {
-                    backend: LocalBackend::Uring,
-                    sender: Some(sender),
-                })
+        let count = std::thread::available_parallelism().map_or(1, usize::from);
+        let mut rings = Vec::with_capacity(count);
+        for _ in 0..count {
+            match io_uring::IoUring::new(RING_ENTRIES) {
+                Ok(ring) => rings.push(ring),
+                Err(error) if mode == LocalIo::Auto => {
+                    tracing::info!(%error, "io_uring is not available, reading local files with pread");
+                    return Ok(Self {
+                        backend: LocalBackend::Pread,
+                        rings: None,
+                    });
+                }
+                Err(error) => return Err(error),
             }
-            Err(error) if mode == LocalIo::Auto => {
-                tracing::info!(%error, "io_uring is not available, reading local files with pread");
-                Ok(Self {
-                    backend: LocalBackend::Pread,
-                    sender: None,
-                })
-            }
-            Err(error) => Err(error),
         }
+        let mut senders = Vec::with_capacity(count);
+        for (index, ring) in rings.into_iter().enumerate() {
+            let (sender, receiver) = mpsc::channel();
+            std::thread::Builder::new()
+                .name(format!("sluice-uring-{index}"))
+                .spawn(move || ring_thread(ring, &receiver))?;
+            senders.push(sender);
+        }
+        Ok(Self {
+            backend: LocalBackend::Uring,
+            rings: Some(Arc::new(Rings {
+                senders,
+                next: AtomicUsize::new(0),
+            })),
+        })
     }
 
     /// Returns the backend in use.
@@ -116,6 +143,10 @@ impl LocalReader {
 
     /// Reads `range` of `file`; the result is shorter only at the end of the file.
     ///
+    /// The buffer is allocated here, on the caller's thread, which is also where the decoder that holds the
+    /// bytes frees them: the allocator then hands the same memory out again for the next read instead of
+    /// mapping fresh pages.
+    ///
     /// # Errors
     ///
     /// Returns the OS error of the read.
@@ -123,14 +154,19 @@ impl LocalReader {
         let length = usize::try_from(range.end.saturating_sub(range.start)).map_err(|_| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "range too large")
         })?;
-        match &self.sender {
-            Some(sender) => {
+        let buffer = Vec::with_capacity(length);
+        match &self.rings {
+            Some(rings) => {
+                // Relaxed: the counter only spreads reads over the rings; nothing else is ordered by it.
+                let turn = rings.next.fetch_add(1, Ordering::Relaxed);
+                let sender = &rings.senders[turn % rings.senders.len()];
                 let (reply, response) = tokio::sync::oneshot::channel();
                 sender
                     .send(ReadRequest {
                         file: Arc::clone(file),
                         offset: range.start,
                         length,
+                        buffer,
                         reply,
                     })
                     .map_err(|_| std::io::Error::other("the io_uring thread has stopped"))?;
@@ -141,7 +177,7 @@ impl LocalReader {
             None => {
                 let file = Arc::clone(file);
                 tokio::task::spawn_blocking(move || {
-                    pread_exact(&file, range.start, vec![0; length], 0)
+                    pread_into(&file, range.start, buffer, length).map(Bytes::from)
                 })
                 .await
                 .map_err(std::io::Error::other)?
@@ -150,32 +186,176 @@ impl LocalReader {
     }
 }
 
-/// Fills `buffer[filled..]` from `offset + filled` with `pread`, stopping early only at the end of the file.
-fn pread_exact(
+/// Reads with `pread` into the spare capacity of `buffer` until it holds `length` bytes or the file ends;
+/// the bytes already in `buffer` are the first ones of the range that starts at `offset`.
+fn pread_into(
     file: &File,
     offset: u64,
     mut buffer: Vec<u8>,
-    mut filled: usize,
-) -> std::io::Result<Bytes> {
-    while filled < buffer.len() {
-        match file.read_at(&mut buffer[filled..], offset + filled as u64) {
-            Ok(0) => break,
-            Ok(count) => filled += count,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
+    length: usize,
+) -> std::io::Result<Vec<u8>> {
+    buffer.reserve_exact(length.saturating_sub(buffer.len()));
+    while buffer.len() < length {
+        let filled = buffer.len();
+        let position = libc::off_t::try_from(offset + filled as u64).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "offset too large")
+        })?;
+        // SAFETY: the destination is the spare capacity of `buffer` past `filled`, which holds at least
+        // `length - filled` bytes (reserved above) and which nothing else references during the call.
+        let count = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                buffer.as_mut_ptr().add(filled).cast(),
+                length - filled,
+                position,
+            )
+        };
+        match count {
+            0 => break,
+            count if count > 0 => {
+                // SAFETY: `pread` initialised the `count` bytes after `filled`, and count <= length - filled
+                // <= capacity - filled.
+                unsafe { buffer.set_len(filled + count.unsigned_abs()) };
+            }
+            _ => {
+                let error = std::io::Error::last_os_error();
+                if error.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(error);
+                }
+            }
         }
     }
-    buffer.truncate(filled);
-    Ok(Bytes::from(buffer))
+    Ok(buffer)
+}
+
+/// Bytes per `IORING_OP_READ`: longer reads are cut into pieces, so that the part of a read that must wait
+/// for the device is served by several of the kernel's workers at once.
+const PIECE_BYTES: usize = 1 << 20;
+/// Pieces tried from the page cache per `io_uring_enter`. The kernel copies them before the call returns,
+/// so a small batch lets the thread answer the reads they finish before it copies the next ones, instead of
+/// answering a whole queue of reads at once after a long copy.
+const CACHE_PIECES_PER_ENTER: usize = 1;
+/// Bits of a completion's user data that number the piece; the rest number the read.
+const PIECE_BITS: u32 = 24;
+
+/// Where one piece of a read stands.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    /// Bytes of the piece read so far.
+    done: usize,
+    /// Whether the next attempt goes to the kernel's workers (after the page cache could not serve it).
+    in_workers: bool,
+}
+
+/// A read in the ring: the request, the buffer the kernel writes into, and where each piece stands.
+struct PendingRead {
+    request: ReadRequest,
+    pieces: Vec<Piece>,
+    /// Pieces not complete yet.
+    outstanding: usize,
+    /// The first error a piece returned, as a negated errno.
+    error: Option<i32>,
+}
+
+impl PendingRead {
+    fn wanted(&self, index: usize) -> usize {
+        PIECE_BYTES.min(self.request.length - index * PIECE_BYTES)
+    }
+
+    /// Records the result of one attempt at piece `index`; returns whether the piece must be queued again.
+    fn record(&mut self, index: usize, result: i32) -> bool {
+        let wanted = self.wanted(index);
+        let Some(piece) = self.pieces.get_mut(index) else {
+            return false;
+        };
+        let retry = match result {
+            result if result == -libc::EAGAIN && !piece.in_workers => true,
+            result if result < 0 => {
+                self.error.get_or_insert(result);
+                false
+            }
+            0 => false,
+            count => {
+                piece.done += count.unsigned_abs() as usize;
+                piece.done < wanted && !piece.in_workers
+            }
+        };
+        if retry {
+            // What the page cache did not hold is read by the kernel's workers, which may block on the device.
+            piece.in_workers = true;
+        } else {
+            self.outstanding -= 1;
+        }
+        retry
+    }
+
+    /// Builds the reply once every piece is complete.
+    fn finish(self) {
+        let Self {
+            request,
+            pieces,
+            error,
+            ..
+        } = self;
+        let ReadRequest {
+            file,
+            offset,
+            length,
+            mut buffer,
+            reply,
+        } = request;
+        if let Some(errno) = error {
+            let _ = reply.send(Err(std::io::Error::from_raw_os_error(-errno)));
+            return;
+        }
+        // The bytes up to the first short piece are in place; a short piece means the end of the file, or
+        // a read the kernel cut short, which pread finishes from there.
+        let mut filled = 0;
+        for (index, piece) in pieces.iter().enumerate() {
+            let wanted = PIECE_BYTES.min(length - index * PIECE_BYTES);
+            filled = index * PIECE_BYTES + piece.done.min(wanted);
+            if piece.done < wanted {
+                break;
+            }
+        }
+        debug_assert!(filled <= buffer.capacity());
+        // SAFETY: every piece before the first short one was read whole and the short one up to its count,
+        // so the kernel initialised the first `filled` bytes of the buffer, which has room for `length`.
+        unsafe { buffer.set_len(filled) };
+        let result = if filled < length {
+            pread_into(&file, offset, buffer, length)
+        } else {
+            Ok(buffer)
+        };
+        let _ = reply.send(result.map(Bytes::from));
+    }
+}
+
+/// Serves a request with `pread` on this thread: after io_uring failed, or for a read too long to number.
+fn serve_with_pread(request: ReadRequest) {
+    let ReadRequest {
+        file,
+        offset,
+        length,
+        buffer,
+        reply,
+    } = request;
+    let _ = reply.send(pread_into(&file, offset, buffer, length).map(Bytes::from));
 }
 
 fn ring_thread(mut ring: io_uring::IoUring, receiver: &mpsc::Receiver<ReadRequest>) {
-    let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
-    let mut next_tag = 0u64;
+    let capacity = RING_ENTRIES as usize;
+    let mut reads: HashMap<u64, PendingRead> = HashMap::new();
+    // Pieces to hand to the kernel, as their user data, in request order.
+    let mut queued: VecDeque<u64> = VecDeque::new();
+    // Attempts handed to the kernel whose completion has not been reaped: at most `capacity`, so the
+    // completion queue (twice the submission queue) never overflows.
+    let mut submitted = 0usize;
+    let mut next_read = 0u64;
     let mut open = true;
-    while open || !in_flight.is_empty() {
+    while open || !reads.is_empty() {
         let mut incoming = Vec::new();
-        if in_flight.is_empty() {
+        if reads.is_empty() {
             match receiver.recv() {
                 Ok(request) => incoming.push(request),
                 Err(_) => open = false,
@@ -192,57 +372,73 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &mpsc::Receiver<ReadReques
             }
         }
         for request in incoming {
-            let tag = next_tag;
-            next_tag += 1;
-            let Ok(length) = u32::try_from(request.length) else {
-                // Larger than one read can return: serve it with pread on this thread.
-                let result = pread_exact(&request.file, request.offset, vec![0; request.length], 0);
-                let _ = request.reply.send(result);
+            let piece_count = request.length.div_ceil(PIECE_BYTES);
+            if piece_count == 0 || piece_count >= 1 << PIECE_BITS {
+                serve_with_pread(request);
                 continue;
-            };
-            let mut slot = InFlight {
-                buffer: vec![0; request.length],
-                request,
-            };
-            let entry = io_uring::opcode::Read::new(
-                io_uring::types::Fd(slot.request.file.as_raw_fd()),
-                slot.buffer.as_mut_ptr(),
-                length,
-            )
-            .offset(slot.request.offset)
-            .build()
-            .user_data(tag);
-            let pushed = {
-                let mut submission = ring.submission();
-                // SAFETY: the buffer and the file live in `in_flight[tag]`, which is removed only when the
-                // completion tagged `tag` has arrived; the heap buffer does not move when the slot moves.
-                unsafe { submission.push(&entry) }
-            };
-            if pushed.is_err() {
-                // The queue is full: hand what is queued to the kernel and retry once there is room.
-                if let Err(error) = ring.submit() {
-                    let _ = slot.request.reply.send(Err(error));
-                    continue;
-                }
-                let retry = {
-                    let mut submission = ring.submission();
-                    // SAFETY: as above; the slot is stored below before any completion is reaped.
-                    unsafe { submission.push(&entry) }
-                };
-                if retry.is_err() {
-                    let result = pread_exact(
-                        &slot.request.file,
-                        slot.request.offset,
-                        std::mem::take(&mut slot.buffer),
-                        0,
-                    );
-                    let _ = slot.request.reply.send(result);
-                    continue;
-                }
             }
-            in_flight.insert(tag, slot);
+            let read = next_read;
+            next_read += 1;
+            queued.extend((0..piece_count as u64).map(|piece| (read << PIECE_BITS) | piece));
+            let piece = Piece {
+                done: 0,
+                in_workers: false,
+            };
+            reads.insert(
+                read,
+                PendingRead {
+                    request,
+                    pieces: vec![piece; piece_count],
+                    outstanding: piece_count,
+                    error: None,
+                },
+            );
         }
-        if in_flight.is_empty() {
+        {
+            let mut submission = ring.submission();
+            let mut from_cache = 0;
+            while submitted < capacity
+                && let Some(&user_data) = queued.front()
+            {
+                let index = (user_data & ((1 << PIECE_BITS) - 1)) as usize;
+                let Some(pending) = reads.get_mut(&(user_data >> PIECE_BITS)) else {
+                    queued.pop_front();
+                    continue;
+                };
+                let wanted = pending.wanted(index);
+                let piece = pending.pieces[index];
+                if !piece.in_workers && from_cache == CACHE_PIECES_PER_ENTER {
+                    break;
+                }
+                let start = index * PIECE_BYTES + piece.done;
+                debug_assert!(piece.done < wanted && start < pending.request.buffer.capacity());
+                // `start` is inside the buffer, and `wanted - done` bytes from it stay inside.
+                let entry = io_uring::opcode::Read::new(
+                    io_uring::types::Fd(pending.request.file.as_raw_fd()),
+                    pending.request.buffer.as_mut_ptr().wrapping_add(start),
+                    u32::try_from(wanted - piece.done).unwrap_or(u32::MAX),
+                )
+                .offset(pending.request.offset + start as u64);
+                // First from the page cache on this thread, failing instead of waiting; then by the workers.
+                let entry = if piece.in_workers {
+                    entry.build().flags(io_uring::squeue::Flags::ASYNC)
+                } else {
+                    entry.rw_flags(libc::RWF_NOWAIT).build()
+                };
+                let entry = entry.user_data(user_data);
+                // SAFETY: the kernel writes at most `wanted - done` bytes from `start`, inside the spare
+                // capacity of the buffer held in `reads` (whose heap block does not move when the map does)
+                // until this attempt's completion is reaped, and the file it reads stays open in the same
+                // entry.
+                if unsafe { submission.push(&entry) }.is_err() {
+                    break;
+                }
+                queued.pop_front();
+                submitted += 1;
+                from_cache += usize::from(!piece.in_workers);
+            }
+        }
+        if submitted == 0 {
             continue;
         }
         if let Err(error) = ring.submit_and_wait(1) {
@@ -250,15 +446,15 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &mpsc::Receiver<ReadReques
                 continue;
             }
             tracing::error!(%error, "io_uring failed, continuing with pread");
-            // Tearing the ring down cancels and waits for its reads, so the buffers can be freed after it.
+            // Tearing the ring down cancels and waits for its reads, so the buffers can be reused after it.
             drop(ring);
-            for (_, slot) in in_flight.drain() {
-                let result = pread_exact(&slot.request.file, slot.request.offset, slot.buffer, 0);
-                let _ = slot.request.reply.send(result);
+            for (_, pending) in reads.drain() {
+                let mut request = pending.request;
+                request.buffer.clear();
+                serve_with_pread(request);
             }
             while let Ok(request) = receiver.recv() {
-                let result = pread_exact(&request.file, request.offset, vec![0; request.length], 0);
-                let _ = request.reply.send(result);
+                serve_with_pread(request);
             }
             return;
         }
@@ -266,23 +462,20 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &mpsc::Receiver<ReadReques
             .completion()
             .map(|entry| (entry.user_data(), entry.result()))
             .collect();
-        for (tag, result) in completions {
-            let Some(slot) = in_flight.remove(&tag) else {
+        for (user_data, result) in completions {
+            submitted = submitted.saturating_sub(1);
+            let read = user_data >> PIECE_BITS;
+            let index = (user_data & ((1 << PIECE_BITS) - 1)) as usize;
+            let Some(pending) = reads.get_mut(&read) else {
                 continue;
             };
-            let reply = if result < 0 {
-                Err(std::io::Error::from_raw_os_error(-result))
-            } else {
-                let filled = usize::try_from(result).unwrap_or(0);
-                if filled == slot.buffer.len() || filled == 0 {
-                    let mut buffer = slot.buffer;
-                    buffer.truncate(filled);
-                    Ok(Bytes::from(buffer))
-                } else {
-                    pread_exact(&slot.request.file, slot.request.offset, slot.buffer, filled)
-                }
-            };
-            let _ = slot.request.reply.send(reply);
+            if pending.record(index, result) {
+                queued.push_back(user_data);
+            } else if pending.outstanding == 0
+                && let Some(done) = reads.remove(&read)
+            {
+                done.finish();
+            }
         }
     }
 }
@@ -407,6 +600,132 @@ mod tests {
         let (merged, owner) = coalesce(&ranges);
         assert_eq!(merged, vec![0..30, 100_000..100_005, 200_000..200_010]);
         assert_eq!(owner, vec![2, 0, 0, 1]);
+    }
+
+    fn pending(
+        length: usize,
+    ) -> (
+        PendingRead,
+        tokio::sync::oneshot::Receiver<std::io::Result<Bytes>>,
+    ) {
+        let file = tempfile::tempfile().expect("tempfile");
+        let (reply, response) = tokio::sync::oneshot::channel();
+        let piece_count = length.div_ceil(PIECE_BYTES);
+        let sut = PendingRead {
+            request: ReadRequest {
+                file: Arc::new(file),
+                offset: 0,
+                length,
+                buffer: Vec::with_capacity(length),
+                reply,
+            },
+            pieces: vec![
+                Piece {
+                    done: 0,
+                    in_workers: false,
+                };
+                piece_count
+            ],
+            outstanding: piece_count,
+            error: None,
+        };
+        (sut, response)
+    }
+
+    #[test]
+    fn a_piece_the_page_cache_cannot_serve_goes_to_the_workers_once() {
+        let (mut sut, _response) = pending(PIECE_BYTES + 10);
+        assert!(sut.record(0, -libc::EAGAIN), "EAGAIN from the cache: retry");
+        assert!(sut.pieces[0].in_workers);
+        assert!(
+            !sut.record(0, -libc::EAGAIN),
+            "EAGAIN from the workers: an error"
+        );
+        assert_eq!(sut.error, Some(-libc::EAGAIN));
+        assert!(
+            sut.record(1, 4),
+            "a short read from the cache: the rest goes to the workers"
+        );
+        assert_eq!(sut.pieces[1].done, 4);
+        assert!(
+            !sut.record(1, 3),
+            "a short read from the workers ends the piece"
+        );
+        assert_eq!(sut.outstanding, 0);
+    }
+
+    #[tokio::test]
+    async fn a_read_ends_at_the_first_short_piece_and_reports_the_first_error() {
+        let (mut sut, response) = pending(2 * PIECE_BYTES + 5);
+        let whole = i32::try_from(PIECE_BYTES).expect("fits");
+        assert!(!sut.record(0, whole));
+        assert!(!sut.record(2, 0));
+        assert!(sut.record(1, 100));
+        assert!(!sut.record(1, 0), "the end of the file");
+        assert_eq!(sut.outstanding, 0);
+        sut.finish();
+        // The file is empty, so pread finds nothing past the 1 MiB + 100 bytes the pieces reported.
+        let bytes = response.await.expect("reply").expect("read");
+        assert_eq!(bytes.len(), PIECE_BYTES + 100);
+        let (mut failing, response) = pending(10);
+        assert!(!failing.record(0, -libc::EIO));
+        failing.finish();
+        let error = response.await.expect("reply").expect_err("error");
+        assert_eq!(error.raw_os_error(), Some(libc::EIO));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn long_reads_come_back_whole_from_a_cold_and_a_warm_page_cache() {
+        let uring = match LocalReader::new(LocalIo::Uring) {
+            Ok(reader) => reader,
+            Err(error) => {
+                eprintln!(
+                    "skipped: long_reads_come_back_whole_from_a_cold_and_a_warm_page_cache: io_uring refused here ({error})"
+                );
+                return;
+            }
+        };
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("long.bin");
+        let size = 3 * PIECE_BYTES + PIECE_BYTES / 2;
+        let content: Vec<u8> = (0..size)
+            .map(|index| (index.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let mut writer = std::fs::File::create(&path).expect("create");
+        writer.write_all(&content).expect("write");
+        writer.sync_all().expect("sync");
+        let file = Arc::new(File::open(&path).expect("open"));
+        let size = size as u64;
+        let piece = PIECE_BYTES as u64;
+        let ranges = [
+            0..size,
+            piece - 5..2 * piece + 7,
+            size - 10..size + 2 * piece,
+            3 * piece..size,
+        ];
+        for cold in [true, false] {
+            if cold {
+                // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is open.
+                let status = unsafe {
+                    libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+                };
+                assert_eq!(status, 0, "dropping the file from the page cache");
+            }
+            let reads = futures::future::try_join_all(
+                ranges.iter().map(|range| uring.read(&file, range.clone())),
+            )
+            .await
+            .expect("reads");
+            for (range, bytes) in ranges.iter().zip(reads) {
+                let start = usize::try_from(range.start).expect("fits");
+                let end = usize::try_from(range.end.min(size)).expect("fits");
+                assert_eq!(bytes.len(), end - start, "{range:?} cold={cold}");
+                assert!(
+                    bytes[..] == content[start..end],
+                    "{range:?} cold={cold}: bytes differ"
+                );
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

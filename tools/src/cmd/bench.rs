@@ -1,7 +1,15 @@
 //! `sluice bench`: the benchmark suite.
 
+use std::ffi::OsString;
+use std::path::PathBuf;
+
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use sluice_bench::decode::{DecodeBenchOptions, run_decode_bench};
+use sluice_bench::local_io::{
+    DEFAULT_IN_FLIGHT, DEFAULT_RANGE_SIZES, LocalIoBenchOptions, run_local_io_bench,
+};
+use sluice_bench::plan::{PlanBenchOptions, run_plan_bench};
 use sluice_bench::workload::parse_sizes;
 use sluice_bench::{PeerArgs, PeerCommand, RingBenchOptions, Transport, peer_main, run_ring_bench};
 
@@ -19,6 +27,72 @@ enum BenchCommand {
     /// The producer process of a two-process run; `sluice bench ring` starts it.
     #[command(hide = true)]
     RingPeer(RingPeerArgs),
+    /// Parquet decode of a training-like file: `sluice read --stats` against pyarrow, both on one core.
+    Decode(DecodeArgs),
+    /// Local byte-range reads through io_uring against pread, cold and warm.
+    LocalIo(LocalIoArgs),
+    /// Planning a Delta table of 1,000 files: `sluice plan` against a pyarrow planner.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Args)]
+struct LocalIoArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// A 64 MiB file instead of 1 GiB, and one round.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds; the two paths take turns in each.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Reads in flight at once.
+    #[arg(long, default_value_t = DEFAULT_IN_FLIGHT)]
+    in_flight: usize,
+    /// Range sizes, comma-separated, in bytes or with KiB/MiB (default 64KiB,512KiB,1MiB,8MiB).
+    #[arg(long, value_name = "SIZES")]
+    sizes: Option<String>,
+    /// Where the file is written once and then reused; not tmpfs [default: ~/.cache/sluice/bench].
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct PlanArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// A table of 100 files instead of 1,000, and one round.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds; the two planners take turns in each.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Where the table is written once and then reused [default: ~/.cache/sluice/bench].
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// The Python interpreter that has pyarrow.
+    #[arg(long, default_value = "python3")]
+    python: OsString,
+}
+
+#[derive(Debug, Args)]
+struct DecodeArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// A file of 175,000 rows instead of 2.8 million, and one round.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds of the three sides, which take turns.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Where the Parquet files are written once and then reused [default: ~/.cache/sluice/bench].
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// The Python interpreter that has pyarrow.
+    #[arg(long, default_value = "python3")]
+    python: OsString,
 }
 
 #[derive(Debug, Args)]
@@ -59,7 +133,49 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             path: peer.path,
             cpu: peer.cpu,
         })?),
+        BenchCommand::Decode(decode) => run_decode(decode),
+        BenchCommand::LocalIo(local_io) => run_local_io(local_io),
+        BenchCommand::Plan(plan) => run_plan(plan),
     }
+}
+
+/// The cache of benchmark files: `$XDG_CACHE_HOME/sluice/bench`, `~/.cache/sluice/bench`, or under the
+/// temporary directory when neither is set.
+fn default_cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|value| !value.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|value| !value.is_empty())
+                .map(|home| PathBuf::from(home).join(".cache"))
+        })
+        .unwrap_or_else(std::env::temp_dir)
+        .join("sluice")
+        .join("bench")
+}
+
+fn run_decode(args: DecodeArgs) -> anyhow::Result<()> {
+    let options = DecodeBenchOptions {
+        sluice: std::env::current_exe()
+            .context("locating the sluice executable, whose `read --stats` is measured")?,
+        python: args.python,
+        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        quick: args.quick,
+        rounds: args.rounds,
+    };
+    let json = args.json;
+    let report = run_decode_bench(&options, &mut |line| {
+        if !json {
+            eprintln!("{line}");
+        }
+    })?;
+    if json {
+        println!("{}", report.to_json()?);
+    } else {
+        print!("{}", report.render_table());
+    }
+    Ok(())
 }
 
 fn run_ring(args: RingArgs) -> anyhow::Result<()> {
@@ -80,6 +196,54 @@ fn run_ring(args: RingArgs) -> anyhow::Result<()> {
         println!("{}", report.to_json()?);
     } else {
         print!("{}", report.render_tables());
+    }
+    Ok(())
+}
+
+fn run_local_io(args: LocalIoArgs) -> anyhow::Result<()> {
+    let options = LocalIoBenchOptions {
+        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        quick: args.quick,
+        rounds: args.rounds,
+        in_flight: args.in_flight,
+        range_sizes: match &args.sizes {
+            Some(sizes) => parse_sizes(sizes)?,
+            None => DEFAULT_RANGE_SIZES.to_vec(),
+        },
+    };
+    let json = args.json;
+    let report = run_local_io_bench(&options, &mut |line| {
+        if !json {
+            eprintln!("{line}");
+        }
+    })?;
+    if json {
+        println!("{}", report.to_json()?);
+    } else {
+        print!("{}", report.render_table());
+    }
+    Ok(())
+}
+
+fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
+    let options = PlanBenchOptions {
+        sluice: std::env::current_exe()
+            .context("locating the sluice executable, whose `plan` is measured")?,
+        python: args.python,
+        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        quick: args.quick,
+        rounds: args.rounds,
+    };
+    let json = args.json;
+    let report = run_plan_bench(&options, &mut |line| {
+        if !json {
+            eprintln!("{line}");
+        }
+    })?;
+    if json {
+        println!("{}", report.to_json()?);
+    } else {
+        print!("{}", report.render_table());
     }
     Ok(())
 }

@@ -69,7 +69,7 @@ pub struct ReadArgs {
 pub enum LocalIoArg {
     /// io_uring where the kernel allows it, pread otherwise.
     Auto,
-    /// io_uring on a dedicated thread.
+    /// io_uring, a ring and a thread per core.
     Uring,
     /// pread on the blocking pool.
     Pread,
