@@ -14,6 +14,9 @@ use tonic::transport::Channel;
 
 use crate::cmd::read::runtime;
 
+/// Worker threads of the AM's runtime.
+pub const AM_WORKER_THREADS: usize = 2;
+
 /// The address the AM listens on when none is given.
 pub const DEFAULT_AM_ADDRESS: &str = "127.0.0.1:7070";
 
@@ -49,7 +52,7 @@ pub fn run(args: AmArgs) -> anyhow::Result<()> {
         resume_from: args.resume_from,
         launch: None,
     };
-    runtime(2)?.block_on(serve_job("sluice am", spec, options, args.http, &[]))
+    runtime(AM_WORKER_THREADS)?.block_on(serve_job("sluice am", spec, options, args.http, &[]))
 }
 
 /// Serves a job's AM (and its status page when `http` is set) until the job is over, printing
