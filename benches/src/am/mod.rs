@@ -411,6 +411,7 @@ impl Bench<'_> {
         std::thread::sleep(WARMUP);
         am.check_alive("before the window")?;
         let cpu_before = procfs::cpu_time(am.pid())?;
+        let waits_before = procfs::cpu_waits(am.pid())?;
         let opened = Instant::now();
         for client in &mut clients {
             client.send("start")?;
@@ -422,6 +423,8 @@ impl Bench<'_> {
         // Read before anything else, and before the AM is known to be alive: a zombie's CPU time
         // can still be read, and the clients' reports tell why an AM exited.
         let cpu = procfs::cpu_time(am.pid()).map(|cpu| cpu.saturating_sub(cpu_before));
+        let waited = procfs::cpu_waits(am.pid())
+            .map(|waits_after| procfs::waited_between(&waits_before, &waits_after));
         let window = opened.elapsed();
         let memory = procfs::memory(am.pid());
         let mut reports = Vec::with_capacity(clients.len());
@@ -436,7 +439,15 @@ impl Bench<'_> {
         }
         job_outlasted_the_window(&reports)?;
         am.check_alive("during the window")?;
-        window_figures(&reports, cpu?, window, memory?)
+        window_figures(
+            &reports,
+            AmUsage {
+                cpu: cpu?,
+                waited: waited?,
+                memory: memory?,
+            },
+            window,
+        )
     }
 }
 
@@ -451,12 +462,22 @@ fn job_outlasted_the_window(reports: &[ClientReport]) -> Result<()> {
     Ok(())
 }
 
-/// Combines the clients' reports with the AM's CPU time and memory over the window.
+/// What the AM used over a window.
+#[derive(Debug, Clone, Copy)]
+struct AmUsage {
+    /// CPU time, all threads.
+    cpu: Duration,
+    /// Time its threads were runnable but waiting for a CPU, all threads.
+    waited: Duration,
+    /// Memory at the end.
+    memory: procfs::Memory,
+}
+
+/// Combines the clients' reports with what the AM used over the window.
 fn window_figures(
     reports: &[ClientReport],
-    cpu: Duration,
+    usage: AmUsage,
     window: Duration,
-    memory: procfs::Memory,
 ) -> Result<WindowFigures> {
     let mut latency_us: Histogram<u64> = client::latency_histogram();
     let mut heartbeats_per_s = 0.0;
@@ -491,9 +512,10 @@ fn window_figures(
         heartbeats_per_s,
         heartbeat_errors,
         tasks_done_per_s,
-        am_cpu_percent: cpu.as_secs_f64() * 100.0 / window.as_secs_f64(),
-        am_rss_bytes: memory.rss_bytes,
-        am_hwm_bytes: memory.hwm_bytes,
+        am_cpu_percent: usage.cpu.as_secs_f64() * 100.0 / window.as_secs_f64(),
+        am_cpu_wait_percent: usage.waited.as_secs_f64() * 100.0 / window.as_secs_f64(),
+        am_rss_bytes: usage.memory.rss_bytes,
+        am_hwm_bytes: usage.memory.hwm_bytes,
     })
 }
 
@@ -692,10 +714,14 @@ mod tests {
         }
     }
 
-    fn memory() -> procfs::Memory {
-        procfs::Memory {
-            rss_bytes: 1 << 20,
-            hwm_bytes: 2 << 20,
+    fn usage(cpu: Duration) -> AmUsage {
+        AmUsage {
+            cpu,
+            waited: cpu / 5,
+            memory: procfs::Memory {
+                rss_bytes: 1 << 20,
+                hwm_bytes: 2 << 20,
+            },
         }
     }
 
@@ -708,9 +734,8 @@ mod tests {
         ];
         let sut = window_figures(
             &reports,
-            Duration::from_millis(500),
+            usage(Duration::from_millis(500)),
             Duration::from_secs(2),
-            memory(),
         )
         .expect("figures");
         assert!((sut.heartbeat_p50_ms - 1.0).abs() < 0.01, "{sut:?}");
@@ -719,6 +744,7 @@ mod tests {
         assert_eq!(sut.heartbeats_per_s, 50.0);
         assert_eq!(sut.tasks_done_per_s, 10.0);
         assert_eq!(sut.am_cpu_percent, 25.0);
+        assert_eq!(sut.am_cpu_wait_percent, 5.0);
         assert_eq!(sut.am_rss_bytes, 1 << 20);
     }
 
@@ -726,7 +752,7 @@ mod tests {
     fn a_window_without_heartbeats_is_an_error_naming_the_first_failure() {
         let mut report = client_report(&[], 0, 1.0);
         report.first_error = Some("heartbeat of node-3: connection refused".to_owned());
-        let error = window_figures(&[report], Duration::ZERO, Duration::from_secs(1), memory())
+        let error = window_figures(&[report], usage(Duration::ZERO), Duration::from_secs(1))
             .expect_err("no heartbeats");
         assert!(error.to_string().contains("node-3"), "{error}");
     }
@@ -735,7 +761,7 @@ mod tests {
     fn a_job_that_ended_inside_the_window_asks_for_more_tasks() {
         let mut report = client_report(&[1000], 1, 1.0);
         report.shutdowns = 3;
-        let error = window_figures(&[report], Duration::ZERO, Duration::from_secs(1), memory())
+        let error = window_figures(&[report], usage(Duration::ZERO), Duration::from_secs(1))
             .expect_err("job over");
         assert!(error.to_string().contains("raise --tasks"), "{error}");
     }

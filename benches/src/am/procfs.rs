@@ -1,6 +1,8 @@
-//! What the kernel says about a process: CPU time from `/proc/<pid>/stat`, memory from
-//! `/proc/<pid>/status`, and the machine's load average from `/proc/loadavg`.
+//! What the kernel says about a process: CPU time from `/proc/<pid>/stat`, time its threads
+//! waited for a CPU from `/proc/<pid>/task/*/schedstat`, memory from `/proc/<pid>/status`, and the
+//! machine's load average from `/proc/loadavg`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::error::{BenchError, Result};
@@ -31,6 +33,51 @@ fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// The time each thread of a process has spent runnable but waiting for a CPU, by thread id:
+/// the second field of `schedstat`. Empty when the kernel keeps no scheduler statistics.
+pub fn cpu_waits(pid: u32) -> Result<BTreeMap<u32, Duration>> {
+    let folder = format!("/proc/{pid}/task");
+    let entries = std::fs::read_dir(&folder).map_err(|source| BenchError::AmIo {
+        operation: format!("listing {folder}"),
+        source,
+    })?;
+    let mut waits = BTreeMap::new();
+    for entry in entries.flatten() {
+        let Some(thread) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse().ok())
+        else {
+            continue;
+        };
+        // A thread may end between the listing and the read, and a kernel without scheduler
+        // statistics has no such file: both leave the thread out.
+        let Ok(text) = std::fs::read_to_string(entry.path().join("schedstat")) else {
+            continue;
+        };
+        if let Some(wait_ns) = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|wait| wait.parse().ok())
+        {
+            waits.insert(thread, Duration::from_nanos(wait_ns));
+        }
+    }
+    Ok(waits)
+}
+
+/// How long the threads alive at `after` waited for a CPU since `before`; a thread born in
+/// between counts from zero.
+pub fn waited_between(
+    before: &BTreeMap<u32, Duration>,
+    after: &BTreeMap<u32, Duration>,
+) -> Duration {
+    after
+        .iter()
+        .map(|(thread, wait)| wait.saturating_sub(before.get(thread).copied().unwrap_or_default()))
+        .sum()
 }
 
 /// A process's resident memory now and at its peak, in bytes.
@@ -109,6 +156,14 @@ mod tests {
     }
 
     #[test]
+    fn waits_count_the_threads_alive_at_the_end_from_their_start_or_birth() {
+        let ms = Duration::from_millis;
+        let before = BTreeMap::from([(1, ms(10)), (2, ms(5)), (3, ms(7))]);
+        let after = BTreeMap::from([(1, ms(25)), (2, ms(5)), (4, ms(3))]);
+        assert_eq!(waited_between(&before, &after), ms(18));
+    }
+
+    #[test]
     fn this_process_has_used_cpu_and_memory() {
         let pid = std::process::id();
         let spin = std::time::Instant::now();
@@ -119,5 +174,10 @@ mod tests {
         let memory = memory(pid).expect("memory");
         assert!(memory.rss_bytes > 0 && memory.hwm_bytes >= memory.rss_bytes);
         assert!(load_average().expect("load average") >= 0.0);
+        let waits = cpu_waits(pid).expect("scheduler statistics");
+        assert!(
+            waits.is_empty() || waits.len() >= 2,
+            "the test thread and the main thread: {waits:?}"
+        );
     }
 }

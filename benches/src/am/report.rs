@@ -21,6 +21,9 @@ pub struct WindowFigures {
     pub tasks_done_per_s: f64,
     /// CPU the AM used over the window, in percent of one core.
     pub am_cpu_percent: f64,
+    /// Time the AM's threads were runnable but waiting for a CPU (taken by other processes or by
+    /// each other), in percent of the window, summed over threads: what a busy host adds.
+    pub am_cpu_wait_percent: f64,
     /// The AM's resident memory at the end of the window (`VmRSS`).
     pub am_rss_bytes: u64,
     /// The AM's peak resident memory so far (`VmHWM`).
@@ -117,6 +120,11 @@ impl AmBenchReport {
                 base.am_cpu_percent,
             ),
             (
+                "AM waiting for cpu (%)",
+                ours.am_cpu_wait_percent,
+                base.am_cpu_wait_percent,
+            ),
+            (
                 "AM rss (MiB)",
                 mib(ours.am_rss_bytes),
                 mib(base.am_rss_bytes),
@@ -176,6 +184,7 @@ mod tests {
             heartbeat_errors: 0,
             tasks_done_per_s: 5000.0,
             am_cpu_percent: 40.0,
+            am_cpu_wait_percent: 10.0,
             am_rss_bytes: 64 << 20,
             am_hwm_bytes: 80 << 20,
         }
@@ -233,6 +242,7 @@ mod tests {
             "{p99}"
         );
         assert!(table.contains("load average 1.50"), "{table}");
+        assert!(table.contains("AM waiting for cpu"), "{table}");
         assert!(table.contains("850 ms"), "{table}");
         assert!(table.contains("10000000 tasks in 512.0 MiB"), "{table}");
     }
