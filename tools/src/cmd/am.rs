@@ -14,8 +14,12 @@ use tonic::transport::Channel;
 
 use crate::cmd::read::runtime;
 
-/// Worker threads of the AM's runtime.
-pub const AM_WORKER_THREADS: usize = 2;
+/// Worker threads of the AM's runtime: two, or one when the AM may run on one CPU only. Two
+/// workers sharing one CPU only take the master's lock from each other and switch back and forth
+/// (`sluice bench am`, AM pinned to one core: see BENCHMARKS.md).
+pub fn am_worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |cpus| cpus.get().min(2))
+}
 
 /// The address the AM listens on when none is given.
 pub const DEFAULT_AM_ADDRESS: &str = "127.0.0.1:7070";
@@ -52,7 +56,7 @@ pub fn run(args: AmArgs) -> anyhow::Result<()> {
         resume_from: args.resume_from,
         launch: None,
     };
-    runtime(AM_WORKER_THREADS)?.block_on(serve_job("sluice am", spec, options, args.http, &[]))
+    runtime(am_worker_threads())?.block_on(serve_job("sluice am", spec, options, args.http, &[]))
 }
 
 /// Serves a job's AM (and its status page when `http` is set) until the job is over, printing

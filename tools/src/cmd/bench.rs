@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::cmd::am::AM_WORKER_THREADS;
+use crate::cmd::am::am_worker_threads;
 use crate::cmd::read::runtime;
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -130,7 +130,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 checkpoint: server.checkpoint,
             };
             // The same runtime as `sluice am`, so that the AM under test is the one users run.
-            Ok(runtime(AM_WORKER_THREADS)?.block_on(serve_synthetic_am(&args))?)
+            Ok(runtime(am_worker_threads())?.block_on(serve_synthetic_am(&args))?)
         }
         BenchCommand::AmClient(client) => Ok(client_main(&AmClientArgs {
             am: client.am,
