@@ -351,7 +351,12 @@ impl Master {
     pub fn replay(&mut self, entry: Entry) -> Result<()> {
         match entry {
             Entry::Event(event) => {
+                // The event's commands (assignments, stops, fences) stay out of the outbox: a
+                // daemon holds what it was assigned, and [`Master::resume_commands`] asks again
+                // for the stops still due.
+                let outbox = std::mem::take(&mut self.outbox);
                 self.apply_event(None, event);
+                self.outbox = outbox;
             }
             Entry::RankCommitted {
                 step,
