@@ -6,7 +6,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const FIGURES: [&str; 13] = [
+const FIGURES: [&str; 14] = [
     "executors",
     "tasks",
     "heartbeat_p50_ms",
@@ -20,6 +20,7 @@ const FIGURES: [&str; 13] = [
     "memory_tasks",
     "memory_rss_bytes",
     "memory_hwm_bytes",
+    "memory_takeover_hwm_bytes",
 ];
 
 fn figure(report: &Value, path: &str) -> f64 {

@@ -19,7 +19,9 @@
 //! 3. **The baseline**: the same AM and load without a journal, so the journal's share shows as
 //!    a ratio measured in the same run.
 //! 4. **Memory.** An AM with `--memory-tasks` tasks and no daemons: its resident memory once it
-//!    answers `Status`.
+//!    answers `Status`. Then one daemon registers and takes a task, the AM is killed, and the peak
+//!    resident memory of the AM that takes the job over (which copies the task table while it
+//!    restores it) is measured too.
 
 pub mod client;
 pub mod procfs;
@@ -38,6 +40,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use sluice_proto::v1;
 use sluice_proto::v1::control_service_client::ControlServiceClient;
+use sluice_proto::v1::daemon_service_client::DaemonServiceClient;
 
 use crate::affinity::allowed_cpus;
 use crate::error::{BenchError, Result};
@@ -208,10 +211,16 @@ pub fn run_am_bench(
         )));
     }
     let memory = procfs::memory(am.pid())?;
+    bench.take_a_task(address, &am)?;
     am.kill()?;
+    let (mut taken_over, address) =
+        bench.start_am("recovered AM", options.memory_tasks, Some(&memory_journal))?;
+    bench.status(address, &taken_over)?;
+    let takeover_memory = procfs::memory(taken_over.pid())?;
+    taken_over.kill()?;
     progress(&format!(
-        "memory: {} tasks in {} bytes resident",
-        options.memory_tasks, memory.rss_bytes
+        "memory: {} tasks in {} bytes resident, {} at the peak of a takeover",
+        options.memory_tasks, memory.rss_bytes, takeover_memory.hwm_bytes
     ));
 
     Ok(AmBenchReport {
@@ -225,6 +234,7 @@ pub fn run_am_bench(
         memory_tasks: options.memory_tasks,
         memory_rss_bytes: memory.rss_bytes,
         memory_hwm_bytes: memory.hwm_bytes,
+        memory_takeover_hwm_bytes: takeover_memory.hwm_bytes,
         baseline_no_journal: baseline,
         load_average: procfs::load_average()?,
         placement: placement.note,
@@ -352,6 +362,35 @@ impl Bench<'_> {
                     .map_err(|status| status.to_string())
             })
             .map_err(|reason| am.failure(&format!("did not answer Status: {reason}")))
+    }
+
+    /// Registers node 0 and acquires a task, so that the AM's journal holds entries and a new AM
+    /// takes the job over from it (an AM whose journal is empty starts afresh).
+    fn take_a_task(&self, address: SocketAddr, am: &Process) -> Result<()> {
+        self.runtime
+            .block_on(async {
+                let mut client = DaemonServiceClient::connect(format!("http://{address}"))
+                    .await
+                    .map_err(|error| error.to_string())?;
+                client
+                    .register(v1::RegisterRequest {
+                        node_id: 0,
+                        job_id: server::JOB_NAME.to_owned(),
+                        hostname: "bench-0".to_owned(),
+                        held: Vec::new(),
+                    })
+                    .await
+                    .map_err(|status| status.to_string())?;
+                client
+                    .acquire_tasks(v1::AcquireTasksRequest {
+                        node_id: 0,
+                        max_tasks: 1,
+                    })
+                    .await
+                    .map_err(|status| status.to_string())
+            })
+            .map(drop)
+            .map_err(|reason| am.failure(&format!("did not hand out a task: {reason}")))
     }
 
     /// Starts the daemons against the AM, measures one window, and stops them.

@@ -57,6 +57,8 @@ pub struct AmBenchReport {
     pub memory_rss_bytes: u64,
     /// Its peak resident memory (`VmHWM`), planning included.
     pub memory_hwm_bytes: u64,
+    /// The peak resident memory (`VmHWM`) of an AM that takes that job over from its journal.
+    pub memory_takeover_hwm_bytes: u64,
     /// The AM and load without a journal.
     pub baseline_no_journal: WindowFigures,
     /// The machine's one-minute load average at the end of the run.
@@ -157,10 +159,11 @@ impl AmBenchReport {
         .ok();
         writeln!(
             out,
-            "memory: {} tasks in {:.1} MiB rss (peak {:.1} MiB)",
+            "memory: {} tasks in {:.1} MiB rss (peak {:.1} MiB; {:.1} MiB at the peak of a takeover)",
             self.memory_tasks,
             mib(self.memory_rss_bytes),
-            mib(self.memory_hwm_bytes)
+            mib(self.memory_hwm_bytes),
+            mib(self.memory_takeover_hwm_bytes)
         )
         .ok();
         out
@@ -202,6 +205,7 @@ mod tests {
             memory_tasks: 10_000_000,
             memory_rss_bytes: 512 << 20,
             memory_hwm_bytes: 700 << 20,
+            memory_takeover_hwm_bytes: 1200 << 20,
             baseline_no_journal: window(2.0),
             load_average: 1.5,
             placement: "AM on cpu 0, clients on cpu 1".to_owned(),
@@ -245,5 +249,9 @@ mod tests {
         assert!(table.contains("AM waiting for cpu"), "{table}");
         assert!(table.contains("850 ms"), "{table}");
         assert!(table.contains("10000000 tasks in 512.0 MiB"), "{table}");
+        assert!(
+            table.contains("1200.0 MiB at the peak of a takeover"),
+            "{table}"
+        );
     }
 }
