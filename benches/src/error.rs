@@ -125,6 +125,20 @@ pub enum BenchError {
         /// Which thread.
         role: &'static str,
     },
+    /// `sluice bench am` or one of its hidden processes was given arguments it cannot use.
+    #[error("bench am: {reason}")]
+    InvalidAmArgs {
+        /// What is wrong with the arguments, and the fix.
+        reason: String,
+    },
+    /// A system call of the AM benchmark failed.
+    #[error("bench am: {operation}: {source}")]
+    AmIo {
+        /// What was being done.
+        operation: String,
+        /// The underlying error.
+        source: io::Error,
+    },
     /// Preparing a benchmark (its files, its scratch space, its runtime) failed.
     #[error("{operation}: {source}")]
     Setup {
@@ -214,6 +228,24 @@ pub enum BenchError {
         option: String,
         /// What is wrong with it and what to give instead.
         reason: String,
+    },
+    /// The AM benchmark could not set up or drive the AM.
+    #[error("bench am: {operation}: {reason}")]
+    AmSetup {
+        /// What was being done.
+        operation: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// A process of the AM benchmark (the AM or a client) failed or did not answer in time.
+    #[error("bench am: the {role} process {problem}; its stderr ends with: {stderr}")]
+    AmProcess {
+        /// Which process: `AM` or `client N`.
+        role: String,
+        /// What went wrong.
+        problem: String,
+        /// The end of what it printed on stderr.
+        stderr: String,
     },
 }
 

@@ -19,8 +19,13 @@
 //! Every transport runs the same workload (see [`workload`]) with the producer and the consumer pinned to
 //! the same two cores. Two-process runs re-execute the `sluice` binary as the producer (see [`peer`]).
 //! Each run is sized to last about a second (a tenth in quick mode), from a short pilot run.
+//!
+//! `sluice bench am` (see [`am`]) puts the application master, alone on one core, under thousands of
+//! simulated node daemons speaking the real protocol, and measures heartbeat latency, the AM's CPU
+//! and memory, its recovery time after a SIGKILL, and its memory for a job of ten million tasks.
 
 pub mod affinity;
+pub mod am;
 pub mod command;
 pub mod decode;
 pub mod error;

@@ -822,6 +822,36 @@ fn busy_state() -> JobState {
 }
 
 #[test]
+fn grace_in_place_gives_the_table_a_resumed_restore_would() {
+    let mut sut = busy_state();
+    let grace_from = 50_000;
+    let restored = JobState::restore(
+        sut.config,
+        sut.split_rows.clone(),
+        sut.position(),
+        RestoreMode::Resume { now_ms: grace_from },
+    )
+    .expect("position restores");
+    sut.grant_grace(grace_from);
+    sut.check_invariants().expect("the table stays consistent");
+    assert_eq!(sut.position(), restored.position());
+    let timeout = sut.config.heartbeat_timeout_ms;
+    assert!(!sut.has_expired_nodes(grace_from + timeout));
+    assert!(sut.has_expired_nodes(grace_from + timeout + 1));
+    let mut restored = restored;
+    for event in [
+        Event::Tick {
+            now_ms: grace_from + timeout,
+        },
+        Event::Tick {
+            now_ms: grace_from + timeout + 1,
+        },
+    ] {
+        assert_eq!(run(&mut sut, event.clone()), run(&mut restored, event));
+    }
+}
+
+#[test]
 fn a_position_survives_serialization_and_restores_the_same_table() {
     let sut = busy_state();
     let position = sut.position();

@@ -17,7 +17,7 @@ mod tests;
 
 use crate::decide::{
     Action, DataPosition, DecideConfig, Event, JobOutcome, JobState, NodeId, NodeStatus,
-    RestoreMode, TaskId, TaskStatus, decide,
+    RestoreMode, TaskId, decide,
 };
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, ExecutorState, Executors, Exit};
@@ -351,7 +351,12 @@ impl Master {
     pub fn replay(&mut self, entry: Entry) -> Result<()> {
         match entry {
             Entry::Event(event) => {
+                // The event's commands (assignments, stops, fences) stay out of the outbox: a
+                // daemon holds what it was assigned, and [`Master::resume_commands`] asks again
+                // for the stops still due.
+                let outbox = std::mem::take(&mut self.outbox);
                 self.apply_event(None, event);
+                self.outbox = outbox;
             }
             Entry::RankCommitted {
                 step,
@@ -425,34 +430,31 @@ impl Master {
 
     /// Queues again the commands the table implies after a recovery: a stop request for every
     /// task whose stop is not yet acknowledged.
+    ///
+    /// Reads only the tasks in flight: copying the whole table into a position here would make a
+    /// new AM of a ten-million-task job hold it twice while it takes the job over.
     pub fn resume_commands(&mut self) {
-        for (index, record) in self.table.position().tasks.iter().enumerate() {
-            if let TaskStatus::InFlight {
-                node,
-                stop_at: Some(row),
-                ..
-            } = record.status
-            {
-                let task = TaskId(self.table.first_task_id + index as u64);
-                self.outbox
-                    .entry(node)
-                    .or_default()
-                    .push(convert::stop_command(task, row));
-            }
+        let mut stops: Vec<(TaskId, NodeId, u64)> = self
+            .table
+            .in_flight
+            .iter()
+            .filter_map(|(slot, flight)| {
+                Some((self.table.task_id(*slot), flight.node, flight.stop_at?))
+            })
+            .collect();
+        stops.sort_unstable();
+        for (task, node, row) in stops {
+            self.outbox
+                .entry(node)
+                .or_default()
+                .push(convert::stop_command(task, row));
         }
     }
 
     /// Gives every live node a full heartbeat timeout from `now_ms` to report in, as after an AM
     /// restart.
-    pub fn grant_grace(&mut self, now_ms: u64) -> Result<()> {
-        let position = self.table.position();
-        self.table = JobState::restore(
-            self.config,
-            self.plan.split_rows(),
-            position,
-            RestoreMode::Resume { now_ms },
-        )?;
-        Ok(())
+    pub fn grant_grace(&mut self, now_ms: u64) {
+        self.table.grant_grace(now_ms);
     }
 
     /// A daemon registers, listing the tasks it still holds.

@@ -230,6 +230,68 @@ fn a_stop_request_for_the_holder_of_a_re_split_task_waits_for_its_next_call() {
 }
 
 #[test]
+fn an_am_taking_the_job_over_asks_again_for_a_stop_not_yet_acknowledged() {
+    let mut old_am = master();
+    let mut entries = Vec::new();
+    for node in [0, 1] {
+        entries.extend(register(&mut old_am, node, 0).entries);
+    }
+    loop {
+        let applied = old_am.acquire(
+            v1::AcquireTasksRequest {
+                node_id: 0,
+                max_tasks: 1,
+            },
+            1,
+        );
+        entries.extend(applied.entries);
+        if assigned(&applied.reply.commands).is_empty() {
+            break;
+        }
+    }
+    let idle = old_am.acquire(
+        v1::AcquireTasksRequest {
+            node_id: 1,
+            max_tasks: 1,
+        },
+        2,
+    );
+    entries.extend(idle.entries);
+    let stops = |commands: &[v1::Command]| -> Vec<v1::StopTask> {
+        commands
+            .iter()
+            .filter_map(|command| match &command.command {
+                Some(Cmd::Stop(stop)) => Some(*stop),
+                _ => None,
+            })
+            .collect()
+    };
+    let asked = stops(&heartbeat(&mut old_am, 0, 3, &[]));
+    assert_eq!(asked.len(), 1, "the old AM asked node 0 to stop one task");
+
+    let mut sut = master();
+    for entry in entries {
+        sut.replay(entry).expect("entry replays");
+    }
+    sut.grant_grace(10);
+    assert!(
+        sut.outbox.is_empty(),
+        "replaying sends nothing again: {:?}",
+        sut.outbox
+    );
+    assert!(
+        stops(&heartbeat(&mut sut, 1, 11, &[])).is_empty(),
+        "the stop is for the holder only"
+    );
+    sut.resume_commands();
+    assert_eq!(stops(&heartbeat(&mut sut, 0, 12, &[])), asked);
+    assert!(
+        stops(&heartbeat(&mut sut, 0, 13, &[])).is_empty(),
+        "asked once"
+    );
+}
+
+#[test]
 fn replaying_the_journal_rebuilds_the_same_table() {
     let mut sut = master();
     let mut journal = Vec::new();

@@ -1,10 +1,17 @@
 //! `sluice bench`: the benchmark suite.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use crate::cmd::am::am_worker_threads;
+use crate::cmd::read::runtime;
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use sluice_bench::am::{
+    AmBenchOptions, AmClientArgs, AmPeers, AmServerArgs, client_main, run_am_bench,
+    serve_synthetic_am,
+};
 use sluice_bench::decode::{DecodeBenchOptions, run_decode_bench};
 use sluice_bench::local_io::{
     DEFAULT_IN_FLIGHT, DEFAULT_RANGE_SIZES, LocalIoBenchOptions, run_local_io_bench,
@@ -33,6 +40,59 @@ enum BenchCommand {
     LocalIo(LocalIoArgs),
     /// Planning a Delta table of 1,000 files: `sluice plan` against a pyarrow planner.
     Plan(PlanArgs),
+    /// The AM on one core under simulated executors: heartbeat latency, cpu, memory, recovery time.
+    Am(AmArgs),
+    /// The AM process of `sluice bench am`: a synthetic job served through the real AM.
+    #[command(hide = true)]
+    AmServer(AmServerCliArgs),
+    /// A process of simulated daemons of `sluice bench am`.
+    #[command(hide = true)]
+    AmClient(AmClientCliArgs),
+}
+
+#[derive(Debug, Args)]
+struct AmArgs {
+    /// Simulated node daemons, each heartbeating once a second.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    executors: u32,
+    /// Tasks in the job.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=u64::from(u32::MAX)))]
+    tasks: u64,
+    /// Seconds in the measurement window.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    seconds: u64,
+    /// Tasks in the job whose AM memory is measured.
+    #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..=u64::from(u32::MAX)))]
+    memory_tasks: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct AmServerCliArgs {
+    #[arg(long)]
+    tasks: u64,
+    #[arg(long)]
+    executors: u32,
+    #[arg(long)]
+    listen: SocketAddr,
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct AmClientCliArgs {
+    #[arg(long)]
+    am: String,
+    #[arg(long)]
+    first_node: u64,
+    #[arg(long)]
+    nodes: u64,
+    #[arg(long)]
+    total_nodes: u64,
+    #[arg(long)]
+    channels: usize,
 }
 
 #[derive(Debug, Args)]
@@ -136,6 +196,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Decode(decode) => run_decode(decode),
         BenchCommand::LocalIo(local_io) => run_local_io(local_io),
         BenchCommand::Plan(plan) => run_plan(plan),
+        BenchCommand::Am(am) => run_am(am),
+        BenchCommand::AmServer(server) => {
+            let args = AmServerArgs {
+                tasks: server.tasks,
+                executors: server.executors,
+                listen: server.listen,
+                checkpoint: server.checkpoint,
+            };
+            // The same runtime as `sluice am`, so that the AM under test is the one users run.
+            Ok(runtime(am_worker_threads())?.block_on(serve_synthetic_am(&args))?)
+        }
+        BenchCommand::AmClient(client) => Ok(client_main(&AmClientArgs {
+            am: client.am,
+            first_node: client.first_node,
+            nodes: client.nodes,
+            total_nodes: client.total_nodes,
+            channels: client.channels,
+        })?),
     }
 }
 
@@ -166,6 +244,28 @@ fn run_decode(args: DecodeArgs) -> anyhow::Result<()> {
     };
     let json = args.json;
     let report = run_decode_bench(&options, &mut |line| {
+        if !json {
+            eprintln!("{line}");
+        }
+    })?;
+    if json {
+        println!("{}", report.to_json()?);
+    } else {
+        print!("{}", report.render_table());
+    }
+    Ok(())
+}
+
+fn run_am(args: AmArgs) -> anyhow::Result<()> {
+    let peers = AmPeers::current_exe()
+        .context("locating the sluice executable, which runs the AM and the daemons")?;
+    let mut options = AmBenchOptions::new(peers);
+    options.executors = args.executors;
+    options.tasks = args.tasks;
+    options.seconds = args.seconds;
+    options.memory_tasks = args.memory_tasks;
+    let json = args.json;
+    let report = run_am_bench(&options, &mut |line| {
         if !json {
             eprintln!("{line}");
         }

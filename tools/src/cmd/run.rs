@@ -12,7 +12,7 @@ use sluice_am::launcher::local::LocalLauncher;
 use sluice_am::server::{AmOptions, LaunchOptions};
 use sluice_am::spec::{JobSpec, LauncherKind};
 
-use crate::cmd::am::{DEFAULT_HTTP_ADDRESS, serve_job};
+use crate::cmd::am::{DEFAULT_HTTP_ADDRESS, am_worker_threads, serve_job};
 use crate::cmd::read::runtime;
 
 /// Arguments of `sluice run`.
@@ -75,7 +75,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }),
     };
     let notes = [format!("executor logs in {}", state_dir.display())];
-    runtime(2)?.block_on(serve_job("sluice run", spec, options, args.http, &notes))
+    runtime(am_worker_threads())?.block_on(serve_job(
+        "sluice run",
+        spec,
+        options,
+        args.http,
+        &notes,
+    ))
 }
 
 /// Rows of the quickstart's sample dataset.
