@@ -109,17 +109,7 @@ impl Am {
     /// and file operations, so it runs on a blocking thread.
     pub fn supervise(&self, executors: &ExecutorLauncher) -> Durable {
         let mut durables = Vec::new();
-        let running: Vec<ExecutorId> = self
-            .master()
-            .executors()
-            .map(|records| {
-                records
-                    .records()
-                    .filter(|(_, record)| record.state == ExecutorState::Running)
-                    .map(|(id, _)| id.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let running = self.running_executors(|_| true);
         for id in running {
             let exit = match executors.launcher.observe(&id) {
                 Observation::Running => continue,
@@ -158,20 +148,7 @@ impl Am {
             }
         }
         if over {
-            let trainers: Vec<ExecutorId> = self
-                .master()
-                .executors()
-                .map(|records| {
-                    records
-                        .records()
-                        .filter(|(id, record)| {
-                            record.state == ExecutorState::Running
-                                && matches!(id, ExecutorId::Trainer { .. })
-                        })
-                        .map(|(id, _)| id.clone())
-                        .collect()
-                })
-                .unwrap_or_default();
+            let trainers = self.running_executors(|id| matches!(id, ExecutorId::Trainer { .. }));
             for id in trainers {
                 tracing::info!(executor = %id, "the job is over: stopping trainer");
                 executors.launcher.kill(&id);
@@ -185,19 +162,23 @@ impl Am {
         })
     }
 
-    /// Kills every executor still running, once the job is over and the AM exits.
-    pub fn kill_executors(&self, executors: &ExecutorLauncher) {
-        let running: Vec<ExecutorId> = self
-            .master()
+    /// The executors running now that `wanted` selects.
+    fn running_executors(&self, wanted: impl Fn(&ExecutorId) -> bool) -> Vec<ExecutorId> {
+        self.master()
             .executors()
             .map(|records| {
                 records
                     .records()
-                    .filter(|(_, record)| record.state == ExecutorState::Running)
+                    .filter(|(id, record)| record.state == ExecutorState::Running && wanted(id))
                     .map(|(id, _)| id.clone())
                     .collect()
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// Kills every executor still running, once the job is over and the AM exits.
+    pub fn kill_executors(&self, executors: &ExecutorLauncher) {
+        let running = self.running_executors(|_| true);
         for id in running {
             executors.launcher.kill(&id);
         }

@@ -83,3 +83,23 @@ impl From<JobId> for String {
         job_id.0
     }
 }
+
+/// Adds `authorization: Bearer <token>` to every call when a token is set: the shared token an AM
+/// started with `--token` requires of its callers.
+#[derive(Debug, Clone)]
+pub struct BearerToken(pub Option<String>);
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            let value = format!("Bearer {token}").parse().map_err(|_| {
+                tonic::Status::invalid_argument("the token must be printable ASCII")
+            })?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
+    }
+}

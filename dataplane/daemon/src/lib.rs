@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use sluice_formats::{Dataset, Expr, OpenOptions, ReadOptions};
+use sluice_proto::BearerToken;
 use sluice_proto::v1;
 use sluice_proto::v1::command::Command as Cmd;
 use sluice_proto::v1::daemon_service_client::DaemonServiceClient;
@@ -580,25 +581,6 @@ fn open_ring(job_dir: &std::path::Path, rank: u32, size: u64) -> Result<Ring, Da
 
 /// A client of the AM's daemon service that presents the shared token.
 type AmClient = DaemonServiceClient<InterceptedService<Channel, BearerToken>>;
-
-/// Adds `authorization: Bearer <token>` to every call when a token is set.
-#[derive(Debug, Clone)]
-struct BearerToken(Option<String>);
-
-impl tonic::service::Interceptor for BearerToken {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(token) = &self.0 {
-            let value = format!("Bearer {token}").parse().map_err(|_| {
-                tonic::Status::invalid_argument("the token must be printable ASCII")
-            })?;
-            request.metadata_mut().insert("authorization", value);
-        }
-        Ok(request)
-    }
-}
 
 /// Connects to the AM, trying again with backoff up to the timeout.
 async fn connect(options: &DaemonOptions) -> Result<AmClient, DaemonError> {

@@ -8,6 +8,7 @@ use sluice_am::http::HttpServer;
 use sluice_am::server::{AmOptions, AmServer};
 use sluice_am::spec::JobSpec;
 use sluice_am::status::{node_state_name, state_name, status_json};
+use sluice_proto::BearerToken;
 use sluice_proto::v1;
 use sluice_proto::v1::control_service_client::ControlServiceClient;
 use tonic::transport::Channel;
@@ -154,25 +155,6 @@ impl AmAddress {
             channel,
             BearerToken(self.token.clone()),
         ))
-    }
-}
-
-/// Adds `authorization: Bearer <token>` to every call when a token is set.
-#[derive(Debug, Clone)]
-pub struct BearerToken(Option<String>);
-
-impl tonic::service::Interceptor for BearerToken {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(token) = &self.0 {
-            let value = format!("Bearer {token}").parse().map_err(|_| {
-                tonic::Status::invalid_argument("the token must be printable ASCII")
-            })?;
-            request.metadata_mut().insert("authorization", value);
-        }
-        Ok(request)
     }
 }
 
