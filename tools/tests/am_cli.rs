@@ -1,11 +1,12 @@
 //! `sluice am`, `sluice status` and `sluice stop` as processes: a real AM over generated Parquet
 //! data, driven by a daemon speaking the real gRPC protocol.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+
+use common::AmProcess;
 
 use sluice_proto::v1;
 use sluice_proto::v1::command::Command as Cmd;
@@ -14,25 +15,12 @@ use tonic::transport::Channel;
 
 const ROWS: u64 = 1000;
 
-fn sluice() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-}
-
 /// Writes 1000 rows in 2 Parquet files of row groups of 100, and a job spec over them.
 fn job(directory: &Path, extra: &str) -> std::path::PathBuf {
-    let data = directory.join("data");
-    let status = sluice()
-        .args(["gen", "--out"])
-        .arg(&data)
-        .args(["--rows", "1000", "--files", "2", "--row-group-rows", "100"])
-        .stdout(Stdio::null())
-        .status()
-        .expect("run sluice gen");
-    assert!(status.success(), "sluice gen failed");
-    let spec = directory.join("job.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let data = common::generate(directory, ROWS, 2, 100);
+    common::write_spec(
+        directory,
+        &format!(
             r#"
 name: cli-test
 data:
@@ -47,73 +35,10 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 5000 }}
             data.display()
         ),
     )
-    .expect("write job spec");
-    spec
 }
 
-/// A running `sluice am`, killed when dropped.
-struct AmProcess {
-    child: Child,
-    address: String,
-    stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl AmProcess {
-    fn start(spec: &Path, extra_args: &[&str]) -> AmProcess {
-        let mut child = sluice()
-            .arg("am")
-            .arg(spec)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(extra_args)
-            .env_remove("SLUICE_TOKEN")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn sluice am");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout piped"));
-        let mut line = String::new();
-        stdout
-            .read_line(&mut line)
-            .expect("read the AM's first line");
-        let address = line
-            .trim()
-            .rsplit(' ')
-            .next()
-            .filter(|_| line.contains("serving on"))
-            .unwrap_or_else(|| panic!("unexpected first line of sluice am: {line:?}"))
-            .to_owned();
-        AmProcess {
-            child,
-            address,
-            stdout,
-        }
-    }
-
-    /// Waits for the AM to exit and returns its success and the rest of its stdout.
-    fn finish(mut self) -> (bool, String) {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                let mut rest = String::new();
-                for line in (&mut self.stdout).lines() {
-                    rest.push_str(&line.expect("utf-8 stdout"));
-                    rest.push('\n');
-                }
-                return (status.success(), rest);
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "sluice am did not exit within 30 s (deadlock watchdog)"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for AmProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn start(spec: &Path, extra: &[&str]) -> AmProcess {
+    AmProcess::start(spec, "127.0.0.1:0", extra)
 }
 
 async fn daemon(address: &str) -> DaemonServiceClient<Channel> {
@@ -133,18 +58,11 @@ fn assignments(commands: &[v1::Command]) -> Vec<v1::TaskAssignment> {
         .collect()
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
 #[test]
 fn a_daemon_pulls_every_row_once_and_the_am_exits_when_the_job_succeeds() {
     let directory = tempfile::tempdir().expect("tempdir");
-    let am = AmProcess::start(&job(directory.path(), ""), &[]);
-    runtime().block_on(async {
+    let am = start(&job(directory.path(), ""), &[]);
+    common::runtime().block_on(async {
         let mut client = daemon(&am.address).await;
         let registered = client
             .register(v1::RegisterRequest {
@@ -229,8 +147,8 @@ fn a_daemon_pulls_every_row_once_and_the_am_exits_when_the_job_succeeds() {
 #[test]
 fn status_reports_a_running_job_and_stop_ends_it() {
     let directory = tempfile::tempdir().expect("tempdir");
-    let am = AmProcess::start(&job(directory.path(), ""), &[]);
-    runtime().block_on(async {
+    let am = start(&job(directory.path(), ""), &[]);
+    common::runtime().block_on(async {
         let mut client = daemon(&am.address).await;
         client
             .register(v1::RegisterRequest {
@@ -241,7 +159,7 @@ fn status_reports_a_running_job_and_stop_ends_it() {
             .await
             .expect("register");
     });
-    let output = sluice()
+    let output = common::sluice()
         .args(["status", "--json", "--am", &am.address])
         .output()
         .expect("run sluice status");
@@ -259,7 +177,7 @@ fn status_reports_a_running_job_and_stop_ends_it() {
     assert_eq!(status["tasks"]["pending"], 6);
     assert_eq!(status["nodes"][0]["state"], "alive");
 
-    let output = sluice()
+    let output = common::sluice()
         .args(["stop", "--am", &am.address])
         .output()
         .expect("run sluice stop");
@@ -272,7 +190,7 @@ fn status_reports_a_running_job_and_stop_ends_it() {
         String::from_utf8_lossy(&output.stdout).trim(),
         "job stopping"
     );
-    runtime().block_on(async {
+    common::runtime().block_on(async {
         let mut client = daemon(&am.address).await;
         let reply = client
             .heartbeat(v1::HeartbeatRequest {
@@ -298,8 +216,8 @@ fn status_reports_a_running_job_and_stop_ends_it() {
 #[test]
 fn a_token_guards_the_api() {
     let directory = tempfile::tempdir().expect("tempdir");
-    let am = AmProcess::start(&job(directory.path(), ""), &["--token", "s3cret"]);
-    let refused = sluice()
+    let am = start(&job(directory.path(), ""), &["--token", "s3cret"]);
+    let refused = common::sluice()
         .args(["status", "--am", &am.address])
         .env_remove("SLUICE_TOKEN")
         .output()
@@ -307,7 +225,7 @@ fn a_token_guards_the_api() {
     assert!(!refused.status.success());
     let message = String::from_utf8_lossy(&refused.stderr);
     assert!(message.contains("SLUICE_TOKEN"), "{message}");
-    let accepted = sluice()
+    let accepted = common::sluice()
         .args(["status", "--am", &am.address])
         .env("SLUICE_TOKEN", "s3cret")
         .output()
@@ -324,7 +242,7 @@ fn a_token_guards_the_api() {
 fn a_bad_spec_is_refused_with_the_key_and_the_fix() {
     let directory = tempfile::tempdir().expect("tempdir");
     let spec = job(directory.path(), "colour: blue");
-    let output = sluice()
+    let output = common::sluice()
         .arg("am")
         .arg(&spec)
         .args(["--listen", "127.0.0.1:0"])

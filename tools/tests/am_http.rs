@@ -2,10 +2,14 @@
 //! Parquet data, driven by a daemon speaking the real gRPC protocol, read over HTTP and rendered
 //! by headless Chromium.
 
-use std::io::{BufRead, BufReader, Write};
+mod common;
+
+use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::AmProcess;
 
 use sluice_proto::v1;
 use sluice_proto::v1::command::Command as Cmd;
@@ -18,25 +22,12 @@ const TOKEN: &str = "s3cret";
 const HOSTNAME: &str = "daemon-host-7";
 const CHROMIUM: &str = "/usr/bin/chromium";
 
-fn sluice() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-}
-
 /// Writes 1000 rows in 2 Parquet files of row groups of 100, and a job spec over them.
 fn job(directory: &Path) -> std::path::PathBuf {
-    let data = directory.join("data");
-    let status = sluice()
-        .args(["gen", "--out"])
-        .arg(&data)
-        .args(["--rows", "1000", "--files", "2", "--row-group-rows", "100"])
-        .stdout(Stdio::null())
-        .status()
-        .expect("run sluice gen");
-    assert!(status.success(), "sluice gen failed");
-    let spec = directory.join("job.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let data = common::generate(directory, ROWS, 2, 100);
+    common::write_spec(
+        directory,
+        &format!(
             r#"
 name: {JOB}
 data:
@@ -50,60 +41,18 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 60000 }}
             data.display()
         ),
     )
-    .expect("write job spec");
-    spec
 }
 
-/// A running `sluice am --http 127.0.0.1:0`, killed when dropped.
-struct AmProcess {
-    child: Child,
-    grpc: String,
-    http: String,
-}
-
-impl AmProcess {
-    fn start(spec: &Path, extra_args: &[&str]) -> AmProcess {
-        let mut child = sluice()
-            .arg("am")
-            .arg(spec)
-            .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .args(extra_args)
-            .env_remove("SLUICE_TOKEN")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn sluice am");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout piped"));
-        let mut read_line = |prefix: &str| {
-            let mut line = String::new();
-            stdout.read_line(&mut line).expect("read a line of the AM");
-            line.trim()
-                .strip_prefix(prefix)
-                .unwrap_or_else(|| panic!("expected a line starting {prefix:?}, got {line:?}"))
-                .to_owned()
-        };
-        let grpc = read_line(&format!("sluice am: job {JOB} serving on "));
-        let page = read_line("sluice am: status page on ");
-        let http = page
-            .strip_prefix("http://")
-            .and_then(|rest| rest.strip_suffix('/'))
-            .unwrap_or_else(|| panic!("the status page's address is a URL: {page:?}"))
-            .to_owned();
-        AmProcess { child, grpc, http }
-    }
-}
-
-impl Drop for AmProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
+/// Starts `sluice am` with its status page; returns it with the page's base URL.
+fn start(spec: &Path, extra: &[&str]) -> (AmProcess, String) {
+    let mut arguments = vec!["--http", "127.0.0.1:0"];
+    arguments.extend_from_slice(extra);
+    let am = AmProcess::start(spec, "127.0.0.1:0", &arguments);
+    let base = format!(
+        "http://{}",
+        am.http.as_deref().expect("started with --http")
+    );
+    (am, base)
 }
 
 /// What the daemon reported, to check every figure against.
@@ -300,10 +249,9 @@ fn metric(text: &str, series: &str) -> f64 {
 #[test]
 fn the_json_api_and_metrics_show_what_the_daemon_reported() {
     let directory = tempfile::tempdir().expect("tempdir");
-    let am = AmProcess::start(&job(directory.path()), &[]);
-    let base = format!("http://{}", am.http);
-    runtime().block_on(async {
-        let reported = run_daemon(&am.grpc, None, 3).await;
+    let (am, base) = start(&job(directory.path()), &[]);
+    common::runtime().block_on(async {
+        let reported = run_daemon(&am.address, None, 3).await;
         assert_eq!(reported.consumed, 137);
         let client = http_client();
 
@@ -413,9 +361,9 @@ fn the_json_api_and_metrics_show_what_the_daemon_reported() {
 #[test]
 fn a_token_guards_every_route() {
     let directory = tempfile::tempdir().expect("tempdir");
-    let am = AmProcess::start(&job(directory.path()), &["--token", TOKEN]);
-    let base = format!("http://{}", am.http);
-    runtime().block_on(async {
+    // The binding keeps the AM running until the test ends.
+    let (_am, base) = start(&job(directory.path()), &["--token", TOKEN]);
+    common::runtime().block_on(async {
         let client = http_client();
         for route in ["/", "/api/status", "/api/tasks", "/metrics"] {
             let url = format!("{base}{route}");
@@ -472,10 +420,9 @@ fn the_status_page_renders_the_job_in_headless_chromium() {
         return;
     }
     let directory = tempfile::tempdir().expect("tempdir");
-    let am = AmProcess::start(&job(directory.path()), &["--token", TOKEN]);
-    let base = format!("http://{}", am.http);
-    runtime().block_on(async {
-        let reported = run_daemon(&am.grpc, Some(TOKEN), 25).await;
+    let (am, base) = start(&job(directory.path()), &["--token", TOKEN]);
+    common::runtime().block_on(async {
+        let reported = run_daemon(&am.address, Some(TOKEN), 25).await;
         // Three samples with the ring make at least two points of the throughput chart, and
         // span the second the stall chart needs for a point.
         status_when(

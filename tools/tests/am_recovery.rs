@@ -2,11 +2,13 @@
 //! the same task table, and a daemon that reconnects on its own consumes every row exactly once
 //! across any number of AM deaths.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::AmProcess;
 
 use sluice_proto::v1;
 use sluice_proto::v1::command::Command as Cmd;
@@ -15,25 +17,12 @@ use tonic::transport::Channel;
 
 const ROWS: u64 = 2000;
 
-fn sluice() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-}
-
 /// 2000 rows in 4 files, tasks of 50 rows, journaled under `<directory>/ckpt`.
 fn job(directory: &Path) -> PathBuf {
-    let data = directory.join("data");
-    let status = sluice()
-        .args(["gen", "--out"])
-        .arg(&data)
-        .args(["--rows", "2000", "--files", "4", "--row-group-rows", "50"])
-        .stdout(Stdio::null())
-        .status()
-        .expect("run sluice gen");
-    assert!(status.success(), "sluice gen failed");
-    let spec = directory.join("job.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let data = common::generate(directory, ROWS, 4, 50);
+    common::write_spec(
+        directory,
+        &format!(
             r#"
 name: recovery
 data:
@@ -50,91 +39,6 @@ checkpoint: {{ uri: "file://{}" }}
             directory.join("ckpt").display()
         ),
     )
-    .expect("write job spec");
-    spec
-}
-
-/// A running `sluice am`, killed with SIGKILL when dropped.
-struct AmProcess {
-    child: Child,
-    address: String,
-    /// Kept open so that the AM's last line finds a reader.
-    _stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl AmProcess {
-    fn start(spec: &Path, listen: &str) -> AmProcess {
-        AmProcess::start_with(spec, listen, &[])
-    }
-
-    fn start_with(spec: &Path, listen: &str, extra: &[&str]) -> AmProcess {
-        let mut child = sluice()
-            .arg("am")
-            .arg(spec)
-            .args(["--listen", listen])
-            .args(extra)
-            .env_remove("SLUICE_TOKEN")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn sluice am");
-        let mut line = String::new();
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout piped"));
-        stdout
-            .read_line(&mut line)
-            .expect("read the AM's first line");
-        let address = line
-            .trim()
-            .rsplit(' ')
-            .next()
-            .filter(|_| line.contains("serving on"))
-            .unwrap_or_else(|| panic!("unexpected first line of sluice am: {line:?}"))
-            .to_owned();
-        AmProcess {
-            child,
-            address,
-            _stdout: stdout,
-        }
-    }
-
-    fn kill(mut self) {
-        self.child.kill().expect("kill -9 the AM");
-        self.child.wait().expect("reap the AM");
-    }
-
-    fn wait_success(mut self) {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                assert!(status.success(), "the AM failed: {status}");
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the AM did not exit within 30 s of the job's end (deadlock watchdog)"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for AmProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn status_json(address: &str) -> serde_json::Value {
-    let output = sluice()
-        .args(["status", "--json", "--am", address])
-        .output()
-        .expect("run sluice status");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("status JSON")
 }
 
 /// A task a simulated daemon holds: its rows in file terms and how far it consumed them.
@@ -321,7 +225,7 @@ fn free_address() -> String {
 fn a_new_am_takes_over_the_same_task_table() {
     let directory = tempfile::tempdir().expect("tempdir");
     let spec = job(directory.path());
-    let am = AmProcess::start(&spec, "127.0.0.1:0");
+    let am = AmProcess::start(&spec, "127.0.0.1:0", &[]);
     let address = am.address.clone();
     let mut daemon = Daemon {
         address: address.clone(),
@@ -359,14 +263,14 @@ fn a_new_am_takes_over_the_same_task_table() {
             })
             .await
             .expect("heartbeat");
-        status_json(&address)
+        common::status_json(&address)
     });
     assert_eq!(before["tasks"]["in_flight"], 3);
     assert_eq!(before["tasks"]["rows_consumed"], 60);
     am.kill();
 
-    let am = AmProcess::start(&spec, &address);
-    let after = status_json(&am.address);
+    let am = AmProcess::start(&spec, &address, &[]);
+    let after = common::status_json(&am.address);
     assert_eq!(after["tasks"], before["tasks"], "the same task table");
     assert_eq!(after["epoch"], before["epoch"]);
     drop(am);
@@ -377,7 +281,7 @@ fn every_row_is_consumed_once_across_repeated_am_kills() {
     let directory = tempfile::tempdir().expect("tempdir");
     let spec = job(directory.path());
     let address = free_address();
-    let mut am = AmProcess::start(&spec, &address);
+    let mut am = AmProcess::start(&spec, &address, &[]);
     let rt = runtime();
     let daemon_address = address.clone();
     let daemon = rt.spawn(async move {
@@ -395,10 +299,11 @@ fn every_row_is_consumed_once_across_repeated_am_kills() {
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
         std::thread::sleep(Duration::from_millis(150 + (seed >> 33) % 400));
         am.kill();
-        am = AmProcess::start(&spec, &address);
+        am = AmProcess::start(&spec, &address, &[]);
     }
     let consumed = rt.block_on(daemon).expect("the daemon finished");
-    am.wait_success();
+    let (success, stdout) = am.finish();
+    assert!(success, "the AM failed: {stdout}");
     let twice: Vec<_> = consumed.iter().filter(|(_, count)| **count > 1).collect();
     assert!(
         twice.is_empty(),
@@ -414,7 +319,7 @@ fn a_data_checkpoint_committed_over_grpc_resumes_a_new_am_at_its_step() {
 
     let directory = tempfile::tempdir().expect("tempdir");
     let spec = job(directory.path());
-    let am = AmProcess::start(&spec, "127.0.0.1:0");
+    let am = AmProcess::start(&spec, "127.0.0.1:0", &[]);
     let address = am.address.clone();
     let mut daemon = Daemon {
         address: address.clone(),
@@ -481,11 +386,11 @@ fn a_data_checkpoint_committed_over_grpc_resumes_a_new_am_at_its_step() {
             .expect("heartbeat");
         token
     });
-    assert_eq!(status_json(&address)["tasks"]["rows_consumed"], 80);
+    assert_eq!(common::status_json(&address)["tasks"]["rows_consumed"], 80);
     am.kill();
 
-    let am = AmProcess::start_with(&spec, "127.0.0.1:0", &["--resume-from", &token]);
-    let status = status_json(&am.address);
+    let am = AmProcess::start(&spec, "127.0.0.1:0", &["--resume-from", &token]);
+    let status = common::status_json(&am.address);
     assert_eq!(
         status["tasks"]["rows_consumed"], 40,
         "back at the checkpoint's step"
@@ -494,7 +399,7 @@ fn a_data_checkpoint_committed_over_grpc_resumes_a_new_am_at_its_step() {
     assert_eq!(status["tasks"]["pending"], 40);
     drop(am);
 
-    let unknown = sluice()
+    let unknown = common::sluice()
         .arg("am")
         .arg(&spec)
         .args([

@@ -1,0 +1,143 @@
+//! Pieces shared by the tests that run `sluice` as a process: generated data, job specs, and a
+//! running `sluice am`.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `sluice` binary under test.
+pub fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// Writes `rows` generated rows in `files` Parquet files of row groups of `row_group_rows` under
+/// `directory/data`, and returns that directory.
+pub fn generate(directory: &Path, rows: u64, files: u64, row_group_rows: u64) -> PathBuf {
+    let data = directory.join("data");
+    let status = sluice()
+        .args(["gen", "--out"])
+        .arg(&data)
+        .args(["--rows", &rows.to_string(), "--files", &files.to_string()])
+        .args(["--row-group-rows", &row_group_rows.to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .expect("run sluice gen");
+    assert!(status.success(), "sluice gen failed");
+    data
+}
+
+/// Writes a job spec to `directory/job.yaml`.
+pub fn write_spec(directory: &Path, text: &str) -> PathBuf {
+    let spec = directory.join("job.yaml");
+    std::fs::write(&spec, text).expect("write job spec");
+    spec
+}
+
+/// A running `sluice am`, killed with SIGKILL when dropped.
+pub struct AmProcess {
+    child: Child,
+    /// Its gRPC address.
+    pub address: String,
+    /// Its status page's address, when it was started with `--http`.
+    pub http: Option<String>,
+    /// Kept open so that the AM's last lines find a reader.
+    stdout: BufReader<ChildStdout>,
+}
+
+impl AmProcess {
+    /// Starts `sluice am SPEC --listen LISTEN EXTRA...` and reads the addresses it prints.
+    pub fn start(spec: &Path, listen: &str, extra: &[&str]) -> AmProcess {
+        let mut child = sluice()
+            .arg("am")
+            .arg(spec)
+            .args(["--listen", listen])
+            .args(extra)
+            .env_remove("SLUICE_TOKEN")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn sluice am");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout piped"));
+        let mut read_line = |marker: &str| {
+            let mut line = String::new();
+            stdout.read_line(&mut line).expect("read a line of the AM");
+            assert!(
+                line.contains(marker),
+                "expected {marker:?} from sluice am, got {line:?}"
+            );
+            line.trim()
+                .rsplit(' ')
+                .next()
+                .expect("an address ends the line")
+                .to_owned()
+        };
+        let address = read_line(" serving on ");
+        let http = extra.contains(&"--http").then(|| {
+            let page = read_line(" status page on ");
+            page.strip_prefix("http://")
+                .and_then(|rest| rest.strip_suffix('/'))
+                .unwrap_or_else(|| panic!("the status page's address is a URL: {page:?}"))
+                .to_owned()
+        });
+        AmProcess {
+            child,
+            address,
+            http,
+            stdout,
+        }
+    }
+
+    /// Kills the AM with SIGKILL.
+    pub fn kill(mut self) {
+        self.child.kill().expect("kill -9 the AM");
+        self.child.wait().expect("reap the AM");
+    }
+
+    /// Waits for the AM to exit and returns its success and the rest of its stdout.
+    pub fn finish(mut self) -> (bool, String) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                let mut rest = String::new();
+                self.stdout.read_to_string(&mut rest).expect("utf-8 stdout");
+                return (status.success(), rest);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "sluice am did not exit within 30 s (deadlock watchdog)"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for AmProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `sluice status --json` of the AM at `address`.
+pub fn status_json(address: &str) -> serde_json::Value {
+    let output = sluice()
+        .args(["status", "--json", "--am", address])
+        .output()
+        .expect("run sluice status");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("status JSON")
+}
+
+/// A runtime on the test's thread.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
