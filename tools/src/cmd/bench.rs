@@ -233,6 +233,30 @@ fn default_cache_dir() -> PathBuf {
         .join("bench")
 }
 
+/// Runs a benchmark with its progress on stderr (unless `json`), then prints its report: one JSON
+/// object with `json`, its tables otherwise.
+fn print_report<R, E>(
+    json: bool,
+    run: impl FnOnce(&mut dyn FnMut(&str)) -> Result<R, E>,
+    to_json: impl FnOnce(&R) -> serde_json::Result<String>,
+    render: impl FnOnce(&R) -> String,
+) -> anyhow::Result<()>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let report = run(&mut |line| {
+        if !json {
+            eprintln!("{line}");
+        }
+    })?;
+    if json {
+        println!("{}", to_json(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(())
+}
+
 fn run_decode(args: DecodeArgs) -> anyhow::Result<()> {
     let options = DecodeBenchOptions {
         sluice: std::env::current_exe()
@@ -242,18 +266,12 @@ fn run_decode(args: DecodeArgs) -> anyhow::Result<()> {
         quick: args.quick,
         rounds: args.rounds,
     };
-    let json = args.json;
-    let report = run_decode_bench(&options, &mut |line| {
-        if !json {
-            eprintln!("{line}");
-        }
-    })?;
-    if json {
-        println!("{}", report.to_json()?);
-    } else {
-        print!("{}", report.render_table());
-    }
-    Ok(())
+    print_report(
+        args.json,
+        |progress| run_decode_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
 }
 
 fn run_am(args: AmArgs) -> anyhow::Result<()> {
@@ -264,18 +282,12 @@ fn run_am(args: AmArgs) -> anyhow::Result<()> {
     options.tasks = args.tasks;
     options.seconds = args.seconds;
     options.memory_tasks = args.memory_tasks;
-    let json = args.json;
-    let report = run_am_bench(&options, &mut |line| {
-        if !json {
-            eprintln!("{line}");
-        }
-    })?;
-    if json {
-        println!("{}", report.to_json()?);
-    } else {
-        print!("{}", report.render_table());
-    }
-    Ok(())
+    print_report(
+        args.json,
+        |progress| run_am_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
 }
 
 fn run_ring(args: RingArgs) -> anyhow::Result<()> {
@@ -286,18 +298,12 @@ fn run_ring(args: RingArgs) -> anyhow::Result<()> {
     if let Some(sizes) = &args.sizes {
         options.sizes = parse_sizes(sizes)?;
     }
-    let json = args.json;
-    let report = run_ring_bench(&options, &mut |line| {
-        if !json {
-            eprintln!("{line}");
-        }
-    })?;
-    if json {
-        println!("{}", report.to_json()?);
-    } else {
-        print!("{}", report.render_tables());
-    }
-    Ok(())
+    print_report(
+        args.json,
+        |progress| run_ring_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_tables(),
+    )
 }
 
 fn run_local_io(args: LocalIoArgs) -> anyhow::Result<()> {
@@ -311,18 +317,12 @@ fn run_local_io(args: LocalIoArgs) -> anyhow::Result<()> {
             None => DEFAULT_RANGE_SIZES.to_vec(),
         },
     };
-    let json = args.json;
-    let report = run_local_io_bench(&options, &mut |line| {
-        if !json {
-            eprintln!("{line}");
-        }
-    })?;
-    if json {
-        println!("{}", report.to_json()?);
-    } else {
-        print!("{}", report.render_table());
-    }
-    Ok(())
+    print_report(
+        args.json,
+        |progress| run_local_io_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
 }
 
 fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
@@ -334,16 +334,10 @@ fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
         quick: args.quick,
         rounds: args.rounds,
     };
-    let json = args.json;
-    let report = run_plan_bench(&options, &mut |line| {
-        if !json {
-            eprintln!("{line}");
-        }
-    })?;
-    if json {
-        println!("{}", report.to_json()?);
-    } else {
-        print!("{}", report.render_table());
-    }
-    Ok(())
+    print_report(
+        args.json,
+        |progress| run_plan_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
 }
