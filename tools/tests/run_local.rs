@@ -10,6 +10,27 @@ fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
 }
 
+/// Runs `command` to its end, killing it and failing after 120 s (deadlock watchdog).
+fn run_with_deadline(command: &mut Command) -> std::process::Output {
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice run");
+    let pid = child.id();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match receiver.recv_timeout(std::time::Duration::from_secs(120)) {
+        Ok(output) => output.expect("wait for sluice run"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("sluice run did not finish within 120 s: killed (deadlock watchdog)");
+        }
+    }
+}
+
 fn read_ids(path: &Path) -> Vec<i64> {
     std::fs::read(path)
         .unwrap_or_default()
@@ -68,15 +89,15 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 10000 }}
 }
 
 fn run_job(root: &Path, spec: &Path, run: u32) {
-    let output = sluice()
-        .arg("run")
-        .arg(spec)
-        .arg("--ring-dir")
-        .arg(root.join("rings"))
-        .arg("--state-dir")
-        .arg(root.join("state"))
-        .output()
-        .expect("run sluice run");
+    let output = run_with_deadline(
+        sluice()
+            .arg("run")
+            .arg(spec)
+            .arg("--ring-dir")
+            .arg(root.join("rings"))
+            .arg("--state-dir")
+            .arg(root.join("state")),
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
     let logs: String = std::fs::read_dir(root.join("state"))
         .map(|entries| {
@@ -114,4 +135,58 @@ fn run_job(root: &Path, spec: &Path, run: u32) {
         (0..ROWS).collect::<Vec<_>>(),
         "run {run}: every id delivered"
     );
+}
+
+#[test]
+fn tasks_whose_rows_the_filter_removes_still_complete() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let root = directory.path();
+    let status = sluice()
+        .args(["gen", "--out"])
+        .arg(root.join("data"))
+        .args(["--rows", "4000", "--files", "2", "--row-group-rows", "500"])
+        .stdout(Stdio::null())
+        .status()
+        .expect("run sluice gen");
+    assert!(status.success(), "sluice gen failed");
+    let spec = root.join("job.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            r#"
+name: run-filter
+data:
+  sources: [{{ uri: "file://{data}", format: parquet, filter: "id < 700 or id >= 3900" }}]
+  task_rows: 500
+  batch_size: 128
+nodes: 1
+roles:
+  - {{ name: worker, num: 1, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin"] }}
+failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
+"#,
+            data = root.join("data").display(),
+            sluice = env!("CARGO_BIN_EXE_sluice"),
+            root = root.display(),
+        ),
+    )
+    .expect("write job spec");
+    let output = run_with_deadline(
+        sluice()
+            .arg("run")
+            .arg(&spec)
+            .arg("--ring-dir")
+            .arg(root.join("rings"))
+            .arg("--state-dir")
+            .arg(root.join("state")),
+    );
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut ids = read_ids(&root.join("ids-0.bin"));
+    ids.sort_unstable();
+    let expected: Vec<i64> = (0..700).chain(3900..4000).collect();
+    assert_eq!(ids, expected);
 }

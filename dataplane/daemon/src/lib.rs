@@ -119,6 +119,8 @@ struct Job {
 struct Source {
     dataset: Dataset,
     options: ReadOptions,
+    /// The batches' schema, for the empty batch that covers rows the filter removed to the end.
+    schema: arrow::datatypes::SchemaRef,
 }
 
 /// One rank's ring: its feeder's queue, the writer's state and thread.
@@ -525,7 +527,28 @@ async fn feed_task(
         match batch {
             Some(batch) if batch.num_rows() > 0 => held_back = Some(batch),
             Some(_) => {}
-            None => return Ok(()),
+            None => {
+                // Every row left was removed by the filter or a deletion vector: an empty batch
+                // still carries the task to its end, so the trainer's release completes it.
+                let limit = {
+                    let mut control = lock(control);
+                    let limit = control.stop.unwrap_or(assignment.end);
+                    control.sent_end = control.sent_end.max(limit);
+                    limit
+                };
+                if next_row < limit {
+                    let write = Write::Batch {
+                        batch: arrow::array::RecordBatch::new_empty(source.schema.clone()),
+                        task_id: assignment.task_id,
+                        first_row: next_row,
+                        row_count: limit - next_row,
+                    };
+                    if writer.send(write).await.is_err() {
+                        return Err("the ring writer stopped".to_owned());
+                    }
+                }
+                return Ok(());
+            }
         }
     }
 }
@@ -561,7 +584,12 @@ async fn open_sources(data: &v1::JobData) -> Result<Vec<Source>, DaemonError> {
             filter,
             batch_rows: data.batch_size.max(1) as usize,
         };
-        sources.push(Source { dataset, options });
+        let schema = dataset.output_schema(&options).map_err(source_error)?;
+        sources.push(Source {
+            dataset,
+            options,
+            schema,
+        });
     }
     Ok(sources)
 }
