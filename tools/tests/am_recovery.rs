@@ -64,6 +64,49 @@ struct Daemon {
 }
 
 impl Daemon {
+    fn new(address: &str, step: u64) -> Daemon {
+        Daemon {
+            address: address.to_owned(),
+            held: BTreeMap::new(),
+            consumed: BTreeMap::new(),
+            step,
+        }
+    }
+
+    /// Registers holding nothing, then takes up to `max_tasks` tasks.
+    async fn join(&mut self, client: &mut DaemonServiceClient<Channel>, max_tasks: u32) {
+        let mut acks = Vec::new();
+        let reply = client
+            .register(v1::RegisterRequest {
+                node_id: 0,
+                job_id: "recovery".into(),
+                ..v1::RegisterRequest::default()
+            })
+            .await
+            .expect("register");
+        self.apply(reply.into_inner().commands, &mut acks);
+        let reply = client
+            .acquire_tasks(v1::AcquireTasksRequest {
+                node_id: 0,
+                max_tasks,
+            })
+            .await
+            .expect("acquire");
+        self.apply(reply.into_inner().commands, &mut acks);
+    }
+
+    /// Sends one heartbeat with the counts of every held task.
+    async fn report(&self, client: &mut DaemonServiceClient<Channel>) {
+        client
+            .heartbeat(v1::HeartbeatRequest {
+                node_id: 0,
+                progress: self.progress(),
+                ..v1::HeartbeatRequest::default()
+            })
+            .await
+            .expect("heartbeat");
+    }
+
     async fn connect(address: &str) -> Option<DaemonServiceClient<Channel>> {
         DaemonServiceClient::connect(format!("http://{address}"))
             .await
@@ -227,42 +270,13 @@ fn a_new_am_takes_over_the_same_task_table() {
     let spec = job(directory.path());
     let am = AmProcess::start(&spec, "127.0.0.1:0", &[]);
     let address = am.address.clone();
-    let mut daemon = Daemon {
-        address: address.clone(),
-        held: BTreeMap::new(),
-        consumed: BTreeMap::new(),
-        step: 20,
-    };
+    let mut daemon = Daemon::new(&address, 20);
     let before = runtime().block_on(async {
         let mut client = Daemon::connect(&address).await.expect("connect");
-        let reply = client
-            .register(v1::RegisterRequest {
-                node_id: 0,
-                job_id: "recovery".into(),
-                ..v1::RegisterRequest::default()
-            })
-            .await
-            .expect("register");
-        let mut acks = Vec::new();
-        daemon.apply(reply.into_inner().commands, &mut acks);
-        let reply = client
-            .acquire_tasks(v1::AcquireTasksRequest {
-                node_id: 0,
-                max_tasks: 3,
-            })
-            .await
-            .expect("acquire");
-        daemon.apply(reply.into_inner().commands, &mut acks);
+        daemon.join(&mut client, 3).await;
         assert_eq!(daemon.held.len(), 3);
         daemon.consume_step();
-        client
-            .heartbeat(v1::HeartbeatRequest {
-                node_id: 0,
-                progress: daemon.progress(),
-                ..v1::HeartbeatRequest::default()
-            })
-            .await
-            .expect("heartbeat");
+        daemon.report(&mut client).await;
         common::status_json(&address)
     });
     assert_eq!(before["tasks"]["in_flight"], 3);
@@ -285,12 +299,7 @@ fn every_row_is_consumed_once_across_repeated_am_kills() {
     let rt = runtime();
     let daemon_address = address.clone();
     let daemon = rt.spawn(async move {
-        let mut daemon = Daemon {
-            address: daemon_address,
-            held: BTreeMap::new(),
-            consumed: BTreeMap::new(),
-            step: 5,
-        };
+        let mut daemon = Daemon::new(&daemon_address, 5);
         daemon.run().await;
         daemon.consumed
     });
@@ -321,32 +330,10 @@ fn a_data_checkpoint_committed_over_grpc_resumes_a_new_am_at_its_step() {
     let spec = job(directory.path());
     let am = AmProcess::start(&spec, "127.0.0.1:0", &[]);
     let address = am.address.clone();
-    let mut daemon = Daemon {
-        address: address.clone(),
-        held: BTreeMap::new(),
-        consumed: BTreeMap::new(),
-        step: 20,
-    };
+    let mut daemon = Daemon::new(&address, 20);
     let token = runtime().block_on(async {
         let mut client = Daemon::connect(&address).await.expect("connect");
-        let mut acks = Vec::new();
-        let reply = client
-            .register(v1::RegisterRequest {
-                node_id: 0,
-                job_id: "recovery".into(),
-                ..v1::RegisterRequest::default()
-            })
-            .await
-            .expect("register");
-        daemon.apply(reply.into_inner().commands, &mut acks);
-        let reply = client
-            .acquire_tasks(v1::AcquireTasksRequest {
-                node_id: 0,
-                max_tasks: 2,
-            })
-            .await
-            .expect("acquire");
-        daemon.apply(reply.into_inner().commands, &mut acks);
+        daemon.join(&mut client, 2).await;
         daemon.consume_step();
         // The trainer (rank 0 of 1) checkpoints here: 20 rows of each of its two tasks.
         let positions = daemon
@@ -376,14 +363,7 @@ fn a_data_checkpoint_committed_over_grpc_resumes_a_new_am_at_its_step() {
         };
         // Training goes on past the checkpoint before the AM dies.
         daemon.consume_step();
-        client
-            .heartbeat(v1::HeartbeatRequest {
-                node_id: 0,
-                progress: daemon.progress(),
-                ..v1::HeartbeatRequest::default()
-            })
-            .await
-            .expect("heartbeat");
+        daemon.report(&mut client).await;
         token
     });
     assert_eq!(common::status_json(&address)["tasks"]["rows_consumed"], 80);

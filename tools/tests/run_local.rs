@@ -1,14 +1,14 @@
 //! `sluice run` end to end on one machine: the AM, two node daemons and four reference trainers
 //! (`sluice consume`) as real processes over generated Parquet data, with every id delivered once.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-const ROWS: i64 = 40_000;
+use common::sluice;
 
-fn sluice() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-}
+const ROWS: i64 = 40_000;
 
 /// Runs `command` to its end, killing it and failing after 120 s (deadlock watchdog).
 fn run_with_deadline(command: &mut Command) -> std::process::Output {
@@ -43,25 +43,10 @@ fn read_ids(path: &Path) -> Vec<i64> {
 fn two_daemons_and_four_trainers_deliver_every_row_once() {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
-    let status = sluice()
-        .args(["gen", "--out"])
-        .arg(root.join("data"))
-        .args([
-            "--rows",
-            &ROWS.to_string(),
-            "--files",
-            "4",
-            "--row-group-rows",
-            "1000",
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .expect("run sluice gen");
-    assert!(status.success(), "sluice gen failed");
-    let spec = root.join("job.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let data = common::generate(root, ROWS as u64, 4, 1000);
+    let spec = common::write_spec(
+        root,
+        &format!(
             r#"
 name: run-local
 data:
@@ -73,12 +58,11 @@ roles:
   - {{ name: worker, num: 4, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin", --max-rows-per-s, "20000"] }}
 failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 10000 }}
 "#,
-            data = root.join("data").display(),
+            data = data.display(),
             sluice = env!("CARGO_BIN_EXE_sluice"),
             root = root.display(),
         ),
-    )
-    .expect("write job spec");
+    );
     // The second run finds the first run's finished rings, which must not pass for its data.
     for run in 0..2 {
         for rank in 0..4 {
@@ -141,18 +125,10 @@ fn run_job(root: &Path, spec: &Path, run: u32) {
 fn tasks_whose_rows_the_filter_removes_still_complete() {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
-    let status = sluice()
-        .args(["gen", "--out"])
-        .arg(root.join("data"))
-        .args(["--rows", "4000", "--files", "2", "--row-group-rows", "500"])
-        .stdout(Stdio::null())
-        .status()
-        .expect("run sluice gen");
-    assert!(status.success(), "sluice gen failed");
-    let spec = root.join("job.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let data = common::generate(root, 4000, 2, 500);
+    let spec = common::write_spec(
+        root,
+        &format!(
             r#"
 name: run-filter
 data:
@@ -164,12 +140,11 @@ roles:
   - {{ name: worker, num: 1, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin"] }}
 failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
 "#,
-            data = root.join("data").display(),
+            data = data.display(),
             sluice = env!("CARGO_BIN_EXE_sluice"),
             root = root.display(),
         ),
-    )
-    .expect("write job spec");
+    );
     let output = run_with_deadline(
         sluice()
             .arg("run")
