@@ -197,6 +197,11 @@ pub fn load_average() -> Option<f64> {
         .ok()
 }
 
+/// A load average as a report prints it: two decimals, or `?` where none could be read.
+pub fn format_load(load: Option<f64>) -> String {
+    load.map_or_else(|| "?".to_owned(), |value| format!("{value:.2}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -372,7 +372,7 @@ impl DecodeBenchReport {
     /// The report as a table for people.
     pub fn render_table(&self) -> String {
         let mut out = String::new();
-        let load = |value: Option<f64>| value.map_or_else(|| "?".to_owned(), |v| format!("{v:.2}"));
+        let load = crate::command::format_load;
         // Writing to a String cannot fail.
         writeln!(
             out,

@@ -236,7 +236,10 @@ pub fn run_am_bench(
         memory_hwm_bytes: memory.hwm_bytes,
         memory_takeover_hwm_bytes: takeover_memory.hwm_bytes,
         baseline_no_journal: baseline,
-        load_average: procfs::load_average()?,
+        load_average: crate::command::load_average().ok_or_else(|| BenchError::AmSetup {
+            operation: "reading /proc/loadavg".to_owned(),
+            reason: "no load average could be read".to_owned(),
+        })?,
         placement: placement.note,
     })
 }

@@ -111,18 +111,6 @@ fn parse_memory(status: &str) -> Option<Memory> {
     })
 }
 
-/// The machine's one-minute load average.
-pub fn load_average() -> Result<f64> {
-    let text = read("/proc/loadavg")?;
-    text.split_whitespace()
-        .next()
-        .and_then(|first| first.parse().ok())
-        .ok_or_else(|| BenchError::AmSetup {
-            operation: "reading /proc/loadavg".to_owned(),
-            reason: format!("unexpected content {text:?}"),
-        })
-}
-
 fn read(path: &str) -> Result<String> {
     std::fs::read_to_string(path).map_err(|source| BenchError::AmIo {
         operation: format!("reading {path}"),
@@ -173,7 +161,6 @@ mod tests {
         assert!(cpu_time(pid).expect("cpu time") > Duration::ZERO);
         let memory = memory(pid).expect("memory");
         assert!(memory.rss_bytes > 0 && memory.hwm_bytes >= memory.rss_bytes);
-        assert!(load_average().expect("load average") >= 0.0);
         let waits = cpu_waits(pid).expect("scheduler statistics");
         assert!(
             waits.is_empty() || waits.len() >= 2,
