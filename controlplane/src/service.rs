@@ -56,47 +56,40 @@ impl Am {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Applies `call` to the master and sequences its entries in the journal while the master is
+    /// locked, so the journal's order is the order of the changes; returns the reply and a future
+    /// that resolves once the entries are durable.
+    fn record<T>(
+        &self,
+        call: impl FnOnce(&mut Master) -> Result<Applied<T>, AmError>,
+    ) -> Result<(T, Durable), AmError> {
+        let mut master = self.master();
+        let applied = call(&mut master)?;
+        let durable = self.persist.append(&applied.entries, &master);
+        Ok((applied.reply, durable))
+    }
+
     /// Applies `call` to the master, then waits until its entries are durable.
     async fn apply<T>(
         &self,
         call: impl FnOnce(&mut Master) -> Result<Applied<T>, AmError>,
-    ) -> Result<T, Status> {
-        let durable = {
-            let mut master = self.master();
-            let applied = call(&mut master)?;
-            let durable = self.persist.append(&applied.entries, &master);
-            (applied.reply, durable)
-        };
-        let (reply, durable) = durable;
+    ) -> Result<T, AmError> {
+        let (reply, durable) = self.record(call)?;
         durable.await?;
         Ok(reply)
     }
 
     /// Declares silent nodes lost and samples the throughput; called periodically.
     pub async fn tick(&self) -> Result<(), AmError> {
-        let durable = {
-            let mut master = self.master();
-            let applied = master.tick(now_ms());
-            self.persist.append(&applied.entries, &master)
-        };
-        durable.await
+        self.apply(|master| Ok(master.tick(now_ms()))).await
     }
 
     /// Resets the task table to the data checkpoint named `token`.
     pub async fn restore(&self, token: &str) -> Result<v1::RestoreDataCheckpointReply, AmError> {
         let position = self.checkpoints.get(token).await?;
         let token = token.to_owned();
-        let durable = {
-            let mut master = self.master();
-            let applied = master.restore(token, position, now_ms())?;
-            (
-                applied.reply,
-                self.persist.append(&applied.entries, &master),
-            )
-        };
-        let (reply, durable) = durable;
-        durable.await?;
-        Ok(reply)
+        self.apply(|master| master.restore(token, position, now_ms()))
+            .await
     }
 
     /// Whether the job is over and every daemon was told so.
@@ -117,9 +110,7 @@ impl Am {
                 Observation::Unknown => Exit::Killed,
             };
             tracing::info!(executor = %id, ?exit, "executor ended");
-            let mut master = self.master();
-            let applied = master.executor_exited(id, exit);
-            durables.push(self.persist.append(&applied.entries, &master));
+            durables.push(self.record_change(|master| master.executor_exited(id, exit)));
         }
         let (to_launch, over) = {
             let master = self.master();
@@ -134,9 +125,7 @@ impl Am {
             let spec = executors.spec_for(&self.master(), &id);
             match executors.launcher.launch(&spec) {
                 Ok(()) => {
-                    let mut master = self.master();
-                    let applied = master.executor_launched(id);
-                    durables.push(self.persist.append(&applied.entries, &master));
+                    durables.push(self.record_change(|master| master.executor_launched(id)));
                 }
                 Err(error) => {
                     tracing::error!(executor = %id, %error, "launch failed");
@@ -160,6 +149,13 @@ impl Am {
             }
             Ok(())
         })
+    }
+
+    /// Applies a change that cannot be refused and sequences its entries.
+    fn record_change(&self, change: impl FnOnce(&mut Master) -> Applied<()>) -> Durable {
+        let mut master = self.master();
+        let applied = change(&mut master);
+        self.persist.append(&applied.entries, &master)
     }
 
     /// The executors running now that `wanted` selects.
