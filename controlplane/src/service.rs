@@ -129,10 +129,15 @@ impl Am {
                 }
                 Err(error) => {
                     tracing::error!(executor = %id, %error, "launch failed");
-                    let mut master = self.master();
-                    master.executor_launched(id.clone());
-                    let applied = master.executor_exited(id, Exit::Code(127));
-                    durables.push(self.persist.append(&applied.entries, &master));
+                    // Both changes are journaled: a replayed exit of an executor never launched
+                    // would not count as a failure.
+                    durables.push(self.record_change(|master| {
+                        let mut applied = master.executor_launched(id.clone());
+                        applied
+                            .entries
+                            .extend(master.executor_exited(id, Exit::Code(127)).entries);
+                        applied
+                    }));
                 }
             }
         }
@@ -451,6 +456,7 @@ mod tests {
     /// A launcher whose executors end when the test says so.
     #[derive(Debug, Default)]
     struct ScriptedLauncher {
+        refused: Mutex<Vec<ExecutorId>>,
         launched: Mutex<Vec<LaunchSpec>>,
         exits: Mutex<BTreeMap<ExecutorId, Exit>>,
         killed: Mutex<Vec<ExecutorId>>,
@@ -458,6 +464,12 @@ mod tests {
 
     impl Launcher for ScriptedLauncher {
         fn launch(&self, spec: &LaunchSpec) -> crate::Result<()> {
+            if self.refused.lock().expect("lock").contains(&spec.id) {
+                return Err(AmError::FailedPrecondition(format!(
+                    "{} cannot start",
+                    spec.id
+                )));
+            }
             self.exits.lock().expect("lock").remove(&spec.id);
             self.launched.lock().expect("lock").push(spec.clone());
             Ok(())
@@ -480,6 +492,10 @@ mod tests {
     }
 
     fn am() -> Am {
+        Am::new(master(), Persist::in_memory(), CheckpointStore::in_memory())
+    }
+
+    fn master() -> Master {
         let text = r#"
 name: sup
 data: { sources: [{ uri: "file:///d", format: parquet }], task_rows: 10 }
@@ -507,7 +523,7 @@ failover: { max_failures: 1 }
         );
         let mut master = Master::new(spec, Arc::new(plan)).expect("master");
         master.launch_executors();
-        Am::new(master, Persist::in_memory(), CheckpointStore::in_memory())
+        master
     }
 
     fn launcher(scripted: &Arc<ScriptedLauncher>) -> ExecutorLauncher {
@@ -626,5 +642,48 @@ failover: { max_failures: 1 }
             scripted.killed.lock().expect("lock").contains(&trainer(1)),
             "the other trainer is stopped"
         );
+    }
+
+    #[tokio::test]
+    async fn the_executor_changes_supervising_journals_replay_to_the_same_records() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let uri = directory.path().display().to_string();
+        let options = crate::journal::StorageOptions::default();
+        let open = || {
+            crate::journal::open::<crate::master::Entry, crate::master::Snapshot>(
+                &uri,
+                &options,
+                crate::journal::JournalConfig::new("sup"),
+            )
+        };
+        let (journal, _) = open().await.expect("open the journal");
+        let sut = Am::new(
+            master(),
+            Persist::journal(journal, std::time::Duration::from_secs(3600)),
+            CheckpointStore::in_memory(),
+        );
+        let scripted = Arc::new(ScriptedLauncher::default());
+        scripted.refused.lock().expect("lock").push(trainer(1));
+        let executors = launcher(&scripted);
+        sut.supervise(&executors).await.expect("durable");
+        scripted
+            .exits
+            .lock()
+            .expect("lock")
+            .insert(trainer(0), Exit::Code(4));
+        sut.supervise(&executors).await.expect("durable");
+
+        let (_, recovered) = open().await.expect("reopen the journal");
+        let mut replayed = master();
+        for entry in recovered.entries {
+            replayed.replay(entry).expect("replay");
+        }
+        let status = replayed.status(0);
+        // Rank 1's launch was refused in both passes and rank 0 exited with code 4.
+        assert_eq!(
+            status.roles[0].failures, 3,
+            "refused launches count as failures"
+        );
+        assert_eq!(replayed.snapshot(), sut.master().snapshot());
     }
 }
