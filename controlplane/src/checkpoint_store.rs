@@ -60,14 +60,7 @@ impl CheckpointStore {
             }
             CheckpointStore::Object { store, prefix, uri } => {
                 let bytes = serde_json::to_vec(position).expect("a data position serializes");
-                let options = PutOptions {
-                    mode: PutMode::Create,
-                    ..PutOptions::default()
-                };
-                match store
-                    .put_opts(&object(prefix, token), PutPayload::from(bytes), options)
-                    .await
-                {
+                match create(store.as_ref(), &object(prefix, token), bytes).await {
                     Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
                     Err(error) => Err(AmError::FailedPrecondition(format!(
                         "storing data checkpoint {token} under {uri}: {error}; check that the checkpoint location is writable"
@@ -82,11 +75,7 @@ impl CheckpointStore {
         let CheckpointStore::Object { store, prefix, uri } = self else {
             return Ok(None);
         };
-        let bytes = match store.get(&prefix.clone().join(PLAN_OBJECT)).await {
-            Ok(result) => result.bytes().await,
-            Err(error) => Err(error),
-        };
-        match bytes {
+        match read(store.as_ref(), &prefix.clone().join(PLAN_OBJECT)).await {
             Ok(bytes) => postcard::from_bytes(&bytes).map(Some).map_err(|error| {
                 AmError::FailedPrecondition(format!(
                     "the job's plan {uri}/{PLAN_OBJECT} is damaged: {error}; remove the checkpoint location to plan the job afresh"
@@ -105,18 +94,7 @@ impl CheckpointStore {
             return Ok(plan);
         };
         let bytes = postcard::to_allocvec(&plan).expect("a plan serializes");
-        let options = PutOptions {
-            mode: PutMode::Create,
-            ..PutOptions::default()
-        };
-        match store
-            .put_opts(
-                &prefix.clone().join(PLAN_OBJECT),
-                PutPayload::from(bytes),
-                options,
-            )
-            .await
-        {
+        match create(store.as_ref(), &prefix.clone().join(PLAN_OBJECT), bytes).await {
             Ok(_) => Ok(plan),
             Err(object_store::Error::AlreadyExists { .. }) => match self.load_plan().await? {
                 Some(stored) => Ok(stored),
@@ -144,16 +122,14 @@ impl CheckpointStore {
                 .cloned()
                 .ok_or_else(|| unknown("this AM's memory (the job has no checkpoint location)")),
             CheckpointStore::Object { store, prefix, uri } => {
-                let bytes = match store.get(&object(prefix, token)).await {
-                    Ok(result) => result.bytes().await,
-                    Err(error) => Err(error),
-                };
-                let bytes = bytes.map_err(|error| match error {
-                    object_store::Error::NotFound { .. } => unknown(uri),
-                    other => AmError::FailedPrecondition(format!(
-                        "reading data checkpoint {token} under {uri}: {other}"
-                    )),
-                })?;
+                let bytes = read(store.as_ref(), &object(prefix, token)).await.map_err(
+                    |error| match error {
+                        object_store::Error::NotFound { .. } => unknown(uri),
+                        other => AmError::FailedPrecondition(format!(
+                            "reading data checkpoint {token} under {uri}: {other}"
+                        )),
+                    },
+                )?;
                 serde_json::from_slice(&bytes).map_err(|error| {
                     AmError::FailedPrecondition(format!(
                         "data checkpoint {token} under {uri} is damaged: {error}; restore another checkpoint"
@@ -162,6 +138,23 @@ impl CheckpointStore {
             }
         }
     }
+}
+
+/// Reads a whole object.
+async fn read(store: &dyn ObjectStore, path: &Path) -> object_store::Result<bytes::Bytes> {
+    store.get(path).await?.bytes().await
+}
+
+/// Creates an object that must not exist yet; `AlreadyExists` when it does.
+async fn create(store: &dyn ObjectStore, path: &Path, bytes: Vec<u8>) -> object_store::Result<()> {
+    let options = PutOptions {
+        mode: PutMode::Create,
+        ..PutOptions::default()
+    };
+    store
+        .put_opts(path, PutPayload::from(bytes), options)
+        .await
+        .map(|_| ())
 }
 
 fn object(prefix: &Path, token: &str) -> Path {
