@@ -64,15 +64,50 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 10000 }}
         ),
     );
     // The second run finds the first run's finished rings, which must not pass for its data.
-    for run in 0..2 {
+    for _ in 0..2 {
         for rank in 0..4 {
             let _ = std::fs::remove_file(root.join(format!("ids-{rank}.bin")));
         }
-        run_job(root, &spec, run);
+        run_job(root, &spec, "run-local", &(0..ROWS).collect::<Vec<_>>());
     }
 }
 
-fn run_job(root: &Path, spec: &Path, run: u32) {
+/// A Delta table whose deletion vector removes two of its ten rows, cut in tasks of two rows.
+#[test]
+fn a_delta_table_with_a_deletion_vector_is_delivered_once_without_its_deleted_rows() {
+    let table = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/testdata/delta/table-with-dv-small");
+    assert!(
+        table.is_dir(),
+        "conformance data missing at {}: the shared test data must sit beside the repository",
+        table.display()
+    );
+    let directory = tempfile::tempdir().expect("tempdir");
+    let root = directory.path();
+    let spec = common::write_spec(
+        root,
+        &format!(
+            r#"
+name: run-delta
+data:
+  sources: [{{ uri: "file://{table}", format: delta }}]
+  task_rows: 2
+  batch_size: 1
+nodes: 2
+roles:
+  - {{ name: worker, num: 4, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin", --id-column, value] }}
+failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
+"#,
+            table = table.canonicalize().expect("table path").display(),
+            sluice = env!("CARGO_BIN_EXE_sluice"),
+            root = root.display(),
+        ),
+    );
+    run_job(root, &spec, "run-delta", &(1..=8).collect::<Vec<_>>());
+}
+
+/// Runs the job of `spec` and checks that its trainers saw exactly the ids `expected`, once each.
+fn run_job(root: &Path, spec: &Path, job: &str, expected: &[i64]) {
     let output = run_with_deadline(
         sluice()
             .arg("run")
@@ -99,26 +134,18 @@ fn run_job(root: &Path, spec: &Path, run: u32) {
         .unwrap_or_default();
     assert!(
         output.status.success(),
-        "run {run}: sluice run failed:\n{stdout}\n{}\n{logs}",
+        "{job}: sluice run failed:\n{stdout}\n{}\n{logs}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("job run-local succeeded"), "{stdout}");
+    assert!(stdout.contains(&format!("job {job} succeeded")), "{stdout}");
     let mut ids: Vec<i64> = (0..4)
         .flat_map(|rank| read_ids(&root.join(format!("ids-{rank}.bin"))))
         .collect();
     let delivered = ids.len();
     ids.sort_unstable();
     ids.dedup();
-    assert_eq!(
-        ids.len(),
-        delivered,
-        "run {run}: some ids were delivered twice"
-    );
-    assert_eq!(
-        ids,
-        (0..ROWS).collect::<Vec<_>>(),
-        "run {run}: every id delivered"
-    );
+    assert_eq!(ids.len(), delivered, "{job}: some ids were delivered twice");
+    assert_eq!(ids, expected, "{job}: every id delivered");
 }
 
 #[test]

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use arrow::array::{Array, Int64Array};
+use arrow::array::{Array, AsArray};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Int64Type};
 use sluice_client::{Item, Reader};
 use sluice_ring::Ring;
 
@@ -16,9 +18,12 @@ pub struct ConsumeArgs {
     /// The ring to read.
     #[arg(long, env = "SLUICE_RING")]
     pub ring: PathBuf,
-    /// Append every `id` seen to this file, as little-endian int64.
+    /// Append every id seen to this file, as little-endian int64.
     #[arg(long)]
     pub ids_out: Option<PathBuf>,
+    /// The integer column `--ids-out` records.
+    #[arg(long, default_value = "id")]
+    pub id_column: String,
     /// Read at most this many rows per second, like a trainer's compute would.
     #[arg(long)]
     pub max_rows_per_s: Option<f64>,
@@ -55,11 +60,23 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         };
         rows += batch.num_rows() as u64;
         if let Some(out) = &mut ids_out {
-            let ids = batch
-                .column_by_name("id")
-                .and_then(|column| column.as_any().downcast_ref::<Int64Array>())
-                .context("--ids-out needs an int64 column named `id` in the batches")?;
-            for id in ids.iter().flatten() {
+            let column = batch.column_by_name(&args.id_column).with_context(|| {
+                format!(
+                    "--ids-out: the batches have no column `{}`; name an integer column with --id-column",
+                    args.id_column
+                )
+            })?;
+            let ids = cast(column, &DataType::Int64)
+                .ok()
+                .filter(|_| column.data_type().is_integer())
+                .with_context(|| {
+                    format!(
+                        "--ids-out: column `{}` is {}, not an integer column; name one with --id-column",
+                        args.id_column,
+                        column.data_type()
+                    )
+                })?;
+            for id in ids.as_primitive::<Int64Type>().iter().flatten() {
                 out.write_all(&id.to_le_bytes())?;
             }
         }
