@@ -37,6 +37,9 @@ use tonic::transport::Channel;
 
 use writer::{RingState, Write};
 
+/// How often the daemon looks at its rings' read cursors between heartbeats.
+const PROGRESS_POLL: Duration = Duration::from_millis(5);
+
 /// How a daemon is run.
 #[derive(Debug, Clone)]
 pub struct DaemonOptions {
@@ -299,8 +302,19 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         if !pending.is_empty() {
             continue;
         }
-        tokio::time::sleep(interval).await;
-        let progress = collect_progress(&mut held, &mut rings);
+        // Heartbeat once per interval, or as soon as a task is consumed to its end or has failed,
+        // so that the AM learns it at once and the daemon can pull the next task.
+        let waiting = std::time::Instant::now();
+        let progress = loop {
+            tokio::time::sleep(PROGRESS_POLL.min(interval)).await;
+            let progress = collect_progress(&mut held, &mut rings);
+            let settled = held
+                .values()
+                .any(|task| task.consumed_end >= task.end || lock(&task.control).failed.is_some());
+            if settled || waiting.elapsed() >= interval {
+                break progress;
+            }
+        };
         let failed: Vec<(u64, String, u64)> = held
             .iter()
             .filter_map(|(task_id, task)| {
