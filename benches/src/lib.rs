@@ -4,7 +4,9 @@
 //! - `sluice bench decode` ([`decode`]): Parquet decode of a training-like file, Sluice against pyarrow on
 //!   one core, and Sluice on two cores;
 //! - `sluice bench local-io` ([`local_io`]): local byte-range reads through io_uring against `pread`;
-//! - `sluice bench plan` ([`plan`]): planning a Delta table of 1,000 files, Sluice against pyarrow.
+//! - `sluice bench plan` ([`plan`]): planning a Delta table of 1,000 files, Sluice against pyarrow;
+//! - `sluice bench pipeline` ([`pipeline`]): rows/s delivered to one trainer through the AM, a node daemon
+//!   and a ring, against a pyarrow scan in the trainer's process.
 //!
 //! `sluice bench ring` moves records of each size from a producer to a consumer over the Sluice ring and
 //! over the transports a user would otherwise pick, one after the other in the same run, and compares
@@ -32,6 +34,7 @@ pub mod error;
 pub mod local_io;
 pub mod memcpy;
 pub mod peer;
+pub mod pipeline;
 pub mod plan;
 pub mod report;
 pub mod training_data;

@@ -16,6 +16,7 @@ use sluice_bench::decode::{DecodeBenchOptions, run_decode_bench};
 use sluice_bench::local_io::{
     DEFAULT_IN_FLIGHT, DEFAULT_RANGE_SIZES, LocalIoBenchOptions, run_local_io_bench,
 };
+use sluice_bench::pipeline::{PipelineBenchOptions, run_pipeline_bench};
 use sluice_bench::plan::{PlanBenchOptions, run_plan_bench};
 use sluice_bench::workload::parse_sizes;
 use sluice_bench::{PeerArgs, PeerCommand, RingBenchOptions, Transport, peer_main, run_ring_bench};
@@ -35,7 +36,9 @@ enum BenchCommand {
     #[command(hide = true)]
     RingPeer(RingPeerArgs),
     /// Parquet decode of a training-like file: `sluice read --stats` against pyarrow, both on one core.
-    Decode(DecodeArgs),
+    Decode(VsPyarrowArgs),
+    /// Rows/s delivered to one trainer by AM + daemon + ring, against a pyarrow scan in process.
+    Pipeline(VsPyarrowArgs),
     /// Local byte-range reads through io_uring against pread, cold and warm.
     LocalIo(LocalIoArgs),
     /// Planning a Delta table of 1,000 files: `sluice plan` against a pyarrow planner.
@@ -136,15 +139,16 @@ struct PlanArgs {
     python: OsString,
 }
 
+/// The options of the benchmarks that compare Sluice with pyarrow on the training-like file.
 #[derive(Debug, Args)]
-struct DecodeArgs {
+struct VsPyarrowArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
     /// A file of 175,000 rows instead of 2.8 million, and one round.
     #[arg(long)]
     quick: bool,
-    /// Rounds of the three sides, which take turns.
+    /// Rounds of the sides, which take turns.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Where the Parquet files are written once and then reused [default: ~/.cache/sluice/bench].
@@ -194,6 +198,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             cpu: peer.cpu,
         })?),
         BenchCommand::Decode(decode) => run_decode(decode),
+        BenchCommand::Pipeline(pipeline) => run_pipeline(pipeline),
         BenchCommand::LocalIo(local_io) => run_local_io(local_io),
         BenchCommand::Plan(plan) => run_plan(plan),
         BenchCommand::Am(am) => run_am(am),
@@ -257,7 +262,7 @@ where
     Ok(())
 }
 
-fn run_decode(args: DecodeArgs) -> anyhow::Result<()> {
+fn run_decode(args: VsPyarrowArgs) -> anyhow::Result<()> {
     let options = DecodeBenchOptions {
         sluice: std::env::current_exe()
             .context("locating the sluice executable, whose `read --stats` is measured")?,
@@ -269,6 +274,23 @@ fn run_decode(args: DecodeArgs) -> anyhow::Result<()> {
     print_report(
         args.json,
         |progress| run_decode_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
+}
+
+fn run_pipeline(args: VsPyarrowArgs) -> anyhow::Result<()> {
+    let options = PipelineBenchOptions {
+        sluice: std::env::current_exe()
+            .context("locating the sluice executable, whose `run` is measured")?,
+        python: args.python,
+        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        quick: args.quick,
+        rounds: args.rounds,
+    };
+    print_report(
+        args.json,
+        |progress| run_pipeline_bench(&options, progress),
         |report| report.to_json(),
         |report| report.render_table(),
     )
