@@ -26,18 +26,20 @@ fn produce(path: &std::path::Path) {
         .create()
         .expect("create ring");
     let mut producer = ring.producer().expect("producer");
-    sluice_client::write_schema(&mut producer, batch(0, 1).schema().as_ref()).expect("schema");
+    let mut encoder = sluice_client::Encoder::new(batch(0, 1).schema()).expect("encoder");
+    encoder.write_schema(&mut producer).expect("schema");
     let mut first = 0;
     while first < ROWS {
         let rows = 97.min(ROWS - first);
-        sluice_client::write_batch(
-            &mut producer,
-            &batch(first, rows),
-            3,
-            first as u64,
-            rows as u64,
-        )
-        .expect("batch");
+        encoder
+            .write_batch(
+                &mut producer,
+                &batch(first, rows),
+                3,
+                first as u64,
+                rows as u64,
+            )
+            .expect("batch");
         first += rows;
     }
     let slot = producer.reserve(0).expect("reserve");

@@ -15,7 +15,8 @@
 //!   closing the ring ends the stream;
 //! - a [`RecordKind::Error`] record holds a UTF-8 message from the daemon.
 //!
-//! [`write_schema`] and [`write_batch`] encode into a ring; [`Reader`] decodes, keeping each
+//! An [`Encoder`] writes a schema's records into a ring, copying each batch's buffers once, straight
+//! into the record; [`Reader`] decodes, keeping each
 //! trainer's consumed position per task for data checkpoints.
 
 mod reader;
@@ -23,4 +24,4 @@ mod writer;
 
 pub use reader::{Item, ReadError, Reader};
 pub use sluice_ring::{RecordKind, RecordMeta};
-pub use writer::{WriteError, write_batch, write_error, write_schema};
+pub use writer::{Encoder, WriteError, write_error};

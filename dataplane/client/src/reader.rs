@@ -144,7 +144,7 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{write_batch, write_error, write_schema};
+    use crate::{Encoder, write_error};
     use arrow::array::{Float32Array, Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
     use sluice_ring::{RecordMeta, Ring, RingOptions};
@@ -193,10 +193,19 @@ mod tests {
         let directory = tempfile::tempdir().expect("tempdir");
         let (mut producer, mut sut) = ring(directory.path());
         let first = batch(0, 100);
-        write_schema(&mut producer, first.schema().as_ref()).expect("schema");
-        write_batch(&mut producer, &first, 7, 1000, 120).expect("batch");
-        write_batch(&mut producer, &batch(100, 50), 7, 1120, 50).expect("batch");
-        write_batch(&mut producer, &batch(150, 10), 9, 0, 10).expect("batch");
+        let mut encoder = Encoder::new(first.schema()).expect("encoder");
+        encoder.write_schema(&mut producer).expect("schema");
+        encoder
+            .write_batch(&mut producer, &first, 7, 1000, 120)
+            .expect("batch");
+        // A slice shares the batch's buffers, longer than its rows: only its rows cross.
+        let wide = batch(100, 200);
+        encoder
+            .write_batch(&mut producer, &wide.slice(0, 50), 7, 1120, 50)
+            .expect("batch");
+        encoder
+            .write_batch(&mut producer, &batch(140, 20).slice(10, 10), 9, 0, 10)
+            .expect("batch");
         let mut end = producer.reserve(0).expect("reserve");
         end.payload_mut();
         end.commit(RecordMeta::of_kind(RecordKind::EndOfEpoch));
@@ -206,14 +215,19 @@ mod tests {
         while let Some(item) = sut.next_item().expect("read") {
             match item {
                 Item::Batch {
-                    batch,
+                    batch: received,
                     task_id,
                     first_row,
                     row_count,
                 } => {
-                    seen.push((task_id, first_row, row_count, batch.num_rows()));
+                    seen.push((task_id, first_row, row_count, received.num_rows()));
+                    let expected = match (task_id, first_row) {
+                        (7, 1000) => first.clone(),
+                        (7, 1120) => batch(100, 50),
+                        _ => batch(150, 10),
+                    };
+                    assert_eq!(received, expected, "values, nulls and strings survive");
                     if task_id == 7 && first_row == 1000 {
-                        assert_eq!(batch, first, "values, nulls and strings survive");
                         assert_eq!(sut.positions()[&7], 1120);
                     }
                 }
@@ -230,10 +244,92 @@ mod tests {
     }
 
     #[test]
+    fn nested_and_sliced_columns_cross_the_ring_and_a_slice_costs_only_its_rows() {
+        use arrow::array::{Array, ArrayRef, BooleanArray, ListArray, StructArray};
+        use arrow::datatypes::Float32Type;
+
+        let rows = 4000_usize;
+        let base = batch(0, rows);
+        let lists = ListArray::from_iter_primitive::<Float32Type, _, _>((0..rows).map(|row| {
+            (row % 7 != 0).then(|| {
+                (0..row % 5)
+                    .map(|value| Some(value as f32))
+                    .collect::<Vec<_>>()
+            })
+        }));
+        let flags =
+            BooleanArray::from_iter((0..rows).map(|row| (row % 11 != 0).then_some(row % 2 == 0)));
+        let nested = StructArray::from(vec![
+            (
+                Arc::new(Field::new("flag", DataType::Boolean, true)),
+                Arc::new(flags.clone()) as ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("id", DataType::Int64, false)),
+                base.column(0).clone(),
+            ),
+        ]);
+        let mut fields = base.schema().fields().to_vec();
+        fields.push(Arc::new(Field::new(
+            "list",
+            lists.data_type().clone(),
+            true,
+        )));
+        fields.push(Arc::new(Field::new("flags", DataType::Boolean, true)));
+        fields.push(Arc::new(Field::new(
+            "nested",
+            nested.data_type().clone(),
+            false,
+        )));
+        let mut columns = base.columns().to_vec();
+        columns.push(Arc::new(lists));
+        columns.push(Arc::new(flags));
+        columns.push(Arc::new(nested));
+        let wide = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).expect("batch");
+
+        let directory = tempfile::tempdir().expect("tempdir");
+        let (mut producer, mut sut) = ring(directory.path());
+        let mut encoder = Encoder::new(wide.schema()).expect("encoder");
+        encoder.write_schema(&mut producer).expect("schema");
+        let start = producer.position();
+        encoder
+            .write_batch(&mut producer, &wide, 1, 0, rows as u64)
+            .expect("whole batch");
+        let whole = producer.position() - start;
+        let start = producer.position();
+        // Offsets not on a byte boundary, nulls, lists and a struct.
+        let slices = [wide.slice(0, 40), wide.slice(1003, 37)];
+        for (index, slice) in slices.iter().enumerate() {
+            encoder
+                .write_batch(&mut producer, slice, 2, index as u64 * 40, 40)
+                .expect("slice");
+        }
+        let sliced = producer.position() - start;
+        producer.close();
+        assert!(
+            sliced * 20 < whole,
+            "two slices of 40 and 37 rows took {sliced} bytes, the {rows}-row batch {whole}"
+        );
+        let mut received = Vec::new();
+        while let Some(item) = sut.next_item().expect("read") {
+            if let Item::Batch { batch, .. } = item {
+                received.push(batch);
+            }
+        }
+        assert_eq!(received.len(), 3);
+        assert_eq!(received[0], wide);
+        assert_eq!(received[1], slices[0]);
+        assert_eq!(received[2], slices[1]);
+    }
+
+    #[test]
     fn a_batch_before_any_schema_and_a_daemon_error_are_reported() {
         let directory = tempfile::tempdir().expect("tempdir");
         let (mut producer, mut sut) = ring(directory.path());
-        write_batch(&mut producer, &batch(0, 3), 1, 0, 3).expect("batch");
+        Encoder::new(batch(0, 3).schema())
+            .expect("encoder")
+            .write_batch(&mut producer, &batch(0, 3), 1, 0, 3)
+            .expect("batch");
         write_error(&mut producer, "source s3://b/x.parquet: corrupt footer").expect("error");
         producer.close();
         assert!(matches!(

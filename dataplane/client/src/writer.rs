@@ -1,10 +1,10 @@
 //! Encoding schemas and record batches into ring records.
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::Schema;
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::ipc::writer::{
-    DictionaryTracker, EncodedData, IpcDataGenerator, IpcWriteOptions, write_message,
+    DictionaryTracker, IpcDataGenerator, IpcWriteOptions, StreamEncoder, write_message,
 };
 use sluice_ring::{Producer, RecordKind, RecordMeta, ReserveError};
 
@@ -27,57 +27,114 @@ fn options() -> IpcWriteOptions {
         .expect("64-byte alignment with metadata V5 is valid")
 }
 
-/// Writes one encapsulated message into a new record of `kind`.
-fn write_encoded(
-    producer: &mut Producer,
-    encoded: EncodedData,
-    meta: RecordMeta,
-) -> Result<u64, WriteError> {
-    let mut message = Vec::with_capacity(encoded.ipc_message.len() + encoded.arrow_data.len() + 16);
-    write_message(&mut message, encoded, &options())?;
-    let mut slot = producer.reserve(message.len())?;
-    slot.payload_mut().copy_from_slice(&message);
-    Ok(slot.commit(meta))
+/// Encodes the batches of one schema into ring records.
+///
+/// A batch's body buffers are copied once, from the batch's own memory straight into the ring
+/// record: arrow's [`StreamEncoder`] hands out the message as a list of buffers that share the
+/// batch's memory, instead of a contiguous copy of the body.
+pub struct Encoder {
+    schema: SchemaRef,
+    stream: StreamEncoder,
 }
 
-/// Writes `schema` as a schema record; batches written after it use it.
-pub fn write_schema(producer: &mut Producer, schema: &Schema) -> Result<u64, WriteError> {
-    let generator = IpcDataGenerator::default();
-    let mut tracker = DictionaryTracker::new(false);
-    let encoded =
-        generator.schema_to_bytes_with_dictionary_tracker(schema, &mut tracker, &options());
-    write_encoded(producer, encoded, RecordMeta::of_kind(RecordKind::Schema))
-}
-
-/// Writes `batch` as a batch record of task `task_id` covering split rows
-/// `[first_row, first_row + row_count)`.
-pub fn write_batch(
-    producer: &mut Producer,
-    batch: &RecordBatch,
-    task_id: u64,
-    first_row: u64,
-    row_count: u64,
-) -> Result<u64, WriteError> {
-    let generator = IpcDataGenerator::default();
-    let mut tracker = DictionaryTracker::new(false);
-    let (dictionaries, encoded) =
-        generator.encode(batch, &mut tracker, &options(), &mut Default::default())?;
-    if !dictionaries.is_empty() {
-        return Err(WriteError::Encode(ArrowError::InvalidArgumentError(
-            "dictionary-encoded columns cannot cross a ring yet; cast them to their value type"
-                .to_owned(),
-        )));
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Encoder")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
     }
-    write_encoded(
-        producer,
-        encoded,
-        RecordMeta {
+}
+
+impl Encoder {
+    /// An encoder of batches of `schema`.
+    ///
+    /// # Errors
+    ///
+    /// Dictionary-encoded columns are refused: their dictionaries would have to cross the ring as
+    /// records of their own.
+    pub fn new(schema: SchemaRef) -> Result<Encoder, WriteError> {
+        if let Some(field) = schema
+            .flattened_fields()
+            .into_iter()
+            .find(|field| matches!(field.data_type(), DataType::Dictionary(..)))
+        {
+            return Err(WriteError::Encode(ArrowError::InvalidArgumentError(
+                format!(
+                    "column `{}` is dictionary-encoded, which cannot cross a ring yet; cast it to its value type",
+                    field.name()
+                ),
+            )));
+        }
+        let mut stream = StreamEncoder::try_new_with_options(&schema, options())?;
+        // The stream's schema message goes out once, before its first batch; encoding an empty
+        // batch here leaves every later call with just a batch's message.
+        stream.encode(&RecordBatch::new_empty(schema.clone()))?;
+        Ok(Encoder { schema, stream })
+    }
+
+    /// The schema of the batches.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Writes the schema as a schema record; batches written after it use it.
+    ///
+    /// # Errors
+    ///
+    /// Returns the ring's refusal of the record.
+    pub fn write_schema(&self, producer: &mut Producer) -> Result<u64, WriteError> {
+        let generator = IpcDataGenerator::default();
+        let mut tracker = DictionaryTracker::new(false);
+        let encoded = generator.schema_to_bytes_with_dictionary_tracker(
+            &self.schema,
+            &mut tracker,
+            &options(),
+        );
+        let mut message = Vec::with_capacity(encoded.ipc_message.len() + 16);
+        write_message(&mut message, encoded, &options())?;
+        let mut slot = producer.reserve(message.len())?;
+        slot.payload_mut().copy_from_slice(&message);
+        Ok(slot.commit(RecordMeta::of_kind(RecordKind::Schema)))
+    }
+
+    /// Writes `batch` as a batch record of task `task_id` covering split rows
+    /// `[first_row, first_row + row_count)`.
+    ///
+    /// # Errors
+    ///
+    /// Returns arrow's error for a batch of another schema, and the ring's refusal of the record.
+    pub fn write_batch(
+        &mut self,
+        producer: &mut Producer,
+        batch: &RecordBatch,
+        task_id: u64,
+        first_row: u64,
+        row_count: u64,
+    ) -> Result<u64, WriteError> {
+        if batch.schema_ref().fields() != self.schema.fields() {
+            return Err(WriteError::Encode(ArrowError::SchemaError(format!(
+                "a batch of schema {} cannot be written to a ring of schema {}",
+                batch.schema(),
+                self.schema
+            ))));
+        }
+        let buffers = self.stream.encode(batch)?;
+        let length = buffers.iter().map(|buffer| buffer.len()).sum();
+        let mut slot = producer.reserve(length)?;
+        let payload = slot.payload_mut();
+        let mut at = 0;
+        for buffer in &buffers {
+            payload[at..at + buffer.len()].copy_from_slice(buffer.as_slice());
+            at += buffer.len();
+        }
+        Ok(slot.commit(RecordMeta {
             kind: RecordKind::Batch,
             task_id,
             first_row,
             row_count,
-        },
-    )
+        }))
+    }
 }
 
 /// Writes an error report the trainers will see.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
+use sluice_client::Encoder;
 use sluice_ring::{Producer, RecordKind, RecordMeta, Ring};
 use tokio::sync::mpsc;
 
@@ -145,7 +146,10 @@ fn write_loop(
     state: &RingState,
 ) -> Result<(), String> {
     producer.set_peer_timeout(Duration::from_secs(24 * 3600));
-    sluice_client::write_schema(&mut producer, schema).map_err(|error| error.to_string())?;
+    let mut encoder = Encoder::new(schema.clone()).map_err(|error| error.to_string())?;
+    encoder
+        .write_schema(&mut producer)
+        .map_err(|error| error.to_string())?;
     producer.flush();
     while let Some(write) = receiver.blocking_recv() {
         match write {
@@ -155,7 +159,8 @@ fn write_loop(
                 first_row,
                 row_count,
             } => {
-                sluice_client::write_batch(&mut producer, &batch, task_id, first_row, row_count)
+                encoder
+                    .write_batch(&mut producer, &batch, task_id, first_row, row_count)
                     .map_err(|error| error.to_string())?;
                 state
                     .written
