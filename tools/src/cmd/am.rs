@@ -57,17 +57,26 @@ pub fn run(args: AmArgs) -> anyhow::Result<()> {
         resume_from: args.resume_from,
         launch: None,
     };
-    runtime(am_worker_threads())?.block_on(serve_job("sluice am", spec, options, args.http, &[]))
+    runtime(am_worker_threads())?.block_on(serve_job(
+        "sluice am",
+        spec,
+        options,
+        args.http,
+        &[],
+        false,
+    ))
 }
 
 /// Serves a job's AM (and its status page when `http` is set) until the job is over, printing
-/// where it serves, then `notes`, then how the job ended, each line prefixed with `label`.
+/// where it serves, then `notes`, then (with `progress`) a live progress line and a closing summary,
+/// then how the job ended, each line prefixed with `label`.
 pub async fn serve_job(
     label: &str,
     spec: JobSpec,
     options: AmOptions,
     http: Option<SocketAddr>,
     notes: &[String],
+    progress: bool,
 ) -> anyhow::Result<()> {
     let name = spec.name.clone();
     let token = options.token.clone();
@@ -100,8 +109,13 @@ pub async fn serve_job(
     }
     stdout.flush()?;
     let started = std::time::Instant::now();
+    let am = server.am();
+    let progress = progress.then(|| crate::cmd::progress::spawn(label.to_owned(), am.clone()));
     let end = server.serve().await?;
     let seconds = started.elapsed().as_secs_f64();
+    if let Some(progress) = progress {
+        crate::cmd::progress::finish(progress, &am, seconds).await;
+    }
     writeln!(
         stdout,
         "{label}: {} rows consumed in {seconds:.1} s ({:.0} rows/s)",

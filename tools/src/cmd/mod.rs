@@ -8,6 +8,7 @@ pub mod demo;
 pub mod gc;
 pub mod r#gen;
 pub mod plan;
+pub mod progress;
 pub mod read;
 pub mod run;
 pub mod shim;

@@ -12,7 +12,7 @@ use sluice_am::launcher::local::LocalLauncher;
 use sluice_am::server::{AmOptions, LaunchOptions};
 use sluice_am::spec::{JobSpec, LauncherKind};
 
-use crate::cmd::am::{DEFAULT_HTTP_ADDRESS, am_worker_threads, serve_job};
+use crate::cmd::am::{am_worker_threads, serve_job};
 use crate::cmd::read::runtime;
 
 /// Arguments of `sluice run`.
@@ -36,9 +36,10 @@ pub struct RunArgs {
     /// Reset the job to this data checkpoint before it runs.
     #[arg(long)]
     pub resume_from: Option<String>,
-    /// Serve the status page, its JSON API and Prometheus /metrics on this address.
-    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = DEFAULT_HTTP_ADDRESS)]
-    pub http: Option<SocketAddr>,
+    /// The address of the status page, its JSON API and Prometheus /metrics (port 0: any free
+    /// port; the page's URL is printed).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub http: SocketAddr,
 }
 
 /// Runs a job to its end with the local launcher; exits non-zero when it fails.
@@ -79,8 +80,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         "sluice run",
         spec,
         options,
-        args.http,
+        Some(args.http),
         &notes,
+        true,
     ))
 }
 
