@@ -427,13 +427,7 @@ impl ExecutorLauncher {
                     master.world_size().to_string(),
                 );
                 role_spec
-                    .map(|found| {
-                        found
-                            .command
-                            .iter()
-                            .map(|argument| argument.replace("{rank}", &rank.to_string()))
-                            .collect()
-                    })
+                    .map(|found| trainer_command(&found.command, *rank, &self.sluice))
                     .unwrap_or_default()
             }
         };
@@ -443,6 +437,22 @@ impl ExecutorLauncher {
             env,
         }
     }
+}
+
+/// A role's command for `rank`: `{rank}` replaced, and a bare `sluice` program run as the AM's own
+/// `sluice` binary, so job specs need not know where it is installed.
+fn trainer_command(command: &[String], rank: u32, sluice: &std::path::Path) -> Vec<String> {
+    command
+        .iter()
+        .enumerate()
+        .map(|(index, argument)| {
+            if index == 0 && argument == "sluice" {
+                sluice.display().to_string()
+            } else {
+                argument.replace("{rank}", &rank.to_string())
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -541,6 +551,28 @@ failover: { max_failures: 1 }
             role: "worker".into(),
             rank,
         }
+    }
+
+    #[test]
+    fn a_bare_sluice_program_is_the_ams_own_binary() {
+        let command = |words: &[&str]| -> Vec<String> {
+            trainer_command(
+                &words
+                    .iter()
+                    .map(|word| (*word).to_owned())
+                    .collect::<Vec<_>>(),
+                3,
+                std::path::Path::new("/opt/bin/sluice"),
+            )
+        };
+        assert_eq!(
+            command(&["sluice", "consume", "--ids-out", "/tmp/{rank}.bin"]),
+            ["/opt/bin/sluice", "consume", "--ids-out", "/tmp/3.bin"]
+        );
+        assert_eq!(
+            command(&["python3", "train.py", "sluice"]),
+            ["python3", "train.py", "sluice"]
+        );
     }
 
     #[tokio::test]

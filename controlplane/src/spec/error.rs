@@ -50,6 +50,16 @@ pub enum SpecError {
         /// What to write there.
         fix: String,
     },
+    /// A `${NAME}` of the spec's text cannot be replaced.
+    #[error(
+        "job spec: `${{{name}}}` {problem}; set it, or write the value in the spec (`$${{` writes a literal `${{`)"
+    )]
+    Variable {
+        /// The variable's name, as written.
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// A value is present but not acceptable.
     #[error("job spec: `{path}` {problem}; {fix}")]
     Invalid {
@@ -72,6 +82,7 @@ impl SpecError {
             SpecError::Read { .. }
             | SpecError::UnknownExtension { .. }
             | SpecError::Syntax { .. }
+            | SpecError::Variable { .. }
             | SpecError::Empty => None,
         }
     }

@@ -10,6 +10,7 @@ mod error;
 mod raw;
 mod tree;
 mod validate;
+mod vars;
 
 #[cfg(test)]
 mod tests;
@@ -296,8 +297,10 @@ impl JobSpec {
         JobSpec::parse(&text, format)
     }
 
-    /// Parses and validates spec text in the given format.
+    /// Parses and validates spec text in the given format, after replacing each `${NAME}` with
+    /// the environment variable `NAME`.
     pub fn parse(text: &str, format: Format) -> Result<JobSpec, SpecError> {
+        let text = &vars::expand(text, |name| std::env::var(name).ok())?;
         let syntax_error = |message: String| SpecError::Syntax { format, message };
         let document: tree::Node = match format {
             Format::Yaml => {

@@ -89,16 +89,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 /// Rows of the quickstart's sample dataset.
 const QUICKSTART_ROWS: u64 = 2_000_000;
 
-/// The quickstart job: the sample dataset, generated once into the cache directory, read by two
-/// node daemons into four `sluice consume` trainers.
+/// The quickstart job, `examples/quickstart.yaml`: the sample dataset, generated once into
+/// `~/.cache/sluice/quickstart`, read by two node daemons into four `sluice consume` trainers.
 fn quickstart() -> anyhow::Result<JobSpec> {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("sluice")
-        .join("quickstart");
-    let data = cache.join(format!("data-{QUICKSTART_ROWS}"));
+    let home = std::env::var_os("HOME")
+        .filter(|home| !home.is_empty())
+        .context("the quickstart keeps its sample dataset under $HOME/.cache; set HOME")?;
+    let data = PathBuf::from(home)
+        .join(".cache/sluice/quickstart")
+        .join(format!("data-{QUICKSTART_ROWS}"));
     if !data.join("_SUCCESS").exists() {
         println!(
             "sluice run: generating the sample dataset ({QUICKSTART_ROWS} rows) in {}",
@@ -111,24 +110,10 @@ fn quickstart() -> anyhow::Result<JobSpec> {
         crate::cmd::r#gen::generate_parquet(&data, QUICKSTART_ROWS, 8, 65_536)?;
         std::fs::write(data.join("_SUCCESS"), b"")?;
     }
-    let sluice = std::env::current_exe().context("locating the sluice binary")?;
-    let text = format!(
-        r#"
-name: quickstart
-data:
-  sources: [{{ uri: "file://{data}", format: parquet }}]
-  batch_size: 1024
-  task_rows: 65536
-  shuffle: {{ seed: 7, window: 4 }}
-nodes: 2
-roles:
-  - {{ name: worker, num: 4, command: ["{sluice}", consume] }}
-failover: {{ heartbeat_interval_ms: 200, heartbeat_timeout_ms: 10000 }}
-"#,
-        data = data.display(),
-        sluice = sluice.display(),
-    );
-    Ok(JobSpec::parse(&text, sluice_am::spec::Format::Yaml)?)
+    Ok(JobSpec::parse(
+        include_str!("../../../examples/quickstart.yaml"),
+        sluice_am::spec::Format::Yaml,
+    )?)
 }
 
 /// Where `sluice submit` runs the job.
