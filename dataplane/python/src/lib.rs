@@ -31,6 +31,9 @@ create_exception!(
 /// reported a checkpoint's step yet.
 const POLL: Duration = Duration::from_millis(20);
 
+/// What `Reader.next` returns for one record.
+type NextRecord = (Py<Record>, &'static str, u64, u64, u64, usize, usize);
+
 /// The consumer of one ring.
 #[pyclass(module = "sluice._native")]
 struct Reader {
@@ -58,21 +61,42 @@ impl Reader {
         Ok(Reader { ring, consumer })
     }
 
-    /// The next record, held until it is released or dropped; `None` once the daemon closed the ring.
-    /// Waits (without the GIL) while the ring is empty.
-    fn next(&mut self, py: Python<'_>) -> PyResult<Option<Record>> {
+    /// The next record, held until it is released or dropped, as `(record, kind, position,
+    /// task_id, end_row, address, size)` (one call per record rather than one per field; see
+    /// [`Record`] for the fields); `None` once the daemon closed the ring. Waits (without the GIL)
+    /// while the ring is empty.
+    fn next(&mut self, py: Python<'_>) -> PyResult<Option<NextRecord>> {
         let consumer = &mut self.consumer;
         let next = py.detach(|| {
             consumer
                 .next()
                 .map(|record| record.map(sluice_ring::Record::lease))
         });
-        let lease = next.map_err(|error| SluiceError::new_err(error.to_string()))?;
-        Ok(lease.map(|lease| Record {
-            ring: self.ring.clone(),
-            kind: kind_name(lease.meta().kind),
-            lease: Some(lease),
-        }))
+        let Some(lease) = next.map_err(|error| SluiceError::new_err(error.to_string()))? else {
+            return Ok(None);
+        };
+        let meta = lease.meta();
+        let position = lease.position();
+        let payload = lease.payload();
+        let (address, size) = (payload.as_ptr() as usize, payload.len());
+        let kind = kind_name(meta.kind);
+        let record = Py::new(
+            py,
+            Record {
+                ring: self.ring.clone(),
+                kind,
+                lease: Some(lease),
+            },
+        )?;
+        Ok(Some((
+            record,
+            kind,
+            position,
+            meta.task_id,
+            meta.first_row + meta.row_count,
+            address,
+            size,
+        )))
     }
 
     /// The end of the released prefix, in bytes since the ring was created: a record whose
@@ -85,6 +109,18 @@ impl Reader {
     fn data_region(&self) -> (usize, usize) {
         let region = self.consumer.data_region();
         (region.start, region.end)
+    }
+
+    /// The ring's published write and read cursors `(write, read)`, in bytes since its creation: what
+    /// the daemon wrote, and what it sees released.
+    fn cursors(&self) -> (u64, u64) {
+        self.ring.cursors()
+    }
+
+    /// The seconds this reader spent waiting on an empty ring.
+    #[getter]
+    fn empty_wait_s(&self) -> f64 {
+        self.consumer.empty_wait().as_secs_f64()
     }
 
     /// The ring's path.

@@ -159,18 +159,28 @@ class Reader:
         if self._finished or self._epoch_over:
             raise StopIteration
         while True:
-            record = self._native.next()
-            if record is None:
+            item = self._native.next()
+            if item is None:
                 self._finished = True
                 raise StopIteration
-            kind = record.kind
+            record, kind, position, task_id, end_row, address, size = item
             if kind == "batch":
-                return self._yield(record)
+                if self._schema is None:
+                    sequence = record.sequence
+                    record.release()
+                    raise SluiceError(f"ring {self.path}: record {sequence} is a batch before any schema; the node daemon must write the schema first")
+                buffer = pa.foreign_buffer(address, size, base=record)
+                batch = pa.ipc.read_record_batch(pa.ipc.read_message(buffer), self._schema)
+                self._unreleased.append((position, task_id, end_row))
+                self._current = record
+                self._current_batch = batch
+                self._batches += 1
+                return batch
             if kind == "schema":
                 self._schema = pa.ipc.read_schema(pa.py_buffer(record.to_bytes()))
                 record.release()
             elif kind == "end_of_epoch":
-                self._unreleased.append((record.position, None, 0))
+                self._unreleased.append((position, None, 0))
                 record.release()
                 self._epoch_over = True
                 raise StopIteration
@@ -178,19 +188,6 @@ class Reader:
                 message = record.to_bytes().decode("utf-8", "replace")
                 record.release()
                 raise SluiceError(f"ring {self.path}: the node daemon reports: {message}")
-
-    def _yield(self, record: Any) -> pa.RecordBatch:
-        if self._schema is None:
-            sequence = record.sequence
-            record.release()
-            raise SluiceError(f"ring {self.path}: record {sequence} is a batch before any schema; the node daemon must write the schema first")
-        buffer = pa.foreign_buffer(record.address, record.size, base=record)
-        batch = pa.ipc.read_record_batch(pa.ipc.read_message(buffer), self._schema)
-        self._unreleased.append((record.position, record.task_id, record.first_row + record.row_count))
-        self._current = record
-        self._current_batch = batch
-        self._batches += 1
-        return batch
 
     def _release_current(self) -> None:
         if self._current is not None:
