@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit, integration and multi-process tests, the loom models of the
-# ring, and the ring under Miri. Installs the Python packages the tests compare against.
+# ring, the ring under Miri, and the Python client's tests. Installs the Python packages the tests need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -12,6 +12,12 @@ fi
 
 echo "== workspace tests"
 cargo test --workspace
+
+echo "== the python client against a real AM and daemon"
+# The dev profile reuses the dependencies the workspace tests just built.
+MATURIN_PEP517_ARGS="--profile dev" python3 -m pip install --quiet --disable-pip-version-check \
+    --no-build-isolation --force-reinstall --no-deps ./dataplane/python
+SLUICE_BIN="$target/debug/sluice" python3 -m pytest -q dataplane/python/tests
 
 echo "== loom models of the ring protocol"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target/loom" \

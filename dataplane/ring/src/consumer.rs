@@ -7,6 +7,7 @@ use crate::error::{AttachError, RecvError, Role, TryRecvError};
 use crate::layout::{
     RECORD_HEADER_LEN, RecordHeader, RecordMeta, ValidRecord, WAITING, check_cursors,
 };
+use crate::lease::{Lease, LeaseBook};
 use crate::process::PeerState;
 use crate::producer::{LIVENESS_SLICE, SPIN_LIMIT, last_holder, wrap_offset};
 use crate::sync::{Ordering, spin_loop};
@@ -15,12 +16,14 @@ use crate::{DEFAULT_PEER_TIMEOUT, Shared, role};
 /// The single reader of a ring. Taken with [`crate::Ring::consumer`]; gives the role up when dropped.
 ///
 /// Records come out in the order they were committed. A [`Record`] borrows its bytes in place, and
-/// releases them to the producer when it is dropped (or [`Record::release`]d).
+/// releases them to the producer when it is dropped (or [`Record::release`]d); [`Record::lease`] turns
+/// it into an owned [`Lease`] that is released whenever it is dropped, in any order (see
+/// [`crate::lease`]).
 #[derive(Debug)]
 pub struct Consumer {
     shared: Arc<Shared>,
     identity: u64,
-    /// The end of the last record this consumer released.
+    /// The end of the last record this consumer handed out and, while `book` is `None`, released.
     read_position: u64,
     /// `read_position % capacity`, kept up to date without a division per record.
     read_offset: u64,
@@ -34,6 +37,9 @@ pub struct Consumer {
     expected_sequence: Option<u64>,
     peer_timeout: Duration,
     empty_wait: Duration,
+    /// While leases are outstanding, the book that holds the released prefix and publishes the read
+    /// cursor; `published_read` is stale meanwhile.
+    book: Option<Arc<LeaseBook>>,
 }
 
 /// One record, borrowed in place from the ring.
@@ -81,6 +87,7 @@ impl Consumer {
             expected_sequence,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             empty_wait: Duration::ZERO,
+            book: None,
         })
     }
 
@@ -139,10 +146,20 @@ impl Consumer {
         }
     }
 
-    /// The number of bytes this consumer has released since the ring was created (the producer sees
-    /// them a little later: releases are published in batches).
+    /// The number of bytes this consumer has released since the ring was created: the end of the
+    /// released prefix, which stops at the oldest unreleased [`Lease`]. The producer sees it a little
+    /// later: releases are published in batches.
     pub fn position(&self) -> u64 {
-        self.read_position
+        match &self.book {
+            Some(book) => book.released(),
+            None => self.read_position,
+        }
+    }
+
+    /// The address range of the ring's data region in this process: every payload lies inside it.
+    pub fn data_region(&self) -> std::ops::Range<usize> {
+        let start = self.shared.data() as usize;
+        start..start + self.shared.capacity() as usize
     }
 
     /// The total time this consumer waited on an empty ring.
@@ -279,15 +296,32 @@ impl Consumer {
         }
     }
 
-    /// Releases the record of `size` bytes at the read cursor. The read cursor is published in batches: once
-    /// `publish_threshold` bytes are pending, at once when the producer waits for space, and always
-    /// before this consumer waits for data or gives up its role.
+    /// Moves past the record of `size` bytes at the read position without releasing it.
     #[inline]
-    fn release(&mut self, size: u64, next_sequence: u64) {
+    fn advance(&mut self, size: u64, next_sequence: u64) -> u64 {
         let end = self.read_position + size;
         self.read_offset = wrap_offset(self.read_offset + size, self.shared.capacity());
         self.read_position = end;
         self.expected_sequence = Some(next_sequence);
+        end
+    }
+
+    /// Releases the record of `size` bytes at the read cursor. The read cursor is published in batches: once
+    /// `publish_threshold` bytes are pending, at once when the producer waits for space, and always
+    /// before this consumer waits for data or gives up its role. While leases are outstanding, the
+    /// release goes into their book, behind them.
+    #[inline]
+    fn release(&mut self, size: u64, next_sequence: u64) {
+        let position = self.read_position;
+        let end = self.advance(size, next_sequence);
+        if let Some(book) = &self.book {
+            let threshold = self.publish_threshold;
+            if let Some(handback) = book.release_in_order(position, end, next_sequence, threshold) {
+                self.published_read = handback.published;
+                self.book = None;
+            }
+            return;
+        }
         // Relaxed: only a hint. A producer that set WAITING after this load is woken by a later
         // publication, which comes at the latest before this consumer waits for data.
         let producer_waits = self.shared.header().read.load(Ordering::Relaxed) & WAITING != 0;
@@ -297,29 +331,59 @@ impl Consumer {
     }
 
     fn publish_read(&mut self) {
-        if self.published_read != self.read_position {
-            self.publish_read_cursor();
+        if let Some(book) = &self.book {
+            book.publish_released();
+        } else if self.published_read != self.read_position {
+            let next_sequence = self
+                .expected_sequence
+                .expect("a released record sets the next sequence");
+            publish_read_cursor(
+                &self.shared,
+                self.read_position,
+                next_sequence,
+                self.published_read,
+            );
+            self.published_read = self.read_position;
         }
     }
 
-    /// Publishes the read cursor at `read_position`, and wakes the producer if it sleeps. Out of line:
-    /// it runs once per batch.
-    #[inline(never)]
-    fn publish_read_cursor(&mut self) {
-        let header = self.shared.header();
-        let next_sequence = self
-            .expected_sequence
-            .expect("a released record sets the next sequence");
-        // Relaxed: published by the Release swap below, read by a producer that attaches after it.
-        header.read_sequence.store(next_sequence, Ordering::Relaxed);
-        // AcqRel: Release hands the bytes below the cursor back to the producer's Acquire load of the
-        // read cursor; Acquire orders it after the producer's `fetch_or` of WAITING when it sees that flag.
-        let previous = header.read.swap(self.read_position, Ordering::AcqRel);
-        debug_assert_eq!(previous & !WAITING, self.published_read);
-        self.published_read = self.read_position;
-        if previous & WAITING != 0 {
-            header.space_futex.bump();
-        }
+    /// Hands out the record at the read position as a lease, starting a book if none is open.
+    fn lease(&mut self, valid: ValidRecord) -> Lease {
+        let position = self.read_position;
+        let offset = self.read_offset;
+        let book = self.book.get_or_insert_with(|| {
+            Arc::new(LeaseBook::new(
+                Arc::clone(&self.shared),
+                position,
+                valid.sequence,
+                self.published_read,
+            ))
+        });
+        let lease = LeaseBook::lease(book, position, offset, valid);
+        self.advance(valid.size, valid.next_sequence());
+        lease
+    }
+}
+
+/// Publishes the read cursor at `position`, the end of released records followed by the record of
+/// sequence number `next_sequence`, and wakes the producer if it sleeps. `published` is the cursor
+/// as last published. Out of line: it runs once per batch of releases.
+#[inline(never)]
+pub(crate) fn publish_read_cursor(
+    shared: &Shared,
+    position: u64,
+    next_sequence: u64,
+    published: u64,
+) {
+    let header = shared.header();
+    // Relaxed: published by the Release swap below, read by a producer that attaches after it.
+    header.read_sequence.store(next_sequence, Ordering::Relaxed);
+    // AcqRel: Release hands the bytes below the cursor back to the producer's Acquire load of the
+    // read cursor; Acquire orders it after the producer's `fetch_or` of WAITING when it sees that flag.
+    let previous = header.read.swap(position, Ordering::AcqRel);
+    debug_assert_eq!(previous & !WAITING, published);
+    if previous & WAITING != 0 {
+        header.space_futex.bump();
     }
 }
 
@@ -337,6 +401,11 @@ fn publish_threshold(capacity: u64) -> u64 {
 
 impl Drop for Consumer {
     fn drop(&mut self) {
+        if let Some(book) = &self.book
+            && book.consumer_dropped(self.identity)
+        {
+            return;
+        }
         self.publish_read();
         role::give_up(&self.shared.header().consumer, self.identity);
     }
@@ -381,6 +450,18 @@ impl Record<'_> {
 
     /// Releases the record's bytes to the producer; the same as dropping it.
     pub fn release(self) {}
+
+    /// Keeps the record past the next read: the [`Lease`] is released when it is dropped, in any
+    /// order with the records read after it.
+    pub fn lease(self) -> Lease {
+        let record = std::mem::ManuallyDrop::new(self);
+        debug_assert_eq!(record.position, record.consumer.read_position);
+        let valid = record.valid;
+        // SAFETY: `record` is never dropped, so this moves the `&mut Consumer` out of it exactly once;
+        // the record's release is replaced by the lease's.
+        let consumer = unsafe { std::ptr::read(&record.consumer) };
+        consumer.lease(valid)
+    }
 }
 
 impl Drop for Record<'_> {

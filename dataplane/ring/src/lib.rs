@@ -75,6 +75,7 @@
 #[cfg(not(loom))]
 pub mod gc;
 pub mod layout;
+pub mod lease;
 
 mod consumer;
 mod error;
@@ -96,6 +97,7 @@ pub use error::{
     TryReserveError,
 };
 pub use layout::{RecordKind, RecordMeta};
+pub use lease::Lease;
 pub use process::{PeerState, ProcessId};
 pub use producer::{Producer, Slot};
 

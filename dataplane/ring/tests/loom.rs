@@ -192,3 +192,39 @@ fn a_sleeping_consumer_forces_the_next_commit_out() {
         writer.join().expect("writer");
     });
 }
+
+/// A lease released on another thread, after a record read behind it, while the producer waits for
+/// the space the lease holds: the read cursor passes both records only once the lease goes, and the
+/// release wakes the producer.
+#[test]
+fn a_lease_released_out_of_order_on_another_thread_frees_its_space() {
+    model_with_bound(2, || {
+        let ring = Ring::in_memory(4096).expect("ring");
+        let mut producer = ring.producer().expect("producer");
+        let mut consumer = ring.consumer().expect("consumer");
+        let writer = thread::spawn(move || {
+            for row in 0..3u64 {
+                let mut slot = producer.reserve(1500).expect("reserve");
+                slot.payload_mut()[0] = row as u8 + 1;
+                slot.commit(meta(row));
+            }
+            producer.close();
+        });
+        let held = consumer.next().expect("next").expect("record 0").lease();
+        let second = consumer.next().expect("next").expect("record 1");
+        assert_eq!(second.payload()[0], 2);
+        drop(second);
+        assert_eq!(consumer.position(), 0, "the lease holds the prefix");
+        let releaser = thread::spawn(move || {
+            assert_eq!(held.payload()[0], 1);
+            held.release();
+        });
+        let third = consumer.next().expect("next").expect("record 2");
+        assert_eq!(third.sequence(), 2);
+        assert_eq!(third.payload()[0], 3);
+        drop(third);
+        assert!(consumer.next().expect("next").is_none());
+        releaser.join().expect("releaser");
+        writer.join().expect("writer");
+    });
+}

@@ -1,0 +1,305 @@
+"""Zero-copy Arrow record batches from Sluice's shared-memory rings, with exactly-once data checkpoints.
+
+A trainer launched by the AM finds its ring in ``SLUICE_RING``::
+
+    import sluice
+
+    reader = sluice.Reader()
+    for epoch in range(epochs):
+        for batch in reader:          # pyarrow.RecordBatch, pointing into the ring
+            train(batch)
+            if step % 1000 == 0:
+                save(model, reader.state_dict())
+
+**Lifetime of a batch.** A batch's buffers point into the ring's shared memory. The batch is
+released (its rows count as consumed, and the node daemon may write over its bytes) when the next
+batch is asked for. To keep it longer, take a lease *before* asking for the next one::
+
+    lease = reader.lease()            # the batch the iterator yielded last
+    ...                               # read on: lease.batch stays intact
+    lease.release()                   # or `with reader.lease() as lease:`, or drop it
+
+A batch used after its release stays readable memory (the mapping outlives it) but may show the
+rows of a later batch; it never crashes the process.
+
+**Positions and checkpoints.** A rank's position in a task is the end of the last batch of the task
+that it released, counted over the released prefix of the ring: a batch held by a lease holds back
+the position of the batches after it too. ``state_dict()`` commits the position to the AM and returns
+a dict holding the checkpoint's token; to resume, start the job again from that token
+(``sluice am JOB --resume-from TOKEN`` or ``sluice run JOB --resume-from TOKEN``) and call
+``load_state_dict(state)`` on the new reader before reading.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Dict, Iterator, Optional
+
+import pyarrow as pa
+
+from sluice._native import Reader as _RingReader
+from sluice._native import SluiceError, commit_data_checkpoint
+
+__all__ = ["Lease", "Reader", "SluiceError"]
+
+_STATE_VERSION = 1
+
+
+def _env_int(name: str, explicit: Optional[int]) -> int:
+    if explicit is not None:
+        return explicit
+    value = os.environ.get(name)
+    if value is None:
+        return {"SLUICE_RANK": 0, "SLUICE_WORLD_SIZE": 1}[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise SluiceError(f"{name}={value!r}: expected an integer; the AM sets it for the trainers it launches") from None
+
+
+class Lease:
+    """A batch kept past the next read, with its row range; released by :meth:`release`, by leaving a
+    ``with`` block, or when the lease is garbage collected."""
+
+    __slots__ = ("batch", "task_id", "first_row", "row_count", "_record")
+
+    def __init__(self, batch: pa.RecordBatch, record: Any) -> None:
+        self.batch = batch
+        self.task_id: int = record.task_id
+        self.first_row: int = record.first_row
+        self.row_count: int = record.row_count
+        self._record = record
+
+    @property
+    def released(self) -> bool:
+        return self._record.released
+
+    def release(self) -> None:
+        """Gives the batch back to the daemon; its buffers may then show later rows."""
+        self._record.release()
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        record = getattr(self, "_record", None)
+        if record is not None:
+            record.release()
+
+
+class Reader:
+    """Reads the batches of one trainer rank's ring in place.
+
+    ``ring`` defaults to ``SLUICE_RING``. The reader waits up to ``wait_s`` for the node daemon to
+    create the ring, and raises :class:`SluiceError` when the ring stays empty with no live daemon for
+    ``peer_timeout_s``, or when the daemon reports an error. Iterating yields the batches of one epoch
+    and stops at its end (iterate again for the next epoch) or at the end of the data.
+
+    The AM's address, the rank and the world size default to ``SLUICE_AM``, ``SLUICE_RANK`` and
+    ``SLUICE_WORLD_SIZE``, and the AM's shared token to ``SLUICE_TOKEN``, as the AM sets them for the
+    trainers it launches.
+    """
+
+    def __init__(
+        self,
+        ring: Optional[str] = None,
+        *,
+        wait_s: float = 60.0,
+        peer_timeout_s: float = 60.0,
+        am: Optional[str] = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        checkpoint_timeout_s: float = 300.0,
+    ) -> None:
+        path = ring if ring is not None else os.environ.get("SLUICE_RING")
+        if not path:
+            raise SluiceError("no ring to read: pass Reader(ring=PATH) or set SLUICE_RING (the AM sets it for its trainers)")
+        self._native = _RingReader(str(path), wait_s, peer_timeout_s)
+        self._am = am if am is not None else os.environ.get("SLUICE_AM")
+        self._auth_token = os.environ.get("SLUICE_TOKEN")
+        self.rank = _env_int("SLUICE_RANK", rank)
+        self.world_size = _env_int("SLUICE_WORLD_SIZE", world_size)
+        self._checkpoint_timeout_s = checkpoint_timeout_s
+        self._schema: Optional[pa.Schema] = None
+        # The record of the batch yielded last, released when the next one is asked for.
+        self._current: Any = None
+        self._current_batch: Optional[pa.RecordBatch] = None
+        # Records handed out and not yet known to be released, in ring order:
+        # (position, task_id or None for an epoch's end, end_row).
+        self._unreleased: collections.deque = collections.deque()
+        # The epoch and per-task positions of the released prefix.
+        self._epoch = 0
+        self._positions: Dict[int, int] = {}
+        self._batches = 0
+        self._step_offset = 0
+        self._finished = False
+        self._epoch_over = False
+        self._token: Optional[str] = None
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return str(self._native.path)
+
+    def data_region(self) -> tuple:
+        """The address range ``(start, end)`` of the ring's data in this process."""
+        return self._native.data_region()
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        self._epoch_over = False
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        self._release_current()
+        if self._finished or self._epoch_over:
+            raise StopIteration
+        while True:
+            item = self._native.next()
+            if item is None:
+                self._finished = True
+                raise StopIteration
+            record, kind, position, task_id, end_row, address, size = item
+            if kind == "batch":
+                if self._schema is None:
+                    sequence = record.sequence
+                    record.release()
+                    raise SluiceError(f"ring {self.path}: record {sequence} is a batch before any schema; the node daemon must write the schema first")
+                buffer = pa.foreign_buffer(address, size, base=record)
+                batch = pa.ipc.read_record_batch(pa.ipc.read_message(buffer), self._schema)
+                self._unreleased.append((position, task_id, end_row))
+                self._current = record
+                self._current_batch = batch
+                self._batches += 1
+                return batch
+            if kind == "schema":
+                self._schema = pa.ipc.read_schema(pa.py_buffer(record.to_bytes()))
+                record.release()
+            elif kind == "end_of_epoch":
+                self._unreleased.append((position, None, 0))
+                record.release()
+                self._epoch_over = True
+                raise StopIteration
+            else:
+                message = record.to_bytes().decode("utf-8", "replace")
+                record.release()
+                raise SluiceError(f"ring {self.path}: the node daemon reports: {message}")
+
+    def _release_current(self) -> None:
+        if self._current is not None:
+            self._current.release()
+            self._current = None
+            self._current_batch = None
+
+    def lease(self) -> Lease:
+        """Keeps the batch the iterator yielded last past the next read; see :class:`Lease`."""
+        if self._current is None:
+            raise SluiceError("no batch to lease: call lease() after the iterator yielded a batch and before asking for the next one")
+        lease = Lease(self._current_batch, self._current)
+        self._current = None
+        self._current_batch = None
+        return lease
+
+    def _hand_over_current(self) -> None:
+        # The current batch's record is released by whoever holds its buffers last.
+        self._current = None
+        self._current_batch = None
+
+    def close(self) -> None:
+        """Releases the current batch; leases stay valid until released."""
+        self._release_current()
+
+    # -- positions and checkpoints ---------------------------------------------------------------
+
+    def _advance_positions(self) -> None:
+        released = self._native.position()
+        while self._unreleased and self._unreleased[0][0] < released:
+            _, task_id, end_row = self._unreleased.popleft()
+            if task_id is None:
+                self._epoch += 1
+                self._positions = {}
+            else:
+                self._positions[task_id] = max(self._positions.get(task_id, 0), end_row)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the released prefix."""
+        self._advance_positions()
+        return self._epoch
+
+    @property
+    def positions(self) -> Dict[int, int]:
+        """Per task of the current epoch, the split row up to which this rank consumed it."""
+        self._advance_positions()
+        return dict(self._positions)
+
+    @property
+    def step(self) -> int:
+        """The batches this reader yielded, counted from the checkpoint it was loaded from."""
+        return self._step_offset + self._batches
+
+    def state_dict(self, step: Optional[int] = None) -> Dict[str, Any]:
+        """Commits this rank's data position to the AM and returns the checkpoint.
+
+        Every batch yielded so far counts as consumed: the current batch is released (batches held
+        by leases are not, and come again after a resume). ``step`` defaults to :attr:`step`; every
+        rank must commit the same step, and the call waits up to ``checkpoint_timeout_s`` for the
+        others. The returned dict holds the token, the step, the epoch and this rank's positions.
+        """
+        if not self._am:
+            raise SluiceError("state_dict() needs the AM's address: set SLUICE_AM (the AM sets it for its trainers) or pass Reader(am=ADDRESS)")
+        self._release_current()
+        self._advance_positions()
+        step = self.step if step is None else int(step)
+        positions = sorted(self._positions.items())
+        token = commit_data_checkpoint(
+            self._am,
+            self._auth_token,
+            step,
+            self.rank,
+            self.world_size,
+            self._epoch,
+            positions,
+            self._checkpoint_timeout_s,
+        )
+        self._token = token
+        return {
+            "version": _STATE_VERSION,
+            "token": token,
+            "step": step,
+            "epoch": self._epoch,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "positions": {int(task): int(end) for task, end in positions},
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continues from a checkpoint that ``state_dict()`` returned.
+
+        The data of the checkpoint comes from the AM: the job must have been started from the
+        checkpoint's token (``sluice am JOB --resume-from TOKEN`` or ``sluice run JOB --resume-from
+        TOKEN``), so that the ring holds exactly the rows after it. This call restores the reader's
+        step, epoch and positions, and must come before the first batch is read. A reader that has
+        read already refuses: rolling a live job back is done by restarting it from the token.
+        """
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "token" not in state:
+            raise SluiceError(f"load_state_dict: not a sluice reader state (expected a dict of version {_STATE_VERSION} with a token, as state_dict() returns)")
+        if self._batches or self._unreleased or self._finished:
+            raise SluiceError(
+                f"load_state_dict: this reader has read batches already; to go back to checkpoint {state['token']}, "
+                f"restart the job with `sluice am JOB --resume-from {state['token']}` (or `sluice run JOB --resume-from ...`) "
+                "and call load_state_dict() on the new reader before reading"
+            )
+        if state["world_size"] != self.world_size or state["rank"] != self.rank:
+            raise SluiceError(
+                f"load_state_dict: the checkpoint is of rank {state['rank']} of {state['world_size']}, this reader is rank "
+                f"{self.rank} of {self.world_size}; load each rank's own state"
+            )
+        self._token = state["token"]
+        self._step_offset = int(state["step"])
+        self._epoch = int(state["epoch"])
+        self._positions = {int(task): int(end) for task, end in state["positions"].items()}

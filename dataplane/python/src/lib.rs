@@ -1,0 +1,357 @@
+//! `sluice._native`: the native half of the `sluice` Python package.
+//!
+//! It reads a ring's records in place and hands Python the address and length of each payload;
+//! pyarrow decodes the Arrow IPC message there, with no copy. Every record is held as a
+//! [`sluice_ring::Lease`], so Python decides when it is released: the pure-Python reader releases a
+//! batch when the next one is asked for, unless the user took a lease on it. A [`Record`] also keeps
+//! the ring mapped, so a pyarrow buffer whose base is the record stays readable memory even after the
+//! record was released (its bytes may then hold a later record).
+//!
+//! It also commits data checkpoints to the AM over gRPC.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use sluice_proto::BearerToken;
+use sluice_proto::v1;
+use sluice_proto::v1::checkpoint_service_client::CheckpointServiceClient;
+use sluice_ring::{Consumer, Lease, RecordKind, Ring};
+
+create_exception!(
+    _native,
+    SluiceError,
+    PyRuntimeError,
+    "An error of the Sluice data plane: a ring that cannot be read, a daemon that reported an error or went away, or an AM that refused a call."
+);
+
+/// How often a waiting call looks again: for a ring file not created yet, or for ranks that have not
+/// reported a checkpoint's step yet.
+const POLL: Duration = Duration::from_millis(20);
+
+/// What `Reader.next` returns for one record.
+type NextRecord = (Py<Record>, &'static str, u64, u64, u64, usize, usize);
+
+/// The consumer of one ring.
+#[pyclass(module = "sluice._native")]
+struct Reader {
+    ring: Ring,
+    consumer: Consumer,
+}
+
+#[pymethods]
+impl Reader {
+    /// Opens the ring at `path` and takes its consumer role. Waits up to `wait_s` for the node
+    /// daemon to create the ring; `next` waits up to `peer_timeout_s` for a daemon that is gone.
+    #[new]
+    #[pyo3(signature = (path, wait_s, peer_timeout_s))]
+    fn new(py: Python<'_>, path: PathBuf, wait_s: f64, peer_timeout_s: f64) -> PyResult<Reader> {
+        let wait = seconds(wait_s, "wait_s")?;
+        let peer_timeout = seconds(peer_timeout_s, "peer_timeout_s")?;
+        let ring = open_when_created(py, &path, wait)?;
+        let mut consumer = ring.consumer().map_err(|error| {
+            SluiceError::new_err(format!(
+                "ring {}: taking the consumer role: {error}",
+                path.display()
+            ))
+        })?;
+        consumer.set_peer_timeout(peer_timeout);
+        Ok(Reader { ring, consumer })
+    }
+
+    /// The next record, held until it is released or dropped, as `(record, kind, position,
+    /// task_id, end_row, address, size)` (one call per record rather than one per field; see
+    /// [`Record`] for the fields); `None` once the daemon closed the ring. Waits (without the GIL)
+    /// while the ring is empty.
+    fn next(&mut self, py: Python<'_>) -> PyResult<Option<NextRecord>> {
+        let consumer = &mut self.consumer;
+        let next = py.detach(|| {
+            consumer
+                .next()
+                .map(|record| record.map(sluice_ring::Record::lease))
+        });
+        let Some(lease) = next.map_err(|error| SluiceError::new_err(error.to_string()))? else {
+            return Ok(None);
+        };
+        let meta = lease.meta();
+        let position = lease.position();
+        let payload = lease.payload();
+        let (address, size) = (payload.as_ptr() as usize, payload.len());
+        let kind = kind_name(meta.kind);
+        let record = Py::new(
+            py,
+            Record {
+                ring: self.ring.clone(),
+                kind,
+                lease: Some(lease),
+            },
+        )?;
+        Ok(Some((
+            record,
+            kind,
+            position,
+            meta.task_id,
+            meta.first_row + meta.row_count,
+            address,
+            size,
+        )))
+    }
+
+    /// The end of the released prefix, in bytes since the ring was created: a record whose
+    /// `position` lies below it is consumed.
+    fn position(&self) -> u64 {
+        self.consumer.position()
+    }
+
+    /// The address range `(start, end)` of the ring's data region in this process.
+    fn data_region(&self) -> (usize, usize) {
+        let region = self.consumer.data_region();
+        (region.start, region.end)
+    }
+
+    /// The ring's published write and read cursors `(write, read)`, in bytes since its creation: what
+    /// the daemon wrote, and what it sees released.
+    fn cursors(&self) -> (u64, u64) {
+        self.ring.cursors()
+    }
+
+    /// The seconds this reader spent waiting on an empty ring.
+    #[getter]
+    fn empty_wait_s(&self) -> f64 {
+        self.consumer.empty_wait().as_secs_f64()
+    }
+
+    /// The ring's path.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.ring.path().to_path_buf()
+    }
+}
+
+/// One record of the ring, held in place until [`Record::release`] or until it is dropped.
+#[pyclass(module = "sluice._native")]
+struct Record {
+    /// Keeps the mapping alive for as long as Python holds the record, released or not.
+    ring: Ring,
+    kind: &'static str,
+    lease: Option<Lease>,
+}
+
+impl Record {
+    fn lease(&self) -> PyResult<&Lease> {
+        self.lease.as_ref().ok_or_else(|| {
+            SluiceError::new_err(format!(
+                "ring {}: this record was released; take a lease before reading on to keep it",
+                self.ring.path().display()
+            ))
+        })
+    }
+}
+
+#[pymethods]
+impl Record {
+    /// `"schema"`, `"batch"`, `"end_of_epoch"` or `"error"`.
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// The task the batch's rows belong to.
+    #[getter]
+    fn task_id(&self) -> PyResult<u64> {
+        Ok(self.lease()?.meta().task_id)
+    }
+
+    /// The split row of the first row the batch covers.
+    #[getter]
+    fn first_row(&self) -> PyResult<u64> {
+        Ok(self.lease()?.meta().first_row)
+    }
+
+    /// The split rows the batch covers (rows a filter removed included).
+    #[getter]
+    fn row_count(&self) -> PyResult<u64> {
+        Ok(self.lease()?.meta().row_count)
+    }
+
+    /// The record's sequence number in the ring.
+    #[getter]
+    fn sequence(&self) -> PyResult<u64> {
+        Ok(self.lease()?.sequence())
+    }
+
+    /// The record's byte position in the ring's stream.
+    #[getter]
+    fn position(&self) -> PyResult<u64> {
+        Ok(self.lease()?.position())
+    }
+
+    /// The address of the payload in this process.
+    #[getter]
+    fn address(&self) -> PyResult<usize> {
+        Ok(self.lease()?.payload().as_ptr() as usize)
+    }
+
+    /// The payload's length in bytes.
+    #[getter]
+    fn size(&self) -> PyResult<usize> {
+        Ok(self.lease()?.payload().len())
+    }
+
+    /// A copy of the payload.
+    fn to_bytes(&self) -> PyResult<Vec<u8>> {
+        Ok(self.lease()?.payload().to_vec())
+    }
+
+    /// Tells whether the record was released.
+    #[getter]
+    fn released(&self) -> bool {
+        self.lease.is_none()
+    }
+
+    /// Gives the record's bytes back to the daemon; the second call does nothing.
+    fn release(&mut self) {
+        self.lease = None;
+    }
+}
+
+fn kind_name(kind: RecordKind) -> &'static str {
+    match kind {
+        RecordKind::Schema => "schema",
+        RecordKind::Batch => "batch",
+        RecordKind::EndOfEpoch => "end_of_epoch",
+        RecordKind::Error => "error",
+    }
+}
+
+fn seconds(value: f64, name: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        SluiceError::new_err(format!(
+            "{name} = {value}: expected a number of seconds, zero or more"
+        ))
+    })
+}
+
+/// Opens the ring at `path`, waiting up to `limit` for the daemon to create it.
+fn open_when_created(py: Python<'_>, path: &Path, limit: Duration) -> PyResult<Ring> {
+    let started = Instant::now();
+    loop {
+        match Ring::open(path) {
+            Ok(ring) => return Ok(ring),
+            Err(_) if !path.exists() && started.elapsed() < limit => {
+                py.check_signals()?;
+                py.detach(|| std::thread::sleep(POLL));
+            }
+            Err(error) => {
+                return Err(SluiceError::new_err(format!(
+                    "no ring at {} after {:.1} s ({error}); check SLUICE_RING (or the ring argument) and that the node daemon runs",
+                    path.display(),
+                    limit.as_secs_f64()
+                )));
+            }
+        }
+    }
+}
+
+/// Commits this rank's data position at `step` to the AM at `am`, and waits up to `timeout_s` for
+/// every rank of the step to report; returns the checkpoint's token.
+#[pyfunction]
+#[pyo3(signature = (am, token, step, rank, world_size, epoch, positions, timeout_s))]
+#[allow(clippy::too_many_arguments)]
+fn commit_data_checkpoint(
+    py: Python<'_>,
+    am: String,
+    token: Option<String>,
+    step: u64,
+    rank: u32,
+    world_size: u32,
+    epoch: u32,
+    positions: Vec<(u64, u64)>,
+    timeout_s: f64,
+) -> PyResult<String> {
+    let timeout = seconds(timeout_s, "timeout_s")?;
+    let request = v1::CommitDataCheckpointRequest {
+        step,
+        rank,
+        world_size,
+        epoch,
+        positions: positions
+            .into_iter()
+            .map(|(task_id, end_row)| v1::TaskPosition { task_id, end_row })
+            .collect(),
+    };
+    py.detach(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| format!("starting the gRPC runtime: {error}"))?;
+        runtime.block_on(commit(&am, token, request, timeout))
+    })
+    .map_err(SluiceError::new_err)
+}
+
+async fn commit(
+    am: &str,
+    token: Option<String>,
+    request: v1::CommitDataCheckpointRequest,
+    timeout: Duration,
+) -> Result<String, String> {
+    let endpoint = if am.contains("://") {
+        am.to_owned()
+    } else {
+        format!("http://{am}")
+    };
+    let channel = tonic::transport::Endpoint::from_shared(endpoint)
+        .map_err(|error| format!("AM address {am:?}: {error}; check SLUICE_AM"))?
+        .connect_timeout(timeout)
+        .connect()
+        .await
+        .map_err(|error| {
+            format!("cannot reach the AM at {am}: {error}; check SLUICE_AM and that the AM runs")
+        })?;
+    let mut client = CheckpointServiceClient::with_interceptor(channel, BearerToken(token));
+    let started = Instant::now();
+    let step = request.step;
+    loop {
+        let reply = client
+            .commit_data_checkpoint(request.clone())
+            .await
+            .map_err(|status| {
+                format!(
+                    "the AM at {am} refused the data checkpoint of step {step}: {}",
+                    status.message()
+                )
+            })?
+            .into_inner();
+        match reply.state {
+            Some(v1::commit_data_checkpoint_reply::State::Token(token)) => return Ok(token),
+            Some(v1::commit_data_checkpoint_reply::State::Pending(pending)) => {
+                if started.elapsed() >= timeout {
+                    return Err(format!(
+                        "data checkpoint of step {step}: {} of {} ranks reported after {:.1} s; every rank must call state_dict() at the same step, or raise the timeout",
+                        pending.ranks_reported,
+                        pending.world_size,
+                        started.elapsed().as_secs_f64()
+                    ));
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            None => {
+                return Err(format!(
+                    "the AM at {am} answered the data checkpoint of step {step} with neither a token nor a pending state"
+                ));
+            }
+        }
+    }
+}
+
+#[pymodule]
+fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<Reader>()?;
+    module.add_class::<Record>()?;
+    module.add_function(wrap_pyfunction!(commit_data_checkpoint, module)?)?;
+    module.add("SluiceError", module.py().get_type::<SluiceError>())?;
+    Ok(())
+}

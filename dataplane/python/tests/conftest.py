@@ -1,0 +1,164 @@
+"""Real processes for the tests: the `sluice` binary, generated data, `sluice am` and `sluice daemon`.
+
+The binary is `$SLUICE_BIN`, or `sluice` under `$CARGO_TARGET_DIR` (the workspace's `target/` when
+unset), built with cargo when it is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+WATCHDOG_S = 120
+
+
+def _sluice_binary() -> pathlib.Path:
+    explicit = os.environ.get("SLUICE_BIN")
+    if explicit:
+        return pathlib.Path(explicit)
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    binary = target / "debug" / "sluice"
+    if not binary.exists():
+        subprocess.run(["cargo", "build", "-p", "sluice-cli", "--bin", "sluice"], cwd=ROOT, check=True)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def sluice_bin() -> pathlib.Path:
+    binary = _sluice_binary()
+    assert binary.exists(), f"no sluice binary at {binary}: build it with `cargo build -p sluice-cli` or set SLUICE_BIN"
+    return binary
+
+
+class Job:
+    """A generated dataset, its job spec, and the AM and daemon serving it."""
+
+    def __init__(self, sluice_bin: pathlib.Path, root: pathlib.Path, name: str, rows: int, task_rows: int, batch_size: int):
+        self.sluice_bin = sluice_bin
+        self.root = root
+        self.name = name
+        self.rows = rows
+        self.data = root / "data"
+        self.rings = root / "rings"
+        self.processes: List[subprocess.Popen] = []
+        subprocess.run(
+            [str(sluice_bin), "gen", "--out", str(self.data), "--rows", str(rows), "--files", "2", "--row-group-rows", "500"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        self.spec = root / "job.yaml"
+        self.spec.write_text(
+            f"""
+name: {name}
+data:
+  sources: [{{ uri: "file://{self.data}", format: parquet }}]
+  task_rows: {task_rows}
+  batch_size: {batch_size}
+nodes: 1
+roles:
+  - {{ name: worker, num: 1, command: [python3, train.py] }}
+failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
+checkpoint: {{ uri: "file://{root / 'ckpt'}" }}
+"""
+        )
+        self.am_address: Optional[str] = None
+
+    @property
+    def ring(self) -> pathlib.Path:
+        return self.rings / self.name / "0.ring"
+
+    def trainer_env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        env.pop("SLUICE_TOKEN", None)
+        env.update(
+            SLUICE_RING=str(self.ring),
+            SLUICE_AM=self.am_address or "",
+            SLUICE_RANK="0",
+            SLUICE_WORLD_SIZE="1",
+        )
+        return env
+
+    def start_am(self, *extra: str) -> subprocess.Popen:
+        env = dict(os.environ)
+        env.pop("SLUICE_TOKEN", None)
+        am = subprocess.Popen(
+            [str(self.sluice_bin), "am", str(self.spec), "--listen", "127.0.0.1:0", *extra],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.processes.append(am)
+        line = am.stdout.readline()
+        assert " serving on " in line, f"expected the AM's address, got {line!r}"
+        self.am_address = line.strip().rsplit(" ", 1)[-1]
+        return am
+
+    def start_daemon(self) -> subprocess.Popen:
+        env = dict(os.environ)
+        env.pop("SLUICE_TOKEN", None)
+        daemon = subprocess.Popen(
+            [str(self.sluice_bin), "daemon", "--am", self.am_address, "--ring-dir", str(self.rings), "--ring-size", str(8 << 20)],
+            env=env,
+        )
+        self.processes.append(daemon)
+        return daemon
+
+    def start(self) -> None:
+        self.start_am()
+        self.start_daemon()
+
+    def status(self) -> dict:
+        output = subprocess.run(
+            [str(self.sluice_bin), "status", "--json", "--am", self.am_address],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return json.loads(output.stdout)
+
+    def kill_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=WATCHDOG_S)
+        self.processes = []
+
+    def expected_table(self):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(self.data).sort_by("id")
+
+
+@pytest.fixture
+def make_job(sluice_bin, tmp_path):
+    jobs: List[Job] = []
+
+    def make(name: str, rows: int = 6000, task_rows: int = 1000, batch_size: int = 250) -> Job:
+        job = Job(sluice_bin, tmp_path, name, rows, task_rows, batch_size)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.kill_all()
+
+
+def wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
+    """Polls ``condition`` until it holds; fails naming ``what`` after the deadlock watchdog's time."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, f"waited {timeout_s} s for {what}: deadlock watchdog"
+        time.sleep(0.02)
+
+
+def run_python(script: str, env: Dict[str, str], timeout_s: float = WATCHDOG_S) -> subprocess.Popen:
+    """Starts ``script`` in a new Python interpreter (a trainer process)."""
+    return subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
