@@ -1,5 +1,5 @@
 """`sluice.torch.Dataset` against a real AM and node daemon; skipped where torch is not installed
-(it is not in CI: the PyPI wheel bundles CUDA and fills 5.4 GB)."""
+(`.ci/run` installs it; `scripts/test.sh` does not, since the PyPI wheel bundles CUDA and fills 5.4 GB)."""
 
 from __future__ import annotations
 

@@ -204,11 +204,6 @@ class Reader:
         self._current_batch = None
         return lease
 
-    def _hand_over_current(self) -> None:
-        # The current batch's record is released by whoever holds its buffers last.
-        self._current = None
-        self._current_batch = None
-
     def close(self) -> None:
         """Releases the current batch; leases stay valid until released."""
         self._release_current()

@@ -5,9 +5,10 @@ Importing this module needs torch; importing ``sluice`` does not.
 Each item is one batch: a dict from column name to a tensor. An integer or floating-point column
 without nulls becomes a tensor over the ring's memory through DLPack, with no
 copy; a primitive column with nulls becomes a copied tensor, floats with NaN for the nulls; any other
-column (strings, lists) stays a ``pyarrow.Array``. The batch is held by a lease that is released when
-the item's tensors and arrays are all garbage, so a tensor never shows another batch's rows; keep
-items no longer than needed, since a held batch holds back the ring.
+column (strings, lists) stays a ``pyarrow.Array``. As with :class:`sluice.Reader`, an item's batch is
+released when the next item is asked for: its zero-copy tensors may then show the ring's later bytes,
+so ``clone()`` what must outlive the step. (Releasing only once the tensors are garbage would stall at
+the end of the data: a training loop still holds its last item when it asks for the next.)
 
 Use it with ``DataLoader(dataset, batch_size=None)`` (the ring's batches are already batches), and
 ``num_workers=0``: the ring has one reader, in the process that opened it.
@@ -68,12 +69,7 @@ class Dataset(IterableDataset):
             raise SluiceError("sluice.torch.Dataset reads its ring in the process that opened it: use DataLoader(..., num_workers=0)")
         reader = self.reader
         for batch in reader:
-            # From here the batch's record is held only by the buffers' base: the item's tensors
-            # and arrays release it when the last of them is garbage.
-            reader._hand_over_current()
-            item = to_tensors(batch)
-            del batch
-            yield item
+            yield to_tensors(batch)
 
     def state_dict(self, step: Optional[int] = None) -> Dict[str, Any]:
         return self.reader.state_dict(step)
