@@ -25,7 +25,13 @@ fn read_ids(path: &Path) -> Vec<i64> {
 
 /// The pids of the live `sluice daemon` processes whose ring directory is `ring_dir`.
 fn daemons(ring_dir: &Path) -> Vec<u32> {
-    let ring_dir = ring_dir.to_string_lossy().into_owned();
+    processes_naming(ring_dir, Some("daemon"))
+}
+
+/// The pids of the live processes with `path` among their arguments, and `subcommand` as their
+/// first argument when given.
+fn processes_naming(path: &Path, subcommand: Option<&str>) -> Vec<u32> {
+    let path = path.to_string_lossy().into_owned();
     std::fs::read_dir("/proc")
         .expect("list /proc")
         .filter_map(Result::ok)
@@ -40,10 +46,13 @@ fn daemons(ring_dir: &Path) -> Vec<u32> {
                 .rsplit(')')
                 .next()
                 .is_some_and(|rest| rest.trim_start().starts_with('Z'));
-            // The daemon itself (`sluice daemon ...`), not the launcher's shim that runs it.
+            // For daemons, the daemon itself (`sluice daemon ...`), not the launcher's shim that
+            // runs it.
             !zombie
-                && arguments.get(1) == Some(&&b"daemon"[..])
-                && arguments.contains(&ring_dir.as_bytes())
+                && subcommand.is_none_or(|name| arguments.get(1) == Some(&name.as_bytes()))
+                && arguments
+                    .iter()
+                    .any(|argument| argument.starts_with(path.as_bytes()))
         })
         .collect()
 }
@@ -81,6 +90,7 @@ fn finish(
     mut run: Child,
     stdout: std::thread::JoinHandle<String>,
     started: Instant,
+    directories: &[&Path],
     state: &Path,
 ) -> (bool, String) {
     loop {
@@ -90,6 +100,13 @@ fn finish(
         if started.elapsed() > WATCHDOG {
             let _ = run.kill();
             let _ = run.wait();
+            // The executors outlive `sluice run`: every one names a directory of the test.
+            let executors = directories
+                .iter()
+                .flat_map(|directory| processes_naming(directory, None));
+            for pid in executors {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
             panic!(
                 "sluice run did not finish within {WATCHDOG:?}: killed (deadlock watchdog)\n{}",
                 logs(state)
@@ -171,7 +188,7 @@ failover: {{ restart: on-failure, max_failures: 50, heartbeat_interval_ms: 100, 
             kills.push((victim, seen));
         }
     }
-    let (success, stdout) = finish(run, stdout, started, &state);
+    let (success, stdout) = finish(run, stdout, started, &[root, rings.path()], &state);
     eprintln!(
         "{} kills (pid, ids delivered by then): {kills:?}; run took {:?}",
         kills.len(),
