@@ -1,7 +1,9 @@
 //! The producer is killed with SIGKILL at random points, many times, and a new one reattaches each
 //! time; the consumer, its own process, must see every published record exactly once, in order, and no
 //! producer may start below what the one before it had published. Commits a producer had not published
-//! when it died are lost with it, and its successor writes those records again.
+//! when it died are lost with it, and its successor writes those records again. Every producer keeps the
+//! ring's ledger: the records it folds must continue the ledger's consumed count with no gap across the
+//! kills, and the count must end at exactly the number of records.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -50,6 +52,7 @@ fn killed_producers_lose_and_repeat_nothing() {
                 &RECORDS.to_string(),
                 &seed.to_string(),
                 "--report-published",
+                "--ledger",
             ])
             .stderr(Stdio::piped())
             .spawn()
@@ -80,11 +83,26 @@ fn killed_producers_lose_and_repeat_nothing() {
         }
     }
     let mut last = Command::new(peer)
-        .args(["produce", &path, &RECORDS.to_string(), &seed.to_string()])
+        .args([
+            "produce",
+            &path,
+            &RECORDS.to_string(),
+            &seed.to_string(),
+            "--ledger",
+        ])
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn the last producer");
     let limit = Duration::from_secs(600);
-    assert!(wait_with_deadline(&mut last, limit, "last producer").success());
+    let last_status = wait_with_deadline(&mut last, limit, "last producer");
+    let last_stderr = std::io::read_to_string(last.stderr.take().expect("stderr")).expect("read");
+    assert!(last_status.success(), "last producer: {last_stderr}");
+    assert!(
+        last_stderr
+            .lines()
+            .any(|line| line == format!("ledger consumed {RECORDS}")),
+        "the ledger does not count every record consumed: {last_stderr}"
+    );
     assert!(wait_with_deadline(&mut consumer, limit, "consumer").success());
     let output = std::io::read_to_string(consumer.stdout.take().expect("stdout")).expect("read");
     assert_eq!(output.trim(), format!("ok {RECORDS}"));

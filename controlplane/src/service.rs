@@ -415,6 +415,8 @@ impl ExecutorLauncher {
                 node.to_string(),
                 "--ring-dir".to_owned(),
                 self.ring_dir.display().to_string(),
+                "--job".to_owned(),
+                spec.name.clone(),
             ],
             ExecutorId::Trainer { role, rank } => {
                 let role_spec = spec.roles.iter().find(|candidate| candidate.name == *role);
@@ -594,7 +596,9 @@ failover: { max_failures: 1 }
                 "--node-id",
                 "0",
                 "--ring-dir",
-                "/dev/shm/sluice"
+                "/dev/shm/sluice",
+                "--job",
+                "sup"
             ]
         );
         let rank_one = &launched[2];

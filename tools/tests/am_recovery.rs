@@ -132,16 +132,14 @@ impl Daemon {
                 Some(Cmd::Assign(assign)) => {
                     for task in assign.tasks {
                         let split = task.split.expect("split");
-                        self.held.insert(
-                            task.task_id,
-                            Held {
-                                uri: split.uri,
-                                start: task.start,
-                                first: split.first_row + task.start,
-                                rows: task.end - task.start,
-                                consumed: 0,
-                            },
-                        );
+                        // A task given back after registering again resumes where it stands.
+                        self.held.entry(task.task_id).or_insert(Held {
+                            uri: split.uri,
+                            start: task.start,
+                            first: split.first_row + task.start,
+                            rows: task.end - task.start,
+                            consumed: 0,
+                        });
                     }
                 }
                 Some(Cmd::Stop(stop)) => {

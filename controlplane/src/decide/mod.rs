@@ -13,8 +13,9 @@
 //!
 //! The protocol, event by event:
 //! - **Register.** A daemon registers with the tasks it still holds. A daemon that restarts before
-//!   its heartbeat timeout keeps the tasks it reports, with their counts; a task the AM gave it and
-//!   it does not report is queued again from its last consumed count.
+//!   its heartbeat timeout keeps the tasks it reports, with their counts, and gets their assignments
+//!   again ([`Action::Resume`]) to resume them; a task the AM gave it and it does not report is
+//!   queued again from its last consumed count.
 //! - **Acquire.** A daemon pulls up to N tasks: re-queued tasks first, then the epoch's order.
 //! - **Heartbeat.** Progress counts. A task whose consumed count reaches its length is done.
 //! - **Re-split.** When nothing is pending and an idle daemon asks for work, the AM picks the task
@@ -291,6 +292,14 @@ pub enum Action {
         /// The daemon.
         node: NodeId,
         /// The tasks.
+        tasks: Vec<Assignment>,
+    },
+    /// Command: you kept these tasks when you registered again; here are their assignments, with
+    /// the start your counts are relative to, so that you resume each after its enqueued rows.
+    Resume {
+        /// The daemon.
+        node: NodeId,
+        /// The tasks, as the table has them.
         tasks: Vec<Assignment>,
     },
     /// Command: deliver this task's rows only up to `row` (exclusive), then acknowledge the row

@@ -122,6 +122,7 @@ struct Coverage {
     failed: usize,
     epochs: usize,
     kept_on_register: usize,
+    resumed: usize,
     restarts: usize,
     rollbacks: usize,
     succeeded: usize,
@@ -229,6 +230,23 @@ impl Sim<'_> {
                             stop_request: None,
                         }));
                 }
+            }
+            Action::Resume { node, tasks } => {
+                // A resumed task is one the node holds, as the node last knew it.
+                let index = (node.0 - 1) as usize;
+                let held = self
+                    .nodes
+                    .get(index)
+                    .map(|sim_node| &sim_node.tasks[..])
+                    .unwrap_or_default();
+                for assignment in tasks {
+                    if !held.iter().any(|task| task.assignment == *assignment) {
+                        return Err(TestCaseError::fail(format!(
+                            "resumed {assignment:?}, which {node} does not hold as such: {held:?}"
+                        )));
+                    }
+                }
+                coverage.resumed += tasks.len();
             }
             Action::StopAt { node, task, row } => {
                 let index = (node.0 - 1) as usize;
@@ -707,6 +725,10 @@ fn every_row_of_every_epoch_is_consumed_exactly_once() {
     assert!(
         coverage.kept_on_register > 0,
         "no task kept across a restart: {coverage:?}"
+    );
+    assert!(
+        coverage.resumed > 0,
+        "no kept task was resumed: {coverage:?}"
     );
     assert!(
         coverage.restarts > 0 && coverage.rollbacks > 0,

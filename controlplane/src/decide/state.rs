@@ -289,6 +289,18 @@ impl JobState {
         TaskId(self.first_task_id + u64::from(slot))
     }
 
+    /// The assignment of a slot as the table has it now: its rows from the current assignment's start.
+    fn assignment_of(&self, slot: u32) -> Assignment {
+        let task_slot = &self.slots[slot as usize];
+        Assignment {
+            task: self.task_id(slot),
+            epoch: self.epoch,
+            split: task_slot.split,
+            start: task_slot.start,
+            end: task_slot.end,
+        }
+    }
+
     pub(crate) fn slot_of(&self, task: TaskId) -> Option<u32> {
         let slot = task.0.checked_sub(self.first_task_id)?;
         (slot < self.slots.len() as u64).then_some(slot as u32)
@@ -399,6 +411,25 @@ impl JobState {
                     kept,
                     requeued,
                 });
+                // The restarted daemon knows the tasks it kept by their ids and counts only; it
+                // resumes them from the assignments as the table has them.
+                let resumed: Vec<Assignment> = self
+                    .nodes
+                    .get(&node)
+                    .map(|entry| {
+                        entry
+                            .held
+                            .iter()
+                            .map(|slot| self.assignment_of(*slot))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if !resumed.is_empty() {
+                    actions.push(Action::Resume {
+                        node,
+                        tasks: resumed,
+                    });
+                }
                 // The restarted daemon forgot any stop it was asked for; ask again.
                 let stops: Vec<(u32, u64)> = self
                     .nodes
@@ -580,13 +611,7 @@ impl JobState {
             let task_slot = &mut self.slots[slot as usize];
             debug_assert_eq!(task_slot.state, SlotState::Pending);
             task_slot.state = SlotState::InFlight;
-            let assignment = Assignment {
-                task: TaskId(self.first_task_id + u64::from(slot)),
-                epoch: self.epoch,
-                split: task_slot.split,
-                start: task_slot.start,
-                end: task_slot.end,
-            };
+            let assignment = self.assignment_of(slot);
             self.in_flight.insert(
                 slot,
                 InFlight {

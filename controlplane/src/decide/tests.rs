@@ -702,6 +702,10 @@ fn a_daemon_restarting_in_time_keeps_what_it_reports() {
                 kept: 1,
                 requeued: 1
             },
+            Action::Resume {
+                node: NODE_A,
+                tasks: vec![kept],
+            },
             Action::StopAt {
                 node: NODE_A,
                 task: kept.task,

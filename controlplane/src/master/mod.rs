@@ -817,7 +817,7 @@ impl Master {
             .unwrap_or_default();
         for action in actions {
             let (node, command) = match action {
-                Action::Assign { node, tasks } => {
+                Action::Assign { node, tasks } | Action::Resume { node, tasks } => {
                     (node, convert::assign_command(&self.plan, &tasks))
                 }
                 Action::StopAt { node, task, row } => (node, convert::stop_command(task, row)),

@@ -16,11 +16,24 @@
 //!
 //! A stop request ("deliver up to row k") is acknowledged with the row where the feeder really
 //! stops: `k`, or the end of what it had already handed to the writer if that is further.
+//!
+//! # Restarts
+//! Everything the daemon reports comes from the rings and their ledgers in shared memory (see
+//! [`writer`]): a task is bound to its ring's ledger before its first batch is written, the ledger's
+//! consumed ends rise as the writer folds what the trainer released, and a task's slot is freed
+//! only once the AM has acknowledged it finished. A daemon started again with the same node id,
+//! job and ring directory, while its trainers live, takes over the rings its ledgers name, folds
+//! and surveys them, and registers holding every task they list, with consumed = the ledger's
+//! consumed end and enqueued = the end of the task's last record still in the ring. The AM gives
+//! the tasks it kept back ([`v1::TaskAssignment`]s of tasks already bound to a ring), and each one
+//! resumes after its enqueued rows: the batches still in the ring stay there, so the trainer sees no
+//! gap and no repeat. Slots of tasks the AM did not give back are freed. A fenced daemon (the AM
+//! declared it lost and queued its tasks again) empties its ledgers and registers holding nothing.
 
 mod writer;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,12 +43,13 @@ use sluice_proto::BearerToken;
 use sluice_proto::v1;
 use sluice_proto::v1::command::Command as Cmd;
 use sluice_proto::v1::daemon_service_client::DaemonServiceClient;
-use sluice_ring::{Ring, RingOptions};
+use sluice_ring::ledger::{EpochMark, LEDGER_EXTENSION, Ledger, LedgerTask};
+use sluice_ring::{RING_EXTENSION, Ring, RingOptions};
 use tokio::sync::mpsc;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use writer::{RingState, Write};
+use writer::{Attached, RingState, Write};
 
 /// How often the daemon looks at its rings' read cursors between heartbeats.
 const PROGRESS_POLL: Duration = Duration::from_millis(5);
@@ -55,6 +69,9 @@ pub struct DaemonOptions {
     pub token: Option<String>,
     /// How long to keep trying to reach an AM that does not answer.
     pub am_timeout: Duration,
+    /// The job the daemon was launched for. With it, a daemon started again finds the rings its
+    /// node fed under `<ring_dir>/<job>` and takes them over; without it, it starts from nothing.
+    pub job: Option<String>,
 }
 
 /// Why the daemon stopped.
@@ -131,10 +148,14 @@ struct Source {
 struct RankRing {
     rank: u32,
     queue: mpsc::UnboundedSender<Job>,
+    /// The writer's queue, for surveys.
+    writer: mpsc::Sender<Write>,
     state: Arc<RingState>,
+    /// The read cursor at the last survey sent to the writer.
+    surveyed_read: u64,
     queued: usize,
     feeder: tokio::task::JoinHandle<()>,
-    writer: std::thread::JoinHandle<()>,
+    writer_thread: std::thread::JoinHandle<()>,
 }
 
 fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Control> {
@@ -146,20 +167,26 @@ fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Control> {
 /// Runs the daemon until the AM shuts it down.
 pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
     let client = connect(&options).await?;
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .unwrap_or_default();
-    let reply = call(&options, || {
-        let mut client = client.clone();
-        let request = v1::RegisterRequest {
-            node_id: options.node_id,
-            job_id: String::new(),
-            hostname: hostname.clone(),
-            held: Vec::new(),
-        };
-        async move { client.register(request).await }
-    })
-    .await?;
+    let job_id = options.job.clone().unwrap_or_default();
+    let mut recovered = match &options.job {
+        Some(job) => recover(&options.ring_dir.join(job), options.node_id)?,
+        None => BTreeMap::new(),
+    };
+    let mut reply = register(&options, &client, &job_id, held_in(&recovered)?).await?;
+    let fenced = reply
+        .commands
+        .iter()
+        .any(|command| matches!(command.command, Some(Cmd::Fence(_))));
+    if fenced && !recovered.is_empty() {
+        // The AM declared this node lost and queued its tasks again from their last reported
+        // counts: the rings keep the rows still in them, which the trainers will see twice.
+        for attached in recovered.values() {
+            let ledger = attached.state.ledger();
+            tracing::warn!(ledger = %ledger.path().display(), tasks = ledger.tasks().map_or(0, |tasks| tasks.len()), "the AM fenced this node: its ledger is emptied");
+            ledger.clear();
+        }
+        reply = register(&options, &client, &job_id, Vec::new()).await?;
+    }
     let data = reply.data.clone().unwrap_or_default();
     let sources = open_sources(&data).await?;
     let schema = sources
@@ -174,7 +201,7 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
     let sources = Arc::new(sources);
     let job_dir = options.ring_dir.join(&reply.job_id);
     // Rings of an earlier run of the job that no process uses any more hold nothing anyone will
-    // read; a ring a trainer still reads is kept and taken over.
+    // read; a ring a trainer still reads is kept and taken over, and so is one taken over above.
     let collected = sluice_ring::gc::collect(&job_dir).map_err(|error| {
         DaemonError::Ring(format!(
             "collecting dead rings in {}: {error}",
@@ -192,58 +219,48 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
     })?;
     let mut rings = Vec::new();
     for rank in &reply.ranks {
-        let ring = open_ring(&job_dir, *rank, options.ring_size)?;
-        let started = writer::start(ring, schema.clone(), *rank).map_err(DaemonError::Ring)?;
+        let attached = match recovered.remove(rank) {
+            Some(attached) => attached,
+            None => {
+                let (ring, ledger) =
+                    open_ring(&job_dir, *rank, options.ring_size, options.node_id)?;
+                writer::attach(ring, ledger).map_err(DaemonError::Ring)?
+            }
+        };
+        let epoch = match attached.mark {
+            EpochMark::Batch { epoch } => Some(epoch),
+            EpochMark::Start | EpochMark::EndOfEpoch => None,
+        };
+        let started = writer::start(attached, schema.clone(), *rank).map_err(DaemonError::Ring)?;
         let (queue, jobs) = mpsc::unbounded_channel();
-        let feeder = tokio::spawn(feed(jobs, started.sender, sources.clone()));
+        let feeder = tokio::spawn(feed(jobs, started.sender.clone(), sources.clone(), epoch));
         rings.push(RankRing {
             rank: *rank,
             queue,
+            writer: started.sender,
             state: started.state,
+            surveyed_read: 0,
             queued: 0,
             feeder,
-            writer: started.thread,
+            writer_thread: started.thread,
         });
+    }
+    for (rank, attached) in recovered {
+        tracing::warn!(rank, ring = %attached.state.ledger().path().display(), "a ring this node fed is no longer one of its ranks: left as it is");
     }
     tracing::info!(node = options.node_id, job = reply.job_id, ranks = ?reply.ranks, "daemon registered");
     let interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(10, 10_000));
     let mut held: BTreeMap<u64, Held> = BTreeMap::new();
     let mut pending = reply.commands;
     let mut acks: Vec<(u64, u64)> = Vec::new();
+    let mut registering = true;
     loop {
         let mut shutdown = false;
         for command in pending.drain(..) {
             match command.command {
                 Some(Cmd::Assign(assign)) => {
                     for assignment in assign.tasks {
-                        let ring = (0..rings.len())
-                            .min_by_key(|index| rings[*index].queued)
-                            .ok_or_else(|| {
-                                DaemonError::Refused(format!(
-                                    "node {} feeds no trainer rank; raise the roles' `num` or lower `nodes`",
-                                    options.node_id
-                                ))
-                            })?;
-                        let control = Arc::new(Mutex::new(Control {
-                            sent_end: assignment.start,
-                            ..Control::default()
-                        }));
-                        held.insert(
-                            assignment.task_id,
-                            Held {
-                                start: assignment.start,
-                                end: assignment.end,
-                                ring,
-                                control: control.clone(),
-                                enqueued_end: assignment.start,
-                                consumed_end: assignment.start,
-                            },
-                        );
-                        rings[ring].queued += 1;
-                        let _ = rings[ring].queue.send(Job {
-                            assignment,
-                            control,
-                        });
+                        take_task(assignment, &mut rings, &mut held, options.node_id)?;
                     }
                 }
                 Some(Cmd::Stop(stop)) => {
@@ -252,6 +269,7 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
                         let at = stop.row.max(control.sent_end).min(task.end);
                         control.stop = Some(at);
                         task.end = at;
+                        rings[task.ring].state.ledger().set_end(stop.task_id, at);
                         acks.push((stop.task_id, at));
                     }
                 }
@@ -270,6 +288,12 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         }
         if shutdown {
             break;
+        }
+        if registering {
+            // The registration's answer gave back every task the AM kept on this node; the AM
+            // has the others finished, or queued again, so their slots describe nothing.
+            registering = false;
+            free_unheld(&rings, &held);
         }
         for (task_id, stop_row) in acks.drain(..) {
             let reply = call(&options, || {
@@ -303,9 +327,22 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             continue;
         }
         // Heartbeat once per interval, or as soon as a task is consumed to its end or has failed,
-        // so that the AM learns it at once and the daemon can pull the next task.
+        // so that the AM learns it at once and the daemon can pull the next task. A ring is
+        // surveyed (its released records folded into the ledger) at the start of the interval
+        // and whenever its trainer released more; a writer busy with a full queue surveys later,
+        // and a full ring folds meanwhile.
         let waiting = std::time::Instant::now();
+        let mut surveys_due = true;
         let progress = loop {
+            for ring in rings.iter_mut() {
+                let read = ring.state.read_cursor();
+                if (surveys_due || read != ring.surveyed_read)
+                    && ring.writer.try_send(Write::Survey).is_ok()
+                {
+                    ring.surveyed_read = read;
+                }
+            }
+            surveys_due = false;
             tokio::time::sleep(PROGRESS_POLL.min(interval)).await;
             let progress = collect_progress(&mut held, &mut rings);
             let settled = held
@@ -336,9 +373,16 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         })
         .await?;
         pending.extend(reply.commands);
-        held.retain(|_, task| task.consumed_end < task.end);
+        // The AM has acknowledged these finished: their slots can go.
+        let finished: Vec<u64> = held
+            .iter()
+            .filter(|(_, task)| task.consumed_end >= task.end)
+            .map(|(task_id, _)| *task_id)
+            .collect();
+        for task_id in finished {
+            release(&mut held, &rings, task_id);
+        }
         for (task_id, reason, consumed) in failed {
-            held.remove(&task_id);
             let reply = call(&options, || {
                 let mut client = client.clone();
                 let request = v1::ReportTaskRequest {
@@ -352,6 +396,7 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
                 async move { client.report_task(request).await }
             })
             .await?;
+            release(&mut held, &rings, task_id);
             pending.extend(reply.commands);
         }
         if let Some(failure) = rings.iter().find_map(|ring| ring.state.failure()) {
@@ -361,9 +406,10 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
     for ring in rings {
         ring.feeder.abort();
         drop(ring.queue);
+        drop(ring.writer);
         let _ = ring.feeder.await;
         let rank = ring.rank;
-        tokio::task::spawn_blocking(move || ring.writer.join())
+        tokio::task::spawn_blocking(move || ring.writer_thread.join())
             .await
             .map_err(|error| DaemonError::Ring(format!("rank {rank}: {error}")))?
             .map_err(|_| DaemonError::Ring(format!("the writer of rank {rank} panicked")))?;
@@ -372,23 +418,223 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// Turns what the rings say into per-task counts, relative to each task's start.
+/// Registers with the AM, holding `held`.
+async fn register(
+    options: &DaemonOptions,
+    client: &AmClient,
+    job_id: &str,
+    held: Vec<v1::TaskProgress>,
+) -> Result<v1::RegisterReply, DaemonError> {
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_default();
+    call(options, || {
+        let mut client = client.clone();
+        let request = v1::RegisterRequest {
+            node_id: options.node_id,
+            job_id: job_id.to_owned(),
+            hostname: hostname.clone(),
+            held: held.clone(),
+        };
+        async move { client.register(request).await }
+    })
+    .await
+}
+
+/// Takes over the rings under `job_dir` whose ledgers belong to `node`, by rank. A ring its producer
+/// closed (the job ended) holds nothing to take over.
+fn recover(job_dir: &Path, node: u64) -> Result<BTreeMap<u32, Attached>, DaemonError> {
+    let mut recovered = BTreeMap::new();
+    let entries = match std::fs::read_dir(job_dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(recovered),
+        Err(error) => {
+            return Err(DaemonError::Ring(format!(
+                "listing ring directory {}: {error}",
+                job_dir.display()
+            )));
+        }
+    };
+    for entry in entries {
+        let path = entry
+            .map_err(|error| DaemonError::Ring(format!("listing {}: {error}", job_dir.display())))?
+            .path();
+        let rank = path
+            .file_stem()
+            .and_then(|stem| stem.to_str())
+            .and_then(|stem| stem.parse::<u32>().ok());
+        let (Some(rank), Some(LEDGER_EXTENSION)) = (
+            rank,
+            path.extension().and_then(|extension| extension.to_str()),
+        ) else {
+            continue;
+        };
+        let ledger = Ledger::open(&path).map_err(|error| DaemonError::Ring(error.to_string()))?;
+        let ring_path = path.with_extension(RING_EXTENSION);
+        if ledger.owner() != node || !ring_path.exists() {
+            continue;
+        }
+        let ring = Ring::open(&ring_path).map_err(|error| DaemonError::Ring(error.to_string()))?;
+        if ring.is_closed() {
+            continue;
+        }
+        let attached = writer::attach(ring, ledger).map_err(DaemonError::Ring)?;
+        tracing::info!(
+            rank,
+            ring = %ring_path.display(),
+            tasks = attached.state.ledger().tasks().map_or(0, |tasks| tasks.len()),
+            "took over a ring this node fed before it restarted"
+        );
+        recovered.insert(rank, attached);
+    }
+    Ok(recovered)
+}
+
+/// The tasks the ledgers of the rings taken over hold, with their counts.
+fn held_in(recovered: &BTreeMap<u32, Attached>) -> Result<Vec<v1::TaskProgress>, DaemonError> {
+    let mut held = Vec::new();
+    for attached in recovered.values() {
+        let tasks = attached
+            .state
+            .ledger()
+            .tasks()
+            .map_err(|error| DaemonError::Ring(error.to_string()))?;
+        held.extend(tasks.iter().map(|task| v1::TaskProgress {
+            task_id: task.task_id,
+            enqueued: task.enqueued_end - task.start,
+            consumed: task.consumed_end - task.start,
+        }));
+    }
+    Ok(held)
+}
+
+/// Takes an assigned task. A task already bound to one of the rings (the AM gives the tasks it kept
+/// back after a restart) resumes there after its enqueued rows; a new one is bound to the ring with
+/// the fewest tasks queued before any of its rows are read.
+fn take_task(
+    assignment: v1::TaskAssignment,
+    rings: &mut [RankRing],
+    held: &mut BTreeMap<u64, Held>,
+    node: u64,
+) -> Result<(), DaemonError> {
+    let task_id = assignment.task_id;
+    let bound = rings.iter().enumerate().find_map(|(index, ring)| {
+        ring.state
+            .ledger()
+            .task(task_id)
+            .map(|entry| (index, entry))
+    });
+    let (ring, entry) = match bound {
+        Some((ring, entry)) => {
+            if entry.start != assignment.start || entry.enqueued_end > assignment.end {
+                return Err(DaemonError::Refused(format!(
+                    "the AM gives back task {task_id} as rows {}..{}, but ring {} holds it from row {} with rows up to {} enqueued; the ring and the AM disagree",
+                    assignment.start,
+                    assignment.end,
+                    rings[ring].rank,
+                    entry.start,
+                    entry.enqueued_end
+                )));
+            }
+            rings[ring].state.ledger().set_end(task_id, assignment.end);
+            (
+                ring,
+                LedgerTask {
+                    end: assignment.end,
+                    ..entry
+                },
+            )
+        }
+        None => {
+            let ring = (0..rings.len())
+                .min_by_key(|index| rings[*index].queued)
+                .ok_or_else(|| {
+                    DaemonError::Refused(format!(
+                        "node {node} feeds no trainer rank; raise the roles' `num` or lower `nodes`"
+                    ))
+                })?;
+            let entry = LedgerTask {
+                task_id,
+                epoch: assignment.epoch,
+                start: assignment.start,
+                end: assignment.end,
+                consumed_end: assignment.start,
+                enqueued_end: assignment.start,
+            };
+            rings[ring]
+                .state
+                .ledger()
+                .bind(&entry)
+                .map_err(|error| DaemonError::Ring(error.to_string()))?;
+            (ring, entry)
+        }
+    };
+    let control = Arc::new(Mutex::new(Control {
+        sent_end: entry.enqueued_end,
+        ..Control::default()
+    }));
+    held.insert(
+        task_id,
+        Held {
+            start: entry.start,
+            end: entry.end,
+            ring,
+            control: control.clone(),
+            enqueued_end: entry.enqueued_end,
+            consumed_end: entry.consumed_end,
+        },
+    );
+    if entry.enqueued_end < entry.end {
+        rings[ring].queued += 1;
+        let _ = rings[ring].queue.send(Job {
+            assignment: v1::TaskAssignment {
+                start: entry.enqueued_end,
+                ..assignment
+            },
+            control,
+        });
+    }
+    Ok(())
+}
+
+/// Frees the ledger slot of every task bound to a ring that this daemon does not hold.
+fn free_unheld(rings: &[RankRing], held: &BTreeMap<u64, Held>) {
+    for ring in rings {
+        let ledger = ring.state.ledger();
+        let Ok(tasks) = ledger.tasks() else {
+            continue;
+        };
+        for task in tasks {
+            if !held.contains_key(&task.task_id) {
+                if task.enqueued_end > task.consumed_end {
+                    tracing::warn!(
+                        task = task.task_id,
+                        rows = task.enqueued_end - task.consumed_end,
+                        "the AM did not give back a task with rows still in the ring: the trainer reads them anyway"
+                    );
+                }
+                ledger.free(task.task_id);
+            }
+        }
+    }
+}
+
+/// Drops a task the AM has acknowledged finished, with its ledger slot.
+fn release(held: &mut BTreeMap<u64, Held>, rings: &[RankRing], task_id: u64) {
+    if let Some(task) = held.remove(&task_id) {
+        rings[task.ring].state.ledger().free(task_id);
+    }
+}
+
+/// Turns what the ledgers say into per-task counts, relative to each task's start.
 fn collect_progress(
     held: &mut BTreeMap<u64, Held>,
     rings: &mut [RankRing],
 ) -> Vec<v1::TaskProgress> {
-    for ring in rings.iter() {
-        let progress = ring.state.progress();
-        for (task_id, end_row) in progress.released {
-            if let Some(task) = held.get_mut(&task_id) {
-                task.consumed_end = task.consumed_end.max(end_row);
-                task.enqueued_end = task.enqueued_end.max(end_row);
-            }
-        }
-        for (task_id, end_row) in progress.published {
-            if let Some(task) = held.get_mut(&task_id) {
-                task.enqueued_end = task.enqueued_end.max(end_row);
-            }
+    for (task_id, task) in held.iter_mut() {
+        if let Some(entry) = rings[task.ring].state.ledger().task(*task_id) {
+            task.consumed_end = task.consumed_end.max(entry.consumed_end);
+            task.enqueued_end = task.enqueued_end.max(entry.enqueued_end);
         }
     }
     for ring in rings.iter_mut() {
@@ -424,13 +670,14 @@ fn ring_stats(rings: &[RankRing]) -> Vec<v1::RingStats> {
         .collect()
 }
 
-/// Reads the tasks given to one ring, one after the other, into its writer.
+/// Reads the tasks given to one ring, one after the other, into its writer. `epoch` is the epoch of
+/// the ring's last batch when no end of epoch follows it: a task of another epoch ends that one.
 async fn feed(
     mut jobs: mpsc::UnboundedReceiver<Job>,
     writer: mpsc::Sender<Write>,
     sources: Arc<Vec<Source>>,
+    mut epoch: Option<u32>,
 ) {
-    let mut epoch = None;
     while let Some(job) = jobs.recv().await {
         let assignment = job.assignment;
         if epoch.is_some_and(|current| current != assignment.epoch)
@@ -608,17 +855,27 @@ async fn open_sources(data: &v1::JobData) -> Result<Vec<Source>, DaemonError> {
     Ok(sources)
 }
 
-/// Creates the ring of `rank`, or takes over the one a previous daemon left.
-fn open_ring(job_dir: &std::path::Path, rank: u32, size: u64) -> Result<Ring, DaemonError> {
-    let path = job_dir.join(format!("{rank}.{}", sluice_ring::RING_EXTENSION));
+/// Creates the ring of `rank`, or opens the one a previous daemon left without a ledger of this
+/// node, and gives it an empty ledger owned by `node`.
+fn open_ring(
+    job_dir: &Path,
+    rank: u32,
+    size: u64,
+    node: u64,
+) -> Result<(Ring, Ledger), DaemonError> {
+    let path = job_dir.join(format!("{rank}.{RING_EXTENSION}"));
     let ring_error = |error: &dyn std::fmt::Display| DaemonError::Ring(error.to_string());
-    if path.exists() {
-        return Ring::open(&path).map_err(|error| ring_error(&error));
-    }
-    RingOptions::new(&path)
-        .capacity(size)
-        .create()
-        .map_err(|error| ring_error(&error))
+    let ring = if path.exists() {
+        Ring::open(&path).map_err(|error| ring_error(&error))?
+    } else {
+        RingOptions::new(&path)
+            .capacity(size)
+            .create()
+            .map_err(|error| ring_error(&error))?
+    };
+    let ledger =
+        Ledger::create(Ledger::path_beside(&path), node).map_err(|error| ring_error(&error))?;
+    Ok((ring, ledger))
 }
 
 /// A client of the AM's daemon service that presents the shared token.

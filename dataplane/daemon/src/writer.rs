@@ -1,13 +1,22 @@
-//! One thread per ring: it owns the ring's producer, writes what the readers send, and records
-//! where each batch ends so that the daemon can tell which rows the trainer has released.
+//! One thread per ring: it owns the ring's producer, writes what the readers send, and keeps the
+//! ring's ledger, from which the daemon tells which rows the trainer has released.
+//!
+//! # Implementation
+//! The producer folds every record the trainer released into the ledger (see
+//! [`sluice_ring::ledger`]): the batch's task's consumed end rises to the batch's end before the
+//! record's space can be reused. A *survey* folds what is released now, then raises each task's
+//! enqueued end to the end of its last published record still unread. The writer surveys when it
+//! takes the ring over and whenever the main loop asks before a heartbeat; a full ring folds on its
+//! own while the writer waits. Everything the daemon reports is thus read back from the ring and its
+//! ledger, which survive the daemon.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use sluice_client::Encoder;
+use sluice_ring::ledger::{EpochMark, Ledger};
 use sluice_ring::{Producer, RecordKind, RecordMeta, Ring};
 use tokio::sync::mpsc;
 
@@ -27,23 +36,8 @@ pub enum Write {
     },
     /// The end of an epoch's data.
     EndOfEpoch,
-}
-
-/// Where a batch record ends in the ring, and the task rows it completes.
-#[derive(Debug, Clone, Copy)]
-struct Written {
-    end_position: u64,
-    task_id: u64,
-    end_row: u64,
-}
-
-/// Batches of a ring, each as `(task, end row)`.
-#[derive(Debug, Default)]
-pub struct Progress {
-    /// Released by the trainer.
-    pub released: Vec<(u64, u64)>,
-    /// Published to the trainer and not yet released.
-    pub published: Vec<(u64, u64)>,
+    /// Bring the ledger's consumed and enqueued ends up to date.
+    Survey,
 }
 
 /// A started ring writer: where to send writes, what it knows of the ring, and its thread.
@@ -57,39 +51,33 @@ pub struct Started {
     pub thread: std::thread::JoinHandle<()>,
 }
 
-/// What the daemon knows of one ring: the records written and not yet known to be released.
+/// A ring taken over as producer and surveyed, its writer not started yet.
+#[derive(Debug)]
+pub struct Attached {
+    producer: Producer,
+    /// The ring's state.
+    pub state: Arc<RingState>,
+    /// Where the ring's stream stands between epochs: the last batch or end of epoch in it.
+    pub mark: EpochMark,
+}
+
+/// What the daemon knows of one ring: the ring and its ledger.
 #[derive(Debug)]
 pub struct RingState {
     ring: Ring,
-    written: Mutex<VecDeque<Written>>,
+    ledger: Arc<Ledger>,
     failure: Mutex<Option<String>>,
 }
 
 impl RingState {
-    /// The batches the trainer released since the last call, and those only published, in ring
-    /// order.
-    pub fn progress(&self) -> Progress {
-        let (write, read) = self.ring.cursors();
-        let mut written = self
-            .written
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut released = Vec::new();
-        while let Some(front) = written.front()
-            && front.end_position <= read
-        {
-            released.push((front.task_id, front.end_row));
-            written.pop_front();
-        }
-        let published = written
-            .iter()
-            .take_while(|entry| entry.end_position <= write)
-            .map(|entry| (entry.task_id, entry.end_row))
-            .collect();
-        Progress {
-            released,
-            published,
-        }
+    /// The ring's ledger: the tasks bound to the ring and their counts.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The ring's read cursor: the end of what the trainer released.
+    pub fn read_cursor(&self) -> u64 {
+        self.ring.cursors().1
     }
 
     /// Bytes written and not yet released, and the ring's capacity.
@@ -107,17 +95,35 @@ impl RingState {
     }
 }
 
-/// Starts the writer thread of `ring`; it writes `schema` first and stops, closing the ring, once
-/// every sender is dropped.
-pub fn start(ring: Ring, schema: SchemaRef, rank: u32) -> Result<Started, String> {
-    let producer = ring
+/// Takes the producer role of `ring`, with `ledger` as its fold hook, and surveys the ring: what a
+/// producer that died left is folded into the ledger, and its unread records counted as enqueued.
+pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, String> {
+    let path = ring.path().display().to_string();
+    let mut producer = ring
         .producer()
-        .map_err(|error| format!("ring {}: {error}", ring.path().display()))?;
+        .map_err(|error| format!("ring {path}: {error}"))?;
+    let ledger = Arc::new(ledger);
+    let hook_ledger = ledger.clone();
+    producer.set_fold_hook(move |meta| hook_ledger.fold(meta));
+    let mark = survey(&mut producer, &ledger)?;
     let state = Arc::new(RingState {
         ring,
-        written: Mutex::new(VecDeque::new()),
+        ledger,
         failure: Mutex::new(None),
     });
+    Ok(Attached {
+        producer,
+        state,
+        mark,
+    })
+}
+
+/// Starts the writer thread of an attached ring; it writes `schema` first (a trainer's reader takes a
+/// schema record anywhere in the stream) and stops, closing the ring, once every sender is dropped.
+pub fn start(attached: Attached, schema: SchemaRef, rank: u32) -> Result<Started, String> {
+    let Attached {
+        producer, state, ..
+    } = attached;
     let (sender, receiver) = mpsc::channel(4);
     let thread_state = state.clone();
     let handle = std::thread::Builder::new()
@@ -137,6 +143,24 @@ pub fn start(ring: Ring, schema: SchemaRef, rank: u32) -> Result<Started, String
         state,
         thread: handle,
     })
+}
+
+/// Folds what the trainer released, raises the enqueued end of every task with unread records, and
+/// returns the mark of the last batch or end of epoch in the ring.
+fn survey(producer: &mut Producer, ledger: &Ledger) -> Result<EpochMark, String> {
+    producer.fold().map_err(|error| error.to_string())?;
+    let mut mark = ledger.last_folded().map_err(|error| error.to_string())?;
+    producer
+        .unread(|meta| {
+            if meta.kind == RecordKind::Batch {
+                ledger.record_enqueued(meta.task_id, meta.first_row + meta.row_count);
+            }
+            if let Some(unread_mark) = ledger.mark_of(meta) {
+                mark = unread_mark;
+            }
+        })
+        .map_err(|error| error.to_string())?;
+    Ok(mark)
 }
 
 fn write_loop(
@@ -162,19 +186,14 @@ fn write_loop(
                 encoder
                     .write_batch(&mut producer, &batch, task_id, first_row, row_count)
                     .map_err(|error| error.to_string())?;
-                state
-                    .written
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .push_back(Written {
-                        end_position: producer.position(),
-                        task_id,
-                        end_row: first_row + row_count,
-                    });
             }
             Write::EndOfEpoch => {
                 let slot = producer.reserve(0).map_err(|error| error.to_string())?;
                 slot.commit(RecordMeta::of_kind(RecordKind::EndOfEpoch));
+            }
+            Write::Survey => {
+                producer.flush();
+                survey(&mut producer, &state.ledger)?;
             }
         }
         if receiver.is_empty() {

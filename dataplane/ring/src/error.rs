@@ -71,6 +71,17 @@ pub enum AttachError {
     Identity { source: io::Error },
 }
 
+/// Why [`crate::Producer::fold`] or [`crate::Producer::unread`] failed.
+#[derive(Debug)]
+pub enum FoldError {
+    /// A record between the retain and the write cursor does not parse.
+    Corrupt {
+        path: PathBuf,
+        position: u64,
+        reason: String,
+    },
+}
+
 /// Why [`crate::Producer::reserve`] gave up.
 #[derive(Debug)]
 pub enum ReserveError {
@@ -82,6 +93,8 @@ pub enum ReserveError {
         last_consumer: Option<ProcessId>,
         waited: Duration,
     },
+    /// Folding the released records to make room failed.
+    Fold(FoldError),
 }
 
 /// Why [`crate::Producer::try_reserve`] returned without a slot.
@@ -91,6 +104,20 @@ pub enum TryReserveError {
     Full,
     /// The record can never fit in this ring.
     TooLarge { path: PathBuf, len: u64, max: u64 },
+    /// Folding the released records to make room failed.
+    Fold(FoldError),
+}
+
+impl From<FoldError> for ReserveError {
+    fn from(error: FoldError) -> Self {
+        ReserveError::Fold(error)
+    }
+}
+
+impl From<FoldError> for TryReserveError {
+    fn from(error: FoldError) -> Self {
+        TryReserveError::Fold(error)
+    }
 }
 
 /// Why [`crate::Consumer::next`] gave up.
@@ -225,6 +252,23 @@ impl fmt::Display for ReserveError {
                 waited.as_secs_f64(),
                 describe(last_consumer)
             ),
+            ReserveError::Fold(error) => fmt::Display::fmt(error, formatter),
+        }
+    }
+}
+
+impl fmt::Display for FoldError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FoldError::Corrupt {
+                path,
+                position,
+                reason,
+            } => write!(
+                formatter,
+                "ring {}: retained record at byte {position}: {reason}; the ring is corrupt, restart the job from its last checkpoint",
+                path.display()
+            ),
         }
     }
 }
@@ -241,6 +285,7 @@ impl fmt::Display for TryReserveError {
                 },
                 formatter,
             ),
+            TryReserveError::Fold(error) => fmt::Display::fmt(error, formatter),
         }
     }
 }
@@ -324,6 +369,7 @@ impl std::error::Error for AttachError {
     }
 }
 
+impl std::error::Error for FoldError {}
 impl std::error::Error for ReserveError {}
 impl std::error::Error for TryReserveError {}
 impl std::error::Error for RecvError {}

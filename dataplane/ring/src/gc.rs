@@ -2,20 +2,21 @@
 //!
 //! A ring file outlives its processes on purpose (a restarted daemon reattaches to it), so nothing removes
 //! it when they exit. [`collect`] removes the rings under a directory whose producer, consumer and creator
-//! are all dead or absent, the temporary files of creations that died half way, and job directories left
-//! empty. Files that are not rings are left alone and reported.
+//! are all dead or absent with their ledgers, the temporary files of creations that died half way, and job
+//! directories left empty. Files that are not rings are left alone and reported.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::ledger::Ledger;
 use crate::process::PeerState;
 use crate::{RING_EXTENSION, Ring};
 
 /// What [`collect`] did.
 #[derive(Debug, Default)]
 pub struct GcReport {
-    /// Ring files (and stale temporary files) removed.
+    /// Ring files, their ledgers, and stale temporary files removed.
     pub removed: Vec<PathBuf>,
     /// Rings kept because a process using them is alive.
     pub kept: Vec<PathBuf>,
@@ -41,7 +42,12 @@ fn visit(directory: &Path, report: &mut GcReport) -> io::Result<()> {
         .collect::<io::Result<Vec<_>>>()?;
     entries.sort();
     for path in entries {
-        let file_type = fs::symlink_metadata(&path)?.file_type();
+        let file_type = match fs::symlink_metadata(&path) {
+            Ok(metadata) => metadata.file_type(),
+            // Removed since the listing: a ledger goes with its ring.
+            Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
+            Err(error) => return Err(error),
+        };
         if file_type.is_dir() {
             visit(&path, report)?;
             if fs::read_dir(&path)?.next().is_none() {
@@ -90,7 +96,14 @@ fn collect_file(path: PathBuf, report: &mut GcReport) -> io::Result<()> {
         report.kept.push(path);
     } else {
         fs::remove_file(&path)?;
-        report.removed.push(path);
+        report.removed.push(path.clone());
+        // The ledger of a removed ring describes nothing any more.
+        let ledger = Ledger::path_beside(&path);
+        match fs::remove_file(&ledger) {
+            Ok(()) => report.removed.push(ledger),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
     }
     Ok(())
 }

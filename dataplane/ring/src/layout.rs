@@ -14,7 +14,7 @@ use crate::sync::{AtomicU32, AtomicU64, CachePadded, Futex};
 /// The magic number at offset 0 of every ring file: `SLUICERG` in ASCII.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICERG");
 /// The version of the layout described here; a ring of another version is rejected.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// The size of the header page; the data region starts right after it.
 pub const HEADER_LEN: usize = 4096;
 /// Records start, and their payloads start, at multiples of this.
@@ -66,6 +66,12 @@ pub(crate) struct RingHeader {
     pub(crate) data_futex: CachePadded<Futex>,
     /// The producer sleeps here waiting for space; bumped by the consumer.
     pub(crate) space_futex: CachePadded<Futex>,
+
+    /// The retain cursor: the start of the oldest record the producer keeps, `retain <= read`. The
+    /// records in `[retain, read)` are released by the consumer, but their headers stay readable
+    /// until the producer folds them (see [`Producer::fold`](crate::Producer::fold)). Only the
+    /// producer stores it; a producer that takes over reads it.
+    pub(crate) retain: CachePadded<AtomicU64>,
 }
 
 #[cfg(not(loom))]
@@ -82,6 +88,7 @@ pub(crate) enum HeaderFault {
     BadCapacity(u64),
     LengthMismatch { file_len: u64, expected: u64 },
     Cursors { write: u64, read: u64 },
+    Retain { retain: u64, read: u64 },
 }
 
 impl std::fmt::Display for HeaderFault {
@@ -110,6 +117,10 @@ impl std::fmt::Display for HeaderFault {
                 formatter,
                 "inconsistent cursors (write {write}, read {read}): the ring is corrupt"
             ),
+            HeaderFault::Retain { retain, read } => write!(
+                formatter,
+                "inconsistent cursors (retain {retain}, read {read}): the ring is corrupt"
+            ),
         }
     }
 }
@@ -134,10 +145,33 @@ impl RingHeader {
         if file_len != expected {
             return Err(HeaderFault::LengthMismatch { file_len, expected });
         }
+        // The retain cursor is loaded first: it never passes the read cursor, and both only grow,
+        // so a read cursor loaded after it is at least as far even while the peers run.
+        let retain = self.retain.load(crate::sync::Ordering::Acquire);
         let write = self.write.load(crate::sync::Ordering::Acquire) & !WAITING;
         let read = self.read.load(crate::sync::Ordering::Acquire) & !WAITING;
-        check_cursors(write, read, capacity)
+        check_cursors(write, read, capacity)?;
+        if retain > read || !retain.is_multiple_of(RECORD_ALIGN) {
+            return Err(HeaderFault::Retain { retain, read });
+        }
+        Ok(())
     }
+}
+
+/// Checks the three cursors a producer takes over, which hold still but for the read cursor:
+/// `retain <= read <= write`, at most `capacity` bytes from retain to write, all on record boundaries.
+#[inline]
+pub(crate) fn check_retained(
+    write: u64,
+    read: u64,
+    retain: u64,
+    capacity: u64,
+) -> Result<(), HeaderFault> {
+    check_cursors(write, read, capacity)?;
+    if retain > read || write - retain > capacity || !retain.is_multiple_of(RECORD_ALIGN) {
+        return Err(HeaderFault::Retain { retain, read });
+    }
+    Ok(())
 }
 
 /// Checks that a pair of cursors can describe this ring: the reader is not ahead of the writer, at most
@@ -411,5 +445,9 @@ mod tests {
         assert!(check_cursors(64, 128, 1024).is_err());
         assert!(check_cursors(2048, 0, 1024).is_err());
         assert!(check_cursors(65, 0, 1024).is_err());
+        assert!(check_retained(1024, 512, 0, 1024).is_ok());
+        assert!(check_retained(1024, 512, 576, 1024).is_err());
+        assert!(check_retained(2048, 1536, 960, 1024).is_err());
+        assert!(check_retained(1024, 512, 65, 1024).is_err());
     }
 }

@@ -25,10 +25,12 @@
 //! # Implementation
 //!
 //! The file is a 4096-byte header page followed by a data region of `capacity` bytes (see [`layout`]).
-//! Two cursors count bytes from the creation of the ring and never wrap: the **write cursor** is the end of
-//! the last published record, the **read cursor** the end of the last released one. The bytes
-//! `[read, write)` hold records that the consumer may read; `[write, read + capacity)` is free for the
-//! producer. A byte position `p` lies at offset `p % capacity` of the data region. Records are 64-byte
+//! Three cursors count bytes from the creation of the ring and never wrap: the **write cursor** is the
+//! end of the last published record, the **read cursor** the end of the last released one, and the
+//! **retain cursor** the end of the last one the producer folded, `retain <= read <= write`. The bytes
+//! `[read, write)` hold records that the consumer may read; `[retain, read)` records it released,
+//! whose headers the producer still reads when it folds them (see [`Producer`]); `[write, retain +
+//! capacity)` is free for the producer. A byte position `p` lies at offset `p % capacity` of the data region. Records are 64-byte
 //! aligned and never wrap: when a record does not fit before the end of the region, the producer first
 //! commits a padding record that fills it.
 //!
@@ -64,8 +66,10 @@
 //! **Crashes.** The roles are claimed by compare-and-swap of a packed `(start time, pid)` word (see
 //! [`ProcessId`]); a role whose holder is dead may be taken over. A new producer resumes at the write
 //! cursor: what the dead one had reserved, or committed without publishing, is gone, and what it
-//! published stays for the consumer. It recovers the next sequence number from the published records, or,
-//! when the consumer has read them all, from the sequence number the consumer stores before each release. A consumer that waits
+//! published stays for the consumer. It recovers the next sequence number from the records from the
+//! retain cursor on, or, when the dead one folded them all, from the sequence number the consumer stores
+//! before each release; and it folds the records the dead one had not, so that every released record's
+//! meta reaches a fold hook at least once across producers. A consumer that waits
 //! on an empty ring with no live producer gives up after its peer timeout, and so does a producer waiting
 //! on a full ring with no live consumer.
 
@@ -76,6 +80,8 @@
 pub mod gc;
 pub mod layout;
 pub mod lease;
+#[cfg(not(loom))]
+pub mod ledger;
 
 mod consumer;
 mod error;
@@ -93,8 +99,8 @@ use std::time::Duration;
 
 pub use consumer::{Consumer, Record};
 pub use error::{
-    AttachError, RecvError, ReserveError, RingCreateError, RingOpenError, Role, TryRecvError,
-    TryReserveError,
+    AttachError, FoldError, RecvError, ReserveError, RingCreateError, RingOpenError, Role,
+    TryRecvError, TryReserveError,
 };
 pub use layout::{RecordKind, RecordMeta};
 pub use lease::Lease;

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::{AttachError, ReserveError, Role, TryReserveError};
+use crate::error::{AttachError, FoldError, ReserveError, Role, TryReserveError};
 use crate::layout::{
-    RECORD_HEADER_LEN, RecordHeader, RecordMeta, WAITING, check_cursors, record_size,
+    RECORD_HEADER_LEN, RecordHeader, RecordMeta, ValidRecord, WAITING, check_retained, record_size,
 };
 use crate::process::{PeerState, ProcessId};
 use crate::sync::{Ordering, spin_loop};
@@ -39,6 +39,17 @@ pub(crate) const LIVENESS_SLICE: Duration = Duration::from_millis(100);
 /// published it is not committed for anyone else: a producer killed before publishing loses it exactly
 /// like a reserved slot, and the producer that takes over resumes at the published write cursor.
 /// [`Producer::published_sequence`] tells how many records are published.
+///
+/// # Folding
+///
+/// The producer does not reuse the space of a released record at once: the records the consumer
+/// released stay readable between the retain cursor and the read cursor until the producer
+/// *folds* them, which hands each one's [`RecordMeta`] to the fold hook (see
+/// [`Producer::set_fold_hook`]) and then moves the retain cursor past it. A producer folds when it
+/// needs the space (in [`Producer::reserve`], also while it waits on a full ring, and in
+/// [`Producer::try_reserve`]) and on [`Producer::fold`]. The hook's effects come before the retain
+/// cursor moves, so a producer that dies and its successor fold every released record at least once,
+/// and a hook that keeps a maximum (a consumed count) keeps it exactly.
 #[derive(Debug)]
 pub struct Producer {
     shared: Arc<Shared>,
@@ -55,6 +66,9 @@ pub struct Producer {
     publish_threshold: u64,
     /// The read cursor as last seen; the consumer may since have moved it further.
     cached_read: u64,
+    /// The retain cursor: the space from here to `write_position` is not free.
+    retain: u64,
+    fold_hook: FoldHook,
     next_sequence: u64,
     peer_timeout: Duration,
     full_wait: Duration,
@@ -78,7 +92,7 @@ impl Producer {
         let header = shared.header();
         let identity = role::claim(&header.producer, Role::Producer, shared.path())?;
         let recovered = recover_position(&shared);
-        let (write_position, cached_read, next_sequence) = match recovered {
+        let (write_position, cached_read, retain, next_sequence) = match recovered {
             Ok(position) if header.closed.load(Ordering::Acquire) == 0 => position,
             Ok(_) => {
                 role::give_up(&header.producer, identity);
@@ -107,6 +121,8 @@ impl Producer {
             published_sequence: next_sequence,
             publish_threshold,
             cached_read,
+            retain,
+            fold_hook: FoldHook(None),
             next_sequence,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             full_wait: Duration::ZERO,
@@ -118,11 +134,50 @@ impl Producer {
         self.peer_timeout = timeout;
     }
 
+    /// Sets the hook that sees the meta of every record this producer folds, in ring order, before
+    /// the record's space can be reused (see [`Producer`]). Without one, records are folded unseen.
+    pub fn set_fold_hook(&mut self, hook: impl FnMut(RecordMeta) + Send + 'static) {
+        self.fold_hook = FoldHook(Some(Box::new(hook)));
+    }
+
+    /// Folds every record the consumer has released so far: calls the fold hook with each one's meta
+    /// (padding has none), then moves the retain cursor past them. Returns the retain cursor.
+    pub fn fold(&mut self) -> Result<u64, FoldError> {
+        // Acquire pairs with the Release swap in `Consumer::publish_read`: the consumer is done with
+        // every byte below the read cursor.
+        self.cached_read = self.shared.header().read.load(Ordering::Acquire) & !WAITING;
+        self.fold_to(self.cached_read)?;
+        Ok(self.retain)
+    }
+
+    /// Calls `visit` with the meta of every published record the consumer has not released yet,
+    /// in ring order: the records a producer that takes over finds still on their way.
+    pub fn unread(&self, mut visit: impl FnMut(RecordMeta)) -> Result<(), FoldError> {
+        // Acquire as in `fold`; the records from the read cursor to the published write cursor were
+        // written by this producer or committed by the one it took over from.
+        let read = self.shared.header().read.load(Ordering::Acquire) & !WAITING;
+        let mut position = read;
+        while position < self.published_write {
+            let valid = self.record_at(position, self.published_write)?;
+            if let Some(meta) = valid.meta {
+                visit(meta);
+            }
+            position += valid.size;
+        }
+        Ok(())
+    }
+
+    /// The retain cursor: every record below it is folded.
+    pub fn retained_position(&self) -> u64 {
+        self.retain
+    }
+
     /// Reserves room for a record with a payload of `len` bytes, waiting while the ring is full.
     ///
-    /// A full ring is back-pressure: the call spins briefly, then sleeps until the consumer releases
-    /// records. It fails only when the record can never fit, or when no live consumer has been attached
-    /// for longer than the peer timeout.
+    /// A full ring is back-pressure: the call folds what the consumer released, spins briefly, then
+    /// sleeps until the consumer releases records. It fails only when the record can never fit, when a
+    /// record to fold does not parse, or when no live consumer has been attached for longer than the
+    /// peer timeout.
     #[inline]
     pub fn reserve(&mut self, len: usize) -> Result<Slot<'_>, ReserveError> {
         let capacity = self.shared.capacity();
@@ -130,7 +185,7 @@ impl Producer {
             // The fast path: the record fits before the end of the region, in space already known free.
             Some(size)
                 if self.write_offset + size <= capacity
-                    && capacity - (self.write_position - self.cached_read) >= size => {}
+                    && capacity - (self.write_position - self.retain) >= size => {}
             _ => self.reserve_slowly(len)?,
         }
         Ok(self.slot(len as u64))
@@ -162,7 +217,7 @@ impl Producer {
             len: len as u64,
             max,
         })?;
-        if !self.has_space(padding + size) {
+        if !self.has_space(padding + size)? {
             self.flush();
             return Err(TryReserveError::Full);
         }
@@ -249,30 +304,85 @@ impl Producer {
         }
     }
 
-    fn has_space(&mut self, needed: u64) -> bool {
+    /// Tells whether `needed` bytes are free, folding what the consumer released when they are not.
+    fn has_space(&mut self, needed: u64) -> Result<bool, FoldError> {
         let capacity = self.shared.capacity();
-        if capacity - (self.write_position - self.cached_read) >= needed {
-            return true;
+        if capacity - (self.write_position - self.retain) >= needed {
+            return Ok(true);
         }
-        // Acquire pairs with the Release swap in `Consumer::publish_read`: the consumer is done with every
-        // byte below the read cursor.
-        self.cached_read = self.shared.header().read.load(Ordering::Acquire) & !WAITING;
-        capacity - (self.write_position - self.cached_read) >= needed
+        if capacity - (self.write_position - self.cached_read) < needed {
+            self.fold()?;
+        } else {
+            self.fold_to(self.cached_read)?;
+        }
+        Ok(capacity - (self.write_position - self.retain) >= needed)
+    }
+
+    /// Folds the records in `[retain, read)`, `read` being a read cursor the consumer published.
+    fn fold_to(&mut self, read: u64) -> Result<(), FoldError> {
+        debug_assert!(self.retain <= read && read <= self.published_write);
+        if read == self.retain {
+            return Ok(());
+        }
+        let mut position = self.retain;
+        while position < read {
+            let valid = self.record_at(position, read)?;
+            if let (Some(meta), Some(hook)) = (valid.meta, self.fold_hook.0.as_mut()) {
+                hook(meta);
+            }
+            position += valid.size;
+        }
+        // Release pairs with the Acquire load of the retain cursor in `recover_position`: a producer
+        // that takes over sees every effect the hook had for the records below it.
+        self.shared
+            .header()
+            .retain
+            .store(position, Ordering::Release);
+        self.retain = position;
+        Ok(())
+    }
+
+    /// Reads and checks the header of the record at `position`, which lies below `end`, a cursor
+    /// position on a record boundary that this producer published or took over.
+    fn record_at(&self, position: u64, end: u64) -> Result<ValidRecord, FoldError> {
+        let capacity = self.shared.capacity();
+        let offset = position % capacity;
+        debug_assert!(offset.is_multiple_of(64) && offset + RECORD_HEADER_LEN <= capacity);
+        // SAFETY: `position` is a record boundary, so `offset` is a multiple of 64 below `capacity`
+        // (a multiple of 64), and the 64 header bytes lie in the data region. They lie in
+        // `[retain, write)`, which no one writes until this producer folds them; read_volatile copies
+        // them out and `validate` checks every field before it is used.
+        let header = unsafe {
+            self.shared
+                .data()
+                .add(offset as usize)
+                .cast::<RecordHeader>()
+                .read_volatile()
+        };
+        header
+            .validate(end - position, capacity - offset, None)
+            .map_err(|fault| FoldError::Corrupt {
+                path: self.shared.path().to_path_buf(),
+                position,
+                reason: fault.to_string(),
+            })
     }
 
     fn wait_for_space(&mut self, needed: u64) -> Result<(), ReserveError> {
-        if self.has_space(needed) {
+        if self.has_space(needed)? {
             return Ok(());
         }
         // The consumer may be waiting for the pending commits; it must see them before this side waits.
         self.flush();
         for _ in 0..SPIN_LIMIT {
             spin_loop();
-            if self.has_space(needed) {
+            if self.has_space(needed)? {
                 return Ok(());
             }
         }
-        let header = self.shared.header();
+        // A handle of its own, so that folding may borrow the producer while the header is in use.
+        let shared = Arc::clone(&self.shared);
+        let header = shared.header();
         let started = Instant::now();
         let mut consumer_missing_since: Option<Instant> = None;
         let outcome = loop {
@@ -280,8 +390,12 @@ impl Producer {
             // AcqRel: Acquire as in `has_space`; the flag tells the consumer's next release to wake us.
             let previous = header.read.fetch_or(WAITING, Ordering::AcqRel);
             self.cached_read = previous & !WAITING;
+            if let Err(error) = self.fold_to(self.cached_read) {
+                header.read.fetch_and(!WAITING, Ordering::Relaxed);
+                break Err(error.into());
+            }
             let capacity = self.shared.capacity();
-            if capacity - (self.write_position - self.cached_read) >= needed {
+            if capacity - (self.write_position - self.retain) >= needed {
                 header.read.fetch_and(!WAITING, Ordering::Relaxed);
                 break Ok(());
             }
@@ -317,8 +431,8 @@ impl Producer {
         let capacity = self.shared.capacity();
         debug_assert!(offset.is_multiple_of(64) && offset + RECORD_HEADER_LEN <= capacity);
         // SAFETY: `offset + 64 <= capacity`, so the header lies inside the data region, at a 64-byte
-        // aligned offset of a 64-byte aligned region. The bytes lie in `[write, read + capacity)`, which
-        // the consumer does not read until the write cursor is published past them.
+        // aligned offset of a 64-byte aligned region. The bytes lie in `[write, retain + capacity)`,
+        // which the consumer does not read until the write cursor is published past them.
         unsafe {
             self.shared
                 .data()
@@ -424,19 +538,28 @@ impl Slot<'_> {
 
 /// Reads the cursors of a ring a producer attaches to, and finds the sequence number it continues with.
 ///
-/// Returns `(write cursor, read cursor, next sequence)`, or why the committed records do not parse.
-fn recover_position(shared: &Shared) -> Result<(u64, u64, u64), String> {
+/// Returns `(write cursor, read cursor, retain cursor, next sequence)`, or why the committed records
+/// do not parse.
+fn recover_position(shared: &Shared) -> Result<(u64, u64, u64, u64), String> {
     let header = shared.header();
     let capacity = shared.capacity();
+    // Acquire pairs with the Release store in `Producer::fold_to`: the effects of the fold hook for
+    // the records below the retain cursor are visible.
+    let retain = header.retain.load(Ordering::Acquire);
     let write = header.write.load(Ordering::Acquire) & !WAITING;
     // Acquire pairs with the Release swap in `Consumer::publish_read`, which comes after the consumer's
     // store of `read_sequence`: when read == write, `read_sequence` follows the last committed record.
     let read = header.read.load(Ordering::Acquire) & !WAITING;
-    check_cursors(write, read, capacity).map_err(|fault| fault.to_string())?;
-    if read == write {
-        return Ok((write, read, header.read_sequence.load(Ordering::Acquire)));
+    check_retained(write, read, retain, capacity).map_err(|fault| fault.to_string())?;
+    if retain == write {
+        return Ok((
+            write,
+            read,
+            retain,
+            header.read_sequence.load(Ordering::Acquire),
+        ));
     }
-    let mut position = read;
+    let mut position = retain;
     let mut expected = None;
     while position < write {
         let offset = position % capacity;
@@ -459,8 +582,22 @@ fn recover_position(shared: &Shared) -> Result<(u64, u64, u64), String> {
     Ok((
         write,
         read,
+        retain,
         expected.expect("at least one record lies between the cursors"),
     ))
+}
+
+/// The hook a producer calls with each record it folds.
+struct FoldHook(Option<Box<dyn FnMut(RecordMeta) + Send>>);
+
+impl std::fmt::Debug for FoldHook {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(if self.0.is_some() {
+            "FoldHook(set)"
+        } else {
+            "FoldHook(none)"
+        })
+    }
 }
 
 pub(crate) fn last_holder(state: PeerState) -> Option<ProcessId> {

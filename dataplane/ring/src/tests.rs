@@ -543,6 +543,8 @@ fn gc_removes_rings_of_dead_processes_only() {
             .create()
             .expect("create"),
     );
+    let dead_ledger = ledger::Ledger::path_beside(&dead_path);
+    drop(ledger::Ledger::create(&dead_ledger, 0).expect("ledger"));
     let mut bytes = std::fs::read(&dead_path).expect("read");
     // Rewrites the creator as a process that does not exist (pid 0 with a start time).
     bytes[24..32].copy_from_slice(&(12345u64 << 22).to_le_bytes());
@@ -552,7 +554,7 @@ fn gc_removes_rings_of_dead_processes_only() {
     std::fs::write(&foreign, b"hello").expect("write");
 
     let report = gc::collect(directory.path()).expect("gc");
-    assert_eq!(report.removed, vec![dead_path.clone()]);
+    assert_eq!(report.removed, vec![dead_path.clone(), dead_ledger.clone()]);
     assert_eq!(report.kept, vec![live_path.clone()]);
     assert_eq!(report.skipped.len(), 1);
     assert_eq!(
@@ -560,6 +562,7 @@ fn gc_removes_rings_of_dead_processes_only() {
         vec![directory.path().join("dead")]
     );
     assert!(live_path.exists() && !dead_path.exists() && foreign.exists());
+    assert!(!dead_ledger.exists());
 }
 
 proptest! {
@@ -572,7 +575,7 @@ proptest! {
     fn any_file_bytes_are_rejected_or_read_safely(
         header_patch in proptest::collection::vec((0usize..512, any::<u8>()), 0..16),
         data in proptest::collection::vec(any::<u8>(), 0..4096),
-        cursors in (0u64..20_000, 0u64..20_000),
+        cursors in (0u64..20_000, 0u64..20_000, 0u64..20_000),
         keep_magic in any::<bool>(),
         file_len in prop_oneof![Just(8192u64), 0u64..9000],
     ) {
@@ -588,6 +591,8 @@ proptest! {
         // The write cursor's word lies at byte 512 (see the header layout), the read cursor's at 640.
         bytes[512..520].copy_from_slice(&(cursors.0 & !63).to_le_bytes());
         bytes[640..648].copy_from_slice(&(cursors.1 & !63).to_le_bytes());
+        // The retain cursor's word lies at byte 1152.
+        bytes[1152..1160].copy_from_slice(&(cursors.2 & !63).to_le_bytes());
         bytes[HEADER_LEN..HEADER_LEN + data.len()].copy_from_slice(&data);
         bytes.resize(file_len as usize, 0);
         std::fs::write(&path, &bytes).expect("write");
@@ -603,7 +608,10 @@ proptest! {
             }
         }
         drop(consumer);
-        let _ = ring.producer();
+        if let Ok(mut producer) = ring.producer() {
+            let _ = producer.fold();
+            let _ = producer.unread(|_| {});
+        }
     }
 }
 
@@ -614,7 +622,171 @@ fn header_offsets_used_by_tests_match_the_layout() {
     let write = &sut.shared.header().write.0 as *const _ as usize;
     let read = &sut.shared.header().read.0 as *const _ as usize;
     let creator = &sut.shared.header().creator as *const _ as usize;
+    let retain = &sut.shared.header().retain.0 as *const _ as usize;
     assert_eq!(write - header, 512);
     assert_eq!(read - header, 640);
     assert_eq!(creator - header, 24);
+    assert_eq!(retain - header, 1152);
+}
+
+/// Records the metas a producer folds.
+fn folded_into(producer: &mut Producer) -> std::sync::Arc<std::sync::Mutex<Vec<RecordMeta>>> {
+    let folded = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = folded.clone();
+    producer.set_fold_hook(move |meta| sink.lock().expect("lock").push(meta));
+    folded
+}
+
+fn rows_of(metas: &[RecordMeta]) -> Vec<u64> {
+    metas.iter().map(|meta| meta.first_row).collect()
+}
+
+#[test]
+fn released_records_are_folded_once_in_order_and_unread_ones_listed() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    let folded = folded_into(&mut producer);
+    for row in 0..3 {
+        write(&mut producer, &pattern(row, 900), batch(5, row, 1));
+    }
+    producer.flush();
+    for expected in 0..2 {
+        let record = consumer.next().expect("next").expect("record");
+        assert_eq!(record.meta().first_row, expected);
+    }
+    drop(consumer);
+    let mut unread = Vec::new();
+    producer.unread(|meta| unread.push(meta)).expect("unread");
+    assert_eq!(rows_of(&unread), vec![2]);
+    assert_eq!(producer.fold().expect("fold"), 2 * 1024);
+    assert_eq!(producer.retained_position(), 2 * 1024);
+    assert_eq!(producer.fold().expect("fold again"), 2 * 1024);
+    assert_eq!(rows_of(&folded.lock().expect("lock")), vec![0, 1]);
+}
+
+#[test]
+fn a_producer_folds_what_it_needs_and_never_overwrites_retained_records() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    let folded = folded_into(&mut producer);
+    // 900-byte payloads take 1024 bytes: four fill the ring, the fifth needs the space of the first.
+    for row in 0..4 {
+        write(&mut producer, &pattern(row, 900), batch(1, row, 1));
+    }
+    producer.flush();
+    assert!(matches!(
+        producer.try_reserve(900),
+        Err(TryReserveError::Full)
+    ));
+    drop(consumer.next().expect("next").expect("record"));
+    drop(consumer.next().expect("next").expect("record"));
+    drop(consumer);
+    assert!(
+        folded.lock().expect("lock").is_empty(),
+        "nothing is folded before it is needed"
+    );
+    write(&mut producer, &pattern(4, 900), batch(1, 4, 1));
+    assert_eq!(
+        rows_of(&folded.lock().expect("lock")),
+        vec![0, 1],
+        "a fold takes every released record"
+    );
+    let mut unread = Vec::new();
+    producer.flush();
+    producer.unread(|meta| unread.push(meta)).expect("unread");
+    assert_eq!(rows_of(&unread), vec![2, 3, 4]);
+    assert!(
+        producer.retained_position() <= sut.cursors().1,
+        "retain never passes read"
+    );
+}
+
+#[test]
+fn a_full_ring_folds_while_it_waits_for_the_consumer() {
+    let sut = Ring::in_memory(8192).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    let folded = folded_into(&mut producer);
+    let total = if cfg!(miri) { 40 } else { 2000u64 };
+    let writer = thread::spawn(move || {
+        for row in 0..total {
+            let len = (row as usize * 37) % 3000;
+            write(&mut producer, &pattern(row, len), batch(1, row, 1));
+        }
+        producer.close();
+    });
+    let mut received = 0;
+    while let Some(record) = consumer.next().expect("next") {
+        assert_eq!(record.meta().first_row, received);
+        received += 1;
+    }
+    writer.join().expect("writer");
+    assert_eq!(received, total);
+    let rows = rows_of(&folded.lock().expect("lock"));
+    assert!(
+        rows.len() as u64 > total / 2,
+        "a writer ten times the ring's size folded only {} records",
+        rows.len()
+    );
+    assert_eq!(rows, (0..rows.len() as u64).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_new_producer_folds_what_the_dead_one_retained() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut consumer = sut.consumer().expect("consumer");
+    let mut first = sut.producer().expect("producer");
+    let first_folded = folded_into(&mut first);
+    for row in 0..3 {
+        write(&mut first, &pattern(row, 900), batch(2, row, 1));
+    }
+    first.flush();
+    drop(consumer.next().expect("next").expect("record"));
+    drop(consumer.next().expect("next").expect("record"));
+    drop(first);
+    assert!(first_folded.lock().expect("lock").is_empty());
+
+    let mut second = sut.producer().expect("reattach");
+    assert_eq!(second.next_sequence(), 3);
+    let second_folded = folded_into(&mut second);
+    second.fold().expect("fold");
+    assert_eq!(rows_of(&second_folded.lock().expect("lock")), vec![0, 1]);
+    let mut unread = Vec::new();
+    second.unread(|meta| unread.push(meta)).expect("unread");
+    assert_eq!(rows_of(&unread), vec![2]);
+    drop(second);
+
+    let mut third = sut.producer().expect("reattach");
+    let third_folded = folded_into(&mut third);
+    third.fold().expect("fold");
+    assert!(
+        third_folded.lock().expect("lock").is_empty(),
+        "folded records are not folded again"
+    );
+    assert_eq!(third.next_sequence(), 3);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
+fn a_corrupt_retained_record_is_an_error_naming_its_position() {
+    let (_directory, path, sut) = file_ring(8192);
+    let mut producer = sut.producer().expect("producer");
+    write(&mut producer, &[1; 100], batch(0, 0, 1));
+    write(&mut producer, &[2; 100], batch(0, 1, 1));
+    producer.flush();
+    let mut consumer = sut.consumer().expect("consumer");
+    drop(consumer.next().expect("next").expect("record"));
+    drop(consumer.next().expect("next").expect("record"));
+    drop(consumer);
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[HEADER_LEN + 192 + 32] ^= 0xFF;
+    std::fs::write(&path, &bytes).expect("write");
+    let error = producer.fold().expect_err("the second record is corrupt");
+    assert!(
+        matches!(error, FoldError::Corrupt { position: 192, .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("checksum"), "{error}");
 }

@@ -28,6 +28,10 @@ pub struct DaemonArgs {
     /// How long to keep trying to reach an AM that does not answer, in seconds.
     #[arg(long, default_value_t = 120)]
     pub am_timeout_s: u64,
+    /// The job the daemon is launched for (the AM passes it). Started again with the same job, node
+    /// id and ring directory, the daemon takes over the rings its node fed and resumes their tasks.
+    #[arg(long, env = "SLUICE_JOB")]
+    pub job: Option<String>,
 }
 
 /// Runs the daemon until the AM shuts it down.
@@ -39,6 +43,7 @@ pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
         ring_size: args.ring_size,
         token: args.token,
         am_timeout: Duration::from_secs(args.am_timeout_s),
+        job: args.job,
     };
     runtime(2)?.block_on(sluice_daemon::run(options))?;
     Ok(())
