@@ -25,6 +25,7 @@ pub mod plan;
 pub mod read;
 pub mod store;
 pub mod text;
+pub mod types;
 pub mod uring;
 
 pub use coverage::SplitBatch;
