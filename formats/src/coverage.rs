@@ -240,8 +240,16 @@ impl SplitBatch {
             }
             end = part.end();
         }
-        let batch = concat_batches(&first.batch.schema(), parts.iter().map(|part| &part.batch))
-            .map_err(|error| FormatError::arrow("joining split batches", error))?;
+        let mut holding = parts.iter().filter(|part| part.batch.num_rows() > 0);
+        // Empty parts only add coverage: a lone batch with rows is kept as it is, without a copy.
+        let batch = match (holding.next(), holding.next()) {
+            (None, _) => first.batch.clone(),
+            (Some(only), None) => only.batch.clone(),
+            (Some(_), Some(_)) => {
+                concat_batches(&first.batch.schema(), parts.iter().map(|part| &part.batch))
+                    .map_err(|error| FormatError::arrow("joining split batches", error))?
+            }
+        };
         let row_count = end - first.first_row;
         let present = parts.iter().any(|part| part.present.is_some()).then(|| {
             let mut bits = arrow::array::BooleanBufferBuilder::new(to_usize(row_count));
