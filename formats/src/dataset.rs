@@ -8,6 +8,7 @@ use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
+use crate::coverage::SplitBatch;
 use crate::delta::DeltaTable;
 use crate::error::{FormatError, Result};
 use crate::parquet::{FileAccess, FooterCache, PageIndexNeed, ParquetSplitRead};
@@ -554,6 +555,26 @@ impl Dataset {
         split: &Split,
         options: &ReadOptions,
     ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+        Ok(self
+            .read_split_covered(split, options)
+            .await?
+            .try_filter_map(|covered| {
+                futures::future::ok((covered.batch.num_rows() > 0).then_some(covered.batch))
+            })
+            .boxed())
+    }
+
+    /// Reads one split as [`SplitBatch`]es whose row ranges tile `[0, split.row_count)`: rows removed by
+    /// the filter, a deletion vector or pruning are covered by some batch, possibly an empty one.
+    ///
+    /// # Errors
+    ///
+    /// As [`Dataset::read_split`].
+    pub async fn read_split_covered(
+        &self,
+        split: &Split,
+        options: &ReadOptions,
+    ) -> Result<BoxStream<'static, Result<SplitBatch>>> {
         let plan = ReadPlan::new(&self.schema, options)?;
         let path = self.path_of(split)?;
         let partitions = self.split_partitions(split);
@@ -568,7 +589,8 @@ impl Dataset {
                 .unwrap_or(true)
         {
             tracing::debug!(uri = %split.uri, "file pruned by partition values");
-            return Ok(stream::empty().boxed());
+            let whole = SplitBatch::empty(plan.output_schema, 0, split.row_count);
+            return Ok(stream::iter((split.row_count > 0).then_some(Ok(whole))).boxed());
         }
         let request = |partitions, deleted_rows| ParquetSplitRead {
             access: &self.access,
@@ -600,11 +622,23 @@ impl Dataset {
                     &physical_plan,
                 )
                 .await?;
-                let logical = table.to_logical(&split.uri, physical)?;
+                let to_logical = table.logical_transform(&split.uri)?;
                 let uri = split.uri.clone();
-                Ok(logical
-                    .and_then(move |batch| futures::future::ready(plan.finish(batch, &[], &uri)))
-                    .try_filter_map(futures::future::ok)
+                Ok(physical
+                    .and_then(move |covered| {
+                        let finished = if covered.batch.num_rows() == 0 {
+                            Ok(SplitBatch::empty(
+                                Arc::clone(&plan.output_schema),
+                                covered.first_row,
+                                covered.row_count,
+                            ))
+                        } else {
+                            to_logical(&covered.batch)
+                                .and_then(|logical| covered.with_batch(logical))
+                                .and_then(|logical| plan.finish(logical, &[], &uri))
+                        };
+                        futures::future::ready(finished)
+                    })
                     .boxed())
             }
             (FormatKind::Parquet, _) => {

@@ -23,7 +23,6 @@ use delta_kernel::scan::state::{DvInfo, ScanFile, transform_to_logical};
 use delta_kernel::{Engine, ExpressionRef, Snapshot};
 use delta_kernel_default_engine::DefaultEngine;
 use delta_kernel_default_engine::executor::tokio::TokioBackgroundExecutor;
-use futures::stream::{BoxStream, StreamExt};
 use object_store::path::Path;
 use url::Url;
 
@@ -428,12 +427,12 @@ impl DeltaTable {
         }))
     }
 
-    /// Turns physical batches of the file at `uri` into logical batches of the full table schema.
-    pub(crate) fn to_logical(
+    /// The function that turns physical batches of the file at `uri` into logical batches of the full
+    /// table schema.
+    pub(crate) fn logical_transform(
         &self,
         uri: &str,
-        physical: BoxStream<'static, Result<RecordBatch>>,
-    ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+    ) -> Result<impl Fn(&RecordBatch) -> Result<RecordBatch> + Send + Sync + 'static> {
         let file = self.file_by_uri(uri).ok_or_else(|| {
             delta_error(
                 &self.table_url,
@@ -447,25 +446,22 @@ impl DeltaTable {
         let logical_schema = Arc::clone(&self.logical_schema);
         let table = self.table_url.to_string();
         let uri = uri.to_string();
-        Ok(physical
-            .map(move |batch| {
-                let batch = batch?;
-                let data = Box::new(ArrowEngineData::new(batch));
-                let logical = transform_to_logical(
-                    engine.as_ref(),
-                    data,
-                    &physical_kernel,
-                    &logical_kernel,
-                    transform.clone(),
-                )
-                .and_then(ArrowEngineData::try_from_engine_data)
-                .map_err(|error| FormatError::Delta {
-                    table: table.clone(),
-                    reason: format!("file {uri}: physical to logical: {error}"),
-                })?;
-                rename_to(&logical_schema, logical.record_batch(), &uri)
-            })
-            .boxed())
+        Ok(move |batch: &RecordBatch| {
+            let data = Box::new(ArrowEngineData::new(batch.clone()));
+            let logical = transform_to_logical(
+                engine.as_ref(),
+                data,
+                &physical_kernel,
+                &logical_kernel,
+                transform.clone(),
+            )
+            .and_then(ArrowEngineData::try_from_engine_data)
+            .map_err(|error| FormatError::Delta {
+                table: table.clone(),
+                reason: format!("file {uri}: physical to logical: {error}"),
+            })?;
+            rename_to(&logical_schema, logical.record_batch(), &uri)
+        })
     }
 }
 

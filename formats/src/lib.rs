@@ -7,11 +7,14 @@
 //! - [`Dataset::plan`] cuts a dataset into [`Split`]s that cover every row exactly once, in a stable order.
 //! - [`Dataset::read_split`] reads one split with projection and a [`filter::Expr`], pushed down to row-group
 //!   statistics, bloom filters and the page index where the files have them.
+//! - [`Dataset::read_split_covered`] reads it as [`SplitBatch`]es whose split-row ranges tile the split
+//!   exactly, rows removed by the filter or a deletion vector included.
 //! - [`generate`] writes synthetic training data (Parquet or Delta).
 //!
 //! A planner lists splits; a reader turns byte ranges into record batches; the caller decides prefetch and
 //! concurrency.
 
+pub mod coverage;
 pub mod dataset;
 pub mod delta;
 pub mod error;
@@ -22,8 +25,10 @@ pub mod plan;
 pub mod read;
 pub mod store;
 pub mod text;
+pub mod types;
 pub mod uring;
 
+pub use coverage::SplitBatch;
 pub use dataset::{Dataset, FormatKind, OpenOptions};
 pub use error::{FormatError, Result};
 pub use filter::Expr;

@@ -14,6 +14,12 @@
 //! The decoder ([`ParquetRecordBatchStreamBuilder`] over [`ParquetObjectReader`]) then fetches only the
 //! byte ranges of the projected columns in the selected pages. The filter is always evaluated on the decoded
 //! rows too, so pruning only saves work and never changes results.
+//!
+//! The decoder yields exactly the selected rows, in row-group order. The runs of split rows the final
+//! selections keep are therefore known before decoding, and each decoded batch is given the split rows it
+//! came from by counting its rows off those runs ([`Coverage`]): rows skipped by a deletion vector, a
+//! pruned row group or a pruned page fall inside the coverage of the next batch, or of an empty batch at
+//! the end.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -38,6 +44,7 @@ use parquet::basic::Type as PhysicalType;
 use parquet::bloom_filter::Sbbf;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 
+use crate::coverage::{Coverage, SplitBatch, covered_stream};
 use crate::error::{FormatError, Result};
 use crate::filter::{CompareOp, Expr, Literal, PruningStatistics};
 use crate::read::ReadPlan;
@@ -576,12 +583,13 @@ fn drop_deleted(
     selection.intersection(&RowSelection::from(selectors))
 }
 
-/// Reads one split of a Parquet file as a stream of finished batches (partition columns, filter, projection).
+/// Reads one split of a Parquet file as a stream of finished batches (partition columns, filter,
+/// projection) whose coverages tile the split.
 pub(crate) async fn read_split(
     footers: &FooterCache,
     request: ParquetSplitRead<'_>,
     plan: &ReadPlan,
-) -> Result<BoxStream<'static, Result<arrow::array::RecordBatch>>> {
+) -> Result<BoxStream<'static, Result<SplitBatch>>> {
     let footer_need = if plan.filter.is_some() {
         PageIndexNeed::OffsetsAndStatistics
     } else {
@@ -745,6 +753,10 @@ pub(crate) async fn read_split(
         parquet_metadata.file_metadata().schema_descr(),
         root_indices,
     );
+    let coverage = Coverage::new(
+        selected_runs(&selections, &group_starts, request.first_row),
+        request.row_count,
+    );
     // A selection that keeps the whole row group is left out: the decoder then reads the group plainly.
     let row_group_selections: Vec<RowGroupSelection> = selections
         .into_iter()
@@ -777,18 +789,42 @@ pub(crate) async fn read_split(
     let uri = request.uri.to_string();
     let partitions = request.partitions;
     let plan = plan.clone();
-    let finished = stream
+    let decoded = stream
         .map_err({
             let uri = uri.clone();
             move |error| FormatError::parquet(uri.clone(), error)
         })
-        .and_then(move |batch| {
-            let result = plan.finish(batch, &partitions, &uri);
-            futures::future::ready(result)
-        })
-        .try_filter_map(futures::future::ok)
         .boxed();
-    Ok(finished)
+    let output_schema = Arc::clone(&plan.output_schema);
+    let context = format!("parquet file {uri}");
+    let finish = move |covered| plan.finish(covered, &partitions, &uri);
+    Ok(covered_stream(
+        decoded,
+        coverage,
+        output_schema,
+        context,
+        finish,
+    ))
+}
+
+/// The selected rows of `selections`, as runs of split rows in decoding order.
+fn selected_runs(
+    selections: &[(usize, RowSelection)],
+    group_starts: &[u64],
+    split_first_row: u64,
+) -> Vec<(u64, u64)> {
+    let mut runs = Vec::new();
+    for (group, selection) in selections {
+        let mut file_row = group_starts[*group];
+        for selector in selection.iter() {
+            let rows = selector.row_count as u64;
+            if !selector.skip {
+                runs.push((file_row - split_first_row, rows));
+            }
+            file_row += rows;
+        }
+    }
+    runs
 }
 
 #[cfg(test)]
@@ -1062,7 +1098,7 @@ mod tests {
             let sut = &sut;
             let plan = &plan;
             async move {
-                let batches: Vec<arrow::array::RecordBatch> = read_split(sut, request, plan)
+                let batches: Vec<SplitBatch> = read_split(sut, request, plan)
                     .await
                     .expect("opens")
                     .try_collect()
@@ -1070,8 +1106,9 @@ mod tests {
                     .expect("reads");
                 let ids: Vec<i64> = batches
                     .iter()
-                    .flat_map(|batch| {
-                        batch
+                    .flat_map(|covered| {
+                        covered
+                            .batch
                             .column(0)
                             .as_any()
                             .downcast_ref::<arrow::array::Int64Array>()

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, new_null_array};
-use arrow::compute::{cast, filter_record_batch};
+use arrow::compute::cast;
 use arrow::datatypes::{Field, Schema, SchemaRef};
 
+use crate::coverage::SplitBatch;
 use crate::error::{FormatError, Result};
 use crate::filter::Expr;
 
@@ -128,23 +129,25 @@ impl ReadPlan {
         })
     }
 
-    /// Applies partition columns, the filter and the projection to a decoded batch.
+    /// Applies partition columns, the filter and the projection to a decoded batch, keeping its coverage:
+    /// rows the filter removes stay covered by the batch.
     ///
     /// `decoded` holds file columns; `partitions` gives each partition field and its value for this split.
     pub(crate) fn finish(
         &self,
-        decoded: RecordBatch,
+        decoded: SplitBatch,
         partitions: &[(Field, Option<String>)],
         context: &str,
-    ) -> Result<Option<RecordBatch>> {
-        let rows = decoded.num_rows();
+    ) -> Result<SplitBatch> {
+        let rows = decoded.batch.num_rows();
         let mut fields: Vec<Field> = decoded
+            .batch
             .schema()
             .fields()
             .iter()
             .map(|field| field.as_ref().clone())
             .collect();
-        let mut columns: Vec<ArrayRef> = decoded.columns().to_vec();
+        let mut columns: Vec<ArrayRef> = decoded.batch.columns().to_vec();
         for (field, value) in partitions {
             if !self.needed.contains(field.name()) {
                 continue;
@@ -152,18 +155,21 @@ impl ReadPlan {
             columns.push(partition_array(field, value.as_deref(), rows, context)?);
             fields.push(field.clone());
         }
-        let mut batch =
+        let batch =
             RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|error| {
                 FormatError::arrow(format!("{context}: assembling partition columns"), error)
             })?;
+        let mut covered = decoded.with_batch(batch)?;
         if let Some(filter) = &self.filter {
-            let mask = filter.evaluate(&batch)?;
-            batch = filter_record_batch(&batch, &mask)
-                .map_err(|error| FormatError::arrow(format!("{context}: filtering"), error))?;
-            if batch.num_rows() == 0 {
-                return Ok(None);
-            }
+            let mask = filter.evaluate(&covered.batch)?;
+            covered = covered.filter(&mask)?;
         }
+        let output = self.project(&covered.batch, context)?;
+        covered.with_batch(output)
+    }
+
+    /// The output columns of a batch that holds every needed column, cast to the dataset's types.
+    fn project(&self, batch: &RecordBatch, context: &str) -> Result<RecordBatch> {
         let mut output = Vec::with_capacity(self.output_schema.fields().len());
         for field in self.output_schema.fields() {
             let column = match batch.column_by_name(field.name()) {
@@ -204,9 +210,12 @@ impl ReadPlan {
             };
             output.push(column);
         }
-        let output = RecordBatch::try_new(Arc::clone(&self.output_schema), output)
-            .map_err(|error| FormatError::arrow(format!("{context}: projecting"), error))?;
-        Ok(Some(output))
+        RecordBatch::try_new_with_options(
+            Arc::clone(&self.output_schema),
+            output,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+        )
+        .map_err(|error| FormatError::arrow(format!("{context}: projecting"), error))
     }
 }
 

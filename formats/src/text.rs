@@ -13,6 +13,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
+use crate::coverage::SplitBatch;
 use crate::dataset::FormatKind;
 use crate::error::{FormatError, Result};
 use crate::plan::Split;
@@ -106,7 +107,7 @@ impl RowFileFormat {
         .await
     }
 
-    /// Reads one split of one file.
+    /// Reads one split of one file; the batches' coverages tile the split.
     pub(crate) async fn read_split(
         self,
         store: &Arc<dyn ObjectStore>,
@@ -115,7 +116,7 @@ impl RowFileFormat {
         partitions: Vec<(Field, Option<String>)>,
         plan: &ReadPlan,
         file_schema: SchemaRef,
-    ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+    ) -> Result<BoxStream<'static, Result<SplitBatch>>> {
         let bytes = fetch(store, path, &split.uri).await?;
         let uri = split.uri.clone();
         let (task_id, first_row, row_count) = (split.task_id, split.first_row, split.row_count);
@@ -140,13 +141,14 @@ impl RowFileFormat {
                     let offset = usize::try_from(from - batch_start).unwrap_or(usize::MAX);
                     let length = usize::try_from(to - from).unwrap_or(usize::MAX);
                     let mut sliced = batch.slice(offset, length);
+                    let mut piece_start = from - first_row;
                     while sliced.num_rows() > 0 {
                         let take = sliced.num_rows().min(plan.batch_rows);
                         let piece = sliced.slice(0, take);
                         sliced = sliced.slice(take, sliced.num_rows() - take);
-                        if let Some(done) = plan.finish(piece, &partitions, &uri)? {
-                            output.push(done);
-                        }
+                        let covered = SplitBatch::new(piece, piece_start, take as u64, None)?;
+                        piece_start += take as u64;
+                        output.push(plan.finish(covered, &partitions, &uri)?);
                     }
                 }
                 batch_start = batch_end;

@@ -2,7 +2,7 @@
 
 use crate::decide::{Assignment, NodeStatus, Refusal, TaskId, TaskProgress};
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
-use crate::spec::JobSpec;
+use crate::spec::{JobSpec, TransformSpec};
 use sluice_proto::v1::{self, command, refusal};
 
 /// A daemon's counts for one task, from the wire.
@@ -183,7 +183,40 @@ pub(super) fn job_data(spec: &JobSpec) -> v1::JobData {
         shuffle_seed: spec.data.shuffle.seed,
         shuffle_window: spec.data.shuffle.window,
         epochs: spec.data.epochs,
+        shuffle: spec.data.shuffle.enabled,
+        transforms: spec.data.transforms.iter().map(transform).collect(),
+        fixed_batch_size: spec.data.fixed_batch_size,
     }
+}
+
+/// One preprocessing step on the wire.
+fn transform(spec: &TransformSpec) -> v1::Transform {
+    use v1::transform::Kind;
+    let kind = match spec {
+        TransformSpec::Cast { column, to } => Kind::Cast(v1::CastTransform {
+            column: column.clone(),
+            to: to.clone(),
+        }),
+        TransformSpec::FillNull { column, value } => Kind::FillNull(v1::FillNullTransform {
+            column: column.clone(),
+            value: value.clone(),
+        }),
+        TransformSpec::Normalize { column, mean, std } => Kind::Normalize(v1::NormalizeTransform {
+            column: column.clone(),
+            mean: *mean,
+            std: *std,
+        }),
+        TransformSpec::HashBucket {
+            column,
+            buckets,
+            output,
+        } => Kind::HashBucket(v1::HashBucketTransform {
+            column: column.clone(),
+            buckets: *buckets,
+            output: output.clone(),
+        }),
+    };
+    v1::Transform { kind: Some(kind) }
 }
 
 /// A node's standing on the wire.

@@ -130,6 +130,54 @@ pub struct DataSpec {
     pub resplit_margin_rows: u64,
     /// The smallest remainder worth re-splitting to an idle node (default `batch_size`).
     pub resplit_min_rows: u64,
+    /// Preprocessing applied by the daemons to every batch, in order, after projection and filter.
+    pub transforms: Vec<TransformSpec>,
+    /// Whether every batch but a task's last holds exactly `batch_size` rows (default false: a
+    /// batch holds what the reader decoded of `batch_size` rows once the filter has run).
+    pub fixed_batch_size: bool,
+}
+
+/// One entry of `data.transforms`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransformSpec {
+    /// Casts `column` to the type named `to`.
+    Cast {
+        /// The column.
+        column: String,
+        /// A name from the formats layer's type names, for example `float32`.
+        to: String,
+    },
+    /// Replaces the nulls of `column` with `value`, read as the column's type.
+    FillNull {
+        /// The column.
+        column: String,
+        /// The value, as text.
+        value: String,
+    },
+    /// Replaces x with (x - mean) / std.
+    Normalize {
+        /// The column.
+        column: String,
+        /// Subtracted first.
+        mean: f64,
+        /// The divisor; positive and finite.
+        std: f64,
+    },
+    /// Writes a stable hash of `column` modulo `buckets` to `output`.
+    HashBucket {
+        /// The column hashed.
+        column: String,
+        /// The number of buckets, at least 1.
+        buckets: u64,
+        /// The column written (default: `column` itself).
+        output: String,
+    },
+}
+
+impl TransformSpec {
+    /// The keys an entry of `data.transforms` may have, one per entry.
+    pub const NAMES: &'static [&'static str] = &["cast", "fill_null", "normalize", "hash_bucket"];
 }
 
 /// One data source.
@@ -186,6 +234,9 @@ impl SourceFormat {
 /// The `data.shuffle` section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ShuffleSpec {
+    /// Whether the spec has the section. The AM orders each epoch's tasks by the seed either way;
+    /// only with it do the daemons interleave open tasks and permute the rows within each task.
+    pub enabled: bool,
     /// The job seed: task order per epoch, interleave and row permutation derive from it (default 0).
     pub seed: u64,
     /// Open tasks interleaved by a daemon (default 4).

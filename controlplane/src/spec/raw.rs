@@ -27,6 +27,48 @@ pub(crate) struct RawData {
     pub(crate) shuffle: Option<RawShuffle>,
     pub(crate) resplit_margin_rows: Option<u64>,
     pub(crate) resplit_min_rows: Option<u64>,
+    pub(crate) transforms: Option<Vec<RawTransform>>,
+    pub(crate) fixed_batch_size: Option<bool>,
+}
+
+/// One entry of `data.transforms`: exactly one of its keys is set.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTransform {
+    pub(crate) cast: Option<RawCast>,
+    pub(crate) fill_null: Option<RawFillNull>,
+    pub(crate) normalize: Option<RawNormalize>,
+    pub(crate) hash_bucket: Option<RawHashBucket>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCast {
+    pub(crate) column: String,
+    pub(crate) to: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFillNull {
+    pub(crate) column: String,
+    pub(crate) value: ScalarString,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNormalize {
+    pub(crate) column: String,
+    pub(crate) mean: f64,
+    pub(crate) std: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHashBucket {
+    pub(crate) column: String,
+    pub(crate) buckets: u64,
+    pub(crate) output: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -88,7 +88,14 @@ fn quickstart_spec_parses_into_typed_values() {
         source.columns.as_deref(),
         Some(&["id".to_owned(), "features".to_owned(), "label".to_owned()][..])
     );
-    assert_eq!(sut.data.shuffle, ShuffleSpec { seed: 7, window: 4 });
+    assert_eq!(
+        sut.data.shuffle,
+        ShuffleSpec {
+            enabled: true,
+            seed: 7,
+            window: 4
+        }
+    );
     assert_eq!(sut.data.task_rows, 65_536);
     assert_eq!(sut.roles[0].num, 2);
     assert_eq!(sut.roles[0].command[3], "/tmp/ids-{rank}.bin");
@@ -112,7 +119,14 @@ fn defaults_fill_every_optional_key() {
     assert_eq!(sut.data.batch_size, 1024);
     assert_eq!(sut.data.epochs, 1);
     assert_eq!(sut.data.task_rows, 65_536);
-    assert_eq!(sut.data.shuffle, ShuffleSpec { seed: 0, window: 4 });
+    assert_eq!(
+        sut.data.shuffle,
+        ShuffleSpec {
+            enabled: false,
+            seed: 0,
+            window: 4
+        }
+    );
     assert_eq!(sut.data.resplit_margin_rows, 1024);
     assert_eq!(sut.data.resplit_min_rows, 1024);
     assert_eq!(sut.roles[0].num, 1);
@@ -627,4 +641,107 @@ fn checkpoint_needs_a_valid_uri_and_interval() {
 fn sections_must_be_maps_not_lists() {
     let error = refused(&minimal_with("failover: [on-failure, 3]"));
     assert_error(&error, "failover", &["is sequence", "a map of keys"]);
+}
+
+/// The minimal spec with `data.transforms` set to `transforms`.
+fn with_transforms(transforms: &str) -> String {
+    format!(
+        "name: small\ndata:\n  sources: [{{ uri: 'file:///d', format: parquet }}]\n  transforms: {transforms}\nroles:\n  - {{ name: worker, command: [sluice, consume] }}\n"
+    )
+}
+
+#[test]
+fn transforms_parse_in_order_with_their_defaults() {
+    let sut = parse_yaml(&with_transforms(
+        "[{cast: {column: x, to: float32}}, {fill_null: {column: x, value: 0}}, \
+         {normalize: {column: x, mean: 0.5, std: 2}}, {hash_bucket: {column: s, buckets: 1000, output: s_bucket}}, \
+         {hash_bucket: {column: t, buckets: 7}}]",
+    ))
+    .expect("valid transforms");
+    assert_eq!(
+        sut.data.transforms,
+        vec![
+            TransformSpec::Cast {
+                column: "x".to_owned(),
+                to: "float32".to_owned()
+            },
+            TransformSpec::FillNull {
+                column: "x".to_owned(),
+                value: "0".to_owned()
+            },
+            TransformSpec::Normalize {
+                column: "x".to_owned(),
+                mean: 0.5,
+                std: 2.0
+            },
+            TransformSpec::HashBucket {
+                column: "s".to_owned(),
+                buckets: 1000,
+                output: "s_bucket".to_owned()
+            },
+            TransformSpec::HashBucket {
+                column: "t".to_owned(),
+                buckets: 7,
+                output: "t".to_owned()
+            },
+        ]
+    );
+    assert!(!sut.data.fixed_batch_size);
+    let fixed =
+        parse_yaml(&minimal_with("").replace("data:\n", "data:\n  fixed_batch_size: true\n"))
+            .expect("valid");
+    assert!(fixed.data.fixed_batch_size);
+    assert!(
+        parse_yaml(MINIMAL_YAML)
+            .expect("valid")
+            .data
+            .transforms
+            .is_empty()
+    );
+}
+
+#[test]
+fn bad_transforms_are_refused_naming_the_key_and_the_fix() {
+    let error = refused(&with_transforms("[{cats: {column: x, to: float32}}]"));
+    assert_error(&error, "data.transforms[0].cats", &["cast"]);
+    let error = refused(&with_transforms(
+        "[{cast: {column: x, to: float32, safe: true}}]",
+    ));
+    assert_error(&error, "data.transforms[0].cast.safe", &["unknown key"]);
+    let error = refused(&with_transforms(
+        "[{cast: {column: x, to: float32}, normalize: {column: x, mean: 0, std: 1}}]",
+    ));
+    assert_error(
+        &error,
+        "data.transforms[0]",
+        &["has 2 of the keys", "one step per entry"],
+    );
+    let error = refused(&with_transforms("[{}]"));
+    assert_error(&error, "data.transforms[0]", &["has 0 of the keys"]);
+    let error = refused(&with_transforms("[{cast: {column: x, to: float}}]"));
+    assert_error(
+        &error,
+        "data.transforms[0].cast.to",
+        &["unknown type `float`", "float16"],
+    );
+    let error = refused(&with_transforms(
+        "[{normalize: {column: x, mean: 0, std: 0}}]",
+    ));
+    assert_error(
+        &error,
+        "data.transforms[0].normalize.std",
+        &["is 0", "positive"],
+    );
+    let error = refused(&with_transforms(
+        "[{cast: {column: x, to: int64}}, {hash_bucket: {column: s, buckets: 0}}]",
+    ));
+    assert_error(&error, "data.transforms[1].hash_bucket.buckets", &["is 0"]);
+    let error = refused(&with_transforms("[{fill_null: {column: '', value: 1}}]"));
+    assert_error(
+        &error,
+        "data.transforms[0].fill_null.column",
+        &["empty column name"],
+    );
+    let error = refused(&with_transforms("[{fill_null: {column: x}}]"));
+    assert_error(&error, "data.transforms[0].fill_null.value", &["missing"]);
 }

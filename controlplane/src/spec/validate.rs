@@ -2,11 +2,12 @@
 
 use super::error::suggest;
 use super::raw::{
-    RawCheckpoint, RawData, RawFailover, RawJobSpec, RawResources, RawRole, RawSource, ScalarString,
+    RawCheckpoint, RawData, RawFailover, RawJobSpec, RawResources, RawRole, RawSource,
+    RawTransform, ScalarString,
 };
 use super::{
     CheckpointSpec, DataSpec, FailoverSpec, JobSpec, LauncherKind, Resources, RestartPolicy,
-    RoleSpec, ShuffleSpec, SourceFormat, SourceSpec, SpecError,
+    RoleSpec, ShuffleSpec, SourceFormat, SourceSpec, SpecError, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -137,8 +138,13 @@ fn validate_data(raw: RawData) -> Result<DataSpec, SpecError> {
     let epochs = positive_u32("data.epochs", raw.epochs, 1)?;
     let task_rows = positive_u64("data.task_rows", raw.task_rows, 65_536)?;
     let shuffle = match raw.shuffle {
-        None => ShuffleSpec { seed: 0, window: 4 },
+        None => ShuffleSpec {
+            enabled: false,
+            seed: 0,
+            window: 4,
+        },
         Some(shuffle) => ShuffleSpec {
+            enabled: true,
             seed: shuffle.seed.unwrap_or(0),
             window: positive_u32("data.shuffle.window", shuffle.window, 4)?,
         },
@@ -149,6 +155,13 @@ fn validate_data(raw: RawData) -> Result<DataSpec, SpecError> {
         raw.resplit_min_rows,
         u64::from(batch_size),
     )?;
+    let transforms = raw
+        .transforms
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(index, transform)| validate_transform(index, transform))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(DataSpec {
         sources,
         batch_size,
@@ -157,7 +170,108 @@ fn validate_data(raw: RawData) -> Result<DataSpec, SpecError> {
         shuffle,
         resplit_margin_rows,
         resplit_min_rows,
+        transforms,
+        fixed_batch_size: raw.fixed_batch_size.unwrap_or(false),
     })
+}
+
+fn validate_transform(index: usize, raw: RawTransform) -> Result<TransformSpec, SpecError> {
+    let at = format!("data.transforms[{index}]");
+    let column = |kind: &str, column: String| {
+        if column.trim().is_empty() {
+            Err(SpecError::invalid(
+                format!("{at}.{kind}.column"),
+                "is an empty column name",
+                "name the column the step applies to",
+            ))
+        } else {
+            Ok(column)
+        }
+    };
+    match (raw.cast, raw.fill_null, raw.normalize, raw.hash_bucket) {
+        (Some(cast), None, None, None) => {
+            let column = column("cast", cast.column)?;
+            if sluice_formats::types::data_type_by_name(&cast.to).is_none() {
+                return Err(SpecError::invalid(
+                    format!("{at}.cast.to"),
+                    format!("is the unknown type `{}`", cast.to),
+                    suggest(&cast.to, sluice_formats::types::DATA_TYPE_NAMES),
+                ));
+            }
+            Ok(TransformSpec::Cast {
+                column,
+                to: cast.to,
+            })
+        }
+        (None, Some(fill), None, None) => Ok(TransformSpec::FillNull {
+            column: column("fill_null", fill.column)?,
+            value: fill.value.0,
+        }),
+        (None, None, Some(normalize), None) => {
+            let column = column("normalize", normalize.column)?;
+            if !normalize.mean.is_finite() {
+                return Err(SpecError::invalid(
+                    format!("{at}.normalize.mean"),
+                    format!("is {}", normalize.mean),
+                    "give a finite number",
+                ));
+            }
+            if !(normalize.std.is_finite() && normalize.std > 0.0) {
+                return Err(SpecError::invalid(
+                    format!("{at}.normalize.std"),
+                    format!("is {}", normalize.std),
+                    "give a positive finite number: the values are divided by it",
+                ));
+            }
+            Ok(TransformSpec::Normalize {
+                column,
+                mean: normalize.mean,
+                std: normalize.std,
+            })
+        }
+        (None, None, None, Some(bucket)) => {
+            let column = column("hash_bucket", bucket.column)?;
+            if bucket.buckets == 0 {
+                return Err(SpecError::invalid(
+                    format!("{at}.hash_bucket.buckets"),
+                    "is 0",
+                    "set it to 1 or more",
+                ));
+            }
+            let output = match bucket.output {
+                None => column.clone(),
+                Some(output) if output.trim().is_empty() => {
+                    return Err(SpecError::invalid(
+                        format!("{at}.hash_bucket.output"),
+                        "is an empty column name",
+                        "name the column to write, or remove the key to overwrite the hashed column",
+                    ));
+                }
+                Some(output) => output,
+            };
+            Ok(TransformSpec::HashBucket {
+                column,
+                buckets: bucket.buckets,
+                output,
+            })
+        }
+        (cast, fill_null, normalize, hash_bucket) => {
+            let keys = [
+                cast.is_some(),
+                fill_null.is_some(),
+                normalize.is_some(),
+                hash_bucket.is_some(),
+            ]
+            .iter()
+            .filter(|is_set| **is_set)
+            .count();
+            Err(SpecError::invalid(
+                at,
+                format!("has {keys} of the keys {}", TransformSpec::NAMES.join(", ")),
+                "write exactly one step per entry, for example `{ cast: { column: x, to: float32 } }`",
+            ))
+        }
+    }
 }
 
 fn positive_u32(path: &str, value: Option<u32>, default: u32) -> Result<u32, SpecError> {

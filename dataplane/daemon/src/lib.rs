@@ -7,15 +7,17 @@
 //! writer. A task feeds exactly one ring; new tasks go to the ring with the fewest tasks queued. The
 //! main loop heartbeats, pulls tasks before the queues run dry, and applies the AM's commands.
 //!
-//! Positions are split rows. A batch record covers the split rows from the end of the task's
-//! previous batch; the task's last batch covers up to the task's end, so rows a filter or a
-//! deletion vector removed are counted as delivered with the batch that follows them. A task's
-//! *enqueued* count is the end of its last published batch, its *consumed* count the end of the
-//! last batch the trainer released (the ring's read cursor passed it); the AM marks a task done once
-//! its consumed count reaches its end.
+//! Positions are the task's order positions: split rows, in the split's delivery order when the
+//! job shuffles ([`shuffle`]). The formats layer tells which positions each batch covers, rows a
+//! filter or a deletion vector removed included, and a batch record carries exactly that range
+//! ([`pipeline`]); the ranges of a task's batches tile it. A task's *enqueued* count is the end of
+//! its last published batch, its *consumed* count the end of the last batch the trainer released
+//! (the ring's read cursor passed it); the AM marks a task done once its consumed count reaches its
+//! end.
 //!
 //! A stop request ("deliver up to row k") is acknowledged with the row where the feeder really
-//! stops: `k`, or the end of what it had already handed to the writer if that is further.
+//! stops: `k`, or the end of what it had already handed to the writer if that is further. The
+//! feeder cuts the batch that holds that row, so the rows before it go out and the rest do not.
 //!
 //! # Restarts
 //! Everything the daemon reports comes from the rings and their ledgers in shared memory (see
@@ -30,6 +32,11 @@
 //! gap and no repeat. Slots of tasks the AM did not give back are freed. A fenced daemon (the AM
 //! declared it lost and queued its tasks again) empties its ledgers and registers holding nothing.
 
+#[cfg(test)]
+mod feed_tests;
+mod pipeline;
+mod shuffle;
+mod transform;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -37,7 +44,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use sluice_formats::{Dataset, Expr, OpenOptions, ReadOptions};
 use sluice_proto::BearerToken;
 use sluice_proto::v1;
@@ -49,6 +55,8 @@ use tokio::sync::mpsc;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use pipeline::{Shape, TaskFeed};
+use shuffle::Interleave;
 use writer::{Attached, RingState, Write};
 
 /// How often the daemon looks at its rings' read cursors between heartbeats.
@@ -95,6 +103,9 @@ pub enum DaemonError {
     /// A ring could not be created or written.
     #[error("{0}")]
     Ring(String),
+    /// The job's transforms cannot run on its sources' batches.
+    #[error("the job's data.transforms: {0}")]
+    Transform(String),
     /// A source of the job could not be opened.
     #[error("opening source {uri}: {source}")]
     Source {
@@ -139,7 +150,16 @@ struct Job {
 struct Source {
     dataset: Dataset,
     options: ReadOptions,
-    /// The batches' schema, for the empty batch that covers rows the filter removed to the end.
+    /// The schema of the batches the reader gives, before the transforms.
+    schema: arrow::datatypes::SchemaRef,
+}
+
+/// The job's sources and how every task is shaped.
+#[derive(Debug)]
+struct Pipeline {
+    sources: Vec<Source>,
+    shape: Shape,
+    /// The schema of the batches written to the rings: the first source's, after the transforms.
     schema: arrow::datatypes::SchemaRef,
 }
 
@@ -188,17 +208,8 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         reply = register(&options, &client, &job_id, Vec::new()).await?;
     }
     let data = reply.data.clone().unwrap_or_default();
-    let sources = open_sources(&data).await?;
-    let schema = sources
-        .first()
-        .map(|source| source.dataset.output_schema(&source.options))
-        .transpose()
-        .map_err(|source| DaemonError::Source {
-            uri: data.sources[0].uri.clone(),
-            source,
-        })?
-        .ok_or_else(|| DaemonError::Refused("the job has no sources".to_owned()))?;
-    let sources = Arc::new(sources);
+    let pipeline = Arc::new(open_pipeline(&data).await?);
+    let schema = pipeline.schema.clone();
     let job_dir = options.ring_dir.join(&reply.job_id);
     // Rings of an earlier run of the job that no process uses any more hold nothing anyone will
     // read; a ring a trainer still reads is kept and taken over, and so is one taken over above.
@@ -233,7 +244,7 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         };
         let started = writer::start(attached, schema.clone(), *rank).map_err(DaemonError::Ring)?;
         let (queue, jobs) = mpsc::unbounded_channel();
-        let feeder = tokio::spawn(feed(jobs, started.sender.clone(), sources.clone(), epoch));
+        let feeder = tokio::spawn(feed(jobs, started.sender.clone(), pipeline.clone(), epoch));
         rings.push(RankRing {
             rank: *rank,
             queue,
@@ -308,9 +319,10 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             .await?;
             pending.extend(reply.commands);
         }
-        // At most two tasks per ring not yet consumed: enough to keep every ring fed, few
-        // enough that nodes share the work.
-        let wanted = (2 * rings.len()).saturating_sub(held.len()) as u32;
+        // At most one task per ring more than the ring interleaves (two without a shuffle) not
+        // yet consumed: enough to keep every ring fed, few enough that nodes share the work.
+        let wanted =
+            ((pipeline.shape.window() + 1) * rings.len()).saturating_sub(held.len()) as u32;
         if wanted > 0 {
             let reply = call(&options, || {
                 let mut client = client.clone();
@@ -670,148 +682,170 @@ fn ring_stats(rings: &[RankRing]) -> Vec<v1::RingStats> {
         .collect()
 }
 
-/// Reads the tasks given to one ring, one after the other, into its writer. `epoch` is the epoch of
-/// the ring's last batch when no end of epoch follows it: a task of another epoch ends that one.
+/// Reads the tasks given to one ring into its writer. Without a shuffle the tasks go one after the
+/// other; with one, up to the shuffle window of them are open at once and each next batch comes
+/// from one of them chosen by the epoch's seeded interleave. A task's batches keep their order, and
+/// the tasks of an epoch all end before the end-of-epoch record. `epoch` is the epoch of the ring's
+/// last batch when no end of epoch follows it (a daemon that took the ring over continues it): a
+/// task of another epoch ends that one.
 async fn feed(
     mut jobs: mpsc::UnboundedReceiver<Job>,
     writer: mpsc::Sender<Write>,
-    sources: Arc<Vec<Source>>,
+    pipeline: Arc<Pipeline>,
     mut epoch: Option<u32>,
 ) {
-    while let Some(job) = jobs.recv().await {
-        let assignment = job.assignment;
-        if epoch.is_some_and(|current| current != assignment.epoch)
-            && writer.send(Write::EndOfEpoch).await.is_err()
-        {
-            return;
+    let window = pipeline.shape.window();
+    let seed = pipeline.shape.shuffle.map_or(0, |shuffle| shuffle.seed);
+    let mut interleave = Interleave::new(seed, epoch.unwrap_or(0));
+    let mut open: Vec<(Job, TaskFeed)> = Vec::new();
+    let mut next_epoch: Option<Job> = None;
+    loop {
+        while open.len() < window {
+            let job = match next_epoch.take() {
+                Some(job) => job,
+                None if open.is_empty() => match jobs.recv().await {
+                    Some(job) => job,
+                    None => return,
+                },
+                None => match jobs.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            };
+            let job_epoch = job.assignment.epoch;
+            if epoch != Some(job_epoch) {
+                if !open.is_empty() {
+                    next_epoch = Some(job);
+                    break;
+                }
+                if epoch.is_some() && writer.send(Write::EndOfEpoch).await.is_err() {
+                    return;
+                }
+                epoch = Some(job_epoch);
+                interleave = Interleave::new(seed, job_epoch);
+            }
+            match open_task(&job.assignment, &pipeline).await {
+                Ok(task) => open.push((job, task)),
+                Err(reason) => fail(&job, reason),
+            }
         }
-        epoch = Some(assignment.epoch);
-        if let Err(reason) = feed_task(&assignment, &job.control, &writer, &sources).await {
-            tracing::warn!(task = assignment.task_id, %reason, "task failed");
-            lock(&job.control).failed = Some(reason);
+        if open.is_empty() {
+            continue;
+        }
+        let pick = interleave.pick(open.len());
+        let (job, task) = &mut open[pick];
+        match feed_task(&job.assignment, &job.control, task, &writer).await {
+            Ok(Fed::More) => {}
+            Ok(Fed::Done) => {
+                open.remove(pick);
+            }
+            Err(reason) => {
+                fail(job, reason);
+                open.remove(pick);
+            }
         }
     }
 }
 
-/// Streams one task's rows into the writer, stopping at its stop row.
-async fn feed_task(
+/// Marks a task failed; the main loop reports it once its delivered rows are consumed.
+fn fail(job: &Job, reason: String) {
+    tracing::warn!(task = job.assignment.task_id, %reason, "task failed");
+    lock(&job.control).failed = Some(reason);
+}
+
+/// Opens the reading of one task.
+async fn open_task(
     assignment: &v1::TaskAssignment,
-    control: &Mutex<Control>,
-    writer: &mpsc::Sender<Write>,
-    sources: &[Source],
-) -> Result<(), String> {
+    pipeline: &Pipeline,
+) -> Result<TaskFeed, String> {
     let split = assignment
         .split
         .as_ref()
         .ok_or_else(|| format!("task {} came without its split", assignment.task_id))?;
-    let source = sources.get(split.source_index as usize).ok_or_else(|| {
-        format!(
-            "task {} names unknown source {}",
-            assignment.task_id, split.source_index
-        )
-    })?;
-    let read = sluice_formats::Split {
-        task_id: assignment.task_id,
-        uri: split.uri.clone(),
-        file_size: split.file_size,
-        first_row: split.first_row + assignment.start,
-        row_count: assignment.end - assignment.start,
-        partition_values: split
-            .partition_values
-            .iter()
-            .map(|value| (value.name.clone(), value.value.clone()))
-            .collect(),
-        delta: split
-            .delta
-            .as_ref()
-            .map(|delta| sluice_formats::DeltaSplitInfo {
-                version: delta.version,
-                deletion_vector: delta.deletion_vector.as_ref().map(|vector| {
-                    sluice_formats::DeletionVector {
-                        storage_type: vector.storage_type.clone(),
-                        path_or_inline_dv: vector.path_or_inline_dv.clone(),
-                        offset: vector.offset,
-                        size_in_bytes: vector.size_in_bytes,
-                        cardinality: vector.cardinality,
-                    }
-                }),
-            }),
+    let source = pipeline
+        .sources
+        .get(split.source_index as usize)
+        .ok_or_else(|| {
+            format!(
+                "task {} names unknown source {}",
+                assignment.task_id, split.source_index
+            )
+        })?;
+    TaskFeed::open(assignment, source, &pipeline.shape).await
+}
+
+/// Whether a task has more to give after a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fed {
+    More,
+    Done,
+}
+
+/// Hands the next batch of one task to the writer, cut at the task's stop row.
+///
+/// Every batch covers the task rows from the end of the one before, rows the filter or a deletion
+/// vector removed included, so the positions the writer records are exact: a stop at row k sends
+/// exactly the rows before k, and the daemon that is given `[k, end)` reads exactly the rest.
+async fn feed_task(
+    assignment: &v1::TaskAssignment,
+    control: &Mutex<Control>,
+    task: &mut TaskFeed,
+    writer: &mpsc::Sender<Write>,
+) -> Result<Fed, String> {
+    let limit = lock(control).stop.unwrap_or(assignment.end);
+    let Some(covered) = task.next(limit).await? else {
+        return Ok(Fed::Done);
     };
-    let mut stream = source
-        .dataset
-        .read_split(&read, &source.options)
-        .await
-        .map_err(|error| error.to_string())?;
-    let mut next_row = assignment.start;
-    let mut held_back: Option<arrow::array::RecordBatch> = None;
-    loop {
-        let batch = match stream.next().await {
-            Some(batch) => Some(batch.map_err(|error| error.to_string())?),
-            None => None,
-        };
-        let end_of_task = batch.is_none();
-        if let Some(previous) = held_back.take() {
-            let rows = previous.num_rows() as u64;
-            let decided = {
-                let mut control = lock(control);
-                let limit = control.stop.unwrap_or(assignment.end);
-                if next_row >= limit {
-                    None
-                } else {
-                    let end = if end_of_task {
-                        limit
-                    } else {
-                        (next_row + rows).min(limit)
-                    };
-                    control.sent_end = end;
-                    Some((end, limit))
-                }
+    let decided = {
+        let mut control = lock(control);
+        let limit = control.stop.unwrap_or(assignment.end);
+        if covered.first_row >= limit {
+            None
+        } else {
+            let covered = if covered.end() > limit {
+                covered
+                    .split_at_row(limit)
+                    .map_err(|error| error.to_string())?
+                    .0
+            } else {
+                covered
             };
-            let Some((end, limit)) = decided else {
-                return Ok(());
-            };
-            let keep = (end - next_row).min(rows) as usize;
-            let write = Write::Batch {
-                batch: previous.slice(0, keep),
-                task_id: assignment.task_id,
-                first_row: next_row,
-                row_count: end - next_row,
-            };
-            if writer.send(write).await.is_err() {
-                return Err("the ring writer stopped".to_owned());
-            }
-            next_row = end;
-            if next_row >= limit {
-                return Ok(());
-            }
+            control.sent_end = covered.end();
+            Some((covered, limit))
         }
-        match batch {
-            Some(batch) if batch.num_rows() > 0 => held_back = Some(batch),
-            Some(_) => {}
-            None => {
-                // Every row left was removed by the filter or a deletion vector: an empty batch
-                // still carries the task to its end, so the trainer's release completes it.
-                let limit = {
-                    let mut control = lock(control);
-                    let limit = control.stop.unwrap_or(assignment.end);
-                    control.sent_end = control.sent_end.max(limit);
-                    limit
-                };
-                if next_row < limit {
-                    let write = Write::Batch {
-                        batch: arrow::array::RecordBatch::new_empty(source.schema.clone()),
-                        task_id: assignment.task_id,
-                        first_row: next_row,
-                        row_count: limit - next_row,
-                    };
-                    if writer.send(write).await.is_err() {
-                        return Err("the ring writer stopped".to_owned());
-                    }
-                }
-                return Ok(());
-            }
-        }
+    };
+    let Some((covered, limit)) = decided else {
+        return Ok(Fed::Done);
+    };
+    let end = covered.end();
+    let write = Write::Batch {
+        task_id: assignment.task_id,
+        first_row: covered.first_row,
+        row_count: covered.row_count,
+        batch: covered.batch,
+    };
+    if writer.send(write).await.is_err() {
+        return Err("the ring writer stopped".to_owned());
     }
+    Ok(if end >= limit { Fed::Done } else { Fed::More })
+}
+
+/// Opens the job's sources and checks its transforms against the first source's schema.
+async fn open_pipeline(data: &v1::JobData) -> Result<Pipeline, DaemonError> {
+    let sources = open_sources(data).await?;
+    let shape = Shape::from_job(data).map_err(DaemonError::Transform)?;
+    let first = sources
+        .first()
+        .ok_or_else(|| DaemonError::Refused("the job has no sources".to_owned()))?;
+    let schema = shape
+        .transforms
+        .output_schema(&first.schema)
+        .map_err(DaemonError::Transform)?;
+    Ok(Pipeline {
+        sources,
+        shape,
+        schema,
+    })
 }
 
 async fn open_sources(data: &v1::JobData) -> Result<Vec<Source>, DaemonError> {

@@ -1,0 +1,601 @@
+//! The feeder on real data: a stop mid-task on a filtered source or a table with a deletion vector,
+//! then the rest of the task on another feeder, delivers every row once; the shuffle is seeded; the
+//! interleave keeps each task's batches in order; the transforms shape what the rings get.
+
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Float64Type, Int64Type};
+use sluice_formats::generate::{GenerateOptions, generate};
+use sluice_formats::{Dataset, Expr, FormatKind, OpenOptions, ReadOptions};
+use sluice_proto::v1;
+use tokio::sync::mpsc;
+
+use crate::shuffle::split_order;
+use crate::writer::Write;
+use crate::{Control, Job, Pipeline, feed, lock, open_pipeline};
+
+/// One batch record the feeder handed to the writer.
+#[derive(Debug, Clone)]
+struct Delivered {
+    task_id: u64,
+    first_row: u64,
+    row_count: u64,
+    batch: RecordBatch,
+}
+
+impl Delivered {
+    fn ids(&self, column: &str) -> Vec<i64> {
+        let values = self.batch.column_by_name(column).expect("id column");
+        let values = arrow::compute::cast(values, &DataType::Int64).expect("an integer column");
+        values.as_primitive::<Int64Type>().values().to_vec()
+    }
+}
+
+/// How a test job reads and shapes its data.
+#[derive(Debug, Clone, Default)]
+struct JobShape {
+    filter: Option<String>,
+    batch_size: u32,
+    shuffle: Option<(u64, u32)>,
+    fixed_batch_size: bool,
+    transforms: Vec<v1::transform::Kind>,
+}
+
+async fn pipeline(uri: &str, format: &str, shape: &JobShape) -> Arc<Pipeline> {
+    let data = v1::JobData {
+        sources: vec![v1::SourceData {
+            uri: uri.to_owned(),
+            format: format.to_owned(),
+            columns: Vec::new(),
+            filter: shape.filter.clone(),
+            storage_options: Default::default(),
+        }],
+        batch_size: shape.batch_size,
+        shuffle_seed: shape.shuffle.map_or(0, |(seed, _)| seed),
+        shuffle_window: shape.shuffle.map_or(4, |(_, window)| window),
+        epochs: 2,
+        shuffle: shape.shuffle.is_some(),
+        transforms: shape
+            .transforms
+            .iter()
+            .cloned()
+            .map(|kind| v1::Transform { kind: Some(kind) })
+            .collect(),
+        fixed_batch_size: shape.fixed_batch_size,
+    };
+    Arc::new(open_pipeline(&data).await.expect("the pipeline opens"))
+}
+
+/// The splits of a dataset, one per file (or per `task_rows` rows), on the wire.
+async fn splits(uri: &str, task_rows: u64) -> Vec<v1::Split> {
+    let dataset = Dataset::open(uri, &OpenOptions::default())
+        .await
+        .expect("opens");
+    dataset
+        .plan(task_rows)
+        .await
+        .expect("plans")
+        .into_iter()
+        .map(|split| v1::Split {
+            uri: split.uri,
+            file_size: split.file_size,
+            first_row: split.first_row,
+            row_count: split.row_count,
+            partition_values: Vec::new(),
+            delta: split.delta.map(|delta| v1::DeltaSplitInfo {
+                version: delta.version,
+                deletion_vector: delta.deletion_vector.map(|vector| v1::DeletionVector {
+                    storage_type: vector.storage_type,
+                    path_or_inline_dv: vector.path_or_inline_dv,
+                    offset: vector.offset,
+                    size_in_bytes: vector.size_in_bytes,
+                    cardinality: vector.cardinality,
+                }),
+            }),
+            source_index: 0,
+        })
+        .collect()
+}
+
+fn assignment(
+    task_id: u64,
+    epoch: u32,
+    split_index: u32,
+    split: &v1::Split,
+    start: u64,
+    end: u64,
+) -> v1::TaskAssignment {
+    v1::TaskAssignment {
+        task_id,
+        epoch,
+        split_index,
+        start,
+        end,
+        split: Some(split.clone()),
+    }
+}
+
+/// Runs a feeder over `assignments` and returns what it wrote. With `stop_after`, once the first
+/// batch of the first task arrives, the test asks that task to stop `stop_after` rows past what the
+/// feeder had handed to the writer, as the daemon's main loop does, and returns the row it stops at.
+async fn run_feeder(
+    pipeline: Arc<Pipeline>,
+    assignments: Vec<v1::TaskAssignment>,
+    stop_after: Option<u64>,
+) -> (Vec<Delivered>, Option<u64>) {
+    let (jobs, queue) = mpsc::unbounded_channel();
+    let (writer, mut written) = mpsc::channel(1);
+    let feeder = tokio::spawn(feed(queue, writer, pipeline, None));
+    let mut controls = Vec::new();
+    for assignment in assignments {
+        let control = Arc::new(Mutex::new(Control {
+            sent_end: assignment.start,
+            ..Control::default()
+        }));
+        controls.push((assignment.clone(), control.clone()));
+        jobs.send(Job {
+            assignment,
+            control,
+        })
+        .expect("the feeder runs");
+    }
+    drop(jobs);
+    let mut delivered = Vec::new();
+    let mut stopped_at = None;
+    while let Some(write) = written.recv().await {
+        let Write::Batch {
+            batch,
+            task_id,
+            first_row,
+            row_count,
+        } = write
+        else {
+            continue;
+        };
+        delivered.push(Delivered {
+            task_id,
+            first_row,
+            row_count,
+            batch,
+        });
+        if let (Some(rows), None) = (stop_after, stopped_at) {
+            let (assignment, control) = &controls[0];
+            let mut control = lock(control);
+            let at = (control.sent_end + rows).min(assignment.end);
+            control.stop = Some(at);
+            stopped_at = Some(at);
+        }
+    }
+    feeder.await.expect("the feeder ends");
+    for (assignment, control) in &controls {
+        assert_eq!(
+            lock(control).failed,
+            None,
+            "task {} failed",
+            assignment.task_id
+        );
+    }
+    (delivered, stopped_at)
+}
+
+/// Checks that a task's batches tile `[start, end)` and returns its ids in order.
+fn tiled_ids(
+    delivered: &[Delivered],
+    task_id: u64,
+    start: u64,
+    end: u64,
+    column: &str,
+) -> Vec<i64> {
+    let mut next = start;
+    let mut ids = Vec::new();
+    for batch in delivered.iter().filter(|batch| batch.task_id == task_id) {
+        assert_eq!(
+            batch.first_row, next,
+            "task {task_id}: batches follow one another"
+        );
+        assert!(batch.row_count >= batch.batch.num_rows() as u64);
+        next += batch.row_count;
+        ids.extend(batch.ids(column));
+    }
+    assert_eq!(
+        next, end,
+        "task {task_id}: batches cover the task to its end"
+    );
+    ids
+}
+
+async fn generated(directory: &std::path::Path, rows: u64, files: u64) -> String {
+    let out = directory.join("data").to_string_lossy().into_owned();
+    let options = GenerateOptions {
+        out: out.clone(),
+        rows,
+        files,
+        format: FormatKind::Parquet,
+        row_group_rows: 500,
+        seed: 3,
+        storage_options: Default::default(),
+    };
+    generate(&options, &|_| {}).await.expect("generates");
+    out
+}
+
+/// The ids of a split that pass `filter`, in split order, read and filtered afterwards.
+async fn filtered_afterwards(
+    uri: &str,
+    split: &v1::Split,
+    filter: Option<&str>,
+    column: &str,
+) -> Vec<i64> {
+    let dataset = Dataset::open(uri, &OpenOptions::default())
+        .await
+        .expect("opens");
+    let plan = dataset.plan(u64::MAX).await.expect("plans");
+    let read = plan
+        .iter()
+        .find(|candidate| candidate.uri == split.uri)
+        .expect("the split's file");
+    let mut ids = Vec::new();
+    let mut stream = dataset
+        .read_split(read, &ReadOptions::default())
+        .await
+        .expect("reads");
+    let expression = filter.map(|text| Expr::parse(text).expect("parses"));
+    let mut row = 0u64;
+    while let Some(batch) = futures::StreamExt::next(&mut stream).await {
+        let batch = batch.expect("decodes");
+        let keep = expression
+            .as_ref()
+            .map(|expression| expression.evaluate(&batch).expect("evaluates"));
+        let values = batch.column_by_name(column).expect("column");
+        let values = values.as_primitive::<Int64Type>();
+        for index in 0..batch.num_rows() {
+            let in_split = (split.first_row..split.first_row + split.row_count).contains(&row);
+            let kept = keep
+                .as_ref()
+                .is_none_or(|mask| mask.is_valid(index) && mask.value(index));
+            if in_split && kept {
+                ids.push(values.value(index));
+            }
+            row += 1;
+        }
+    }
+    ids
+}
+
+const FILTER: &str = "(id >= 100 and id < 1400) or id >= 2500 or id = 1777";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_mid_task_on_a_filtered_source_delivers_every_row_once() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 3000, 1).await;
+    let split = splits(&uri, u64::MAX).await.remove(0);
+    let in_file_order = filtered_afterwards(&uri, &split, Some(FILTER), "id").await;
+    assert_eq!(in_file_order.len(), 1300 + 500 + 1);
+    for (shuffle, fixed_batch_size) in [
+        (None, false),
+        (None, true),
+        (Some((5, 1)), false),
+        (Some((5, 1)), true),
+    ] {
+        let shape = JobShape {
+            filter: Some(FILTER.to_owned()),
+            batch_size: 64,
+            shuffle,
+            fixed_batch_size,
+            transforms: Vec::new(),
+        };
+        let expected: Vec<i64> = match shuffle {
+            None => in_file_order.clone(),
+            Some((seed, _)) => split_order(3000, seed, 1, 0)
+                .into_iter()
+                .map(i64::from)
+                .filter(|id| in_file_order.contains(id))
+                .collect(),
+        };
+        let pipeline = pipeline(&uri, "parquet", &shape).await;
+        // The rows before 150 are all filtered out: a stop lands inside what the filter removed
+        // as well as among rows that pass.
+        for stop_after in [37, 150, 2000] {
+            let first_piece = assignment(9, 1, 0, &split, 0, 3000);
+            let (delivered, stopped_at) =
+                run_feeder(pipeline.clone(), vec![first_piece], Some(stop_after)).await;
+            let at = stopped_at.expect("the test stopped the task");
+            let mut ids = tiled_ids(&delivered, 9, 0, at, "id");
+            let rest = assignment(9, 1, 0, &split, at, 3000);
+            let (delivered, _) = run_feeder(pipeline.clone(), vec![rest], None).await;
+            ids.extend(tiled_ids(&delivered, 9, at, 3000, "id"));
+            assert_eq!(
+                ids, expected,
+                "shuffle {shuffle:?}, fixed batches {fixed_batch_size}, stop after {stop_after} (at {at})"
+            );
+            if fixed_batch_size {
+                let sizes: Vec<usize> = delivered
+                    .iter()
+                    .map(|batch| batch.batch.num_rows())
+                    .collect();
+                let (_, full) = sizes.split_last().expect("batches");
+                assert!(full.iter().all(|rows| *rows == 64), "{sizes:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_mid_task_on_a_table_with_a_deletion_vector_delivers_every_row_once() {
+    let testdata = std::env::var_os("SLUICE_TESTDATA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata")
+        });
+    let table = testdata.join("delta/table-with-dv-small");
+    if !table.is_dir() {
+        eprintln!(
+            "skipped: {} not found (set SLUICE_TESTDATA)",
+            table.display()
+        );
+        return;
+    }
+    let uri = table.to_string_lossy().into_owned();
+    let split = splits(&uri, u64::MAX).await.remove(0);
+    // Values 0..=9, one per row; the deletion vector removes rows 0 and 9.
+    for shuffle in [None, Some((11, 1))] {
+        let shape = JobShape {
+            filter: Some("value != 4".to_owned()),
+            batch_size: 2,
+            shuffle,
+            ..JobShape::default()
+        };
+        let kept: Vec<i64> = vec![1, 2, 3, 5, 6, 7, 8];
+        let expected: Vec<i64> = match shuffle {
+            None => kept.clone(),
+            Some((seed, _)) => split_order(10, seed, 0, 0)
+                .into_iter()
+                .map(i64::from)
+                .filter(|value| kept.contains(value))
+                .collect(),
+        };
+        let pipeline = pipeline(&uri, "delta", &shape).await;
+        for stop_after in [0, 1, 3] {
+            let (delivered, stopped_at) = run_feeder(
+                pipeline.clone(),
+                vec![assignment(4, 0, 0, &split, 0, 10)],
+                Some(stop_after),
+            )
+            .await;
+            let at = stopped_at.expect("stopped");
+            let mut values = tiled_ids(&delivered, 4, 0, at, "value");
+            let (delivered, _) = run_feeder(
+                pipeline.clone(),
+                vec![assignment(4, 0, 0, &split, at, 10)],
+                None,
+            )
+            .await;
+            values.extend(tiled_ids(&delivered, 4, at, 10, "value"));
+            assert_eq!(values, expected, "shuffle {shuffle:?}, stop at {at}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_row_order_is_seeded_and_changes_with_the_epoch() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 1200, 1).await;
+    let split = splits(&uri, u64::MAX).await.remove(0);
+    let order_of = |seed: u64, epoch: u32| {
+        let uri = uri.clone();
+        let split = split.clone();
+        async move {
+            let shape = JobShape {
+                batch_size: 100,
+                shuffle: Some((seed, 1)),
+                ..JobShape::default()
+            };
+            let pipeline = pipeline(&uri, "parquet", &shape).await;
+            let (delivered, _) = run_feeder(
+                pipeline,
+                vec![assignment(1, epoch, 0, &split, 0, 1200)],
+                None,
+            )
+            .await;
+            tiled_ids(&delivered, 1, 0, 1200, "id")
+        }
+    };
+    let first = order_of(21, 0).await;
+    assert_eq!(
+        first,
+        order_of(21, 0).await,
+        "same seed and epoch, same order"
+    );
+    assert_ne!(first, order_of(21, 1).await, "another epoch, another order");
+    assert_ne!(first, order_of(22, 0).await, "another seed, another order");
+    assert_ne!(
+        first,
+        (0..1200).collect::<Vec<i64>>(),
+        "the rows are permuted"
+    );
+    let mut sorted = first.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..1200).collect::<Vec<i64>>(), "every row once");
+    let unshuffled = pipeline(
+        &uri,
+        "parquet",
+        &JobShape {
+            batch_size: 100,
+            ..JobShape::default()
+        },
+    )
+    .await;
+    let (delivered, _) =
+        run_feeder(unshuffled, vec![assignment(1, 0, 0, &split, 0, 1200)], None).await;
+    assert_eq!(
+        tiled_ids(&delivered, 1, 0, 1200, "id"),
+        (0..1200).collect::<Vec<i64>>(),
+        "without a shuffle the rows keep their order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_interleave_mixes_open_tasks_and_keeps_each_in_order() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 1200, 3).await;
+    let all_splits = splits(&uri, u64::MAX).await;
+    assert_eq!(all_splits.len(), 3);
+    let assignments: Vec<v1::TaskAssignment> = all_splits
+        .iter()
+        .enumerate()
+        .map(|(index, split)| assignment(index as u64, 0, index as u32, split, 0, split.row_count))
+        .collect();
+    let shape = JobShape {
+        batch_size: 50,
+        shuffle: Some((8, 3)),
+        ..JobShape::default()
+    };
+    let pipeline = pipeline(&uri, "parquet", &shape).await;
+    let (delivered, _) = run_feeder(pipeline.clone(), assignments.clone(), None).await;
+    let task_sequence: Vec<u64> = delivered.iter().map(|batch| batch.task_id).collect();
+    let switches = task_sequence
+        .windows(2)
+        .filter(|pair| pair[0] != pair[1])
+        .count();
+    assert!(
+        switches > 3,
+        "the tasks' batches are interleaved: {task_sequence:?}"
+    );
+    let mut all_ids = Vec::new();
+    let mut first_id = 0u64;
+    for (index, split) in all_splits.iter().enumerate() {
+        // The generator numbers rows across its files in file order.
+        let expected: Vec<i64> = split_order(split.row_count as u32, 8, 0, index as u32)
+            .into_iter()
+            .map(|row| (first_id + u64::from(row)) as i64)
+            .collect();
+        first_id += split.row_count;
+        let ids = tiled_ids(&delivered, index as u64, 0, split.row_count, "id");
+        assert_eq!(ids, expected, "task {index} keeps its own order");
+        all_ids.extend(ids);
+    }
+    all_ids.sort_unstable();
+    assert_eq!(all_ids, (0..1200).collect::<Vec<i64>>());
+    let (again, _) = run_feeder(pipeline, assignments, None).await;
+    let again_sequence: Vec<u64> = again.iter().map(|batch| batch.task_id).collect();
+    assert_eq!(task_sequence, again_sequence, "the interleave is seeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transforms_shape_the_batches_and_the_announced_schema() {
+    use v1::transform::Kind;
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 700, 1).await;
+    let split = splits(&uri, u64::MAX).await.remove(0);
+    let shape = JobShape {
+        batch_size: 128,
+        fixed_batch_size: true,
+        filter: Some("id >= 10".to_owned()),
+        transforms: vec![
+            Kind::FillNull(v1::FillNullTransform {
+                column: "feature_0".to_owned(),
+                value: "-1".to_owned(),
+            }),
+            Kind::Cast(v1::CastTransform {
+                column: "feature_0".to_owned(),
+                to: "float64".to_owned(),
+            }),
+            Kind::Normalize(v1::NormalizeTransform {
+                column: "feature_0".to_owned(),
+                mean: 0.5,
+                std: 0.25,
+            }),
+            Kind::HashBucket(v1::HashBucketTransform {
+                column: "category".to_owned(),
+                buckets: 16,
+                output: "category_bucket".to_owned(),
+            }),
+        ],
+        ..JobShape::default()
+    };
+    let plain = pipeline(
+        &uri,
+        "parquet",
+        &JobShape {
+            batch_size: 700,
+            filter: Some("id >= 10".to_owned()),
+            ..JobShape::default()
+        },
+    )
+    .await;
+    let (raw, _) = run_feeder(plain, vec![assignment(0, 0, 0, &split, 0, 700)], None).await;
+    let raw = arrow::compute::concat_batches(
+        &raw[0].batch.schema(),
+        raw.iter().map(|delivered| &delivered.batch),
+    )
+    .expect("joins");
+    let sut = pipeline(&uri, "parquet", &shape).await;
+    let (delivered, _) =
+        run_feeder(sut.clone(), vec![assignment(0, 0, 0, &split, 0, 700)], None).await;
+    assert_eq!(tiled_ids(&delivered, 0, 0, 700, "id").len(), 690);
+    let sizes: Vec<usize> = delivered
+        .iter()
+        .map(|batch| batch.batch.num_rows())
+        .collect();
+    assert_eq!(sizes, vec![128, 128, 128, 128, 128, 50]);
+    let output = arrow::compute::concat_batches(
+        &delivered[0].batch.schema(),
+        delivered.iter().map(|delivered| &delivered.batch),
+    )
+    .expect("joins");
+    assert_eq!(
+        output.schema(),
+        sut.schema,
+        "the rings announce the batches' schema"
+    );
+    let feature = output.column_by_name("feature_0").expect("feature_0");
+    assert_eq!(feature.data_type(), &DataType::Float64);
+    assert_eq!(feature.null_count(), 0);
+    let raw_feature = raw
+        .column_by_name("feature_0")
+        .expect("feature_0")
+        .as_primitive::<arrow::datatypes::Float32Type>();
+    assert!(raw_feature.null_count() > 0, "the data has nulls to fill");
+    for (index, value) in feature
+        .as_primitive::<Float64Type>()
+        .values()
+        .iter()
+        .enumerate()
+    {
+        let original = if raw_feature.is_null(index) {
+            -1.0
+        } else {
+            f64::from(raw_feature.value(index))
+        };
+        assert!(
+            (value - (original - 0.5) / 0.25).abs() < 1e-9,
+            "row {index}"
+        );
+    }
+    let buckets = output
+        .column_by_name("category_bucket")
+        .expect("bucket column")
+        .as_primitive::<Int64Type>();
+    let categories = raw
+        .column_by_name("category")
+        .expect("category")
+        .as_string::<i32>();
+    let mut bucket_of = std::collections::HashMap::new();
+    for index in 0..output.num_rows() {
+        let bucket = buckets.value(index);
+        assert!((0..16).contains(&bucket));
+        let previous = bucket_of.insert(categories.value(index).to_owned(), bucket);
+        assert!(
+            previous.is_none_or(|previous| previous == bucket),
+            "one bucket per value"
+        );
+    }
+    assert!(
+        bucket_of
+            .values()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            > 1
+    );
+}

@@ -1,0 +1,369 @@
+//! What a task's rows go through between the reader and the ring writer: the read with exact
+//! coverage, the row permutation when the job shuffles, the transforms, and the batching.
+//!
+//! # Implementation
+//! Positions are the task's order positions (split rows in the split's delivery order; without a
+//! shuffle, split rows). The reader gives every batch the contiguous range of positions it covers,
+//! rows removed by the filter or a deletion vector included ([`SplitBatch`]), and the ranges tile
+//! the task. The [`Batcher`] only ever joins neighbouring batches or cuts one at a row, so what it
+//! hands on still tiles the task, and a piece can be cut again at the stop row.
+
+use std::collections::VecDeque;
+
+use futures::StreamExt;
+use futures::stream::{self, BoxStream};
+use sluice_formats::SplitBatch;
+use sluice_proto::v1;
+
+use crate::Source;
+use crate::shuffle::{permute, split_order};
+use crate::transform::Transforms;
+
+/// How the job shapes every task: from `JobData`.
+#[derive(Debug, Clone)]
+pub(crate) struct Shape {
+    /// Rows per batch read, and per batch written when `fixed_batch_size` is set.
+    pub(crate) batch_rows: usize,
+    /// Whether every batch but a task's last holds exactly `batch_rows` rows.
+    pub(crate) fixed_batch_size: bool,
+    /// The preprocessing steps.
+    pub(crate) transforms: Transforms,
+    /// The shuffle, when the job has one.
+    pub(crate) shuffle: Option<ShuffleOptions>,
+}
+
+/// The daemon's part of `data.shuffle`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ShuffleOptions {
+    /// The job seed.
+    pub(crate) seed: u64,
+    /// Open tasks interleaved per ring.
+    pub(crate) window: usize,
+}
+
+impl Shape {
+    /// The shape of the job's data.
+    pub(crate) fn from_job(data: &v1::JobData) -> Result<Self, String> {
+        Ok(Self {
+            batch_rows: data.batch_size.max(1) as usize,
+            fixed_batch_size: data.fixed_batch_size,
+            transforms: Transforms::from_job(&data.transforms)?,
+            shuffle: data.shuffle.then(|| ShuffleOptions {
+                seed: data.shuffle_seed,
+                window: data.shuffle_window.max(1) as usize,
+            }),
+        })
+    }
+
+    /// How many tasks a ring interleaves: 1 without a shuffle.
+    pub(crate) fn window(&self) -> usize {
+        self.shuffle.map_or(1, |shuffle| shuffle.window)
+    }
+}
+
+/// The formats layer's split for `row_count` rows from `first_row` of the assignment's file.
+fn read_split(
+    assignment: &v1::TaskAssignment,
+    split: &v1::Split,
+    first_row: u64,
+    row_count: u64,
+) -> sluice_formats::Split {
+    sluice_formats::Split {
+        task_id: assignment.task_id,
+        uri: split.uri.clone(),
+        file_size: split.file_size,
+        first_row,
+        row_count,
+        partition_values: split
+            .partition_values
+            .iter()
+            .map(|value| (value.name.clone(), value.value.clone()))
+            .collect(),
+        delta: split
+            .delta
+            .as_ref()
+            .map(|delta| sluice_formats::DeltaSplitInfo {
+                version: delta.version,
+                deletion_vector: delta.deletion_vector.as_ref().map(|vector| {
+                    sluice_formats::DeletionVector {
+                        storage_type: vector.storage_type.clone(),
+                        path_or_inline_dv: vector.path_or_inline_dv.clone(),
+                        offset: vector.offset,
+                        size_in_bytes: vector.size_in_bytes,
+                        cardinality: vector.cardinality,
+                    }
+                }),
+            }),
+    }
+}
+
+/// Joins batches until they hold enough rows, and cuts them to size when the batch size is fixed.
+///
+/// Without a fixed size, a batch with rows goes out as soon as it comes, with the coverage of the
+/// empty batches before it; with one, every batch out holds exactly `rows` rows, except the last.
+#[derive(Debug)]
+pub(crate) struct Batcher {
+    fixed_rows: Option<usize>,
+    pending: Vec<SplitBatch>,
+    pending_rows: usize,
+}
+
+impl Batcher {
+    /// A batcher that cuts batches of exactly `fixed_rows` rows, or passes them on when `None`.
+    pub(crate) fn new(fixed_rows: Option<usize>) -> Self {
+        Self {
+            fixed_rows: fixed_rows.map(|rows| rows.max(1)),
+            pending: Vec::new(),
+            pending_rows: 0,
+        }
+    }
+
+    /// Takes a batch that follows the previous one; returns the batches that are ready.
+    pub(crate) fn push(&mut self, covered: SplitBatch) -> Result<Vec<SplitBatch>, String> {
+        self.pending_rows += covered.batch.num_rows();
+        self.pending.push(covered);
+        let mut ready = Vec::new();
+        match self.fixed_rows {
+            None if self.pending_rows > 0 => ready.extend(self.take_pending()?),
+            None => {}
+            Some(rows) => {
+                while self.pending_rows >= rows {
+                    let Some(joined) = self.take_pending()? else {
+                        break;
+                    };
+                    let (head, tail) = joined
+                        .split_at_rows(rows)
+                        .map_err(|error| error.to_string())?;
+                    ready.push(head);
+                    if tail.row_count > 0 {
+                        self.pending_rows = tail.batch.num_rows();
+                        self.pending.push(tail);
+                    }
+                }
+            }
+        }
+        Ok(ready)
+    }
+
+    /// The last batch: whatever is pending, once the input ended.
+    pub(crate) fn finish(&mut self) -> Result<Option<SplitBatch>, String> {
+        self.take_pending()
+    }
+
+    fn take_pending(&mut self) -> Result<Option<SplitBatch>, String> {
+        self.pending_rows = 0;
+        let parts = std::mem::take(&mut self.pending);
+        if parts.is_empty() {
+            return Ok(None);
+        }
+        SplitBatch::concat(&parts)
+            .map(Some)
+            .map_err(|error| error.to_string())
+    }
+}
+
+/// One task's batches, ready for the ring: read, permuted, transformed and batched.
+pub(crate) struct TaskFeed {
+    batches: BoxStream<'static, Result<SplitBatch, String>>,
+    transforms: Transforms,
+    batcher: Batcher,
+    ready: VecDeque<SplitBatch>,
+    done: bool,
+}
+
+impl std::fmt::Debug for TaskFeed {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("TaskFeed")
+            .field("ready", &self.ready.len())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TaskFeed {
+    /// Starts reading the task `[start, end)` of `assignment`. Without a shuffle the rows stream;
+    /// with one the whole split is read and put in its delivery order first.
+    pub(crate) async fn open(
+        assignment: &v1::TaskAssignment,
+        source: &Source,
+        shape: &Shape,
+    ) -> Result<Self, String> {
+        let split = assignment
+            .split
+            .as_ref()
+            .ok_or_else(|| format!("task {} came without its split", assignment.task_id))?;
+        let (start, end) = (assignment.start, assignment.end);
+        if start > end || end > split.row_count {
+            return Err(format!(
+                "task {} has rows [{start}, {end}) of a split of {} rows",
+                assignment.task_id, split.row_count
+            ));
+        }
+        let batches = match shape.shuffle {
+            None => {
+                let read = read_split(assignment, split, split.first_row + start, end - start);
+                source
+                    .dataset
+                    .read_split_covered(&read, &source.options)
+                    .await
+                    .map_err(|error| error.to_string())?
+                    .map(move |covered| {
+                        let mut covered = covered.map_err(|error| error.to_string())?;
+                        covered.first_row += start;
+                        Ok(covered)
+                    })
+                    .boxed()
+            }
+            Some(shuffle) => {
+                let rows = u32::try_from(split.row_count).map_err(|_| {
+                    format!(
+                        "task {}: a split of {} rows is too large to shuffle within; lower data.task_rows",
+                        assignment.task_id, split.row_count
+                    )
+                })?;
+                let read = read_split(assignment, split, split.first_row, split.row_count);
+                let whole: Vec<SplitBatch> = source
+                    .dataset
+                    .read_split_covered(&read, &source.options)
+                    .await
+                    .map_err(|error| error.to_string())?
+                    .map(|covered| covered.map_err(|error| error.to_string()))
+                    .collect::<Vec<_>>()
+                    .await
+                    .into_iter()
+                    .collect::<Result<_, _>>()?;
+                let order =
+                    split_order(rows, shuffle.seed, assignment.epoch, assignment.split_index);
+                let permuted =
+                    permute(&whole, &order, start, end, shape.batch_rows, &source.schema)?;
+                stream::iter(permuted.into_iter().map(Ok)).boxed()
+            }
+        };
+        Ok(Self {
+            batches,
+            transforms: shape.transforms.clone(),
+            batcher: Batcher::new(shape.fixed_batch_size.then_some(shape.batch_rows)),
+            ready: VecDeque::new(),
+            done: false,
+        })
+    }
+
+    /// The next batch, or `None` once the task's rows are all handed out. Reading stops at the batch
+    /// that reaches `limit`, the row the task stops at (its end, or a stop row).
+    pub(crate) async fn next(&mut self, limit: u64) -> Result<Option<SplitBatch>, String> {
+        loop {
+            if let Some(ready) = self.ready.pop_front() {
+                return Ok(Some(ready));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let covered = match self.batches.next().await {
+                Some(covered) => covered?,
+                None => {
+                    self.done = true;
+                    self.ready.extend(self.batcher.finish()?);
+                    continue;
+                }
+            };
+            let covered = if self.transforms.is_empty() {
+                covered
+            } else {
+                let transformed = self.transforms.apply(covered.batch.clone())?;
+                covered
+                    .with_batch(transformed)
+                    .map_err(|error| error.to_string())?
+            };
+            let reached = covered.end() >= limit;
+            self.ready.extend(self.batcher.push(covered)?);
+            if reached {
+                self.done = true;
+                self.ready.extend(self.batcher.finish()?);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch};
+    use std::sync::Arc;
+
+    /// Batches of `sizes` rows read from a split whose row `r` has id `r`, with the rows whose id is
+    /// a multiple of 3 filtered out.
+    fn filtered_reads(sizes: &[u64]) -> Vec<SplitBatch> {
+        let mut first = 0u64;
+        sizes
+            .iter()
+            .map(|size| {
+                let ids: Vec<i64> = (first as i64..(first + size) as i64).collect();
+                let mask = BooleanArray::from(ids.iter().map(|id| id % 3 != 0).collect::<Vec<_>>());
+                let batch = RecordBatch::try_from_iter([(
+                    "id",
+                    Arc::new(Int64Array::from(ids)) as ArrayRef,
+                )])
+                .expect("batch");
+                let covered = SplitBatch::new(batch, first, *size, None).expect("covered");
+                first += size;
+                covered.filter(&mask).expect("filters")
+            })
+            .collect()
+    }
+
+    fn ids(covered: &SplitBatch) -> Vec<i64> {
+        covered
+            .batch
+            .column(0)
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .values()
+            .to_vec()
+    }
+
+    fn run(batcher: &mut Batcher, reads: Vec<SplitBatch>) -> Vec<SplitBatch> {
+        let mut out = Vec::new();
+        for covered in reads {
+            out.extend(batcher.push(covered).expect("pushes"));
+        }
+        out.extend(batcher.finish().expect("finishes"));
+        out
+    }
+
+    #[test]
+    fn fixed_batches_hold_exactly_the_size_and_tile_the_task() {
+        let reads = filtered_reads(&[7, 1, 3, 20, 2, 9]);
+        let expected: Vec<i64> = (0..42).filter(|id| id % 3 != 0).collect();
+        let out = run(&mut Batcher::new(Some(5)), reads);
+        let (last, full) = out.split_last().expect("batches");
+        assert!(full.iter().all(|covered| covered.batch.num_rows() == 5));
+        assert!(last.batch.num_rows() <= 5);
+        let mut next = 0;
+        for covered in &out {
+            assert_eq!(covered.first_row, next, "batches follow one another");
+            let positions: Vec<i64> = covered.positions().iter().map(|row| *row as i64).collect();
+            assert_eq!(positions, ids(covered), "a row's position is its split row");
+            next = covered.end();
+        }
+        assert_eq!(next, 42);
+        assert_eq!(out.iter().flat_map(ids).collect::<Vec<_>>(), expected);
+    }
+
+    #[test]
+    fn without_a_fixed_size_empty_batches_join_the_next_one() {
+        let reads = filtered_reads(&[1, 1, 1, 2, 1]);
+        // ids 0 | 1 | 2 | 3,4 | 5: the first read is empty after the filter.
+        let out = run(&mut Batcher::new(None), reads);
+        let shapes: Vec<(u64, u64, usize)> = out
+            .iter()
+            .map(|covered| {
+                (
+                    covered.first_row,
+                    covered.row_count,
+                    covered.batch.num_rows(),
+                )
+            })
+            .collect();
+        assert_eq!(shapes, vec![(0, 2, 1), (2, 1, 1), (3, 2, 1), (5, 1, 1)]);
+    }
+}
