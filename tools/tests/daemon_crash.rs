@@ -135,6 +135,7 @@ data:
   sources: [{{ uri: "file://{data}", format: parquet, columns: [id, label] }}]
   task_rows: 5000
   batch_size: 500
+  shuffle: {{ seed: 3, window: 2 }}
 nodes: 2
 roles:
   - {{ name: worker, num: 4, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin", --max-rows-per-s, "10000"] }}
