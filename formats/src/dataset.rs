@@ -118,7 +118,7 @@ pub struct Dataset {
 /// Local files go through a [`LocalReader`]; every other store through `object_store`.
 fn file_access(location: &Location, local_io: LocalIo) -> Result<FileAccess> {
     if location.root.scheme() != "file" || local_io == LocalIo::ObjectStore {
-        return Ok(FileAccess::Store(Arc::clone(&location.store)));
+        return Ok(FileAccess::store(Arc::clone(&location.store)));
     }
     let reader = LocalReader::new(local_io).map_err(|error| {
         FormatError::io(
@@ -126,10 +126,7 @@ fn file_access(location: &Location, local_io: LocalIo) -> Result<FileAccess> {
             error,
         )
     })?;
-    Ok(FileAccess::Local {
-        reader,
-        root: location.root.clone(),
-    })
+    Ok(FileAccess::local(reader, location.root.clone()))
 }
 
 fn is_hidden(component: &str) -> bool {
@@ -542,6 +539,11 @@ impl Dataset {
                 (field.clone(), value)
             })
             .collect()
+    }
+
+    /// What fetching byte ranges has cost this dataset's reads so far (Parquet and Delta files).
+    pub fn fetch_stats(&self) -> &crate::FetchStats {
+        self.access.fetch_stats()
     }
 
     /// Reads one split: the rows of its range that pass the filter, with the requested columns.

@@ -46,6 +46,7 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataR
 
 use crate::coverage::{Coverage, SplitBatch, covered_stream};
 use crate::error::{FormatError, Result};
+use crate::fetch::{FetchStats, Measured};
 use crate::filter::{CompareOp, Expr, Literal, PruningStatistics};
 use crate::read::ReadPlan;
 use crate::uring::{LocalFileReader, LocalReader};
@@ -123,27 +124,52 @@ impl AsyncFileReader for StoreReader {
 }
 
 /// How the files of a dataset are reached: through the object store, or for local files through a
-/// [`LocalReader`] (io_uring or `pread`).
+/// [`LocalReader`] (io_uring or `pread`); every fetch is added to the dataset's [`FetchStats`].
 #[derive(Debug, Clone)]
-pub(crate) enum FileAccess {
+pub(crate) struct FileAccess {
+    route: Route,
+    fetch: Arc<FetchStats>,
+}
+
+#[derive(Debug, Clone)]
+enum Route {
     Store(Arc<dyn ObjectStore>),
     Local { reader: LocalReader, root: url::Url },
 }
 
 impl FileAccess {
+    /// Reads through `store`.
+    pub(crate) fn store(store: Arc<dyn ObjectStore>) -> FileAccess {
+        FileAccess {
+            route: Route::Store(store),
+            fetch: Arc::default(),
+        }
+    }
+
+    /// Reads the local files under `root` through `reader`.
+    pub(crate) fn local(reader: LocalReader, root: url::Url) -> FileAccess {
+        FileAccess {
+            route: Route::Local { reader, root },
+            fetch: Arc::default(),
+        }
+    }
+
+    /// What the fetches through this access cost.
+    pub(crate) fn fetch_stats(&self) -> &FetchStats {
+        &self.fetch
+    }
+
     pub(crate) async fn open(
         &self,
         path: &Path,
         uri: &str,
         size: u64,
     ) -> Result<Box<dyn AsyncFileReader>> {
-        match self {
-            Self::Store(store) => Ok(Box::new(StoreReader::new(
-                Arc::clone(store),
-                path.clone(),
-                size,
-            ))),
-            Self::Local { reader, root } => {
+        let reader: Box<dyn AsyncFileReader> = match &self.route {
+            Route::Store(store) => {
+                Box::new(StoreReader::new(Arc::clone(store), path.clone(), size))
+            }
+            Route::Local { reader, root } => {
                 // Each part is the file name as it is on disk: the URL escapes it, and the file path
                 // unescapes it again.
                 let mut url = root.clone();
@@ -162,9 +188,14 @@ impl FileAccess {
                 let file = LocalFileReader::open(reader.clone(), file_path, size, uri)
                     .await
                     .map_err(|error| FormatError::io(format!("opening {uri}"), error))?;
-                Ok(Box::new(file))
+                Box::new(file)
             }
-        }
+        };
+        Ok(Box::new(Measured::new(
+            reader,
+            Arc::clone(&self.fetch),
+            size,
+        )))
     }
 }
 
@@ -873,7 +904,7 @@ mod tests {
         need: PageIndexNeed,
     ) -> (FileAccess, Path, u64, ArrowReaderMetadata) {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::local::LocalFileSystem::new());
-        let access = FileAccess::Store(store);
+        let access = FileAccess::store(store);
         let object_path = Path::from_filesystem_path(path).expect("path");
         let size = std::fs::metadata(path).expect("metadata").len();
         let footer = FooterCache::default()

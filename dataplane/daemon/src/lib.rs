@@ -36,13 +36,14 @@
 mod feed_tests;
 mod pipeline;
 mod shuffle;
+mod stats;
 mod transform;
 mod writer;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_formats::{Dataset, Expr, OpenOptions, ReadOptions};
 use sluice_proto::BearerToken;
@@ -57,6 +58,7 @@ use tonic::transport::Channel;
 
 use pipeline::{Shape, TaskFeed};
 use shuffle::Interleave;
+use stats::Stages;
 use writer::{Attached, RingState, Write};
 
 /// How often the daemon looks at its rings' read cursors between heartbeats.
@@ -77,6 +79,8 @@ pub struct DaemonOptions {
     pub token: Option<String>,
     /// How long to keep trying to reach an AM that does not answer.
     pub am_timeout: Duration,
+    /// Serve Prometheus `/metrics` (stages and rings) on this address.
+    pub http: Option<std::net::SocketAddr>,
     /// The job the daemon was launched for. With it, a daemon started again finds the rings its
     /// node fed under `<ring_dir>/<job>` and takes them over; without it, it starts from nothing.
     pub job: Option<String>,
@@ -106,6 +110,9 @@ pub enum DaemonError {
     /// The job's transforms cannot run on its sources' batches.
     #[error("the job's data.transforms: {0}")]
     Transform(String),
+    /// The metrics endpoint could not be served.
+    #[error("serving the daemon's metrics: {0}")]
+    Metrics(String),
     /// A source of the job could not be opened.
     #[error("opening source {uri}: {source}")]
     Source {
@@ -161,6 +168,25 @@ struct Pipeline {
     shape: Shape,
     /// The schema of the batches written to the rings: the first source's, after the transforms.
     schema: arrow::datatypes::SchemaRef,
+    /// How busy the stages after fetch are.
+    stages: Arc<Stages>,
+}
+
+impl Pipeline {
+    /// Every stage's figures so far, fetch included.
+    fn stage_stats(&self) -> Vec<v1::StageStats> {
+        let fetch_busy = self
+            .sources
+            .iter()
+            .map(|source| source.dataset.fetch_stats().busy())
+            .sum();
+        let fetch_bytes = self
+            .sources
+            .iter()
+            .map(|source| source.dataset.fetch_stats().bytes())
+            .sum();
+        self.stages.report(fetch_busy, fetch_bytes)
+    }
 }
 
 /// One rank's ring: its feeder's queue, the writer's state and thread.
@@ -242,7 +268,8 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             EpochMark::Batch { epoch } => Some(epoch),
             EpochMark::Start | EpochMark::EndOfEpoch => None,
         };
-        let started = writer::start(attached, schema.clone(), *rank).map_err(DaemonError::Ring)?;
+        let started = writer::start(attached, schema.clone(), *rank, pipeline.stages.clone())
+            .map_err(DaemonError::Ring)?;
         let (queue, jobs) = mpsc::unbounded_channel();
         let feeder = tokio::spawn(feed(jobs, started.sender.clone(), pipeline.clone(), epoch));
         rings.push(RankRing {
@@ -260,6 +287,21 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         tracing::warn!(rank, ring = %attached.state.ledger().path().display(), "a ring this node fed is no longer one of its ranks: left as it is");
     }
     tracing::info!(node = options.node_id, job = reply.job_id, ranks = ?reply.ranks, "daemon registered");
+    let metrics = match options.http {
+        Some(address) => Some(
+            serve_metrics(
+                address,
+                options.node_id,
+                pipeline.clone(),
+                rings
+                    .iter()
+                    .map(|ring| (ring.rank, ring.state.clone()))
+                    .collect(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(10, 10_000));
     let mut held: BTreeMap<u64, Held> = BTreeMap::new();
     let mut pending = reply.commands;
@@ -378,8 +420,8 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             let request = v1::HeartbeatRequest {
                 node_id: options.node_id,
                 progress: progress.clone(),
-                stages: Vec::new(),
-                rings: ring_stats(&rings),
+                stages: pipeline.stage_stats(),
+                rings: ring_stats(rings.iter().map(|ring| (ring.rank, ring.state.as_ref()))),
             };
             async move { client.heartbeat(request).await }
         })
@@ -425,6 +467,9 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             .await
             .map_err(|error| DaemonError::Ring(format!("rank {rank}: {error}")))?
             .map_err(|_| DaemonError::Ring(format!("the writer of rank {rank} panicked")))?;
+    }
+    if let Some(metrics) = metrics {
+        metrics.abort();
     }
     tracing::info!(node = options.node_id, "daemon shut down");
     Ok(())
@@ -666,20 +711,63 @@ fn collect_progress(
         .collect()
 }
 
-fn ring_stats(rings: &[RankRing]) -> Vec<v1::RingStats> {
+fn ring_stats<'a>(rings: impl IntoIterator<Item = (u32, &'a RingState)>) -> Vec<v1::RingStats> {
     rings
-        .iter()
-        .map(|ring| {
-            let (used, capacity) = ring.state.occupancy();
+        .into_iter()
+        .map(|(rank, state)| {
+            let (used, capacity) = state.occupancy();
+            let (trainer_wait, daemon_wait) = state.waits();
             v1::RingStats {
-                rank: ring.rank,
+                rank,
                 used_bytes: used,
                 capacity_bytes: capacity,
-                trainer_wait_ns: 0,
-                daemon_wait_ns: 0,
+                trainer_wait_ns: u64::try_from(trainer_wait.as_nanos()).unwrap_or(u64::MAX),
+                daemon_wait_ns: u64::try_from(daemon_wait.as_nanos()).unwrap_or(u64::MAX),
             }
         })
         .collect()
+}
+
+/// Serves `/metrics` on `address` for as long as the daemon runs; prints the address it got.
+async fn serve_metrics(
+    address: std::net::SocketAddr,
+    node: u64,
+    pipeline: Arc<Pipeline>,
+    rings: Vec<(u32, Arc<RingState>)>,
+) -> Result<tokio::task::JoinHandle<()>, DaemonError> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|error| {
+            DaemonError::Metrics(format!(
+                "binding {address}: {error}; choose another --http address"
+            ))
+        })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|error| DaemonError::Metrics(error.to_string()))?;
+    let metrics = move || {
+        let text = stats::prometheus(
+            node,
+            &pipeline.stage_stats(),
+            &ring_stats(rings.iter().map(|(rank, state)| (*rank, state.as_ref()))),
+        );
+        async move {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4",
+                )],
+                text,
+            )
+        }
+    };
+    let router = axum::Router::new().route("/metrics", axum::routing::get(metrics));
+    println!("sluice daemon: node {node} metrics on http://{bound}/metrics");
+    Ok(tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::warn!(%error, "the metrics server stopped");
+        }
+    }))
 }
 
 /// Reads the tasks given to one ring into its writer. Without a shuffle the tasks go one after the
@@ -703,10 +791,15 @@ async fn feed(
         while open.len() < window {
             let job = match next_epoch.take() {
                 Some(job) => job,
-                None if open.is_empty() => match jobs.recv().await {
-                    Some(job) => job,
-                    None => return,
-                },
+                None if open.is_empty() => {
+                    let idle = Instant::now();
+                    let job = jobs.recv().await;
+                    pipeline.stages.read.wait(idle.elapsed());
+                    match job {
+                        Some(job) => job,
+                        None => return,
+                    }
+                }
                 None => match jobs.try_recv() {
                     Ok(job) => job,
                     Err(_) => break,
@@ -724,7 +817,11 @@ async fn feed(
                 epoch = Some(job_epoch);
                 interleave = Interleave::new(seed, job_epoch);
             }
-            match open_task(&job.assignment, &pipeline).await {
+            // Opening reads the footer, and with a shuffle the whole split.
+            let opening = Instant::now();
+            let opened = open_task(&job.assignment, &pipeline).await;
+            pipeline.stages.read.busy(opening.elapsed());
+            match opened {
                 Ok(task) => open.push((job, task)),
                 Err(reason) => fail(&job, reason),
             }
@@ -734,7 +831,15 @@ async fn feed(
         }
         let pick = interleave.pick(open.len());
         let (job, task) = &mut open[pick];
-        match feed_task(&job.assignment, &job.control, task, &writer).await {
+        match feed_task(
+            &job.assignment,
+            &job.control,
+            task,
+            &writer,
+            &pipeline.stages,
+        )
+        .await
+        {
             Ok(Fed::More) => {}
             Ok(Fed::Done) => {
                 open.remove(pick);
@@ -791,9 +896,10 @@ async fn feed_task(
     control: &Mutex<Control>,
     task: &mut TaskFeed,
     writer: &mpsc::Sender<Write>,
+    stages: &Stages,
 ) -> Result<Fed, String> {
     let limit = lock(control).stop.unwrap_or(assignment.end);
-    let Some(covered) = task.next(limit).await? else {
+    let Some(covered) = task.next(limit, stages).await? else {
         return Ok(Fed::Done);
     };
     let decided = {
@@ -824,7 +930,10 @@ async fn feed_task(
         row_count: covered.row_count,
         batch: covered.batch,
     };
-    if writer.send(write).await.is_err() {
+    let blocked = Instant::now();
+    let sent = writer.send(write).await;
+    stages.transform.wait(blocked.elapsed());
+    if sent.is_err() {
         return Err("the ring writer stopped".to_owned());
     }
     Ok(if end >= limit { Fed::Done } else { Fed::More })
@@ -845,6 +954,7 @@ async fn open_pipeline(data: &v1::JobData) -> Result<Pipeline, DaemonError> {
         sources,
         shape,
         schema,
+        stages: Arc::default(),
     })
 }
 

@@ -9,6 +9,7 @@
 //! hands on still tiles the task, and a piece can be cut again at the stop row.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
@@ -17,6 +18,7 @@ use sluice_proto::v1;
 
 use crate::Source;
 use crate::shuffle::{permute, split_order};
+use crate::stats::Stages;
 use crate::transform::Transforms;
 
 /// How the job shapes every task: from `JobData`.
@@ -251,15 +253,25 @@ impl TaskFeed {
 
     /// The next batch, or `None` once the task's rows are all handed out. Reading stops at the batch
     /// that reaches `limit`, the row the task stops at (its end, or a stop row).
-    pub(crate) async fn next(&mut self, limit: u64) -> Result<Option<SplitBatch>, String> {
+    pub(crate) async fn next(
+        &mut self,
+        limit: u64,
+        stages: &Stages,
+    ) -> Result<Option<SplitBatch>, String> {
         loop {
             if let Some(ready) = self.ready.pop_front() {
+                stages
+                    .transform
+                    .out(ready.batch.num_rows(), ready.batch.get_array_memory_size());
                 return Ok(Some(ready));
             }
             if self.done {
                 return Ok(None);
             }
-            let covered = match self.batches.next().await {
+            let reading = Instant::now();
+            let read = self.batches.next().await;
+            stages.read.busy(reading.elapsed());
+            let covered = match read {
                 Some(covered) => covered?,
                 None => {
                     self.done = true;
@@ -267,6 +279,11 @@ impl TaskFeed {
                     continue;
                 }
             };
+            stages.read.out(
+                covered.batch.num_rows(),
+                covered.batch.get_array_memory_size(),
+            );
+            let transforming = Instant::now();
             let covered = if self.transforms.is_empty() {
                 covered
             } else {
@@ -281,6 +298,7 @@ impl TaskFeed {
                 self.done = true;
                 self.ready.extend(self.batcher.finish()?);
             }
+            stages.transform.busy(transforming.elapsed());
         }
     }
 }

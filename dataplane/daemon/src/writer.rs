@@ -11,7 +11,7 @@
 //! ledger, which survive the daemon.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -19,6 +19,8 @@ use sluice_client::Encoder;
 use sluice_ring::ledger::{EpochMark, Ledger};
 use sluice_ring::{Producer, RecordKind, RecordMeta, Ring};
 use tokio::sync::mpsc;
+
+use crate::stats::Stages;
 
 /// What a ring's writer is asked to do.
 #[derive(Debug)]
@@ -80,6 +82,11 @@ impl RingState {
         self.ring.cursors().1
     }
 
+    /// How long the trainer waited on the ring empty and the writers on it full, summed.
+    pub fn waits(&self) -> (Duration, Duration) {
+        self.ring.waits()
+    }
+
     /// Bytes written and not yet released, and the ring's capacity.
     pub fn occupancy(&self) -> (u64, u64) {
         let (write, read) = self.ring.cursors();
@@ -120,7 +127,13 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, String> {
 
 /// Starts the writer thread of an attached ring; it writes `schema` first (a trainer's reader takes a
 /// schema record anywhere in the stream) and stops, closing the ring, once every sender is dropped.
-pub fn start(attached: Attached, schema: SchemaRef, rank: u32) -> Result<Started, String> {
+/// `stages` gets the writer's busy and wait times.
+pub(crate) fn start(
+    attached: Attached,
+    schema: SchemaRef,
+    rank: u32,
+    stages: Arc<Stages>,
+) -> Result<Started, String> {
     let Attached {
         producer, state, ..
     } = attached;
@@ -129,7 +142,7 @@ pub fn start(attached: Attached, schema: SchemaRef, rank: u32) -> Result<Started
     let handle = std::thread::Builder::new()
         .name(format!("ring-writer-{rank}"))
         .spawn(move || {
-            if let Err(error) = write_loop(producer, &schema, receiver, &thread_state) {
+            if let Err(error) = write_loop(producer, &schema, receiver, &thread_state, &stages) {
                 tracing::error!(rank, %error, "ring writer failed");
                 *thread_state
                     .failure
@@ -168,6 +181,7 @@ fn write_loop(
     schema: &SchemaRef,
     mut receiver: mpsc::Receiver<Write>,
     state: &RingState,
+    stages: &Stages,
 ) -> Result<(), String> {
     producer.set_peer_timeout(Duration::from_secs(24 * 3600));
     let mut encoder = Encoder::new(schema.clone()).map_err(|error| error.to_string())?;
@@ -175,7 +189,12 @@ fn write_loop(
         .write_schema(&mut producer)
         .map_err(|error| error.to_string())?;
     producer.flush();
-    while let Some(write) = receiver.blocking_recv() {
+    loop {
+        let idle = Instant::now();
+        let Some(write) = receiver.blocking_recv() else {
+            break;
+        };
+        stages.write.wait(idle.elapsed());
         match write {
             Write::Batch {
                 batch,
@@ -183,9 +202,18 @@ fn write_loop(
                 first_row,
                 row_count,
             } => {
+                let writing = Instant::now();
+                let (full_before, start) = (producer.full_wait(), producer.position());
                 encoder
                     .write_batch(&mut producer, &batch, task_id, first_row, row_count)
                     .map_err(|error| error.to_string())?;
+                let full = producer.full_wait() - full_before;
+                stages.write.wait(full);
+                stages.write.busy(writing.elapsed().saturating_sub(full));
+                stages.write.out(
+                    batch.num_rows(),
+                    usize::try_from(producer.position() - start).unwrap_or(usize::MAX),
+                );
             }
             Write::EndOfEpoch => {
                 let slot = producer.reserve(0).map_err(|error| error.to_string())?;

@@ -238,7 +238,13 @@ impl Consumer {
         self.publish_read();
         let started = Instant::now();
         let outcome = self.wait_for_published_data();
-        self.empty_wait += started.elapsed();
+        let waited = started.elapsed();
+        self.empty_wait += waited;
+        // Relaxed: a statistic for the producer's side to read, ordering nothing else.
+        self.shared.header().consumer_wait_ns.fetch_add(
+            u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         outcome
     }
 

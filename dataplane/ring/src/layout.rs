@@ -14,7 +14,7 @@ use crate::sync::{AtomicU32, AtomicU64, CachePadded, Futex};
 /// The magic number at offset 0 of every ring file: `SLUICERG` in ASCII.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SLUICERG");
 /// The version of the layout described here; a ring of another version is rejected.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 /// The size of the header page; the data region starts right after it.
 pub const HEADER_LEN: usize = 4096;
 /// Records start, and their payloads start, at multiples of this.
@@ -72,6 +72,11 @@ pub(crate) struct RingHeader {
     /// until the producer folds them (see [`Producer::fold`](crate::Producer::fold)). Only the
     /// producer stores it; a producer that takes over reads it.
     pub(crate) retain: CachePadded<AtomicU64>,
+
+    /// Nanoseconds the consumers of the ring waited on it empty, summed; only the consumer adds.
+    pub(crate) consumer_wait_ns: CachePadded<AtomicU64>,
+    /// Nanoseconds the producers of the ring waited on it full, summed; only the producer adds.
+    pub(crate) producer_wait_ns: CachePadded<AtomicU64>,
 }
 
 #[cfg(not(loom))]

@@ -500,6 +500,17 @@ impl Ring {
         )
     }
 
+    /// How long the ring's consumers waited on it empty (a trainer starved for data) and its
+    /// producers waited on it full (the trainer slower than the daemon), summed since its creation.
+    pub fn waits(&self) -> (Duration, Duration) {
+        let header = self.shared.header();
+        // Relaxed: statistics; nothing is read through them.
+        (
+            Duration::from_nanos(header.consumer_wait_ns.load(Ordering::Relaxed)),
+            Duration::from_nanos(header.producer_wait_ns.load(Ordering::Relaxed)),
+        )
+    }
+
     /// Tells whether the consumer sleeps waiting for records now: a trainer starved for data.
     pub fn consumer_waits(&self) -> bool {
         // Acquire pairs with the AcqRel `fetch_or` of WAITING in the consumer's wait for data.

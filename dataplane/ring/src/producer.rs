@@ -415,7 +415,13 @@ impl Producer {
             }
             header.space_futex.wait(seen, Some(LIVENESS_SLICE));
         };
-        self.full_wait += started.elapsed();
+        let waited = started.elapsed();
+        self.full_wait += waited;
+        // Relaxed: a statistic, ordering nothing else.
+        header.producer_wait_ns.fetch_add(
+            u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         outcome
     }
 

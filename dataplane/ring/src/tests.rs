@@ -117,6 +117,55 @@ fn a_full_ring_is_back_pressure_not_loss() {
 }
 
 #[test]
+fn the_header_sums_the_waits_of_both_sides_for_other_processes_to_read() {
+    let sut = Ring::in_memory(4096).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    let pause = Duration::from_millis(if cfg!(miri) { 5 } else { 30 });
+    let reader = thread::spawn(move || {
+        // Empty until the producer writes after its pause.
+        let first = consumer
+            .next()
+            .expect("next")
+            .expect("first record")
+            .sequence();
+        // The producer now waits on a full ring until this side reads on after its pause.
+        thread::sleep(pause);
+        let mut last = first;
+        while let Some(record) = consumer.next().expect("next") {
+            last = record.sequence();
+        }
+        (last, consumer.empty_wait())
+    });
+    thread::sleep(pause);
+    for sequence in 0..8 {
+        write(
+            &mut producer,
+            &pattern(sequence, 1500),
+            batch(1, sequence, 1),
+        );
+    }
+    let full_wait = producer.full_wait();
+    producer.close();
+    let (last, empty_wait) = reader.join().expect("reader");
+    assert_eq!(last, 7);
+    let (consumer_waited, producer_waited) = sut.waits();
+    assert!(
+        empty_wait >= pause / 2,
+        "the consumer waited {empty_wait:?}"
+    );
+    assert!(full_wait >= pause / 2, "the producer waited {full_wait:?}");
+    assert_eq!(
+        consumer_waited, empty_wait,
+        "the header holds the consumer's waits"
+    );
+    assert_eq!(
+        producer_waited, full_wait,
+        "the header holds the producer's waits"
+    );
+}
+
+#[test]
 fn try_reserve_reports_full_and_too_large() {
     let sut = Ring::in_memory(4096).expect("ring");
     let mut producer = sut.producer().expect("producer");

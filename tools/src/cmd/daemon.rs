@@ -32,6 +32,10 @@ pub struct DaemonArgs {
     /// id and ring directory, the daemon takes over the rings its node fed and resumes their tasks.
     #[arg(long, env = "SLUICE_JOB")]
     pub job: Option<String>,
+    /// Serve Prometheus /metrics (each stage's busy and wait time, rows and bytes; each ring's
+    /// occupancy and waits) on this address; port 0 takes a free port, printed at start.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
 }
 
 /// Runs the daemon until the AM shuts it down.
@@ -44,6 +48,7 @@ pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
         token: args.token,
         am_timeout: Duration::from_secs(args.am_timeout_s),
         job: args.job,
+        http: args.http,
     };
     runtime(2)?.block_on(sluice_daemon::run(options))?;
     Ok(())
