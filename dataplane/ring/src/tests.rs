@@ -150,11 +150,15 @@ fn the_header_sums_the_waits_of_both_sides_for_other_processes_to_read() {
     let (last, empty_wait) = reader.join().expect("reader");
     assert_eq!(last, 7);
     let (consumer_waited, producer_waited) = sut.waits();
-    assert!(
-        empty_wait >= pause / 2,
-        "the consumer waited {empty_wait:?}"
-    );
-    assert!(full_wait >= pause / 2, "the producer waited {full_wait:?}");
+    // Under Miri the bounded spin before a side sleeps can outlast the pause, and spinning is not
+    // counted as waiting; natively the spin is over in microseconds.
+    if !cfg!(miri) {
+        assert!(
+            empty_wait >= pause / 2,
+            "the consumer waited {empty_wait:?}"
+        );
+        assert!(full_wait >= pause / 2, "the producer waited {full_wait:?}");
+    }
     assert_eq!(
         consumer_waited, empty_wait,
         "the header holds the consumer's waits"
