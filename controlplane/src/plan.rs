@@ -102,6 +102,8 @@ pub fn open_options(source: &SourceSpec) -> OpenOptions {
     OpenOptions {
         storage_options: source.storage_options.clone(),
         format: Some(format_kind(source.format)),
+        version: source.version,
+        timestamp: source.timestamp.clone(),
         ..OpenOptions::default()
     }
 }

@@ -1,4 +1,5 @@
-//! The S3 example of `examples/` runs against a real S3 server.
+//! The examples of `examples/` that need data run on generated data: the S3 one against a real S3
+//! server, the Delta one on a generated table.
 
 mod common;
 
@@ -71,4 +72,68 @@ fn the_s3_example_reads_a_dataset_from_a_local_s3_server() {
         "{stdout}"
     );
     assert!(stdout.contains("job s3-train succeeded"), "{stdout}");
+}
+
+#[test]
+fn the_delta_example_reads_the_pinned_version_of_a_generated_table() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let table = directory.path().join("table");
+    let generated = sluice()
+        .args([
+            "gen", "--format", "delta", "--rows", "20000", "--files", "2", "--out",
+        ])
+        .arg(&table)
+        .output()
+        .expect("sluice gen");
+    assert!(
+        generated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&generated.stderr)
+    );
+    let counted = sluice()
+        .arg("read")
+        .arg(&table)
+        .args(["--version", "0", "--filter", "label = 1", "--stats"])
+        .output()
+        .expect("sluice read --stats");
+    let stats: serde_json::Value = serde_json::from_slice(&counted.stdout).expect("stats JSON");
+    let rows = stats["rows"].as_u64().expect("rows");
+    assert!(
+        rows > 0 && rows < 20_000,
+        "label = 1 keeps some rows: {stats}"
+    );
+    let output = sluice()
+        .arg("run")
+        .arg(examples().join("delta.yaml"))
+        .arg("--ring-dir")
+        .arg(directory.path().join("rings"))
+        .arg("--state-dir")
+        .arg(directory.path().join("state"))
+        .env("SLUICE_DELTA", &table)
+        .output()
+        .expect("sluice run");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Each trainer ends its log with the JSON of `sluice consume`.
+    let delivered: u64 = (0..4)
+        .map(|rank| {
+            let log = directory
+                .path()
+                .join(format!("state/trainer-worker-{rank}.log"));
+            let text = std::fs::read_to_string(&log).expect("trainer log");
+            let last = text
+                .lines()
+                .rev()
+                .find(|line| line.starts_with('{'))
+                .unwrap_or("{}");
+            serde_json::from_str::<serde_json::Value>(last).expect("consume's JSON")["rows"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{}: no rows in {last:?}", log.display()))
+        })
+        .sum();
+    assert_eq!(delivered, rows, "{stdout}");
 }

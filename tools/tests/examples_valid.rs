@@ -8,7 +8,10 @@ use sluice_am::spec::JobSpec;
 #[test]
 fn every_example_is_a_valid_job_spec() {
     // SAFETY: this is the binary's only test, so no other thread reads the environment.
-    unsafe { std::env::set_var("S3_BUCKET", "bucket") };
+    unsafe {
+        std::env::set_var("S3_BUCKET", "bucket");
+        std::env::set_var("SLUICE_DELTA", "/data/table");
+    }
     let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let mut checked = 0;
     for entry in std::fs::read_dir(&examples).expect("examples/") {
@@ -21,5 +24,5 @@ fn every_example_is_a_valid_job_spec() {
             checked += 1;
         }
     }
-    assert!(checked >= 2, "only {checked} examples found");
+    assert!(checked >= 3, "only {checked} examples found");
 }

@@ -72,9 +72,10 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 10000 }}
     }
 }
 
-/// A Delta table whose deletion vector removes two of its ten rows, cut in tasks of two rows.
+/// A Delta table whose deletion vector (its version 1) removes two of its ten rows, cut in tasks of
+/// two rows: read at its latest version, and pinned at version 0, before the deletion.
 #[test]
-fn a_delta_table_with_a_deletion_vector_is_delivered_once_without_its_deleted_rows() {
+fn a_delta_table_is_delivered_once_at_its_latest_version_and_at_a_pinned_one() {
     let table = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/testdata/delta/table-with-dv-small");
     assert!(
@@ -82,15 +83,20 @@ fn a_delta_table_with_a_deletion_vector_is_delivered_once_without_its_deleted_ro
         "conformance data missing at {}: the shared test data must sit beside the repository",
         table.display()
     );
-    let directory = tempfile::tempdir().expect("tempdir");
-    let root = directory.path();
-    let spec = common::write_spec(
-        root,
-        &format!(
-            r#"
+    let table = table.canonicalize().expect("table path");
+    for (pin, expected) in [
+        ("", (1..=8).collect::<Vec<i64>>()),
+        (", version: 0", (0..10).collect()),
+    ] {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let root = directory.path();
+        let spec = common::write_spec(
+            root,
+            &format!(
+                r#"
 name: run-delta
 data:
-  sources: [{{ uri: "file://{table}", format: delta }}]
+  sources: [{{ uri: "file://{table}", format: delta{pin} }}]
   task_rows: 2
   batch_size: 1
 nodes: 2
@@ -98,12 +104,13 @@ roles:
   - {{ name: worker, num: 4, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin", --id-column, value] }}
 failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
 "#,
-            table = table.canonicalize().expect("table path").display(),
-            sluice = env!("CARGO_BIN_EXE_sluice"),
-            root = root.display(),
-        ),
-    );
-    run_job(root, &spec, "run-delta", &(1..=8).collect::<Vec<_>>());
+                table = table.display(),
+                sluice = env!("CARGO_BIN_EXE_sluice"),
+                root = root.display(),
+            ),
+        );
+        run_job(root, &spec, "run-delta", &expected);
+    }
 }
 
 /// Runs the job of `spec` and checks that its trainers saw exactly the ids `expected`, once each.

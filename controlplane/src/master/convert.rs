@@ -160,14 +160,22 @@ pub(super) fn refuse_command(reason: &Refusal) -> v1::Command {
     }))
 }
 
-/// What the job reads and how, for the daemons.
-pub(super) fn job_data(spec: &JobSpec) -> v1::JobData {
+/// What the job reads and how, for the daemons. A Delta source goes with the version `plan` read.
+pub(super) fn job_data(spec: &JobSpec, plan: &JobPlan) -> v1::JobData {
     v1::JobData {
         sources: spec
             .data
             .sources
             .iter()
-            .map(|source| v1::SourceData {
+            .enumerate()
+            .map(|(index, source)| v1::SourceData {
+                version: plan
+                    .files
+                    .iter()
+                    .find(|file| file.source as usize == index)
+                    .and_then(|file| file.delta.as_ref())
+                    .map(|delta| delta.version)
+                    .or(source.version),
                 uri: source.uri.clone(),
                 format: source.format.name().to_owned(),
                 columns: source.columns.clone().unwrap_or_default(),

@@ -495,7 +495,7 @@ impl Master {
                 job_id: self.spec.name.clone(),
                 heartbeat_interval_ms: self.spec.failover.heartbeat_interval_ms,
                 commands,
-                data: Some(convert::job_data(&self.spec)),
+                data: Some(convert::job_data(&self.spec, &self.plan)),
                 ranks: self.ranks_of(node),
                 world_size: self.world_size(),
             },

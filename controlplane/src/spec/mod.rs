@@ -193,6 +193,11 @@ pub struct SourceSpec {
     pub filter: Option<String>,
     /// Object-store settings that override the environment.
     pub storage_options: BTreeMap<String, String>,
+    /// The Delta table version to read; the latest when neither it nor `timestamp` is set.
+    pub version: Option<u64>,
+    /// Read the Delta table version current at this time (RFC 3339, or milliseconds since the
+    /// epoch).
+    pub timestamp: Option<String>,
 }
 
 /// The encoding of a source.

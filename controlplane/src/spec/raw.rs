@@ -79,6 +79,8 @@ pub(crate) struct RawSource {
     pub(crate) columns: Option<Vec<String>>,
     pub(crate) filter: Option<String>,
     pub(crate) storage_options: Option<BTreeMap<String, ScalarString>>,
+    pub(crate) version: Option<u64>,
+    pub(crate) timestamp: Option<ScalarString>,
 }
 
 #[derive(Debug, Deserialize)]

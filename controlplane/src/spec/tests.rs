@@ -404,6 +404,39 @@ fn a_blank_filter_is_refused() {
 }
 
 #[test]
+fn a_delta_source_is_pinned_by_version_or_timestamp_and_only_a_delta_source() {
+    let sut = parse_yaml(&with_source(
+        "{ uri: 'file:///t', format: delta, version: 3 }",
+    ))
+    .expect("a pinned version");
+    assert_eq!(sut.data.sources[0].version, Some(3));
+    let sut = parse_yaml(&with_source(
+        "{ uri: 'file:///t', format: delta, timestamp: '2026-01-02T03:04:05Z' }",
+    ))
+    .expect("a pinned time");
+    assert_eq!(
+        sut.data.sources[0].timestamp.as_deref(),
+        Some("2026-01-02T03:04:05Z")
+    );
+    let error = refused(&with_source(
+        "{ uri: 'file:///t', format: delta, version: 3, timestamp: 1700000000000 }",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].timestamp",
+        &["together with `version`"],
+    );
+    let error = refused(&with_source(
+        "{ uri: 'file:///d', format: parquet, version: 3 }",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].version",
+        &["the source's format is parquet", "format: delta"],
+    );
+}
+
+#[test]
 fn storage_options_accept_scalars_and_refuse_empty_keys() {
     let sut = parse_yaml(&with_source(
         "{ uri: 's3://b/x.parquet', storage_options: { AWS_ALLOW_HTTP: true, AWS_REGION: eu-1, PORT: 8333 } }",

@@ -410,12 +410,49 @@ fn validate_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError
         other => other,
     };
     let storage_options = string_map(&at("storage_options"), raw.storage_options, |_| Ok(()))?;
+    let timestamp = raw.timestamp.map(|timestamp| timestamp.0);
+    let pinned = match (raw.version, &timestamp) {
+        (Some(_), Some(_)) => {
+            return Err(SpecError::invalid(
+                at("timestamp"),
+                "is set together with `version`",
+                "pin the table by one of them",
+            ));
+        }
+        (Some(_), None) => Some("version"),
+        (None, Some(_)) => Some("timestamp"),
+        (None, None) => None,
+    };
+    if let Some(key) = pinned
+        && format != SourceFormat::Delta
+    {
+        return Err(SpecError::invalid(
+            at(key),
+            format!(
+                "pins a Delta table version, but the source's format is {}",
+                format.name()
+            ),
+            "remove it, or read a Delta table (`format: delta`)",
+        ));
+    }
+    if timestamp
+        .as_deref()
+        .is_some_and(|text| text.trim().is_empty())
+    {
+        return Err(SpecError::invalid(
+            at("timestamp"),
+            "is blank",
+            "write an RFC 3339 time or milliseconds since the epoch, or remove the key",
+        ));
+    }
     Ok(SourceSpec {
         uri: raw.uri,
         format,
         columns,
         filter,
         storage_options,
+        version: raw.version,
+        timestamp,
     })
 }
 

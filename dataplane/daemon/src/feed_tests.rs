@@ -50,6 +50,7 @@ async fn pipeline(uri: &str, format: &str, shape: &JobShape) -> Arc<Pipeline> {
             columns: Vec::new(),
             filter: shape.filter.clone(),
             storage_options: Default::default(),
+            version: None,
         }],
         batch_size: shape.batch_size,
         shuffle_seed: shape.shuffle.map_or(0, |(seed, _)| seed),

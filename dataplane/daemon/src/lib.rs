@@ -973,6 +973,7 @@ async fn open_sources(data: &v1::JobData) -> Result<Vec<Source>, DaemonError> {
                 .map(|(key, value)| (key.clone(), value.clone()))
                 .collect(),
             format: Some(format),
+            version: source.version,
             ..OpenOptions::default()
         };
         let dataset = Dataset::open(&source.uri, &open)
