@@ -10,13 +10,16 @@ if [ -s scripts/requirements.txt ]; then
     python3 -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
 fi
 
+echo "== the python client, built from this tree"
+# Installed first: the workspace tests run the examples' Python trainer too. The dev profile shares
+# the dependencies of the workspace build.
+MATURIN_PEP517_ARGS="--profile dev" python3 -m pip install --quiet --disable-pip-version-check \
+    --no-build-isolation --force-reinstall --no-deps ./dataplane/python
+
 echo "== workspace tests"
 cargo test --workspace
 
 echo "== the python client against a real AM and daemon"
-# The dev profile reuses the dependencies the workspace tests just built.
-MATURIN_PEP517_ARGS="--profile dev" python3 -m pip install --quiet --disable-pip-version-check \
-    --no-build-isolation --force-reinstall --no-deps ./dataplane/python
 SLUICE_BIN="$target/debug/sluice" python3 -m pytest -q dataplane/python/tests
 
 echo "== loom models of the ring protocol"

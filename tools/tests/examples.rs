@@ -137,3 +137,86 @@ fn the_delta_example_reads_the_pinned_version_of_a_generated_table() {
         .sum();
     assert_eq!(delivered, rows, "{stdout}");
 }
+
+/// The JSON lines a trainer printed to its log under `state`.
+fn trainer_lines(state: &std::path::Path, executor: &str) -> Vec<serde_json::Value> {
+    let log = state.join(format!("{executor}.log"));
+    std::fs::read_to_string(&log)
+        .unwrap_or_else(|error| panic!("{}: {error}", log.display()))
+        .lines()
+        .filter(|line| line.starts_with('{'))
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect()
+}
+
+#[test]
+fn the_torch_example_trains_checkpoints_and_resumes_exactly_after_its_checkpoint() {
+    let has_torch = std::process::Command::new("python3")
+        .args(["-c", "import torch, sluice"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !has_torch {
+        eprintln!(
+            "skipped: the_torch_example_trains_checkpoints_and_resumes_exactly_after_its_checkpoint: python3 lacks torch or the sluice package (.ci/run installs both)"
+        );
+        return;
+    }
+    let directory = tempfile::tempdir().expect("tempdir");
+    let data = common::generate(directory.path(), 20_000, 2, 4000);
+    let run = |logs: &str, state: &std::path::Path, resume: Option<&str>| {
+        let mut command = sluice();
+        command
+            .current_dir(examples().join(".."))
+            .arg("run")
+            .arg("examples/torch.yaml")
+            .arg("--ring-dir")
+            .arg(directory.path().join("rings"))
+            .arg("--state-dir")
+            .arg(directory.path().join(logs))
+            .env("SLUICE_EXAMPLE_DATA", &data)
+            .env("SLUICE_EXAMPLE_STATE", state);
+        if let Some(token) = resume {
+            command.args(["--resume-from", token]);
+        }
+        let output = command.output().expect("sluice run");
+        assert!(
+            output.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        trainer_lines(&directory.path().join(logs), "trainer-trainer-0")
+    };
+    let first_state = directory.path().join("first-state");
+    let first = run("first", &first_state, None);
+    let last = first.last().expect("the trainer's summary");
+    assert_eq!(last["rows"], 20_000, "{first:?}");
+    assert!(
+        last["loss"].as_f64().is_some_and(f64::is_finite),
+        "{first:?}"
+    );
+    let saved = first
+        .iter()
+        .find(|line| line["checkpoint_step"] == 20)
+        .unwrap_or_else(|| panic!("no checkpoint at step 20: {first:?}"));
+    let token = saved["token"].as_str().expect("token");
+    let rows_before = saved["rows"].as_u64().expect("rows");
+    assert!(
+        first_state.join("model.pt").is_file(),
+        "the model was saved"
+    );
+    // A new job whose state holds only that data checkpoint, and a fresh model: it is given exactly
+    // the rows after step 20.
+    let second_state = directory.path().join("second-state");
+    let checkpoints = std::path::Path::new("am/data-checkpoints");
+    std::fs::create_dir_all(second_state.join(checkpoints)).expect("checkpoint directory");
+    let file = format!("{token}.json");
+    std::fs::copy(
+        first_state.join(checkpoints).join(&file),
+        second_state.join(checkpoints).join(&file),
+    )
+    .expect("copy the data checkpoint");
+    let second = run("second", &second_state, Some(token));
+    let last = second.last().expect("the trainer's summary");
+    assert_eq!(last["rows"], 20_000 - rows_before, "{second:?}");
+}
