@@ -1,6 +1,8 @@
-//! `kill -9` of node daemons in the middle of `sluice run`: the launcher starts each one again with
-//! the same node id, job and ring directory, it takes its rings over from their ledgers, and the four
-//! trainers, which live through it all, still see every id exactly once.
+//! Chaos: `kill -9` of node daemons and of the AM at random moments of a job of two million rows.
+//! The launcher starts each daemon again with the same node id, job and ring directory, and it takes
+//! its rings over from their ledgers; the AM is started again as an operator would, with the same
+//! spec, address and state, replays its journal and adopts the executors. The four trainers, which
+//! live through it all, still see every id exactly once.
 
 mod common;
 
@@ -10,10 +12,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::sluice;
 
-const ROWS: i64 = 300_000;
-const KILLS: usize = 6;
+const ROWS: i64 = 2_000_000;
+/// Daemon kills, then AM kills, in a random order.
+const DAEMON_KILLS: usize = 3;
+const AM_KILLS: usize = 2;
 /// The whole run, kills included, must end within this (deadlock watchdog).
-const WATCHDOG: Duration = Duration::from_secs(90);
+const WATCHDOG: Duration = Duration::from_secs(240);
 
 fn read_ids(path: &Path) -> Vec<i64> {
     std::fs::read(path)
@@ -116,44 +120,29 @@ fn finish(
     }
 }
 
-#[test]
-fn daemons_killed_and_restarted_lose_and_repeat_no_row() {
-    let directory = tempfile::tempdir().expect("tempdir");
-    let root = directory.path();
-    let rings = tempfile::Builder::new()
-        .prefix("sluice-daemon-crash")
-        .tempdir_in("/dev/shm")
-        .expect("ring directory in /dev/shm");
-    let state: PathBuf = root.join("state");
-    let data = common::generate(root, ROWS as u64, 4, 5000);
-    let spec = common::write_spec(
-        root,
-        &format!(
-            r#"
-name: daemon-crash
-data:
-  sources: [{{ uri: "file://{data}", format: parquet, columns: [id, label] }}]
-  task_rows: 5000
-  batch_size: 500
-  shuffle: {{ seed: 3, window: 2 }}
-nodes: 2
-roles:
-  - {{ name: worker, num: 4, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin", --max-rows-per-s, "10000"] }}
-failover: {{ restart: on-failure, max_failures: 50, heartbeat_interval_ms: 100, heartbeat_timeout_ms: 20000 }}
-"#,
-            data = data.display(),
-            sluice = env!("CARGO_BIN_EXE_sluice"),
-            root = root.display(),
-        ),
-    );
-    let started = Instant::now();
+/// A free port on 127.0.0.1 for the AM, which every `sluice run` of the test listens on.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `sluice run` of `spec`, its stdout read by a thread.
+fn start_run(
+    spec: &Path,
+    listen: &str,
+    rings: &Path,
+    state: &Path,
+) -> (Child, std::thread::JoinHandle<String>) {
     let mut run = sluice()
         .arg("run")
-        .arg(&spec)
+        .arg(spec)
+        .args(["--listen", listen])
         .arg("--ring-dir")
-        .arg(rings.path())
+        .arg(rings)
         .arg("--state-dir")
-        .arg(&state)
+        .arg(state)
         .env("SLUICE_LOG", "warn,sluice_daemon=info")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -162,48 +151,112 @@ failover: {{ restart: on-failure, max_failures: 50, heartbeat_interval_ms: 100, 
     let mut output = run.stdout.take().expect("stdout");
     let stdout =
         std::thread::spawn(move || std::io::read_to_string(&mut output).unwrap_or_default());
+    (run, stdout)
+}
+
+#[test]
+fn daemons_and_the_am_killed_at_random_moments_lose_and_repeat_no_row() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let root = directory.path();
+    let rings = tempfile::Builder::new()
+        .prefix("sluice-chaos")
+        .tempdir_in("/dev/shm")
+        .expect("ring directory in /dev/shm");
+    let state: PathBuf = root.join("state");
+    let data = common::generate(root, ROWS as u64, 8, 50_000);
+    let spec = common::write_spec(
+        root,
+        &format!(
+            r#"
+name: chaos
+data:
+  sources: [{{ uri: "file://{data}", format: parquet, columns: [id, label] }}]
+  task_rows: 50000
+  batch_size: 1000
+  shuffle: {{ seed: 3, window: 2 }}
+nodes: 2
+roles:
+  - {{ name: worker, num: 4, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin", --max-rows-per-s, "25000"] }}
+failover: {{ restart: on-failure, max_failures: 50, heartbeat_interval_ms: 100, heartbeat_timeout_ms: 30000 }}
+checkpoint: {{ uri: "file://{root}/journal" }}
+"#,
+            data = data.display(),
+            sluice = env!("CARGO_BIN_EXE_sluice"),
+            root = root.display(),
+        ),
+    );
+    let listen = format!("127.0.0.1:{}", free_port());
+    let started = Instant::now();
+    let (mut run, mut stdout) = start_run(&spec, &listen, rings.path(), &state);
 
     let mut random = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock")
         .as_nanos() as u64;
     eprintln!("kill schedule seed {random}");
-    let mut kills = Vec::new();
-    while kills.len() < KILLS && started.elapsed() < WATCHDOG {
+    let mut victims: Vec<&str> = [["daemon"; DAEMON_KILLS].as_slice(), &["am"; AM_KILLS]].concat();
+    for index in (1..victims.len()).rev() {
         random = mix(random);
-        std::thread::sleep(Duration::from_millis(400 + random % 1200));
-        let seen = delivered(root);
-        if seen >= ROWS as usize * 9 / 10 {
+        victims.swap(index, random as usize % (index + 1));
+    }
+    let mut kills = Vec::new();
+    let mut last_seen = 0;
+    for victim in victims {
+        loop {
+            random = mix(random);
+            std::thread::sleep(Duration::from_millis(1000 + random % 2000));
+            let seen = delivered(root);
+            assert!(
+                started.elapsed() < WATCHDOG,
+                "only {} kills within {WATCHDOG:?} ({kills:?})\n{}",
+                kills.len(),
+                logs(&state)
+            );
+            // Each kill lands once the job moved on since the last one.
+            if seen > last_seen && seen < ROWS as usize * 9 / 10 {
+                last_seen = seen;
+                break;
+            }
+            if seen >= ROWS as usize * 9 / 10 {
+                break;
+            }
+        }
+        if last_seen >= ROWS as usize * 9 / 10 {
             break;
         }
-        let live = daemons(rings.path());
-        if live.is_empty() || seen == 0 {
-            continue;
-        }
-        let victim = live[(random >> 32) as usize % live.len()];
-        let status = Command::new("kill")
-            .args(["-9", &victim.to_string()])
-            .status()
-            .expect("run kill");
-        if status.success() {
-            kills.push((victim, seen));
+        if victim == "am" {
+            run.kill().expect("kill -9 the AM");
+            run.wait().expect("reap the AM");
+            let _ = stdout.join();
+            (run, stdout) = start_run(&spec, &listen, rings.path(), &state);
+            kills.push(("am", last_seen));
+        } else {
+            let live = daemons(rings.path());
+            if let Some(pid) = live.get((random >> 32) as usize % live.len().max(1)) {
+                let status = Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status()
+                    .expect("run kill");
+                if status.success() {
+                    kills.push(("daemon", last_seen));
+                }
+            }
         }
     }
     let (success, stdout) = finish(run, stdout, started, &[root, rings.path()], &state);
     eprintln!(
-        "{} kills (pid, ids delivered by then): {kills:?}; run took {:?}",
+        "{} kills (what, ids delivered by then): {kills:?}; run took {:?}",
         kills.len(),
         started.elapsed()
     );
     let logs = logs(&state);
     assert!(success, "sluice run failed:\n{stdout}\n{logs}");
-    assert!(stdout.contains("job daemon-crash succeeded"), "{stdout}");
+    assert!(stdout.contains("job chaos succeeded"), "{stdout}");
     assert!(
-        kills.len() >= KILLS / 2,
-        "only {} daemons were killed mid-run ({kills:?}): the test proves little",
-        kills.len()
+        kills.iter().filter(|(what, _)| *what == "am").count() == AM_KILLS
+            && kills.len() >= AM_KILLS + DAEMON_KILLS - 1,
+        "too few kills mid-run ({kills:?}): the test proves little"
     );
-
     let mut ids: Vec<i64> = (0..4)
         .flat_map(|rank| read_ids(&root.join(format!("ids-{rank}.bin"))))
         .collect();
