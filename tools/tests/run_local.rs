@@ -199,3 +199,69 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
     let expected: Vec<i64> = (0..700).chain(3900..4000).collect();
     assert_eq!(ids, expected);
 }
+
+/// A file of the dataset is corrupted after the job was planned: its tasks fail on every attempt,
+/// and the job ends by the failure policy with a message naming the file, without hanging.
+#[test]
+fn a_file_corrupted_during_the_job_fails_it_by_the_policy_naming_the_file() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let root = directory.path();
+    let data = common::generate(root, 8000, 2, 1000);
+    let victim = data.join("part-00001.parquet");
+    let spec = common::write_spec(
+        root,
+        &format!(
+            r#"
+name: run-corrupt
+data:
+  sources: [{{ uri: "file://{data}", format: parquet }}]
+  task_rows: 1000
+  batch_size: 250
+nodes: 1
+roles:
+  - {{ name: worker, num: 1, command: ["{sluice}", consume, --max-rows-per-s, "4000"] }}
+failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000, max_task_attempts: 2, task_failed_percent: 20 }}
+"#,
+            data = data.display(),
+            sluice = env!("CARGO_BIN_EXE_sluice"),
+        ),
+    );
+    let mut run = sluice()
+        .arg("run")
+        .arg(&spec)
+        .arg("--ring-dir")
+        .arg(root.join("rings"))
+        .arg("--state-dir")
+        .arg(root.join("state"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice run");
+    // Planned on the intact file; its bytes are then overwritten in place, footer included.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let size = std::fs::metadata(&victim).expect("victim").len() as usize;
+    std::fs::write(&victim, vec![0x5a; size]).expect("corrupt the file");
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = run.try_wait().expect("try_wait") {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = run.kill();
+            panic!("the job did not end within 120 s of the corruption (a hang)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let output = run.wait_with_output().expect("output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!status.success(), "the job must fail: {text}");
+    assert!(text.contains("job run-corrupt failed"), "{text}");
+    assert!(
+        text.contains("part-00001.parquet"),
+        "the message names the file: {text}"
+    );
+}
