@@ -1,12 +1,14 @@
 //! Reading record batches out of a ring, with the consumed position of every task.
 
 use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
 use arrow::error::ArrowError;
 use arrow::ipc::reader::StreamDecoder;
-use sluice_ring::{Consumer, RecordKind, RecvError};
+use sluice_ring::{Consumer, Lease, RecordKind, RecvError};
 
 /// Why reading failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +37,20 @@ pub enum ReadError {
     Producer(String),
 }
 
+/// A buffer over the payload of `lease`, which it keeps: the bytes stay in the ring, unwritten by
+/// the producer, until the last array using them is dropped.
+fn in_place(lease: Lease) -> Buffer {
+    let payload = lease.payload();
+    let (address, length) = (payload.as_ptr(), payload.len());
+    let owner: Arc<Lease> = Arc::new(lease);
+    // A payload of a record is never at address 0, even when empty: it lies inside the mapping.
+    let address = NonNull::new(address.cast_mut()).expect("a mapped payload");
+    // SAFETY: the lease keeps the ring mapped and these `length` bytes from the producer until it is
+    // dropped, and the buffer holds the lease as its owner, so the bytes outlive the buffer and every
+    // slice of it; nothing writes them through the buffer, which Arrow never mutates in place.
+    unsafe { Buffer::from_custom_allocation(address, length, owner) }
+}
+
 /// One item of the stream.
 #[derive(Debug, Clone)]
 pub enum Item {
@@ -53,11 +69,10 @@ pub enum Item {
     EndOfEpoch,
 }
 
-/// Reads a ring's records as Arrow record batches.
-///
-/// Each batch is decoded from a copy of its record, so the record goes back to the daemon at once
-/// and the batch lives as long as the caller wants; Python trainers read the same records in place
-/// instead.
+/// Reads a ring's records as Arrow record batches, in place: a batch's buffers point into the
+/// ring, and its record goes back to the daemon when the batch (every array sliced from it
+/// included) is dropped. A reader that holds batches holds back the ring's space after them, so
+/// the daemon waits once the ring is full of held batches.
 #[derive(Debug)]
 pub struct Reader {
     consumer: Consumer,
@@ -99,8 +114,7 @@ impl Reader {
                     if !self.has_schema {
                         return Err(ReadError::NoSchema { sequence });
                     }
-                    let mut buffer = Buffer::from(record.payload());
-                    drop(record);
+                    let mut buffer = in_place(record.lease());
                     let batch = self
                         .decoder
                         .decode(&mut buffer)
@@ -134,8 +148,13 @@ impl Reader {
         }
     }
 
-    /// The split row up to which this reader consumed each task of the current epoch: the
-    /// position a data checkpoint records for this rank.
+    /// The address range of the ring's data in this process: the buffers of every batch lie in it.
+    pub fn data_region(&self) -> std::ops::Range<usize> {
+        self.consumer.data_region()
+    }
+
+    /// The split row up to which this reader handed out each task of the current epoch: the
+    /// position a data checkpoint records for this rank once those batches are dropped.
     pub fn positions(&self) -> &BTreeMap<u64, u64> {
         &self.positions
     }
@@ -320,6 +339,54 @@ mod tests {
         assert_eq!(received[0], wide);
         assert_eq!(received[1], slices[0]);
         assert_eq!(received[2], slices[1]);
+    }
+
+    #[test]
+    fn batches_point_into_the_ring_and_release_their_record_when_dropped() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("0.ring");
+        let ring = RingOptions::new(&path)
+            .capacity(1 << 20)
+            .create()
+            .expect("create ring");
+        let mut producer = ring.producer().expect("producer");
+        let mut sut = Reader::new(
+            Ring::open(&path)
+                .expect("open")
+                .consumer()
+                .expect("consumer"),
+        );
+        let mut encoder = Encoder::new(batch(0, 1).schema()).expect("encoder");
+        encoder.write_schema(&mut producer).expect("schema");
+        for first in [0, 100] {
+            encoder
+                .write_batch(&mut producer, &batch(first, 100), 1, first as u64, 100)
+                .expect("batch");
+        }
+        producer.close();
+        let region = sut.data_region();
+        let mut held = Vec::new();
+        while let Some(item) = sut.next_item().expect("read") {
+            if let Item::Batch {
+                batch: received, ..
+            } = item
+            {
+                for column in received.columns() {
+                    for buffer in column.to_data().buffers() {
+                        let address = buffer.as_ptr() as usize;
+                        assert!(region.contains(&address), "a buffer outside the ring");
+                    }
+                }
+                held.push(received);
+            }
+        }
+        let (write, read) = ring.cursors();
+        assert!(read < write, "held batches hold their records");
+        assert_eq!(held[1], batch(100, 100), "a held batch stays intact");
+        drop(held);
+        drop(sut);
+        let (write, read) = ring.cursors();
+        assert_eq!(read, write, "dropped batches released every record");
     }
 
     #[test]

@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_formats::{Dataset, Expr, OpenOptions, ReadOptions};
+use sluice_formats::{Dataset, Expr, OpenOptions, ReadOptions, SplitBatch};
 use sluice_proto::BearerToken;
 use sluice_proto::v1;
 use sluice_proto::v1::command::Command as Cmd;
@@ -776,6 +776,10 @@ async fn serve_metrics(
 /// the tasks of an epoch all end before the end-of-epoch record. `epoch` is the epoch of the ring's
 /// last batch when no end of epoch follows it (a daemon that took the ring over continues it): a
 /// task of another epoch ends that one.
+///
+/// Every open task is read on a task of its own, ahead of the writer (see [`Pump`]), and one more
+/// task of the epoch than the window is opened, so that reading and decoding the next task overlaps
+/// the end of the current one, on another core.
 async fn feed(
     mut jobs: mpsc::UnboundedReceiver<Job>,
     writer: mpsc::Sender<Write>,
@@ -785,25 +789,23 @@ async fn feed(
     let window = pipeline.shape.window();
     let seed = pipeline.shape.shuffle.map_or(0, |shuffle| shuffle.seed);
     let mut interleave = Interleave::new(seed, epoch.unwrap_or(0));
-    let mut open: Vec<(Job, TaskFeed)> = Vec::new();
+    let mut open: Vec<(Job, Pump)> = Vec::new();
     let mut next_epoch: Option<Job> = None;
     loop {
-        while open.len() < window {
-            let job = match next_epoch.take() {
-                Some(job) => job,
-                None if open.is_empty() => {
-                    let idle = Instant::now();
-                    let job = jobs.recv().await;
-                    pipeline.stages.read.wait(idle.elapsed());
-                    match job {
-                        Some(job) => job,
-                        None => return,
-                    }
+        while open.len() <= window && next_epoch.is_none() {
+            let job = if open.is_empty() {
+                let idle = Instant::now();
+                let job = jobs.recv().await;
+                pipeline.stages.read.wait(idle.elapsed());
+                match job {
+                    Some(job) => job,
+                    None => return,
                 }
-                None => match jobs.try_recv() {
+            } else {
+                match jobs.try_recv() {
                     Ok(job) => job,
                     Err(_) => break,
-                },
+                }
             };
             let job_epoch = job.assignment.epoch;
             if epoch != Some(job_epoch) {
@@ -817,19 +819,23 @@ async fn feed(
                 epoch = Some(job_epoch);
                 interleave = Interleave::new(seed, job_epoch);
             }
-            // Opening reads the footer, and with a shuffle the whole split.
-            let opening = Instant::now();
-            let opened = open_task(&job.assignment, &pipeline).await;
-            pipeline.stages.read.busy(opening.elapsed());
-            match opened {
-                Ok(task) => open.push((job, task)),
-                Err(reason) => fail(&job, reason),
-            }
+            let pump = Pump::start(job.assignment.clone(), pipeline.clone());
+            open.push((job, pump));
         }
         if open.is_empty() {
+            // Every task of the epoch ended: the next epoch's first task opens it.
+            if let Some(job) = next_epoch.take() {
+                if writer.send(Write::EndOfEpoch).await.is_err() {
+                    return;
+                }
+                epoch = Some(job.assignment.epoch);
+                interleave = Interleave::new(seed, job.assignment.epoch);
+                let pump = Pump::start(job.assignment.clone(), pipeline.clone());
+                open.push((job, pump));
+            }
             continue;
         }
-        let pick = interleave.pick(open.len());
+        let pick = interleave.pick(open.len().min(window));
         let (job, task) = &mut open[pick];
         match feed_task(
             &job.assignment,
@@ -849,6 +855,58 @@ async fn feed(
                 open.remove(pick);
             }
         }
+    }
+}
+
+/// How many batches a task's reader may hold ready ahead of the writer.
+const READ_AHEAD_BATCHES: usize = 4;
+
+/// A task read on a tokio task of its own: opened, read, permuted, transformed and batched ahead of
+/// the writer, its batches waiting in a bounded queue. Dropped, it stops reading.
+struct Pump {
+    batches: mpsc::Receiver<Result<SplitBatch, String>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Pump {
+    fn start(assignment: v1::TaskAssignment, pipeline: Arc<Pipeline>) -> Pump {
+        let (sender, batches) = mpsc::channel(READ_AHEAD_BATCHES);
+        let reader = tokio::spawn(async move {
+            // Opening reads the footer, and with a shuffle the whole split.
+            let opening = Instant::now();
+            let opened = open_task(&assignment, &pipeline).await;
+            pipeline.stages.read.busy(opening.elapsed());
+            let mut task = match opened {
+                Ok(task) => task,
+                Err(reason) => {
+                    let _ = sender.send(Err(reason)).await;
+                    return;
+                }
+            };
+            loop {
+                let next = task.next(assignment.end, &pipeline.stages).await;
+                let last = !matches!(next, Ok(Some(_)));
+                let Some(item) = next.transpose() else {
+                    return;
+                };
+                if sender.send(item).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        Pump { batches, reader }
+    }
+}
+
+impl Drop for Pump {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl std::fmt::Debug for Pump {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Pump").finish_non_exhaustive()
     }
 }
 
@@ -894,12 +952,11 @@ enum Fed {
 async fn feed_task(
     assignment: &v1::TaskAssignment,
     control: &Mutex<Control>,
-    task: &mut TaskFeed,
+    task: &mut Pump,
     writer: &mpsc::Sender<Write>,
     stages: &Stages,
 ) -> Result<Fed, String> {
-    let limit = lock(control).stop.unwrap_or(assignment.end);
-    let Some(covered) = task.next(limit, stages).await? else {
+    let Some(covered) = task.batches.recv().await.transpose()? else {
         return Ok(Fed::Done);
     };
     let decided = {
