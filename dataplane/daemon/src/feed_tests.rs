@@ -65,7 +65,11 @@ async fn pipeline(uri: &str, format: &str, shape: &JobShape) -> Arc<Pipeline> {
             .collect(),
         fixed_batch_size: shape.fixed_batch_size,
     };
-    Arc::new(open_pipeline(&data).await.expect("the pipeline opens"))
+    Arc::new(
+        open_pipeline(&data, tokio::runtime::Handle::current())
+            .await
+            .expect("the pipeline opens"),
+    )
 }
 
 /// The splits of a dataset, one per file (or per `task_rows` rows), on the wire.

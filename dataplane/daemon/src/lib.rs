@@ -110,6 +110,9 @@ pub enum DaemonError {
     /// The job's transforms cannot run on its sources' batches.
     #[error("the job's data.transforms: {0}")]
     Transform(String),
+    /// The daemon's threads could not be started.
+    #[error("{0}; check the process's thread limit (ulimit -u)")]
+    Threads(String),
     /// The metrics endpoint could not be served.
     #[error("serving the daemon's metrics: {0}")]
     Metrics(String),
@@ -170,6 +173,8 @@ struct Pipeline {
     schema: arrow::datatypes::SchemaRef,
     /// How busy the stages after fetch are.
     stages: Arc<Stages>,
+    /// Where tasks are read and decoded.
+    decode: tokio::runtime::Handle,
 }
 
 impl Pipeline {
@@ -234,7 +239,10 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         reply = register(&options, &client, &job_id, Vec::new()).await?;
     }
     let data = reply.data.clone().unwrap_or_default();
-    let pipeline = Arc::new(open_pipeline(&data).await?);
+    // Tasks are read and decoded on a runtime of their own, so that the work never delays the
+    // heartbeats, progress and commands of this one.
+    let decode = DecodeRuntime::start()?;
+    let pipeline = Arc::new(open_pipeline(&data, decode.handle()).await?);
     let schema = pipeline.schema.clone();
     let job_dir = options.ring_dir.join(&reply.job_id);
     // Rings of an earlier run of the job that no process uses any more hold nothing anyone will
@@ -858,6 +866,39 @@ async fn feed(
     }
 }
 
+/// The runtime tasks are read and decoded on: one worker per core, apart from the daemon's own.
+/// Stopped without waiting when dropped, which may happen on the daemon's runtime.
+struct DecodeRuntime(Option<tokio::runtime::Runtime>);
+
+impl DecodeRuntime {
+    fn start() -> Result<DecodeRuntime, DaemonError> {
+        let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores)
+            .thread_name("sluice-decode")
+            .enable_all()
+            .build()
+            .map(|runtime| DecodeRuntime(Some(runtime)))
+            .map_err(|error| DaemonError::Threads(format!("starting the decode threads: {error}")))
+    }
+
+    fn handle(&self) -> tokio::runtime::Handle {
+        self.0
+            .as_ref()
+            .expect("the runtime lives until dropped")
+            .handle()
+            .clone()
+    }
+}
+
+impl Drop for DecodeRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// How many batches a task's reader may hold ready ahead of the writer.
 const READ_AHEAD_BATCHES: usize = 4;
 
@@ -871,7 +912,7 @@ struct Pump {
 impl Pump {
     fn start(assignment: v1::TaskAssignment, pipeline: Arc<Pipeline>) -> Pump {
         let (sender, batches) = mpsc::channel(READ_AHEAD_BATCHES);
-        let reader = tokio::spawn(async move {
+        let reader = pipeline.decode.clone().spawn(async move {
             // Opening reads the footer, and with a shuffle the whole split.
             let opening = Instant::now();
             let opened = open_task(&assignment, &pipeline).await;
@@ -997,7 +1038,10 @@ async fn feed_task(
 }
 
 /// Opens the job's sources and checks its transforms against the first source's schema.
-async fn open_pipeline(data: &v1::JobData) -> Result<Pipeline, DaemonError> {
+async fn open_pipeline(
+    data: &v1::JobData,
+    decode: tokio::runtime::Handle,
+) -> Result<Pipeline, DaemonError> {
     let sources = open_sources(data).await?;
     let shape = Shape::from_job(data).map_err(DaemonError::Transform)?;
     let first = sources
@@ -1012,6 +1056,7 @@ async fn open_pipeline(data: &v1::JobData) -> Result<Pipeline, DaemonError> {
         shape,
         schema,
         stages: Arc::default(),
+        decode,
     })
 }
 
