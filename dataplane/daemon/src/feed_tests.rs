@@ -131,7 +131,6 @@ async fn run_feeder(
 ) -> (Vec<Delivered>, Option<u64>) {
     let (jobs, queue) = mpsc::unbounded_channel();
     let (writer, mut written) = mpsc::channel(1);
-    let feeder = tokio::spawn(feed(queue, writer, pipeline, None));
     let mut controls = Vec::new();
     for assignment in assignments {
         let control = Arc::new(Mutex::new(Control {
@@ -146,6 +145,9 @@ async fn run_feeder(
         .expect("the feeder runs");
     }
     drop(jobs);
+    // Every task is queued before the feeder starts, so that the interleave, which draws among the
+    // tasks open at each batch, sees the same open tasks in every run.
+    let feeder = tokio::spawn(feed(queue, writer, pipeline, None));
     let mut delivered = Vec::new();
     let mut stopped_at = None;
     while let Some(write) = written.recv().await {
