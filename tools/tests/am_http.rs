@@ -485,6 +485,17 @@ fn the_status_page_renders_the_job_in_headless_chromium() {
         "the executors table lists the node:\n{dom}"
     );
     assert!(dom.contains("2 in flight"), "{dom}");
+    // Seconds to a tenth, halves rounded up as the page's `toFixed` does.
+    let tenths = |nanos: u64| format!("{:.1}", (nanos as f64 / 1e8).round() / 10.0);
+    let stages = format!(
+        "<td>decode {} s / {} s</td>",
+        tenths(DECODE_BUSY_NS),
+        tenths(DECODE_WAIT_NS)
+    );
+    assert!(
+        dom.contains(&stages),
+        "the executors table shows the daemon's stages as {stages}:\n{dom}"
+    );
     assert!(
         polyline_points(svg_element(&dom, "rate-chart")) >= 2,
         "{dom}"
