@@ -1,5 +1,5 @@
-//! `sluice bench local-io`, `plan` and `decode` with `--quick --json`, end to end: every side runs for real
-//! and the JSON holds a finite, positive figure for each. Speed is not asserted.
+//! `sluice bench local-io`, `plan`, `decode` and `pipeline` with `--quick --json`, end to end: every side
+//! runs for real and the JSON holds a finite, positive figure for each. Speed is not asserted.
 
 use std::path::Path;
 use std::process::Command;
@@ -146,4 +146,18 @@ fn decode_quick_json_compares_both_codecs_with_pyarrow() {
             "training-v1-175000rows-65536rg-zstd.parquet"
         ]
     );
+}
+
+#[test]
+fn pipeline_quick_json_delivers_the_file_to_a_trainer_beside_pyarrow() {
+    if !pyarrow_available("pipeline_quick_json_delivers_the_file_to_a_trainer_beside_pyarrow") {
+        return;
+    }
+    let cache = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("cache dir");
+    let report = bench(&["pipeline"], cache.path());
+    assert_eq!(report["rows"], 175_000, "{report}");
+    assert_eq!(report["rounds"], 1, "{report}");
+    spread(&report["sluice"], "sluice");
+    spread(&report["pyarrow"], "pyarrow");
+    figure(&report["ratio_to_pyarrow"], "ratio_to_pyarrow");
 }
