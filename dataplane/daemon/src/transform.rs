@@ -11,10 +11,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, Scalar, StringArray};
 use arrow::compute::kernels::{numeric, zip::zip};
 use arrow::compute::{CastOptions, cast, cast_with_options, is_not_null};
-use arrow::datatypes::{
-    DataType, Field, Int8Type, Int16Type, Int32Type, Int64Type, Schema, SchemaRef, UInt8Type,
-    UInt16Type, UInt32Type, UInt64Type,
-};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
 use sluice_proto::v1;
 use sluice_proto::v1::transform::Kind;
 
@@ -291,86 +288,43 @@ fn hash_buckets(values: &ArrayRef, buckets: u64) -> Result<Int64Array, String> {
         let bucket = twox_hash::XxHash64::oneshot(HASH_SEED, bytes) % buckets;
         i64::try_from(bucket).unwrap_or(i64::MAX)
     };
-    let signed = |value: i64| bucket_of(&value.to_le_bytes());
-    let unsigned = |value: u64| bucket_of(&value.to_le_bytes());
-    let result: Int64Array = match values.data_type() {
-        DataType::Utf8 => values
-            .as_string::<i32>()
-            .iter()
-            .map(|value| value.map(|text| bucket_of(text.as_bytes())))
-            .collect(),
-        DataType::LargeUtf8 => values
-            .as_string::<i64>()
-            .iter()
-            .map(|value| value.map(|text| bucket_of(text.as_bytes())))
-            .collect(),
-        DataType::Utf8View => values
-            .as_string_view()
-            .iter()
-            .map(|value| value.map(|text| bucket_of(text.as_bytes())))
-            .collect(),
-        DataType::Binary => values
-            .as_binary::<i32>()
-            .iter()
-            .map(|value| value.map(bucket_of))
-            .collect(),
-        DataType::LargeBinary => values
-            .as_binary::<i64>()
-            .iter()
-            .map(|value| value.map(bucket_of))
-            .collect(),
-        DataType::BinaryView => values
-            .as_binary_view()
-            .iter()
-            .map(|value| value.map(bucket_of))
-            .collect(),
-        DataType::Int8 => values
-            .as_primitive::<Int8Type>()
-            .iter()
-            .map(|value| value.map(|value| signed(i64::from(value))))
-            .collect(),
-        DataType::Int16 => values
-            .as_primitive::<Int16Type>()
-            .iter()
-            .map(|value| value.map(|value| signed(i64::from(value))))
-            .collect(),
-        DataType::Int32 => values
-            .as_primitive::<Int32Type>()
-            .iter()
-            .map(|value| value.map(|value| signed(i64::from(value))))
-            .collect(),
-        DataType::Int64 => values
-            .as_primitive::<Int64Type>()
-            .iter()
-            .map(|value| value.map(signed))
-            .collect(),
-        DataType::UInt8 => values
-            .as_primitive::<UInt8Type>()
-            .iter()
-            .map(|value| value.map(|value| unsigned(u64::from(value))))
-            .collect(),
-        DataType::UInt16 => values
-            .as_primitive::<UInt16Type>()
-            .iter()
-            .map(|value| value.map(|value| unsigned(u64::from(value))))
-            .collect(),
-        DataType::UInt32 => values
-            .as_primitive::<UInt32Type>()
-            .iter()
-            .map(|value| value.map(|value| unsigned(u64::from(value))))
-            .collect(),
-        DataType::UInt64 => values
-            .as_primitive::<UInt64Type>()
-            .iter()
-            .map(|value| value.map(unsigned))
-            .collect(),
+    // Each family is widened to its widest type, which hashes the same bytes for every width.
+    let widest = match values.data_type() {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => DataType::LargeUtf8,
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView => DataType::LargeBinary,
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => DataType::Int64,
+        DataType::UInt8 | DataType::UInt16 | DataType::UInt32 | DataType::UInt64 => {
+            DataType::UInt64
+        }
         other => {
             return Err(format!(
                 "is {other}; hash a string, binary or integer column (cast it first)"
             ));
         }
     };
-    Ok(result)
+    let widened = cast(values, &widest).map_err(|error| error.to_string())?;
+    Ok(match widest {
+        DataType::LargeUtf8 => widened
+            .as_string::<i64>()
+            .iter()
+            .map(|value| value.map(|text| bucket_of(text.as_bytes())))
+            .collect(),
+        DataType::LargeBinary => widened
+            .as_binary::<i64>()
+            .iter()
+            .map(|value| value.map(bucket_of))
+            .collect(),
+        DataType::Int64 => widened
+            .as_primitive::<Int64Type>()
+            .iter()
+            .map(|value| value.map(|value| bucket_of(&value.to_le_bytes())))
+            .collect(),
+        _ => widened
+            .as_primitive::<UInt64Type>()
+            .iter()
+            .map(|value| value.map(|value| bucket_of(&value.to_le_bytes())))
+            .collect(),
+    })
 }
 
 #[cfg(test)]
