@@ -165,6 +165,18 @@ pub struct Spread {
 }
 
 impl Spread {
+    /// Summarises the samples of `what`, or says that there is no finite measurement of it.
+    ///
+    /// # Errors
+    ///
+    /// [`BenchError::Disagree`] when there are no samples or one is not a finite number.
+    pub fn measured(samples: Vec<f64>, what: impl FnOnce() -> String) -> Result<Spread> {
+        Spread::of(samples).ok_or_else(|| BenchError::Disagree {
+            what: what(),
+            detail: "no finite measurement".to_owned(),
+        })
+    }
+
     /// Summarises `samples`; `None` when there are none or one is not a finite number.
     pub fn of(samples: Vec<f64>) -> Option<Spread> {
         if samples.is_empty() || samples.iter().any(|value| !value.is_finite()) {

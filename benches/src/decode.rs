@@ -16,9 +16,8 @@
 //! over the rounds, and the ratios of the medians.
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -26,18 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::{Spread, check_pyarrow, check_taskset, display, load_average, run_timed};
 use crate::error::{BenchError, Result};
-use crate::training_data::{Codec, TrainingFile};
+use crate::training_data::{Codec, PyarrowComparison};
 
-/// The file of a full run: 2.8 million rows, about 1 GiB decoded.
-pub const FULL_FILE: TrainingFile = TrainingFile {
-    rows: 2_800_000,
-    row_group_rows: 1 << 20,
-};
-/// The file of a quick run: a sixteenth of the full one.
-pub const QUICK_FILE: TrainingFile = TrainingFile {
-    rows: 175_000,
-    row_group_rows: 1 << 16,
-};
 /// The core both one-core sides are pinned to.
 pub const PINNED_CPU: usize = 0;
 /// The longest one decode may take before it is killed.
@@ -58,27 +47,6 @@ print(json.dumps({
     "null_counts": {name: table.column(name).null_count for name in table.column_names},
 }))
 "#;
-
-/// What `sluice bench decode` runs.
-#[derive(Debug, Clone)]
-pub struct DecodeBenchOptions {
-    /// The `sluice` executable whose `read --stats` is measured.
-    pub sluice: PathBuf,
-    /// The Python interpreter that has pyarrow.
-    pub python: OsString,
-    /// Where the Parquet files are written and reused from.
-    pub cache_dir: PathBuf,
-    /// A sixteenth of the rows and one round, for CI.
-    pub quick: bool,
-    /// Rounds of the three sides (at least 1).
-    pub rounds: usize,
-}
-
-impl DecodeBenchOptions {
-    fn file(&self) -> TrainingFile {
-        if self.quick { QUICK_FILE } else { FULL_FILE }
-    }
-}
 
 /// The three measured sides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +71,7 @@ impl Side {
         }
     }
 
-    fn command(self, options: &DecodeBenchOptions, path: &Path) -> Command {
+    fn command(self, options: &PyarrowComparison, path: &Path) -> Command {
         let sluice_read = |command: &mut Command, threads: &str| {
             command.arg(&options.sluice).arg("read").arg(path).args([
                 "--stats",
@@ -139,7 +107,7 @@ impl Side {
     }
 
     /// Runs this side once: the rows it decoded, their null counts, and the time to count.
-    fn run(self, options: &DecodeBenchOptions, path: &Path) -> Result<Decoded> {
+    fn run(self, options: &PyarrowComparison, path: &Path) -> Result<Decoded> {
         let mut command = self.command(options, path);
         let run = run_timed(&mut command, DECODE_TIMEOUT)?;
         let unusable = |reason: String| BenchError::CommandOutput {
@@ -276,7 +244,7 @@ pub struct DecodeBenchReport {
 /// Returns an error when taskset or pyarrow is missing, the file cannot be written, a side fails, or the
 /// sides disagree on what the file holds.
 pub fn run_decode_bench(
-    options: &DecodeBenchOptions,
+    options: &PyarrowComparison,
     progress: &mut dyn FnMut(&str),
 ) -> Result<DecodeBenchReport> {
     if options.rounds == 0 {
@@ -327,11 +295,8 @@ pub fn run_decode_bench(
             }
         }
         let mut spread = |side: Side| {
-            Spread::of(samples.remove(side.name()).unwrap_or_default()).ok_or_else(|| {
-                BenchError::Disagree {
-                    what: format!("{} timings of {}", side.name(), path.display()),
-                    detail: "no finite measurement".to_owned(),
-                }
+            Spread::measured(samples.remove(side.name()).unwrap_or_default(), || {
+                format!("{} timings of {}", side.name(), path.display())
             })
         };
         let sluice_one_core = spread(Side::SluiceOneCore)?;
@@ -425,6 +390,9 @@ impl DecodeBenchReport {
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::OsString;
+    use std::path::PathBuf;
+
     use super::*;
 
     fn decoded(rows: u64, nulls: &[(&str, u64)]) -> Decoded {
@@ -467,7 +435,7 @@ mod tests {
 
     #[test]
     fn one_core_sides_run_under_taskset_and_two_cores_do_not() {
-        let options = DecodeBenchOptions {
+        let options = PyarrowComparison {
             sluice: PathBuf::from("/bin/sluice"),
             python: OsString::from("python3"),
             cache_dir: PathBuf::from("/tmp"),

@@ -17,18 +17,16 @@
 //! the rounds, and the ratio of the medians.
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Spread, check_pyarrow, display, format_load, load_average, run_timed};
-use crate::decode::{FULL_FILE, QUICK_FILE};
 use crate::error::{BenchError, Result};
-use crate::training_data::Codec;
+use crate::training_data::{Codec, PyarrowComparison};
 
 /// The longest one side may take before it is killed.
 const SIDE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -49,21 +47,6 @@ for batch in ds.dataset(sys.argv[1], format="parquet").to_batches(batch_size=int
 seconds = time.perf_counter() - start
 print(json.dumps({"rows": rows, "seconds": seconds}))
 "#;
-
-/// What `sluice bench pipeline` runs.
-#[derive(Debug, Clone)]
-pub struct PipelineBenchOptions {
-    /// The `sluice` executable whose `run` is measured.
-    pub sluice: PathBuf,
-    /// The Python interpreter that has pyarrow.
-    pub python: OsString,
-    /// Where the Parquet file is written and reused from.
-    pub cache_dir: PathBuf,
-    /// A sixteenth of the rows and one round, for CI.
-    pub quick: bool,
-    /// Rounds of the two sides (at least 1).
-    pub rounds: usize,
-}
 
 /// The two measured sides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +92,7 @@ failover: {{ restart: never }}
 }
 
 /// Runs the Sluice side once in `work`.
-fn run_sluice(options: &PipelineBenchOptions, file: &Path, work: &Path) -> Result<Delivered> {
+fn run_sluice(options: &PyarrowComparison, file: &Path, work: &Path) -> Result<Delivered> {
     let spec = work.join("job.yaml");
     let state = work.join("state");
     let setup = |operation: String| {
@@ -150,7 +133,7 @@ fn run_sluice(options: &PipelineBenchOptions, file: &Path, work: &Path) -> Resul
 }
 
 /// Runs the pyarrow side once.
-fn run_pyarrow(options: &PipelineBenchOptions, file: &Path) -> Result<Delivered> {
+fn run_pyarrow(options: &PyarrowComparison, file: &Path) -> Result<Delivered> {
     let mut command = Command::new(&options.python);
     command
         .args(["-c", PYARROW_SCRIPT])
@@ -194,7 +177,7 @@ pub struct PipelineBenchReport {
 /// Returns an error when pyarrow is missing, the file cannot be written, a side fails, or the sides
 /// disagree on the number of rows.
 pub fn run_pipeline_bench(
-    options: &PipelineBenchOptions,
+    options: &PyarrowComparison,
     progress: &mut dyn FnMut(&str),
 ) -> Result<PipelineBenchReport> {
     if options.rounds == 0 {
@@ -206,7 +189,7 @@ pub fn run_pipeline_bench(
     check_pyarrow(&options.python)?;
     let load_average_start = load_average();
     let rounds = if options.quick { 1 } else { options.rounds };
-    let training_file = if options.quick { QUICK_FILE } else { FULL_FILE };
+    let training_file = options.file();
     let file = training_file.ensure(&options.cache_dir, Codec::Snappy)?;
     let work = tempfile::tempdir().map_err(|source| BenchError::Setup {
         operation: "creating a directory for the job's rings and logs".to_owned(),
@@ -248,11 +231,8 @@ pub fn run_pipeline_bench(
         }
     }
     let mut spread = |side: Side| {
-        Spread::of(samples.remove(side.name()).unwrap_or_default()).ok_or_else(|| {
-            BenchError::Disagree {
-                what: format!("{} timings of {}", side.name(), file.display()),
-                detail: "no finite measurement".to_owned(),
-            }
+        Spread::measured(samples.remove(side.name()).unwrap_or_default(), || {
+            format!("{} timings of {}", side.name(), file.display())
         })
     };
     let sluice = spread(Side::Sluice)?;

@@ -288,12 +288,9 @@ pub fn run_plan_bench(
             }
         }
     }
-    let no_figure = || BenchError::Disagree {
-        what: format!("timings of planning {}", table.display()),
-        detail: "no finite measurement".to_owned(),
-    };
-    let sluice_seconds = Spread::of(sluice_seconds).ok_or_else(no_figure)?;
-    let pyarrow_seconds = Spread::of(pyarrow_seconds).ok_or_else(no_figure)?;
+    let what = || format!("timings of planning {}", table.display());
+    let sluice_seconds = Spread::measured(sluice_seconds, what)?;
+    let pyarrow_seconds = Spread::measured(pyarrow_seconds, what)?;
     Ok(PlanBenchReport {
         table: table.display().to_string(),
         files: shape.files,

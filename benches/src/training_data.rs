@@ -14,6 +14,7 @@
 //! That is about 380 bytes per row once decoded into Arrow, so 2.8 million rows make about 1 GiB. The
 //! floats carry random mantissas, as real features and embeddings do, so they barely compress.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -77,6 +78,40 @@ impl Codec {
                     source,
                 }),
         }
+    }
+}
+
+/// The file of a full run: 2.8 million rows, about 1 GiB decoded.
+pub const FULL_FILE: TrainingFile = TrainingFile {
+    rows: 2_800_000,
+    row_group_rows: 1 << 20,
+};
+/// The file of a quick run: a sixteenth of the full one.
+pub const QUICK_FILE: TrainingFile = TrainingFile {
+    rows: 175_000,
+    row_group_rows: 1 << 16,
+};
+
+/// What a benchmark of Sluice against pyarrow on the training file runs (`sluice bench decode` and
+/// `sluice bench pipeline`).
+#[derive(Debug, Clone)]
+pub struct PyarrowComparison {
+    /// The `sluice` executable under test.
+    pub sluice: PathBuf,
+    /// The Python interpreter that has pyarrow.
+    pub python: OsString,
+    /// Where the Parquet files are written and reused from.
+    pub cache_dir: PathBuf,
+    /// A sixteenth of the rows and one round, for CI.
+    pub quick: bool,
+    /// Rounds of the sides, which take turns (at least 1).
+    pub rounds: usize,
+}
+
+impl PyarrowComparison {
+    /// The file the run reads.
+    pub fn file(&self) -> TrainingFile {
+        if self.quick { QUICK_FILE } else { FULL_FILE }
     }
 }
 

@@ -12,12 +12,13 @@ use sluice_bench::am::{
     AmBenchOptions, AmClientArgs, AmPeers, AmServerArgs, client_main, run_am_bench,
     serve_synthetic_am,
 };
-use sluice_bench::decode::{DecodeBenchOptions, run_decode_bench};
+use sluice_bench::decode::run_decode_bench;
 use sluice_bench::local_io::{
     DEFAULT_IN_FLIGHT, DEFAULT_RANGE_SIZES, LocalIoBenchOptions, run_local_io_bench,
 };
-use sluice_bench::pipeline::{PipelineBenchOptions, run_pipeline_bench};
+use sluice_bench::pipeline::run_pipeline_bench;
 use sluice_bench::plan::{PlanBenchOptions, run_plan_bench};
+use sluice_bench::training_data::PyarrowComparison;
 use sluice_bench::workload::parse_sizes;
 use sluice_bench::{PeerArgs, PeerCommand, RingBenchOptions, Transport, peer_main, run_ring_bench};
 
@@ -262,17 +263,22 @@ where
     Ok(())
 }
 
-fn run_decode(args: VsPyarrowArgs) -> anyhow::Result<()> {
-    let options = DecodeBenchOptions {
-        sluice: std::env::current_exe()
-            .context("locating the sluice executable, whose `read --stats` is measured")?,
+/// The options of a comparison with pyarrow on the training file, for the `sluice` running now.
+fn comparison(args: VsPyarrowArgs) -> anyhow::Result<PyarrowComparison> {
+    Ok(PyarrowComparison {
+        sluice: std::env::current_exe().context("locating the sluice executable to measure")?,
         python: args.python,
         cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
         quick: args.quick,
         rounds: args.rounds,
-    };
+    })
+}
+
+fn run_decode(args: VsPyarrowArgs) -> anyhow::Result<()> {
+    let json = args.json;
+    let options = comparison(args)?;
     print_report(
-        args.json,
+        json,
         |progress| run_decode_bench(&options, progress),
         |report| report.to_json(),
         |report| report.render_table(),
@@ -280,16 +286,10 @@ fn run_decode(args: VsPyarrowArgs) -> anyhow::Result<()> {
 }
 
 fn run_pipeline(args: VsPyarrowArgs) -> anyhow::Result<()> {
-    let options = PipelineBenchOptions {
-        sluice: std::env::current_exe()
-            .context("locating the sluice executable, whose `run` is measured")?,
-        python: args.python,
-        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
-        quick: args.quick,
-        rounds: args.rounds,
-    };
+    let json = args.json;
+    let options = comparison(args)?;
     print_report(
-        args.json,
+        json,
         |progress| run_pipeline_bench(&options, progress),
         |report| report.to_json(),
         |report| report.render_table(),
