@@ -121,18 +121,14 @@ fn the_delta_example_reads_the_pinned_version_of_a_generated_table() {
     // Each trainer ends its log with the JSON of `sluice consume`.
     let delivered: u64 = (0..4)
         .map(|rank| {
-            let log = directory
-                .path()
-                .join(format!("state/trainer-worker-{rank}.log"));
-            let text = std::fs::read_to_string(&log).expect("trainer log");
-            let last = text
-                .lines()
-                .rev()
-                .find(|line| line.starts_with('{'))
-                .unwrap_or("{}");
-            serde_json::from_str::<serde_json::Value>(last).expect("consume's JSON")["rows"]
-                .as_u64()
-                .unwrap_or_else(|| panic!("{}: no rows in {last:?}", log.display()))
+            let lines = trainer_lines(
+                &directory.path().join("state"),
+                &format!("trainer-worker-{rank}"),
+            );
+            lines
+                .last()
+                .and_then(|last| last["rows"].as_u64())
+                .unwrap_or_else(|| panic!("rank {rank}: no rows in {lines:?}"))
         })
         .sum();
     assert_eq!(delivered, rows, "{stdout}");
