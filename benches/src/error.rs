@@ -172,6 +172,14 @@ pub enum BenchError {
         source: sluice_formats::FormatError,
     },
     /// A program a benchmark compares against, or runs under, is not installed.
+    /// A chaos run could not go on.
+    #[error("bench chaos: {reason}\nthe executors' logs:\n{logs}")]
+    Chaos {
+        /// What went wrong.
+        reason: String,
+        /// Every log the executors left.
+        logs: String,
+    },
     #[error("{program} is needed for {purpose} and did not run ({reason}); {fix}")]
     ToolMissing {
         /// The program.

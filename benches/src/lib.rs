@@ -28,6 +28,7 @@
 
 pub mod affinity;
 pub mod am;
+pub mod chaos;
 pub mod command;
 pub mod decode;
 pub mod error;

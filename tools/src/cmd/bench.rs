@@ -3,6 +3,7 @@
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::cmd::am::am_worker_threads;
 use crate::cmd::read::runtime;
@@ -12,6 +13,7 @@ use sluice_bench::am::{
     AmBenchOptions, AmClientArgs, AmPeers, AmServerArgs, client_main, run_am_bench,
     serve_synthetic_am,
 };
+use sluice_bench::chaos::{ChaosOptions, run_chaos_bench};
 use sluice_bench::decode::run_decode_bench;
 use sluice_bench::local_io::{
     DEFAULT_IN_FLIGHT, DEFAULT_RANGE_SIZES, LocalIoBenchOptions, run_local_io_bench,
@@ -42,6 +44,8 @@ enum BenchCommand {
     Pipeline(VsPyarrowArgs),
     /// Local byte-range reads through io_uring against pread, cold and warm.
     LocalIo(LocalIoArgs),
+    /// A job whose daemons and AM are killed with `kill -9` at random moments: every id exactly once.
+    Chaos(ChaosArgs),
     /// Planning a Delta table of 1,000 files: `sluice plan` against a pyarrow planner.
     Plan(PlanArgs),
     /// The AM on one core under simulated executors: heartbeat latency, cpu, memory, recovery time.
@@ -69,6 +73,35 @@ struct AmArgs {
     #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..=u64::from(u32::MAX)))]
     memory_tasks: u64,
     /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ChaosArgs {
+    /// Rows of the generated dataset.
+    #[arg(long, default_value_t = 2_000_000, value_parser = clap::value_parser!(u64).range(100_000..))]
+    rows: u64,
+    /// Node daemons killed.
+    #[arg(long, default_value_t = 3)]
+    daemon_kills: usize,
+    /// AM processes killed.
+    #[arg(long, default_value_t = 2)]
+    am_kills: usize,
+    /// Rows per second each of the four trainers takes at most, standing for its compute.
+    #[arg(long, default_value_t = 25_000, value_parser = clap::value_parser!(u64).range(1..))]
+    trainer_rows_per_s: u64,
+    /// The seed of the kill schedule (default: from the clock; the report gives it).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Keep the data, ids files, journal and logs in this directory (default: a temporary one).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Seconds after which the run is declared hung and everything is killed (default: the time the
+    /// trainers need for the rows, plus four minutes).
+    #[arg(long)]
+    watchdog_s: Option<u64>,
+    /// Print one JSON object instead of a report.
     #[arg(long)]
     json: bool,
 }
@@ -201,6 +234,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Decode(decode) => run_decode(decode),
         BenchCommand::Pipeline(pipeline) => run_pipeline(pipeline),
         BenchCommand::LocalIo(local_io) => run_local_io(local_io),
+        BenchCommand::Chaos(chaos) => run_chaos(chaos),
         BenchCommand::Plan(plan) => run_plan(plan),
         BenchCommand::Am(am) => run_am(am),
         BenchCommand::AmServer(server) => {
@@ -294,6 +328,40 @@ fn run_pipeline(args: VsPyarrowArgs) -> anyhow::Result<()> {
         |report| report.to_json(),
         |report| report.render_table(),
     )
+}
+
+fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
+    let paced_s = args.rows / (args.trainer_rows_per_s * 4) + 1;
+    let options = ChaosOptions {
+        sluice: std::env::current_exe().context("locating the sluice executable to run the job")?,
+        rows: args.rows,
+        daemon_kills: args.daemon_kills,
+        am_kills: args.am_kills,
+        trainer_rows_per_s: args.trainer_rows_per_s,
+        seed: args.seed,
+        directory: args.dir,
+        watchdog: Duration::from_secs(args.watchdog_s.unwrap_or(paced_s + 240)),
+    };
+    let report = run_chaos_bench(&options)?;
+    if args.json {
+        println!("{}", report.to_json()?);
+    } else {
+        print!("{}", report.render());
+    }
+    anyhow::ensure!(
+        report.exactly_once(),
+        "bench chaos: the job {}; {} ids repeated, {} missing (seed {}; rerun with --seed {} --dir DIR to keep its logs)",
+        if report.job_succeeded {
+            "succeeded"
+        } else {
+            "failed"
+        },
+        report.duplicates,
+        report.missing,
+        report.seed,
+        report.seed
+    );
+    Ok(())
 }
 
 fn run_am(args: AmArgs) -> anyhow::Result<()> {

@@ -1,0 +1,602 @@
+//! `sluice bench chaos`: a job whose node daemons and AM are killed with `kill -9` at random moments,
+//! and started again as an operator (or the launcher) would; every id must still reach the trainers
+//! exactly once.
+//!
+//! The job reads `rows` generated rows in eight Parquet files with two node daemons and four reference
+//! trainers (`sluice consume --ids-out`), each paced at `trainer_rows_per_s`, shuffled. The launcher
+//! starts a killed daemon again (`restart: on-failure`) with the same node id, job and ring directory,
+//! and it takes its rings over from their ledgers; a killed AM (`sluice run`) is started again with the
+//! same spec, address and state, replays its journal and adopts the executors. Each kill lands 1 to 3 s
+//! after the previous one, once the trainers have received more ids, and none after 90% of the rows. The
+//! trainers live through it all; their ids files are then checked: every id once.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::error::{BenchError, Result};
+
+/// Trainer ranks of the job.
+const TRAINERS: usize = 4;
+/// Ids kept of each kind of fault in a report.
+const SHOWN: usize = 10;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ChaosOptions {
+    /// The `sluice` binary.
+    pub sluice: PathBuf,
+    /// Rows of the generated dataset.
+    pub rows: u64,
+    /// Node daemons killed.
+    pub daemon_kills: usize,
+    /// AM processes killed.
+    pub am_kills: usize,
+    /// Rows per second each trainer takes at most, standing for its compute.
+    pub trainer_rows_per_s: u64,
+    /// The seed of the kill schedule (default: from the clock; the report gives it).
+    pub seed: Option<u64>,
+    /// Where the data, the ids files, the journal and the executors' logs go, and stay; default: a
+    /// temporary directory removed at the end.
+    pub directory: Option<PathBuf>,
+    /// The whole run must end within this; past it everything is killed (a deadlock watchdog).
+    pub watchdog: Duration,
+}
+
+/// One kill.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Kill {
+    /// `daemon` or `am`.
+    pub what: &'static str,
+    /// Ids the trainers had received when it landed.
+    pub after_ids: u64,
+    /// Seconds from the start of the job.
+    pub at_s: f64,
+}
+
+/// What a chaos run found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChaosReport {
+    /// Rows of the dataset.
+    pub rows: u64,
+    /// The seed of the kill schedule.
+    pub seed: u64,
+    /// The kills, in order.
+    pub kills: Vec<Kill>,
+    /// Whether the last `sluice run` ended with the job's success.
+    pub job_succeeded: bool,
+    /// The last lines `sluice run` printed.
+    pub outcome: String,
+    /// Ids the trainers received, repeats included.
+    pub delivered: u64,
+    /// Ids received more than once (each extra copy counted).
+    pub duplicates: u64,
+    /// Ids never received.
+    pub missing: u64,
+    /// The first ids received twice.
+    pub first_duplicates: Vec<i64>,
+    /// The first ids never received.
+    pub first_missing: Vec<i64>,
+    /// Rings that restarted daemons took over from their ledgers.
+    pub takeovers: usize,
+    /// Wall time of the whole run, kills and restarts included.
+    pub seconds: f64,
+}
+
+impl ChaosReport {
+    /// Whether the job succeeded with every id delivered exactly once.
+    pub fn exactly_once(&self) -> bool {
+        self.job_succeeded && self.duplicates == 0 && self.missing == 0
+    }
+
+    /// The report as one JSON object.
+    pub fn to_json(&self) -> serde_json::Result<String> {
+        serde_json::to_string(self)
+    }
+
+    /// The report for a terminal.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "chaos: {} rows, {} kills in {:.1} s (seed {})",
+            self.rows,
+            self.kills.len(),
+            self.seconds,
+            self.seed
+        );
+        for kill in &self.kills {
+            let _ = writeln!(
+                out,
+                "  kill -9 {:<6} at {:>6.1} s, after {} ids",
+                kill.what, kill.at_s, kill.after_ids
+            );
+        }
+        let _ = writeln!(
+            out,
+            "rings taken over by restarted daemons: {}",
+            self.takeovers
+        );
+        let _ = writeln!(
+            out,
+            "ids: {} received, {} twice, {} missing{}{}",
+            self.delivered,
+            self.duplicates,
+            self.missing,
+            shown(", first repeated", &self.first_duplicates),
+            shown(", first missing", &self.first_missing),
+        );
+        let _ = writeln!(out, "job: {}", self.outcome);
+        let verdict = if self.exactly_once() {
+            "every id exactly once"
+        } else {
+            "FAILED: not every id exactly once"
+        };
+        let _ = writeln!(out, "{verdict}");
+        out
+    }
+}
+
+fn shown(label: &str, ids: &[i64]) -> String {
+    if ids.is_empty() {
+        String::new()
+    } else {
+        format!("{label} {ids:?}")
+    }
+}
+
+/// Runs the job, kills as scheduled, and checks the trainers' ids.
+///
+/// # Errors
+///
+/// Fails when the data cannot be generated, a process cannot be started, or the job does not end
+/// within the watchdog (everything is killed then, and the error holds the executors' logs). Lost
+/// or repeated ids are not an error here: they are in the report.
+pub fn run_chaos_bench(options: &ChaosOptions) -> Result<ChaosReport> {
+    let temporary;
+    let root = match &options.directory {
+        Some(directory) => {
+            std::fs::create_dir_all(directory).map_err(setup(format!(
+                "creating the chaos directory {}",
+                directory.display()
+            )))?;
+            directory.clone()
+        }
+        None => {
+            temporary = tempfile::tempdir().map_err(setup("creating a temporary directory"))?;
+            temporary.path().to_path_buf()
+        }
+    };
+    let rings = tempfile::Builder::new()
+        .prefix("sluice-chaos")
+        .tempdir_in("/dev/shm")
+        .map_err(setup("creating a ring directory in /dev/shm"))?;
+    let job = Job::prepare(options, &root, rings.path())?;
+    let seed = options.seed.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64)
+    });
+    let started = Instant::now();
+    let mut run = job.start()?;
+    let kills = match job.kill_on_schedule(options, seed, started, &mut run) {
+        Ok(kills) => kills,
+        Err(error) => {
+            job.kill_everything(run);
+            return Err(error);
+        }
+    };
+    let (job_succeeded, stdout) = job.finish(run, started, options.watchdog)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut ids: Vec<i64> = (0..TRAINERS)
+        .flat_map(|rank| read_ids(&job.ids_file(rank)))
+        .collect();
+    let delivered = ids.len() as u64;
+    ids.sort_unstable();
+    let first_duplicates: Vec<i64> = ids
+        .windows(2)
+        .filter(|pair| pair[0] == pair[1])
+        .map(|pair| pair[0])
+        .take(SHOWN)
+        .collect();
+    ids.dedup();
+    let duplicates = delivered - ids.len() as u64;
+    let mut first_missing = Vec::new();
+    let mut missing = 0;
+    let mut next = ids.iter().peekable();
+    for id in 0..options.rows as i64 {
+        if next.next_if_eq(&&id).is_none() {
+            missing += 1;
+            if first_missing.len() < SHOWN {
+                first_missing.push(id);
+            }
+        }
+    }
+    let logs = logs(&job.state);
+    Ok(ChaosReport {
+        rows: options.rows,
+        seed,
+        kills,
+        job_succeeded,
+        outcome: stdout
+            .lines()
+            .rev()
+            .find(|line| line.contains(" job "))
+            .unwrap_or("sluice run printed no outcome")
+            .trim()
+            .to_owned(),
+        delivered,
+        duplicates,
+        missing,
+        first_duplicates,
+        first_missing,
+        takeovers: logs
+            .matches("took over a ring this node fed before it restarted")
+            .count(),
+        seconds,
+    })
+}
+
+/// A running `sluice run`, its stdout read by a thread.
+struct Run {
+    child: Child,
+    stdout: JoinHandle<String>,
+}
+
+/// The job's files and how to start it.
+struct Job {
+    sluice: PathBuf,
+    root: PathBuf,
+    rings: PathBuf,
+    state: PathBuf,
+    spec: PathBuf,
+    listen: String,
+    rows: u64,
+}
+
+impl Job {
+    /// Generates the data and writes the spec.
+    fn prepare(options: &ChaosOptions, root: &Path, rings: &Path) -> Result<Job> {
+        let data = root.join("data");
+        if data.exists() {
+            std::fs::remove_dir_all(&data).map_err(setup(format!(
+                "removing the data of an earlier run at {}",
+                data.display()
+            )))?;
+        }
+        let mut generate = Command::new(&options.sluice);
+        generate
+            .args(["gen", "--out"])
+            .arg(&data)
+            .args(["--rows", &options.rows.to_string(), "--files", "8"])
+            .args(["--row-group-rows", "50000"]);
+        crate::command::run_timed(&mut generate, Duration::from_secs(600))?;
+        for rank in 0..TRAINERS {
+            let ids = root.join(format!("ids-{rank}.bin"));
+            if ids.exists() {
+                std::fs::remove_file(&ids).map_err(setup(format!("removing {}", ids.display())))?;
+            }
+        }
+        let journal = root.join("journal");
+        let state = root.join("state");
+        for directory in [&journal, &state] {
+            if directory.exists() {
+                std::fs::remove_dir_all(directory)
+                    .map_err(setup(format!("removing {}", directory.display())))?;
+            }
+        }
+        let spec = root.join("chaos.yaml");
+        let text = format!(
+            r#"
+name: chaos
+data:
+  sources: [{{ uri: "file://{data}", format: parquet, columns: [id, label] }}]
+  task_rows: 50000
+  batch_size: 1000
+  shuffle: {{ seed: 3, window: 2 }}
+nodes: 2
+roles:
+  - {{ name: worker, num: {TRAINERS}, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin", --max-rows-per-s, "{rate}"] }}
+failover: {{ restart: on-failure, max_failures: 50, heartbeat_interval_ms: 100, heartbeat_timeout_ms: 30000 }}
+checkpoint: {{ uri: "file://{journal}" }}
+"#,
+            data = data.display(),
+            sluice = options.sluice.display(),
+            root = root.display(),
+            rate = options.trainer_rows_per_s,
+            journal = journal.display(),
+        );
+        std::fs::write(&spec, text).map_err(setup(format!("writing {}", spec.display())))?;
+        let listen = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(setup("finding a free port for the AM"))?
+            .to_string();
+        Ok(Job {
+            sluice: options.sluice.clone(),
+            root: root.to_path_buf(),
+            rings: rings.to_path_buf(),
+            state,
+            spec,
+            listen,
+            rows: options.rows,
+        })
+    }
+
+    fn ids_file(&self, rank: usize) -> PathBuf {
+        self.root.join(format!("ids-{rank}.bin"))
+    }
+
+    /// Ids the trainers have written so far.
+    fn delivered(&self) -> u64 {
+        (0..TRAINERS)
+            .map(|rank| std::fs::metadata(self.ids_file(rank)).map_or(0, |file| file.len() / 8))
+            .sum()
+    }
+
+    /// Starts `sluice run` of the job: the first time, or again after its AM was killed.
+    fn start(&self) -> Result<Run> {
+        let mut command = Command::new(&self.sluice);
+        command
+            .arg("run")
+            .arg(&self.spec)
+            .args(["--listen", &self.listen])
+            .arg("--ring-dir")
+            .arg(&self.rings)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .env("SLUICE_LOG", "warn,sluice_daemon=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = command.spawn().map_err(|source| BenchError::ToolMissing {
+            program: self.sluice.display().to_string(),
+            purpose: "running the chaos job".to_owned(),
+            reason: source.to_string(),
+            fix: "build sluice-cli and run `sluice bench chaos` from it".to_owned(),
+        })?;
+        let mut output = child.stdout.take().ok_or_else(|| BenchError::Chaos {
+            reason: "sluice run has no stdout pipe".to_owned(),
+            logs: String::new(),
+        })?;
+        let stdout =
+            std::thread::spawn(move || std::io::read_to_string(&mut output).unwrap_or_default());
+        Ok(Run { child, stdout })
+    }
+
+    /// Kills daemons and the AM in a random order, each once the trainers moved on.
+    fn kill_on_schedule(
+        &self,
+        options: &ChaosOptions,
+        seed: u64,
+        started: Instant,
+        run: &mut Run,
+    ) -> Result<Vec<Kill>> {
+        let mut random = seed;
+        let mut victims: Vec<&'static str> = std::iter::repeat_n("daemon", options.daemon_kills)
+            .chain(std::iter::repeat_n("am", options.am_kills))
+            .collect();
+        for index in (1..victims.len()).rev() {
+            random = mix(random);
+            victims.swap(index, random as usize % (index + 1));
+        }
+        let late = self.rows * 9 / 10;
+        let mut kills = Vec::new();
+        let mut last_seen = 0;
+        for victim in victims {
+            loop {
+                random = mix(random);
+                std::thread::sleep(Duration::from_millis(1000 + random % 2000));
+                if started.elapsed() > options.watchdog {
+                    return Err(BenchError::Chaos {
+                        reason: format!(
+                            "only {} kills within {:?} ({kills:?}): the trainers stopped receiving ids",
+                            kills.len(),
+                            options.watchdog
+                        ),
+                        logs: logs(&self.state),
+                    });
+                }
+                let seen = self.delivered();
+                if seen > last_seen || seen >= late {
+                    last_seen = seen;
+                    break;
+                }
+            }
+            if last_seen >= late {
+                break;
+            }
+            let at_s = started.elapsed().as_secs_f64();
+            if victim == "am" {
+                let _ = run.child.kill();
+                let _ = run.child.wait();
+                *run = self.start()?;
+                kills.push(Kill {
+                    what: "am",
+                    after_ids: last_seen,
+                    at_s,
+                });
+                continue;
+            }
+            let live = processes_naming(&self.rings, Some("daemon"));
+            let Some(pid) = live.get((random >> 32) as usize % live.len().max(1)) else {
+                continue;
+            };
+            let killed = Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status()
+                .is_ok_and(|status| status.success());
+            if killed {
+                kills.push(Kill {
+                    what: "daemon",
+                    after_ids: last_seen,
+                    at_s,
+                });
+            }
+        }
+        Ok(kills)
+    }
+
+    /// Waits for `sluice run` to end; past the watchdog, kills everything and fails.
+    fn finish(&self, mut run: Run, started: Instant, watchdog: Duration) -> Result<(bool, String)> {
+        loop {
+            let exited = run
+                .child
+                .try_wait()
+                .map_err(setup("waiting for sluice run"))?;
+            if let Some(status) = exited {
+                let stdout = run.stdout.join().unwrap_or_default();
+                return Ok((status.success(), stdout));
+            }
+            if started.elapsed() > watchdog {
+                self.kill_everything(run);
+                return Err(BenchError::Chaos {
+                    reason: format!(
+                        "sluice run did not finish within {watchdog:?}: killed (deadlock watchdog)"
+                    ),
+                    logs: logs(&self.state),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills `sluice run` and every executor, all of which name a directory of the run.
+    fn kill_everything(&self, mut run: Run) {
+        let _ = run.child.kill();
+        let _ = run.child.wait();
+        for directory in [&self.root, &self.rings] {
+            for pid in processes_naming(directory, None) {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+    }
+}
+
+/// The live processes with an argument starting with `path`, and with `subcommand` as their first
+/// argument when given (so `daemon` finds `sluice daemon ...`, not the launcher's shim running it).
+pub fn processes_naming(path: &Path, subcommand: Option<&str>) -> Vec<u32> {
+    let path = path.to_string_lossy().into_owned();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(std::result::Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(command_line) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let arguments: Vec<&[u8]> = command_line.split(|byte| *byte == 0).collect();
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = state
+                .rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z'));
+            !zombie
+                && subcommand.is_none_or(|name| arguments.get(1) == Some(&name.as_bytes()))
+                && arguments
+                    .iter()
+                    .any(|argument| argument.starts_with(path.as_bytes()))
+        })
+        .collect()
+}
+
+/// The ids a trainer wrote: little-endian int64s.
+pub fn read_ids(path: &Path) -> Vec<i64> {
+    std::fs::read(path)
+        .unwrap_or_default()
+        .chunks_exact(8)
+        .map(|chunk| {
+            let mut bytes = [0; 8];
+            bytes.copy_from_slice(chunk);
+            i64::from_le_bytes(bytes)
+        })
+        .collect()
+}
+
+/// Every log the executors left in a state directory, each under its path.
+pub fn logs(state: &Path) -> String {
+    std::fs::read_dir(state)
+        .map(|entries| {
+            entries
+                .filter_map(std::result::Result::ok)
+                .map(|entry| {
+                    format!(
+                        "--- {}\n{}",
+                        entry.path().display(),
+                        std::fs::read_to_string(entry.path()).unwrap_or_default()
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn setup(operation: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
+    let operation = operation.into();
+    move |source| BenchError::Setup { operation, source }
+}
+
+/// A SplitMix64 step, for the kill schedule.
+fn mix(mut state: u64) -> u64 {
+    state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    state = (state ^ (state >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    state = (state ^ (state >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    state ^ (state >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(job_succeeded: bool, duplicates: u64, missing: u64) -> ChaosReport {
+        ChaosReport {
+            rows: 10,
+            seed: 1,
+            kills: vec![Kill {
+                what: "daemon",
+                after_ids: 4,
+                at_s: 1.5,
+            }],
+            job_succeeded,
+            outcome: "sluice run: job chaos succeeded".to_owned(),
+            delivered: 10 + duplicates - missing,
+            duplicates,
+            missing,
+            first_duplicates: Vec::new(),
+            first_missing: Vec::new(),
+            takeovers: 1,
+            seconds: 3.0,
+        }
+    }
+
+    #[test]
+    fn exactly_once_needs_success_and_neither_repeats_nor_gaps() {
+        assert!(report(true, 0, 0).exactly_once());
+        assert!(!report(false, 0, 0).exactly_once());
+        assert!(!report(true, 1, 0).exactly_once());
+        assert!(!report(true, 0, 1).exactly_once());
+        assert!(
+            report(true, 0, 0)
+                .render()
+                .contains("every id exactly once")
+        );
+        assert!(report(true, 0, 1).render().contains("FAILED"));
+    }
+
+    #[test]
+    fn ids_are_little_endian_int64s() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("ids.bin");
+        let bytes: Vec<u8> = [3_i64, -1, 1 << 40]
+            .iter()
+            .flat_map(|id| id.to_le_bytes())
+            .chain([7])
+            .collect();
+        std::fs::write(&path, bytes).expect("write");
+        assert_eq!(read_ids(&path), vec![3, -1, 1 << 40]);
+    }
+}
