@@ -42,6 +42,8 @@ pub struct LaunchOptions {
     pub sluice: PathBuf,
     /// The directory rings live under.
     pub ring_dir: PathBuf,
+    /// The size of each ring the daemons create, in bytes.
+    pub ring_size: u64,
 }
 
 /// A bound, planned AM, ready to serve.
@@ -148,6 +150,7 @@ impl AmServer {
             launcher: launch.launcher,
             sluice: launch.sluice,
             ring_dir: launch.ring_dir,
+            ring_size: launch.ring_size,
             am_address: reachable(bound).to_string(),
             token: options.token.clone(),
         });

@@ -390,6 +390,8 @@ pub struct ExecutorLauncher {
     pub sluice: std::path::PathBuf,
     /// The directory rings live under (`<ring_dir>/<job>/<rank>.ring`).
     pub ring_dir: std::path::PathBuf,
+    /// The size of each ring the daemons create, in bytes.
+    pub ring_size: u64,
     /// The AM's gRPC address as executors reach it.
     pub am_address: String,
     /// The AM's shared token, passed on to executors.
@@ -415,6 +417,8 @@ impl ExecutorLauncher {
                 node.to_string(),
                 "--ring-dir".to_owned(),
                 self.ring_dir.display().to_string(),
+                "--ring-size".to_owned(),
+                self.ring_size.to_string(),
                 "--job".to_owned(),
                 spec.name.clone(),
             ],
@@ -543,6 +547,7 @@ failover: { max_failures: 1 }
             launcher: scripted.clone(),
             sluice: "/usr/bin/sluice".into(),
             ring_dir: "/dev/shm/sluice".into(),
+            ring_size: 1 << 20,
             am_address: "127.0.0.1:7070".into(),
             token: None,
         }
@@ -597,6 +602,8 @@ failover: { max_failures: 1 }
                 "0",
                 "--ring-dir",
                 "/dev/shm/sluice",
+                "--ring-size",
+                "1048576",
                 "--job",
                 "sup"
             ]

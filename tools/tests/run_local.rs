@@ -200,10 +200,10 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
     assert_eq!(ids, expected);
 }
 
-/// A file of the dataset is corrupted after the job was planned: its tasks fail on every attempt,
-/// and the job ends by the failure policy with a message naming the file, without hanging.
-#[test]
-fn a_file_corrupted_during_the_job_fails_it_by_the_policy_naming_the_file() {
+/// Runs a job over two files whose second one `damage` changes after the job was planned: its
+/// tasks fail on every attempt, and the job must end by the failure policy with a message naming the
+/// file, without hanging. Returns what `sluice run` printed.
+fn run_with_a_file_damaged(name: &str, damage: impl FnOnce(&Path)) -> String {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
     let data = common::generate(root, 8000, 2, 1000);
@@ -212,7 +212,7 @@ fn a_file_corrupted_during_the_job_fails_it_by_the_policy_naming_the_file() {
         root,
         &format!(
             r#"
-name: run-corrupt
+name: {name}
 data:
   sources: [{{ uri: "file://{data}", format: parquet }}]
   task_rows: 1000
@@ -237,10 +237,8 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000, max_task_at
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sluice run");
-    // Planned on the intact file; its bytes are then overwritten in place, footer included.
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let size = std::fs::metadata(&victim).expect("victim").len() as usize;
-    std::fs::write(&victim, vec![0x5a; size]).expect("corrupt the file");
+    damage(&victim);
     let started = std::time::Instant::now();
     let status = loop {
         if let Some(status) = run.try_wait().expect("try_wait") {
@@ -248,7 +246,7 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000, max_task_at
         }
         if started.elapsed() > std::time::Duration::from_secs(120) {
             let _ = run.kill();
-            panic!("the job did not end within 120 s of the corruption (a hang)");
+            panic!("the job did not end within 120 s of the damage (a hang)");
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
@@ -259,9 +257,34 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000, max_task_at
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(!status.success(), "the job must fail: {text}");
-    assert!(text.contains("job run-corrupt failed"), "{text}");
+    let error = text
+        .lines()
+        .find(|line| line.starts_with(&format!("error: job {name} failed")))
+        .unwrap_or_else(|| panic!("no final error line: {text}"));
     assert!(
-        text.contains("part-00001.parquet"),
-        "the message names the file: {text}"
+        error.contains("part-00001.parquet"),
+        "the final error names the file: {text}"
+    );
+    error.to_owned()
+}
+
+/// The file's bytes are overwritten in place, footer included.
+#[test]
+fn a_file_corrupted_during_the_job_fails_it_by_the_policy_naming_the_file() {
+    run_with_a_file_damaged("run-corrupt", |victim| {
+        let size = std::fs::metadata(victim).expect("victim").len() as usize;
+        std::fs::write(victim, vec![0x5a; size]).expect("corrupt the file");
+    });
+}
+
+/// The object is deleted from the store.
+#[test]
+fn an_object_deleted_during_the_job_fails_it_by_the_policy_naming_it() {
+    let error = run_with_a_file_damaged("run-deleted", |victim| {
+        std::fs::remove_file(victim).expect("delete the file");
+    });
+    assert!(
+        error.contains("No such file") || error.to_lowercase().contains("not found"),
+        "the final error says the object is missing: {error}"
     );
 }

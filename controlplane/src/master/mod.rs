@@ -92,6 +92,9 @@ pub struct Snapshot {
     stored: BTreeMap<u64, String>,
     stop_reason: Option<String>,
     executors: Option<Executors>,
+    /// Written by AMs since the field exists; older snapshots lack it.
+    #[serde(default)]
+    last_task_failure: Option<String>,
 }
 
 /// What a node last said about its pipeline, and when the AM last heard from it.
@@ -230,6 +233,8 @@ pub struct Master {
     checkpoints: BTreeMap<u64, PendingCheckpoint>,
     stored: BTreeMap<u64, String>,
     stop_reason: Option<String>,
+    /// The last task that failed for good, and why: the cause a failed job's reason names.
+    last_task_failure: Option<String>,
     shut_down: BTreeSet<NodeId>,
     throughput: Throughput,
     executors: Option<Executors>,
@@ -253,6 +258,7 @@ impl Master {
             checkpoints: BTreeMap::new(),
             stored: BTreeMap::new(),
             stop_reason: None,
+            last_task_failure: None,
             shut_down: BTreeSet::new(),
             throughput: Throughput::default(),
             executors: None,
@@ -401,6 +407,7 @@ impl Master {
             stored: self.stored.clone(),
             stop_reason: self.stop_reason.clone(),
             executors: self.executors.clone(),
+            last_task_failure: self.last_task_failure.clone(),
         }
     }
 
@@ -422,6 +429,7 @@ impl Master {
         self.checkpoints = snapshot.checkpoints;
         self.stored = snapshot.stored;
         self.stop_reason = snapshot.stop_reason;
+        self.last_task_failure = snapshot.last_task_failure;
         if snapshot.executors.is_some() {
             self.executors = snapshot.executors;
         }
@@ -775,6 +783,7 @@ impl Master {
         self.origins.pieces = pieces;
         self.checkpoints.clear();
         self.stop_reason = None;
+        self.last_task_failure = None;
         Ok(())
     }
 
@@ -870,7 +879,12 @@ impl Master {
                 task,
                 attempts,
                 reason,
-            } => tracing::warn!(%task, attempts, %reason, "task failed for good"),
+            } => {
+                tracing::warn!(%task, attempts, %reason, "task failed for good");
+                self.last_task_failure = Some(format!(
+                    "{task} failed {attempts} times, the last: {reason}"
+                ));
+            }
             Action::TaskRequeued { task, from_row } => {
                 tracing::info!(%task, from_row, "task queued again")
             }
@@ -926,7 +940,10 @@ impl Master {
     /// Why the job failed, when it did.
     pub fn failure_reason(&self) -> Option<String> {
         if let Some(JobOutcome::Failed { reason }) = self.table.outcome() {
-            return Some(reason.clone());
+            return Some(match &self.last_task_failure {
+                Some(cause) => format!("{reason}; {cause}"),
+                None => reason.clone(),
+            });
         }
         self.executors
             .as_ref()

@@ -122,6 +122,8 @@ pub enum LedgerError {
     },
     /// The file is not a ledger this build can read, or its contents are inconsistent.
     Invalid { path: PathBuf, reason: String },
+    /// The filesystem that would hold the ledger is full.
+    NoSpace { path: PathBuf, needed: u64 },
     /// Every slot is bound.
     Full { path: PathBuf, slots: u32 },
     /// The task is already bound.
@@ -144,6 +146,12 @@ impl std::fmt::Display for LedgerError {
                 formatter,
                 "ledger {}: {reason}; remove the ring and its ledger (`sluice gc` once its processes are gone) and restart the job from its last checkpoint",
                 path.display()
+            ),
+            LedgerError::NoSpace { path, needed } => write!(
+                formatter,
+                "ledger {}: the filesystem is full, the ledger needs {needed} bytes; free space in {} (`sluice gc` removes rings no process uses) or raise its size",
+                path.display(),
+                path.parent().unwrap_or(path).display()
             ),
             LedgerError::Full { path, slots } => write!(
                 formatter,
@@ -218,8 +226,16 @@ impl Ledger {
             .open(&temporary)
             .map_err(io_error("create", &temporary))?;
         let slots = DEFAULT_LEDGER_SLOTS as usize;
-        file.set_len(file_len(slots))
-            .map_err(io_error("set length", &temporary))?;
+        if let Err(source) = crate::reserve(&file, file_len(slots)) {
+            let _ = fs::remove_file(&temporary);
+            return Err(match source.raw_os_error() {
+                Some(libc::ENOSPC) => LedgerError::NoSpace {
+                    path,
+                    needed: file_len(slots),
+                },
+                _ => io_error("posix_fallocate", &temporary)(source),
+            });
+        }
         let mapping = map(&file).map_err(io_error("mmap", &temporary))?;
         let sut = Ledger {
             memory: Memory::Mapped(mapping),

@@ -206,31 +206,19 @@ fn initialise(
     capacity: u64,
     free: u64,
 ) -> Result<memmap2::MmapRaw, RingCreateError> {
-    use std::os::fd::AsRawFd;
-
     let needed = capacity + HEADER_LEN as u64;
-    let length =
-        libc::off_t::try_from(needed).map_err(|_| RingCreateError::InvalidCapacity { capacity })?;
-    // SAFETY: the descriptor belongs to `file`, which outlives the call; posix_fallocate touches no memory
-    // of this process.
-    let status = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, length) };
-    match status {
-        0 => {}
-        libc::ENOSPC => {
-            return Err(RingCreateError::NoSpace {
-                path: path.to_path_buf(),
-                free,
-                needed,
-            });
-        }
-        errno => {
-            return Err(RingCreateError::Io {
-                path: temporary.to_path_buf(),
-                operation: "posix_fallocate",
-                source: std::io::Error::from_raw_os_error(errno),
-            });
-        }
-    }
+    reserve(file, needed).map_err(|source| match source.raw_os_error() {
+        Some(libc::ENOSPC) => RingCreateError::NoSpace {
+            path: path.to_path_buf(),
+            free,
+            needed,
+        },
+        _ => RingCreateError::Io {
+            path: temporary.to_path_buf(),
+            operation: "posix_fallocate",
+            source,
+        },
+    })?;
     let mapping = map(file).map_err(|source| RingCreateError::Io {
         path: temporary.to_path_buf(),
         operation: "mmap",
@@ -262,6 +250,28 @@ fn initialise(
 #[cfg(not(loom))]
 fn map(file: &File) -> std::io::Result<memmap2::MmapRaw> {
     memmap2::MmapOptions::new().populate().map_raw(file)
+}
+
+/// Sets `file`'s length to `length` bytes and allocates all of them in its filesystem
+/// (`posix_fallocate`), so that writes through a shared mapping of the file never meet a full
+/// filesystem: on a full `/dev/shm` this fails with `ENOSPC`, where a sparse file would bring a
+/// `SIGBUS` at the first write to a page without memory behind it.
+#[cfg(not(loom))]
+fn reserve(file: &File, length: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+
+    let length = libc::off_t::try_from(length).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{length} bytes do not fit in off_t"),
+        )
+    })?;
+    // SAFETY: the descriptor belongs to `file`, which outlives the call; posix_fallocate touches no
+    // memory of this process.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, length) } {
+        0 => Ok(()),
+        errno => Err(std::io::Error::from_raw_os_error(errno)),
+    }
 }
 
 #[cfg(not(loom))]

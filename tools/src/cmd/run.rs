@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +27,10 @@ pub struct RunArgs {
     /// The directory rings are created under, one subdirectory per job.
     #[arg(long, default_value = "/dev/shm/sluice")]
     pub ring_dir: PathBuf,
+    /// The size of each trainer's ring in bytes (a multiple of 4096); the node daemons reserve it
+    /// in the ring directory's filesystem when they create the ring.
+    #[arg(long, default_value_t = sluice_ring::DEFAULT_CAPACITY)]
+    pub ring_size: u64,
     /// Where executors' state and logs are kept (default: <temp dir>/sluice/<job>).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
@@ -73,17 +77,56 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             launcher,
             sluice,
             ring_dir: args.ring_dir,
+            ring_size: args.ring_size,
         }),
     };
     let notes = [format!("executor logs in {}", state_dir.display())];
-    runtime(am_worker_threads())?.block_on(serve_job(
+    let served = runtime(am_worker_threads())?.block_on(serve_job(
         "sluice run",
         spec,
         options,
         Some(args.http),
         &notes,
         true,
-    ))
+    ));
+    served.map_err(|error| {
+        let mut message = format!("{error:#}");
+        for (executor, last_error) in executor_errors(&message, &state_dir) {
+            message.push_str(&format!("\n  {executor}'s last error: {last_error}"));
+        }
+        anyhow::anyhow!(message)
+    })
+}
+
+/// The last error that each executor a failed job's message names (`<executor> failed ...`) wrote
+/// to its log in `state_dir`, so that the message tells why, not only that, it failed.
+fn executor_errors(message: &str, state_dir: &Path) -> Vec<(String, String)> {
+    let Ok(entries) = std::fs::read_dir(state_dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(String, String)> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "log"))
+        .filter_map(|path| {
+            let executor = path.file_stem()?.to_str()?.to_owned();
+            if !message.contains(&format!("{executor} failed")) {
+                return None;
+            }
+            let log = std::fs::read_to_string(&path).ok()?;
+            last_error(&log).map(|error| (executor, error))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The last error a `sluice` process wrote when it ended with one (`error: ...`, causes included).
+fn last_error(log: &str) -> Option<String> {
+    log.lines()
+        .rev()
+        .find_map(|line| line.strip_prefix("error: "))
+        .map(str::to_owned)
 }
 
 /// Rows of the quickstart's sample dataset.
@@ -185,5 +228,30 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
             );
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_error_of_a_log_is_found() {
+        let log = "error: an old failure\nsome output\nerror: ring /dev/shm/j/1.ring: no room\n";
+        assert_eq!(
+            last_error(log).as_deref(),
+            Some("ring /dev/shm/j/1.ring: no room")
+        );
+        assert_eq!(last_error("all went well\n"), None);
+    }
+
+    #[test]
+    fn only_the_executors_a_failure_names_are_read() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        std::fs::write(directory.path().join("daemon-1.log"), "error: no room\n").expect("log");
+        std::fs::write(directory.path().join("daemon-10.log"), "error: other\n").expect("log");
+        std::fs::write(directory.path().join("daemon-1.exit"), "error: not a log\n").expect("exit");
+        let found = executor_errors("daemon-1 failed 3 times (last exit: 1)", directory.path());
+        assert_eq!(found, vec![("daemon-1".to_owned(), "no room".to_owned())]);
     }
 }
