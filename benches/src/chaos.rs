@@ -216,7 +216,7 @@ pub fn run_chaos_bench(options: &ChaosOptions) -> Result<ChaosReport> {
             }
         }
     }
-    let logs = logs(&job.state);
+    let logs = job.logs();
     Ok(ChaosReport {
         rows: options.rows,
         seed,
@@ -241,7 +241,7 @@ pub fn run_chaos_bench(options: &ChaosOptions) -> Result<ChaosReport> {
     })
 }
 
-/// A running `sluice run`, its stdout read by a thread.
+/// A running `sluice run`, its stdout read by a thread; its stderr goes to `am-logs/am-<n>.log`.
 struct Run {
     child: Child,
     stdout: JoinHandle<String>,
@@ -256,6 +256,8 @@ struct Job {
     spec: PathBuf,
     listen: String,
     rows: u64,
+    /// `sluice run`s started so far.
+    starts: std::cell::Cell<u32>,
 }
 
 impl Job {
@@ -283,12 +285,15 @@ impl Job {
         }
         let journal = root.join("journal");
         let state = root.join("state");
-        for directory in [&journal, &state] {
+        let am_logs = root.join("am-logs");
+        for directory in [&journal, &state, &am_logs] {
             if directory.exists() {
                 std::fs::remove_dir_all(directory)
                     .map_err(setup(format!("removing {}", directory.display())))?;
             }
         }
+        std::fs::create_dir_all(&am_logs)
+            .map_err(setup(format!("creating {}", am_logs.display())))?;
         let spec = root.join("chaos.yaml");
         let text = format!(
             r#"
@@ -323,7 +328,18 @@ checkpoint: {{ uri: "file://{journal}" }}
             spec,
             listen,
             rows: options.rows,
+            starts: std::cell::Cell::new(0),
         })
+    }
+
+    /// Where the `sluice run`s write their stderr.
+    fn am_logs(&self) -> PathBuf {
+        self.root.join("am-logs")
+    }
+
+    /// Every log of the run: the executors' and the AMs'.
+    fn logs(&self) -> String {
+        logs(&self.state) + &logs(&self.am_logs())
     }
 
     fn ids_file(&self, rank: usize) -> PathBuf {
@@ -339,6 +355,10 @@ checkpoint: {{ uri: "file://{journal}" }}
 
     /// Starts `sluice run` of the job: the first time, or again after its AM was killed.
     fn start(&self) -> Result<Run> {
+        let log_path = self.am_logs().join(format!("am-{}.log", self.starts.get()));
+        self.starts.set(self.starts.get() + 1);
+        let log = std::fs::File::create(&log_path)
+            .map_err(setup(format!("creating {}", log_path.display())))?;
         let mut command = Command::new(&self.sluice);
         command
             .arg("run")
@@ -350,7 +370,7 @@ checkpoint: {{ uri: "file://{journal}" }}
             .arg(&self.state)
             .env("SLUICE_LOG", "warn,sluice_daemon=info")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(log);
         let mut child = command.spawn().map_err(|source| BenchError::ToolMissing {
             program: self.sluice.display().to_string(),
             purpose: "running the chaos job".to_owned(),
@@ -396,8 +416,16 @@ checkpoint: {{ uri: "file://{journal}" }}
                             kills.len(),
                             options.watchdog
                         ),
-                        logs: logs(&self.state),
+                        logs: self.logs(),
                     });
+                }
+                let ended = run
+                    .child
+                    .try_wait()
+                    .map_err(setup("waiting for sluice run"))?;
+                if ended.is_some() {
+                    // The job ended (or its AM failed) before every kill: the report tells.
+                    return Ok(kills);
                 }
                 let seen = self.delivered();
                 if seen > last_seen || seen >= late {
@@ -456,7 +484,7 @@ checkpoint: {{ uri: "file://{journal}" }}
                     reason: format!(
                         "sluice run did not finish within {watchdog:?}: killed (deadlock watchdog)"
                     ),
-                    logs: logs(&self.state),
+                    logs: self.logs(),
                 });
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -475,16 +503,19 @@ checkpoint: {{ uri: "file://{journal}" }}
     }
 }
 
-/// The live processes with an argument starting with `path`, and with `subcommand` as their first
-/// argument when given (so `daemon` finds `sluice daemon ...`, not the launcher's shim running it).
+/// The live processes other than this one with an argument starting with `path`, and with
+/// `subcommand` as their first argument when given (so `daemon` finds `sluice daemon ...`, not the
+/// launcher's shim running it).
 pub fn processes_naming(path: &Path, subcommand: Option<&str>) -> Vec<u32> {
     let path = path.to_string_lossy().into_owned();
+    let own = std::process::id();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(std::result::Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != own)
         .filter(|pid| {
             let Ok(command_line) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
                 return false;

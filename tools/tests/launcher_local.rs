@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use sluice_am::launcher::local::LocalLauncher;
+use sluice_am::launcher::local::{LAUNCH_MARK, LocalLauncher};
 use sluice_am::launcher::{ExecutorId, Exit, LaunchSpec, Launcher, Observation};
 
 fn trainer(rank: u32) -> ExecutorId {
@@ -54,7 +54,11 @@ fn exit_codes_and_the_environment_reach_the_launcher() {
         Observation::Exited(Exit::Code(3))
     );
     let log = std::fs::read_to_string(sut.log_file(&trainer(0))).expect("log");
-    assert_eq!(log.trim(), "rank 7");
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(
+        lines.len() == 2 && lines[0].starts_with(LAUNCH_MARK) && lines[1] == "rank 7",
+        "{log}"
+    );
     sut.launch(&spec(trainer(0), "exit 0"))
         .expect("launch again");
     assert_eq!(
@@ -62,6 +66,13 @@ fn exit_codes_and_the_environment_reach_the_launcher() {
         Observation::Exited(Exit::Code(0)),
         "a relaunch forgets the previous exit"
     );
+    let log = std::fs::read_to_string(sut.log_file(&trainer(0))).expect("log");
+    assert_eq!(
+        log.matches(LAUNCH_MARK).count(),
+        2,
+        "a relaunch appends to the log: {log}"
+    );
+    assert!(log.contains("rank 7"), "{log}");
 }
 
 #[test]

@@ -7,16 +7,20 @@
 //! signal) to `<state>/<executor>.exit` by rename, so the file is whole or absent. Any AM of the job
 //! reads those two files: an exit file means the executor ended; a live shim means it runs; a dead
 //! shim without an exit file means the shim itself was killed, and the executor with it. Output goes
-//! to `<state>/<executor>.log`.
+//! to `<state>/<executor>.log`, appended by every launch after a line of its own.
 
 use super::{ExecutorId, Exit, LaunchSpec, Launcher, Observation};
 use crate::error::{AmError, Result};
 use sluice_ring::ProcessId;
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
+
+/// The start of the line a launch writes to its executor's log before the executor's own output.
+pub const LAUNCH_MARK: &str = "==> sluice: launching ";
 
 /// Runs executors as local processes under `sluice shim`.
 #[derive(Debug)]
@@ -48,7 +52,8 @@ impl LocalLauncher {
         self.state_dir.join(format!("{id}.{extension}"))
     }
 
-    /// The executor's output file.
+    /// The executor's output file: the output of every launch of it, each after a line that starts
+    /// with [`LAUNCH_MARK`].
     pub fn log_file(&self, id: &ExecutorId) -> PathBuf {
         self.file(id, "log")
     }
@@ -96,13 +101,30 @@ impl Launcher for LocalLauncher {
                 }
             }
         }
-        let log = std::fs::File::create(self.log_file(&spec.id)).map_err(|error| {
+        // Each launch appends after a line of its own ([`LAUNCH_MARK`]), so the output of the runs
+        // before a restart, and why they ended, stays readable after it.
+        let log_error = |error: std::io::Error| {
             AmError::FailedPrecondition(format!(
-                "{}: cannot create its log in {}: {error}",
+                "{}: cannot write its log in {}: {error}",
                 spec.id,
                 self.state_dir.display()
             ))
-        })?;
+        };
+        let mut log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_file(&spec.id))
+            .map_err(log_error)?;
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        writeln!(
+            log,
+            "{LAUNCH_MARK}{} at {} s since the Unix epoch",
+            spec.id,
+            since_epoch.as_secs()
+        )
+        .map_err(log_error)?;
         let log_err = log
             .try_clone()
             .map_err(|error| AmError::FailedPrecondition(format!("{}: {error}", spec.id)))?;

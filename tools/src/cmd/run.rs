@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use sluice_am::launcher::local::LocalLauncher;
+use sluice_am::launcher::local::{LAUNCH_MARK, LocalLauncher};
 use sluice_am::server::{AmOptions, LaunchOptions};
 use sluice_am::spec::{JobSpec, LauncherKind};
 
@@ -121,10 +121,11 @@ fn executor_errors(message: &str, state_dir: &Path) -> Vec<(String, String)> {
     found
 }
 
-/// The last error a `sluice` process wrote when it ended with one (`error: ...`, causes included).
+/// The error a `sluice` executor's last launch ended with (`error: ...`, causes included).
 fn last_error(log: &str) -> Option<String> {
     log.lines()
         .rev()
+        .take_while(|line| !line.starts_with(LAUNCH_MARK))
         .find_map(|line| line.strip_prefix("error: "))
         .map(str::to_owned)
 }
@@ -237,12 +238,15 @@ mod tests {
 
     #[test]
     fn the_last_error_of_a_log_is_found() {
-        let log = "error: an old failure\nsome output\nerror: ring /dev/shm/j/1.ring: no room\n";
+        let log = format!(
+            "{LAUNCH_MARK}daemon-1\nerror: an old failure\nsome output\nerror: ring /dev/shm/j/1.ring: no room\n"
+        );
         assert_eq!(
-            last_error(log).as_deref(),
+            last_error(&log).as_deref(),
             Some("ring /dev/shm/j/1.ring: no room")
         );
-        assert_eq!(last_error("all went well\n"), None);
+        let relaunched = format!("{log}{LAUNCH_MARK}daemon-1\nall went well\n");
+        assert_eq!(last_error(&relaunched), None, "only the last launch counts");
     }
 
     #[test]
