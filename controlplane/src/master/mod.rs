@@ -1305,6 +1305,7 @@ impl Master {
                 rows_failed: self.table.failed_rows(),
             }),
             rows_per_second: self.throughput.rows_per_second(),
+            scaling: self.rescale.is_some(),
         }
     }
 
