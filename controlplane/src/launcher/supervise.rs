@@ -161,6 +161,23 @@ impl Executors {
         }
     }
 
+    /// Makes every executor that ended for good pending again, with no failure counted, as the
+    /// data position is reset to a checkpoint: the job runs again from there, so a job that had
+    /// finished launches its daemons and trainers again. Executors still running are left alone.
+    pub fn restart_ended(&mut self) {
+        for record in self.records.values_mut() {
+            if matches!(
+                record.state,
+                ExecutorState::Succeeded | ExecutorState::Failed
+            ) {
+                record.state = ExecutorState::Pending;
+                record.failures = 0;
+            }
+        }
+        self.total_failures = 0;
+        self.failure = None;
+    }
+
     /// The trainers a scale replaced that still run.
     pub fn retiring(&self) -> impl Iterator<Item = &ExecutorId> {
         self.retiring.keys()
@@ -375,6 +392,30 @@ mod tests {
         );
         assert!(sut.failure().is_none());
         assert_eq!(sut.total_failures, 1, "only the earlier failure counts");
+    }
+
+    #[test]
+    fn a_restore_makes_every_ended_executor_pending_again() {
+        let mut sut = Executors::new(
+            [trainer(0), trainer(1), ExecutorId::Daemon(0)],
+            &failover(", restart: never"),
+        );
+        launch_all(&mut sut);
+        sut.exited(&trainer(0), Exit::Code(0));
+        sut.exited(&ExecutorId::Daemon(0), Exit::Code(0));
+        sut.exited(&trainer(1), Exit::Code(1));
+        assert!(sut.failure().is_some());
+        sut.restart_ended();
+        assert!(sut.failure().is_none());
+        let pending: Vec<ExecutorId> = sut
+            .to_launch()
+            .into_iter()
+            .map(|LaunchAction::Launch(id)| id)
+            .collect();
+        assert_eq!(pending, vec![ExecutorId::Daemon(0), trainer(0), trainer(1)]);
+        launch_all(&mut sut);
+        let restarts: Vec<u32> = sut.records().map(|(_, record)| record.restarts).collect();
+        assert_eq!(restarts, vec![1, 1, 1], "each one runs again");
     }
 
     #[test]

@@ -1051,6 +1051,9 @@ impl Master {
         })
     }
 
+    /// Resets the task table to `position`. The executors that ended for good are launched again,
+    /// since the job runs again from there: a finished job's daemons and trainers run the rows
+    /// after the checkpoint.
     fn reset_to(&mut self, position: DataPosition, now_ms: u64) -> Result<()> {
         let pieces = self.pieces_of(&position);
         self.table = JobState::restore(
@@ -1062,6 +1065,9 @@ impl Master {
         self.origins.pieces = pieces;
         self.checkpoints.clear();
         self.stop_reason = None;
+        if let Some(executors) = &mut self.executors {
+            executors.restart_ended();
+        }
         Ok(())
     }
 

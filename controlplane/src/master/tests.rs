@@ -854,3 +854,47 @@ fn a_node_lost_while_giving_its_rings_back_takes_no_part_in_the_scale_any_more()
     assert!(!sut.scaling());
     assert_eq!(trainers_to_launch(&sut), vec![trainer(0)]);
 }
+
+#[test]
+fn restoring_a_finished_job_launches_its_daemons_and_trainers_again() {
+    let mut sut = launching_master(&mut Vec::new());
+    let at_start = sut.table().position();
+    for rank in 0..4 {
+        sut.executor_exited(trainer(rank), Exit::Code(0));
+    }
+    sut.executor_exited(ExecutorId::Daemon(0), Exit::Code(0));
+    assert_eq!(sut.outcome(), Some(v1::JobState::Succeeded));
+    assert!(sut.executors_to_launch().is_empty());
+
+    let applied = sut
+        .restore("unit-step1-0".into(), at_start, 10)
+        .expect("restore");
+    let mut replayed = launching_master(&mut Vec::new());
+    for rank in 0..4 {
+        replayed.executor_exited(trainer(rank), Exit::Code(0));
+    }
+    replayed.executor_exited(ExecutorId::Daemon(0), Exit::Code(0));
+    for entry in applied.entries {
+        replayed.replay(entry).expect("replay");
+    }
+    for restored in [&sut, &replayed] {
+        assert_eq!(restored.outcome(), None, "the job runs again");
+        let mut launched: Vec<ExecutorId> = restored
+            .executors_to_launch()
+            .into_iter()
+            .map(|LaunchAction::Launch(id)| id)
+            .collect();
+        launched.sort();
+        assert_eq!(
+            launched,
+            vec![
+                ExecutorId::Daemon(0),
+                trainer(0),
+                trainer(1),
+                trainer(2),
+                trainer(3)
+            ],
+            "the daemon that ended and every trainer; daemon 1 still runs"
+        );
+    }
+}
