@@ -18,8 +18,9 @@ use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_server::CheckpointService;
 use sluice_proto::v1::control_service_server::ControlService;
 use sluice_proto::v1::daemon_service_server::DaemonService;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
 /// Milliseconds since the Unix epoch: one clock that keeps running across AM restarts, so that
@@ -30,12 +31,18 @@ pub fn now_ms() -> u64 {
         .map_or(0, |elapsed| elapsed.as_millis() as u64)
 }
 
+/// How long a trainer a scale stops has, from its SIGTERM, to finish the batch it holds and exit
+/// before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// The state the services share.
 #[derive(Debug)]
 pub struct Am {
     master: Mutex<Master>,
     persist: Persist,
     checkpoints: CheckpointStore,
+    /// When each retiring trainer was asked to end.
+    stopping: Mutex<BTreeMap<ExecutorId, Instant>>,
 }
 
 impl Am {
@@ -45,6 +52,7 @@ impl Am {
             master: Mutex::new(master),
             persist,
             checkpoints,
+            stopping: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -97,9 +105,9 @@ impl Am {
         self.master().finished()
     }
 
-    /// Follows the executors: records the ones that ended, launches the ones the failover rules
-    /// want running, and kills the trainers that still run once the job is over. Blocks on process
-    /// and file operations, so it runs on a blocking thread.
+    /// Follows the executors: records the ones that ended, stops the trainers a scale retired,
+    /// launches the ones the failover rules want running, and kills the trainers that still run
+    /// once the job is over. Blocks on process and file operations, so it runs on a blocking thread.
     pub fn supervise(&self, executors: &ExecutorLauncher) -> Durable {
         let mut durables = Vec::new();
         let running = self.running_executors(|_| true);
@@ -110,14 +118,24 @@ impl Am {
                 Observation::Unknown => Exit::Killed,
             };
             tracing::info!(executor = %id, ?exit, "executor ended");
+            self.stopping().remove(&id);
             durables.push(self.record_change(|master| master.executor_exited(id, exit)));
+        }
+        let retiring: Vec<ExecutorId> = self
+            .master()
+            .executors()
+            .map(|records| records.retiring().cloned().collect())
+            .unwrap_or_default();
+        for id in retiring {
+            self.stop_retiring(executors, id);
         }
         let (to_launch, over) = {
             let master = self.master();
             let over = master.outcome().is_some();
-            let to_launch = match master.executors() {
-                Some(records) if !over => records.to_launch(),
-                _ => Vec::new(),
+            let to_launch = if over {
+                Vec::new()
+            } else {
+                master.executors_to_launch()
             };
             (to_launch, over)
         };
@@ -156,6 +174,30 @@ impl Am {
         })
     }
 
+    fn stopping(&self) -> MutexGuard<'_, BTreeMap<ExecutorId, Instant>> {
+        self.stopping
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stops a trainer a scale retired: SIGTERM first, so it releases the batch it holds and
+    /// exits, then, past the grace period, SIGKILL.
+    fn stop_retiring(&self, executors: &ExecutorLauncher, id: ExecutorId) {
+        let mut stopping = self.stopping();
+        match stopping.get(&id) {
+            None => {
+                tracing::info!(executor = %id, "a role was scaled: stopping trainer");
+                executors.launcher.terminate(&id);
+                stopping.insert(id, Instant::now());
+            }
+            Some(asked) if asked.elapsed() >= STOP_GRACE => {
+                tracing::warn!(executor = %id, grace = ?STOP_GRACE, "trainer still runs past its grace period: killing it");
+                executors.launcher.kill(&id);
+            }
+            Some(_) => {}
+        }
+    }
+
     /// Applies a change that cannot be refused and sequences its entries.
     fn record_change(&self, change: impl FnOnce(&mut Master) -> Applied<()>) -> Durable {
         let mut master = self.master();
@@ -163,15 +205,18 @@ impl Am {
         self.persist.append(&applied.entries, &master)
     }
 
-    /// The executors running now that `wanted` selects.
+    /// The executors running now that `wanted` selects, the trainers a scale retired included.
     fn running_executors(&self, wanted: impl Fn(&ExecutorId) -> bool) -> Vec<ExecutorId> {
         self.master()
             .executors()
             .map(|records| {
                 records
                     .records()
-                    .filter(|(id, record)| record.state == ExecutorState::Running && wanted(id))
-                    .map(|(id, _)| id.clone())
+                    .filter(|(_, record)| record.state == ExecutorState::Running)
+                    .map(|(id, _)| id)
+                    .chain(records.retiring())
+                    .filter(|id| wanted(id))
+                    .cloned()
                     .collect()
             })
             .unwrap_or_default()
@@ -327,10 +372,11 @@ impl ControlService for AmService {
         request: Request<v1::ScaleRoleRequest>,
     ) -> Result<Response<v1::ScaleRoleReply>, Status> {
         let request = request.into_inner();
-        Err(Status::failed_precondition(format!(
-            "role {:?}: this AM launches no executors, so it cannot scale them; run the job with `sluice run` or `sluice submit` to let the AM launch them",
-            request.role
-        )))
+        let reply = self
+            .am
+            .apply(|master| master.scale(&request.role, request.num))
+            .await?;
+        Ok(Response::new(reply))
     }
 
     async fn stop(
@@ -476,6 +522,7 @@ mod tests {
         launched: Mutex<Vec<LaunchSpec>>,
         exits: Mutex<BTreeMap<ExecutorId, Exit>>,
         killed: Mutex<Vec<ExecutorId>>,
+        terminated: Mutex<Vec<ExecutorId>>,
     }
 
     impl Launcher for ScriptedLauncher {
@@ -496,6 +543,10 @@ mod tests {
                 Some(exit) => Observation::Exited(*exit),
                 None => Observation::Running,
             }
+        }
+
+        fn terminate(&self, id: &ExecutorId) {
+            self.terminated.lock().expect("lock").push(id.clone());
         }
 
         fn kill(&self, id: &ExecutorId) {

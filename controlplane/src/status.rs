@@ -37,6 +37,7 @@ pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
         "epoch": reply.epoch,
         "epochs": reply.epochs,
         "rows_per_second": reply.rows_per_second,
+        "scaling": reply.scaling,
         "tasks": {
             "pending": tasks.pending,
             "in_flight": tasks.in_flight,

@@ -4,8 +4,9 @@ use prost::Message;
 use sluice_proto::v1::{
     AssignTasks, Blacklisted, Command, CountOutOfRange, DeletionVector, DeltaSplitInfo,
     DoneBeforeEnd, Drain, Fence, HeartbeatReply, HeartbeatRequest, NoStopRequested, NotHeld,
-    PartitionValue, Refusal, Refuse, RingStats, Shutdown, Split, StageStats, StopRowOutOfRange,
-    StopTask, TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command, refusal,
+    PartitionValue, Refusal, Refuse, Release, RingStats, Shutdown, Split, StageStats,
+    StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command,
+    refusal,
 };
 use sluice_proto::{JobId, NodeId, TaskId};
 use std::collections::BTreeSet;
@@ -137,6 +138,9 @@ fn heartbeat_reply_with_every_command() -> HeartbeatReply {
         Command {
             command: Some(command::Command::Fence(Fence {})),
         },
+        Command {
+            command: Some(command::Command::Release(Release {})),
+        },
     ];
     commands.extend(
         [
@@ -178,6 +182,7 @@ fn command_kind(command: &command::Command) -> &'static str {
         command::Command::Shutdown(_) => "shutdown",
         command::Command::Fence(_) => "fence",
         command::Command::Refuse(_) => "refuse",
+        command::Command::Release(_) => "release",
     }
 }
 
@@ -224,7 +229,9 @@ fn heartbeat_reply_with_every_command_kind_survives_encode_and_decode() {
         .collect();
     assert_eq!(
         command_kinds,
-        BTreeSet::from(["assign", "stop", "drain", "shutdown", "fence", "refuse"])
+        BTreeSet::from([
+            "assign", "stop", "drain", "shutdown", "fence", "refuse", "release"
+        ])
     );
     let refusal_kinds: BTreeSet<&str> = commands
         .iter()

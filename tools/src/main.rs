@@ -42,6 +42,8 @@ enum Command {
     Status(cmd::am::StatusArgs),
     /// Stops a running job.
     Stop(cmd::am::StopArgs),
+    /// Changes the number of trainers of a role of a running job.
+    Scale(cmd::am::ScaleArgs),
     /// Runs a command as an executor of the local launcher, recording its identity and exit code.
     #[command(hide = true)]
     Shim(cmd::shim::ShimArgs),
@@ -90,10 +92,11 @@ fn main() -> ExitCode {
         Command::Run(args) => success(cmd::run::run(args)),
         Command::Submit(args) => success(cmd::run::submit(args)),
         Command::Am(args) => success(cmd::am::run(args)),
-        Command::Consume(args) => success(cmd::consume::run(args)),
+        Command::Consume(args) => cmd::consume::run(args),
         Command::Daemon(args) => success(cmd::daemon::run(args)),
         Command::Status(args) => success(cmd::am::status(args)),
         Command::Stop(args) => success(cmd::am::stop(args)),
+        Command::Scale(args) => success(cmd::am::scale(args)),
         Command::Shim(args) => cmd::shim::run(args),
     };
     match result {

@@ -149,7 +149,7 @@ impl Daemon {
                         acks.push((stop.task_id, stop_row));
                     }
                 }
-                Some(Cmd::Fence(_)) => self.held.clear(),
+                Some(Cmd::Fence(_) | Cmd::Release(_)) => self.held.clear(),
                 Some(Cmd::Shutdown(_)) => over = true,
                 Some(Cmd::Drain(_)) | Some(Cmd::Refuse(_)) | None => {}
             }

@@ -389,7 +389,8 @@ impl Daemon {
                     self.shared.stats().shutdowns += 1;
                     return Flow::Shutdown;
                 }
-                Some(Cmd::Fence(_)) => {
+                // The bench never scales a role: a release would be answered as a fence is.
+                Some(Cmd::Fence(_) | Cmd::Release(_)) => {
                     {
                         let mut stats = self.shared.stats();
                         stats.fences += u64::from(stats.measuring());

@@ -343,6 +343,7 @@ fn reported_status() -> v1::StatusReply {
             rows_failed: 10,
         }),
         rows_per_second: 456.5,
+        scaling: false,
     }
 }
 

@@ -8,6 +8,8 @@
 //! reads those two files: an exit file means the executor ended; a live shim means it runs; a dead
 //! shim without an exit file means the shim itself was killed, and the executor with it. Output goes
 //! to `<state>/<executor>.log`, appended by every launch after a line of its own.
+//! [`Launcher::terminate`] sends SIGTERM to the group: `sluice shim` outlives it and records how its
+//! command ended, so a command that handles SIGTERM ends in its own time.
 
 use super::{ExecutorId, Exit, LaunchSpec, Launcher, Observation};
 use crate::error::{AmError, Result};
@@ -175,18 +177,29 @@ impl Launcher for LocalLauncher {
         }
     }
 
+    fn terminate(&self, id: &ExecutorId) {
+        self.signal(id, libc::SIGTERM);
+    }
+
     fn kill(&self, id: &ExecutorId) {
+        self.signal(id, libc::SIGKILL);
+        self.reap(id);
+    }
+}
+
+impl LocalLauncher {
+    /// Sends `signal` to the process group of a live executor's shim.
+    fn signal(&self, id: &ExecutorId, signal: libc::c_int) {
         if let Some(shim) = self.shim_process(id)
             && shim.is_alive()
         {
             // SAFETY: `killpg` has no memory-safety obligations; the group is the shim's own,
             // whose identity was just checked against its start time.
-            let result = unsafe { libc::killpg(shim.pid as libc::pid_t, libc::SIGKILL) };
+            let result = unsafe { libc::killpg(shim.pid as libc::pid_t, signal) };
             if result != 0 {
-                tracing::warn!(executor = %id, error = %std::io::Error::last_os_error(), "kill failed");
+                tracing::warn!(executor = %id, signal, error = %std::io::Error::last_os_error(), "signalling the executor failed");
             }
         }
-        self.reap(id);
     }
 }
 

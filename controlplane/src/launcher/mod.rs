@@ -66,6 +66,9 @@ pub trait Launcher: Send + Sync + fmt::Debug {
     fn launch(&self, spec: &LaunchSpec) -> Result<()>;
     /// Tells how an executor is doing.
     fn observe(&self, id: &ExecutorId) -> Observation;
+    /// Asks an executor to end (SIGTERM to it and everything it started): it may finish what it
+    /// is doing first; [`Launcher::kill`] ends it for good.
+    fn terminate(&self, id: &ExecutorId);
     /// Stops an executor and everything it started.
     fn kill(&self, id: &ExecutorId);
 }

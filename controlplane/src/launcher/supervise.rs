@@ -1,5 +1,9 @@
 //! The executors' lifecycle as pure decisions: what to do when one exits, when a role has
 //! succeeded, and when the executors' failures end the job.
+//!
+//! A scale replaces the job's trainers: the records of the running ones move aside as *retiring*
+//! (the AM stops them, and how they end counts neither as a failure nor as a success), and the new
+//! rank set starts pending.
 
 use super::ExecutorId;
 use crate::spec::{FailoverSpec, RestartPolicy};
@@ -54,6 +58,9 @@ pub enum LaunchAction {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Executors {
     records: BTreeMap<ExecutorId, ExecutorRecord>,
+    /// Trainers of a rank set a scale replaced that still run, until they are seen ended.
+    #[serde(default)]
+    retiring: BTreeMap<ExecutorId, ExecutorRecord>,
     restart: RestartPolicyName,
     max_failures: u32,
     max_total_failures: u32,
@@ -88,6 +95,7 @@ impl Executors {
                     )
                 })
                 .collect(),
+            retiring: BTreeMap::new(),
             restart: match failover.restart {
                 RestartPolicy::OnFailure => RestartPolicyName::OnFailure,
                 RestartPolicy::Never => RestartPolicyName::Never,
@@ -123,8 +131,74 @@ impl Executors {
         }
     }
 
-    /// Records how an executor ended, and decides whether it runs again.
+    /// Replaces every trainer with `trainers`, pending: the trainers running now retire, and
+    /// those not running are dropped.
+    pub fn replace_trainers(&mut self, trainers: impl IntoIterator<Item = ExecutorId>) {
+        let old: Vec<ExecutorId> = self
+            .records
+            .keys()
+            .filter(|id| matches!(id, ExecutorId::Trainer { .. }))
+            .cloned()
+            .collect();
+        for id in old {
+            if let Some(record) = self.records.remove(&id)
+                && record.state == ExecutorState::Running
+            {
+                self.retiring.insert(id, record);
+            }
+        }
+        for id in trainers {
+            self.records.insert(
+                id,
+                ExecutorRecord {
+                    state: ExecutorState::Pending,
+                    failures: 0,
+                    launches: 0,
+                    restarts: 0,
+                    exit_code: None,
+                },
+            );
+        }
+    }
+
+    /// Makes every executor that ended for good pending again, with no failure counted, as the
+    /// data position is reset to a checkpoint: the job runs again from there, so a job that had
+    /// finished launches its daemons and trainers again. Executors still running are left alone.
+    pub fn restart_ended(&mut self) {
+        for record in self.records.values_mut() {
+            if matches!(
+                record.state,
+                ExecutorState::Succeeded | ExecutorState::Failed
+            ) {
+                record.state = ExecutorState::Pending;
+                record.failures = 0;
+            }
+        }
+        self.total_failures = 0;
+        self.failure = None;
+    }
+
+    /// The trainers a scale replaced that still run.
+    pub fn retiring(&self) -> impl Iterator<Item = &ExecutorId> {
+        self.retiring.keys()
+    }
+
+    /// Whether a trainer has exited with code 0 for good: its data ended, so the job is finishing.
+    pub fn a_trainer_succeeded(&self) -> Option<&ExecutorId> {
+        self.records
+            .iter()
+            .find(|(id, record)| {
+                matches!(id, ExecutorId::Trainer { .. }) && record.state == ExecutorState::Succeeded
+            })
+            .map(|(id, _)| id)
+    }
+
+    /// Records how an executor ended, and decides whether it runs again. A retiring trainer is
+    /// forgotten, however it ended.
     pub fn exited(&mut self, id: &ExecutorId, exit: Exit) {
+        if self.retiring.remove(id).is_some() {
+            return;
+        }
         let Some(record) = self.records.get_mut(id) else {
             return;
         };
@@ -282,6 +356,66 @@ mod tests {
         launch_all(&mut always);
         always.exited(&trainer(0), Exit::Code(0));
         assert_eq!(launch_all(&mut always), vec![trainer(0)]);
+    }
+
+    #[test]
+    fn a_scale_retires_the_running_trainers_without_counting_how_they_end() {
+        let mut sut = Executors::new(
+            [trainer(0), trainer(1), ExecutorId::Daemon(0)],
+            &failover(""),
+        );
+        launch_all(&mut sut);
+        sut.exited(&trainer(1), Exit::Code(3));
+        sut.replace_trainers((0..3).map(trainer));
+        assert_eq!(
+            sut.retiring().cloned().collect::<Vec<_>>(),
+            vec![trainer(0)],
+            "only the running trainer retires; the pending one is dropped"
+        );
+        let pending: Vec<ExecutorId> = sut
+            .to_launch()
+            .into_iter()
+            .map(|LaunchAction::Launch(id)| id)
+            .collect();
+        assert_eq!(pending, (0..3).map(trainer).collect::<Vec<_>>());
+        sut.exited(&trainer(0), Exit::Killed);
+        assert_eq!(sut.retiring().count(), 0);
+        let record = sut
+            .records()
+            .find(|(id, _)| **id == trainer(0))
+            .expect("the new rank 0")
+            .1;
+        assert_eq!(
+            (record.state, record.failures),
+            (ExecutorState::Pending, 0),
+            "the retired trainer's end is not the new one's"
+        );
+        assert!(sut.failure().is_none());
+        assert_eq!(sut.total_failures, 1, "only the earlier failure counts");
+    }
+
+    #[test]
+    fn a_restore_makes_every_ended_executor_pending_again() {
+        let mut sut = Executors::new(
+            [trainer(0), trainer(1), ExecutorId::Daemon(0)],
+            &failover(", restart: never"),
+        );
+        launch_all(&mut sut);
+        sut.exited(&trainer(0), Exit::Code(0));
+        sut.exited(&ExecutorId::Daemon(0), Exit::Code(0));
+        sut.exited(&trainer(1), Exit::Code(1));
+        assert!(sut.failure().is_some());
+        sut.restart_ended();
+        assert!(sut.failure().is_none());
+        let pending: Vec<ExecutorId> = sut
+            .to_launch()
+            .into_iter()
+            .map(|LaunchAction::Launch(id)| id)
+            .collect();
+        assert_eq!(pending, vec![ExecutorId::Daemon(0), trainer(0), trainer(1)]);
+        launch_all(&mut sut);
+        let restarts: Vec<u32> = sut.records().map(|(_, record)| record.restarts).collect();
+        assert_eq!(restarts, vec![1, 1, 1], "each one runs again");
     }
 
     #[test]

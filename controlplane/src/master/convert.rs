@@ -83,6 +83,11 @@ pub(super) fn fence_command() -> v1::Command {
     command(command::Command::Fence(v1::Fence {}))
 }
 
+/// A role was scaled: give every task and ring back, then register again.
+pub(super) fn release_command() -> v1::Command {
+    command(command::Command::Release(v1::Release {}))
+}
+
 /// The job is over: stop.
 pub(super) fn shutdown_command() -> v1::Command {
     command(command::Command::Shutdown(v1::Shutdown {}))

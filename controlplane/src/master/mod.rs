@@ -8,6 +8,28 @@
 //! it the time, journals the [`Entry`]s each call returns before it answers, and stores data
 //! checkpoints. Replaying the journal through [`Master::replay`] rebuilds the same state, because
 //! every change of state is an entry and [`decide`] is deterministic.
+//!
+//! # Scaling a role
+//! A scale ([`Master::scale`]) is an elastic restart of the trainers that keeps every row delivered
+//! exactly once. [`Entry::RoleScaled`] records the role's new size, and then:
+//! 1. every trainer running retires (the service stops them); no trainer is launched meanwhile;
+//! 2. once none runs, each live daemon gets [`v1::Release`] at its next call: it reports its tasks'
+//!    final consumed counts in a heartbeat (the rings' read cursors, which no trainer moves any
+//!    more), removes its rings with the rows still unread, and registers again holding nothing, so
+//!    the task table queues every task it held again from its consumed count (the `Register`
+//!    decision for a live node that no longer lists a task). Rows a trainer had read but not
+//!    released are not consumed: they go to the new trainers, as after a trainer's crash;
+//! 3. a daemon that registers while another still feeds rings of the old ranks is told no ranks; once
+//!    none does, it gets [`v1::Release`] again, and its registration's answer names its new ranks,
+//!    numbered over the new role sizes in role order;
+//! 4. once every live daemon has its new ranks, the trainers are launched with the new
+//!    `SLUICE_WORLD_SIZE`.
+//!
+//! Every step follows from journaled entries (the scale, the trainers' exits, the registrations and
+//! lost nodes), so an AM that takes the job over mid-scale carries on where it stood; the commands
+//! are not queued but derived at each call from where the scale stands. Data checkpoints still
+//! waiting for ranks are dropped, since the ranks that would complete them are gone; stored ones stay
+//! valid, because a checkpoint is a position in the task table, whatever the world size.
 
 pub mod checkpoint;
 mod convert;
@@ -20,7 +42,7 @@ use crate::decide::{
     RestoreMode, TaskId, decide,
 };
 use crate::error::{AmError, Result};
-use crate::launcher::{ExecutorId, ExecutorState, Executors, Exit};
+use crate::launcher::{ExecutorId, ExecutorState, Executors, Exit, LaunchAction};
 use crate::plan::JobPlan;
 use crate::spec::JobSpec;
 use checkpoint::RankPositions;
@@ -63,6 +85,13 @@ pub enum Entry {
         /// When the AM reset the table.
         now_ms: u64,
     },
+    /// A role's size changed.
+    RoleScaled {
+        /// The role.
+        role: String,
+        /// Its new number of trainers.
+        num: u32,
+    },
     /// A stop of the job was requested.
     StopRequested {
         /// Why, for logs and status.
@@ -92,9 +121,20 @@ pub struct Snapshot {
     stored: BTreeMap<u64, String>,
     stop_reason: Option<String>,
     executors: Option<Executors>,
-    /// Written by AMs since the field exists; older snapshots lack it.
-    #[serde(default)]
     last_task_failure: Option<String>,
+    role_sizes: Vec<u32>,
+    rescale: Option<Rescale>,
+}
+
+/// A scale under way: who still has to give rings back and who waits for ranks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Rescale {
+    /// The role sizes before the scale, over which the releasing nodes' rings are ranked.
+    previous_sizes: Vec<u32>,
+    /// Live nodes that still feed rings of the previous ranks.
+    releasing: BTreeSet<NodeId>,
+    /// Nodes that hold no ring and wait for their new ranks.
+    waiting: BTreeSet<NodeId>,
 }
 
 /// What a node last said about its pipeline, and when the AM last heard from it.
@@ -238,6 +278,20 @@ pub struct Master {
     shut_down: BTreeSet<NodeId>,
     throughput: Throughput,
     executors: Option<Executors>,
+    /// Each role's number of trainers, in spec order: the spec's, or a scale's.
+    role_sizes: Vec<u32>,
+    rescale: Option<Rescale>,
+}
+
+/// The trainer ranks node `node` of `nodes` feeds when the roles have `sizes` trainers: the ranks
+/// in contiguous blocks over the nodes.
+fn ranks_over(sizes: &[u32], nodes: u32, node: NodeId) -> Vec<u32> {
+    let nodes = u64::from(nodes.max(1));
+    let world: u64 = sizes.iter().map(|size| u64::from(*size)).sum();
+    (0..world)
+        .filter(|rank| rank * nodes / world.max(1) == node.0)
+        .map(|rank| rank as u32)
+        .collect()
 }
 
 impl Master {
@@ -247,6 +301,7 @@ impl Master {
         let split_rows = plan.split_rows();
         let origins = TaskOrigins::new(&split_rows, config.task_rows);
         let table = JobState::new(config, split_rows)?;
+        let role_sizes = spec.roles.iter().map(|role| role.num).collect();
         Ok(Master {
             spec,
             plan,
@@ -262,6 +317,8 @@ impl Master {
             shut_down: BTreeSet::new(),
             throughput: Throughput::default(),
             executors: None,
+            role_sizes,
+            rescale: None,
         })
     }
 
@@ -286,8 +343,8 @@ impl Master {
     pub fn trainer_ranks(&self) -> Vec<(&str, u32)> {
         let mut rank = 0;
         let mut ranks = Vec::new();
-        for role in &self.spec.roles {
-            for _ in 0..role.num {
+        for (role, size) in self.spec.roles.iter().zip(&self.role_sizes) {
+            for _ in 0..*size {
                 ranks.push((role.name.as_str(), rank));
                 rank += 1;
             }
@@ -321,6 +378,7 @@ impl Master {
         if let Some(executors) = &mut self.executors {
             executors.exited(&id, exit);
         }
+        self.settle_rescale();
         Applied {
             reply: (),
             entries: vec![Entry::ExecutorExited { id, exit }],
@@ -339,17 +397,222 @@ impl Master {
 
     /// The number of trainer ranks in the job: the processes of every role.
     pub fn world_size(&self) -> u32 {
-        self.spec.roles.iter().map(|role| role.num).sum()
+        self.role_sizes.iter().sum()
     }
 
     /// The trainer ranks node `node` feeds: the job's ranks in contiguous blocks over its nodes.
     pub fn ranks_of(&self, node: NodeId) -> Vec<u32> {
-        let nodes = u64::from(self.spec.nodes.max(1));
-        let world = u64::from(self.world_size());
-        (0..world)
-            .filter(|rank| rank * nodes / world.max(1) == node.0)
-            .map(|rank| rank as u32)
+        ranks_over(&self.role_sizes, self.spec.nodes, node)
+    }
+
+    /// The ranks a registering node opens rings for, and the world size they belong to: during a
+    /// scale, none for a node waiting for its new ranks, and the previous ones for a node that
+    /// still feeds rings of them.
+    fn ranks_told(&self, node: NodeId) -> (Vec<u32>, u32) {
+        match &self.rescale {
+            Some(rescale) if rescale.waiting.contains(&node) => (Vec::new(), self.world_size()),
+            Some(rescale) if rescale.releasing.contains(&node) => (
+                ranks_over(&rescale.previous_sizes, self.spec.nodes, node),
+                rescale.previous_sizes.iter().sum(),
+            ),
+            _ => (self.ranks_of(node), self.world_size()),
+        }
+    }
+
+    /// The executors to launch now: none of the trainers while a scale is under way.
+    pub fn executors_to_launch(&self) -> Vec<LaunchAction> {
+        let Some(executors) = &self.executors else {
+            return Vec::new();
+        };
+        executors
+            .to_launch()
+            .into_iter()
+            .filter(|LaunchAction::Launch(id)| {
+                self.rescale.is_none() || matches!(id, ExecutorId::Daemon(_))
+            })
             .collect()
+    }
+
+    /// Whether a scale is under way.
+    pub fn scaling(&self) -> bool {
+        self.rescale.is_some()
+    }
+
+    /// Sets the number of trainers of `role` to `num`: the trainers are stopped and launched again
+    /// over the new ranks (see the module's documentation).
+    pub fn scale(&mut self, role: &str, num: u32) -> Result<Applied<v1::ScaleRoleReply>> {
+        if self.executors.is_none() {
+            return Err(AmError::FailedPrecondition(format!(
+                "role {role:?}: this AM launches no executors, so it cannot scale them; run the job with `sluice run` or `sluice submit` to let the AM launch them"
+            )));
+        }
+        let Some(index) = self.spec.roles.iter().position(|found| found.name == role) else {
+            let names: Vec<&str> = self
+                .spec
+                .roles
+                .iter()
+                .map(|found| found.name.as_str())
+                .collect();
+            return Err(AmError::InvalidRequest(format!(
+                "role {role:?} is not a role of job {}; name one of {names:?}",
+                self.spec.name
+            )));
+        };
+        if num == 0 {
+            return Err(AmError::InvalidRequest(format!(
+                "role {role:?}: cannot scale to 0 trainers; a role keeps at least one, as in the job spec (stop the job with `sluice stop` to end it)"
+            )));
+        }
+        if let Some(why) = self.finishing() {
+            return Err(AmError::FailedPrecondition(format!(
+                "role {role:?}: the job is finishing ({why}), so it is not scaled"
+            )));
+        }
+        if self.rescale.is_some() {
+            return Err(AmError::FailedPrecondition(format!(
+                "role {role:?}: an earlier scale is under way (trainers stopping or daemons giving their rings back); wait until `sluice status` shows the roles' trainers running, then scale again"
+            )));
+        }
+        let previous_num = self.role_sizes[index];
+        let reply = v1::ScaleRoleReply { previous_num, num };
+        if previous_num == num {
+            return Ok(Applied {
+                reply,
+                entries: Vec::new(),
+            });
+        }
+        self.apply_scale(index, num);
+        Ok(Applied {
+            reply,
+            entries: vec![Entry::RoleScaled {
+                role: role.to_owned(),
+                num,
+            }],
+        })
+    }
+
+    /// Why the job is finishing, if it is: a scale then would relaunch trainers with nothing left
+    /// to give them.
+    fn finishing(&self) -> Option<String> {
+        if let Some(state) = self.outcome() {
+            return Some(format!("it {}", crate::status::state_name(state)));
+        }
+        if let Some(reason) = &self.stop_reason {
+            return Some(format!("a stop was asked for: {reason}"));
+        }
+        if self.table.outcome().is_some() {
+            return Some("every row is delivered".to_owned());
+        }
+        let succeeded = self
+            .executors
+            .as_ref()
+            .and_then(Executors::a_trainer_succeeded)?;
+        Some(format!("{succeeded} exited with success"))
+    }
+
+    fn apply_scale(&mut self, role: usize, num: u32) {
+        let previous_sizes = self.role_sizes.clone();
+        self.role_sizes[role] = num;
+        let trainers: Vec<ExecutorId> = self
+            .trainer_ranks()
+            .into_iter()
+            .map(|(name, rank)| ExecutorId::Trainer {
+                role: name.to_owned(),
+                rank,
+            })
+            .collect();
+        if let Some(executors) = &mut self.executors {
+            executors.replace_trainers(trainers);
+        }
+        let releasing = self
+            .table
+            .nodes
+            .iter()
+            .filter(|(_, entry)| entry.status == NodeStatus::Alive)
+            .map(|(node, _)| *node)
+            .collect();
+        tracing::info!(
+            role = self.spec.roles[role].name,
+            from = previous_sizes[role],
+            to = num,
+            "role scaled: stopping the trainers"
+        );
+        self.rescale = Some(Rescale {
+            previous_sizes,
+            releasing,
+            waiting: BTreeSet::new(),
+        });
+        self.checkpoints.clear();
+        self.settle_rescale();
+    }
+
+    /// Whether a trainer the scale replaced still runs.
+    fn trainers_retiring(&self) -> bool {
+        self.executors
+            .as_ref()
+            .is_some_and(|executors| executors.retiring().next().is_some())
+    }
+
+    /// Whether `node` is due a [`v1::Release`]: it feeds rings of the previous ranks and no trainer
+    /// reads them any more, or it waits for its new ranks and no node feeds rings of the previous
+    /// ones.
+    fn release_due(&self, node: NodeId) -> bool {
+        let Some(rescale) = &self.rescale else {
+            return false;
+        };
+        !self.trainers_retiring()
+            && (rescale.releasing.contains(&node)
+                || (rescale.releasing.is_empty() && rescale.waiting.contains(&node)))
+    }
+
+    /// Follows a scale through a registration: a node that gave its rings back waits for its new
+    /// ranks while others still feed rings of the previous ones, and gets them otherwise.
+    fn note_registration(&mut self, node: NodeId, held_nothing: bool) {
+        let retiring = self.trainers_retiring();
+        let alive = self.table.node_status(node) == Some(NodeStatus::Alive);
+        let Some(rescale) = &mut self.rescale else {
+            return;
+        };
+        if !alive {
+            return;
+        }
+        if rescale.releasing.contains(&node) {
+            if !held_nothing {
+                return;
+            }
+            rescale.releasing.remove(&node);
+        }
+        if retiring || !rescale.releasing.is_empty() {
+            rescale.waiting.insert(node);
+        } else {
+            rescale.waiting.remove(&node);
+        }
+        self.settle_rescale();
+    }
+
+    /// A lost or blacklisted node takes no part in a scale any more.
+    fn forget_in_rescale(&mut self, node: NodeId) {
+        if let Some(rescale) = &mut self.rescale {
+            rescale.releasing.remove(&node);
+            rescale.waiting.remove(&node);
+        }
+        self.settle_rescale();
+    }
+
+    /// Ends the scale once no trainer of the previous ranks runs and every live node has its new
+    /// ranks: the trainers may then be launched.
+    fn settle_rescale(&mut self) {
+        let retiring = self.trainers_retiring();
+        let Some(rescale) = &self.rescale else {
+            return;
+        };
+        if !retiring && rescale.releasing.is_empty() && rescale.waiting.is_empty() {
+            self.rescale = None;
+            tracing::info!(
+                world_size = self.world_size(),
+                "scale done: the trainers launch over the new ranks"
+            );
+        }
     }
 
     /// Applies a journal entry during recovery; commands it would send are dropped, since the
@@ -380,6 +643,19 @@ impl Master {
             Entry::Restored {
                 position, now_ms, ..
             } => self.reset_to(position, now_ms)?,
+            Entry::RoleScaled { role, num } => {
+                let index = self
+                    .spec
+                    .roles
+                    .iter()
+                    .position(|found| found.name == role)
+                    .ok_or_else(|| {
+                        AmError::FailedPrecondition(format!(
+                            "the journal scales role {role:?}, which the job spec does not have; start the AM with the spec the job was run with"
+                        ))
+                    })?;
+                self.apply_scale(index, num);
+            }
             Entry::StopRequested { reason } => self.stop_reason = Some(reason),
             Entry::ExecutorLaunched { id } => {
                 self.executor_launched(id);
@@ -408,6 +684,8 @@ impl Master {
             stop_reason: self.stop_reason.clone(),
             executors: self.executors.clone(),
             last_task_failure: self.last_task_failure.clone(),
+            role_sizes: self.role_sizes.clone(),
+            rescale: self.rescale.clone(),
         }
     }
 
@@ -433,6 +711,10 @@ impl Master {
         if snapshot.executors.is_some() {
             self.executors = snapshot.executors;
         }
+        if snapshot.role_sizes.len() == self.role_sizes.len() {
+            self.role_sizes = snapshot.role_sizes;
+        }
+        self.rescale = snapshot.rescale;
         Ok(())
     }
 
@@ -498,14 +780,15 @@ impl Master {
             held: request.held.iter().map(convert::progress).collect(),
         };
         let (commands, entries) = self.apply_and_log(node, event);
+        let (ranks, world_size) = self.ranks_told(node);
         Ok(Applied {
             reply: v1::RegisterReply {
                 job_id: self.spec.name.clone(),
                 heartbeat_interval_ms: self.spec.failover.heartbeat_interval_ms,
                 commands,
                 data: Some(convert::job_data(&self.spec, &self.plan)),
-                ranks: self.ranks_of(node),
-                world_size: self.world_size(),
+                ranks,
+                world_size,
             },
             entries,
         })
@@ -772,6 +1055,9 @@ impl Master {
         })
     }
 
+    /// Resets the task table to `position`. The executors that ended for good are launched again,
+    /// since the job runs again from there: a finished job's daemons and trainers run the rows
+    /// after the checkpoint.
     fn reset_to(&mut self, position: DataPosition, now_ms: u64) -> Result<()> {
         let pieces = self.pieces_of(&position);
         self.table = JobState::restore(
@@ -784,6 +1070,9 @@ impl Master {
         self.checkpoints.clear();
         self.stop_reason = None;
         self.last_task_failure = None;
+        if let Some(executors) = &mut self.executors {
+            executors.restart_ended();
+        }
         Ok(())
     }
 
@@ -814,13 +1103,24 @@ impl Master {
             return (commands, Vec::new());
         }
         let entries = vec![Entry::Event(event.clone())];
-        let commands = self.apply_event(Some(caller), event);
+        let mut commands = self.apply_event(Some(caller), event);
+        if self.release_due(caller) {
+            // First: the commands after it are for the rings the daemon gives back.
+            commands.insert(0, convert::release_command());
+        }
         (commands, entries)
     }
 
     /// Applies an event; returns the commands for `caller`, queueing those for other nodes.
     fn apply_event(&mut self, caller: Option<NodeId>, event: Event) -> Vec<v1::Command> {
+        let registration = match &event {
+            Event::Register { node, held, .. } => Some((*node, held.is_empty())),
+            _ => None,
+        };
         let actions = decide(&mut self.table, event);
+        if let Some((node, held_nothing)) = registration {
+            self.note_registration(node, held_nothing);
+        }
         let mut mine = caller
             .and_then(|node| self.outbox.remove(&node))
             .unwrap_or_default();
@@ -870,10 +1170,12 @@ impl Master {
                 JobOutcome::Failed { reason } => tracing::warn!(%reason, "job failed"),
             },
             Action::NodeLost { node, requeued } => {
-                tracing::warn!(%node, requeued, "node lost: no heartbeat within the timeout")
+                tracing::warn!(%node, requeued, "node lost: no heartbeat within the timeout");
+                self.forget_in_rescale(node);
             }
             Action::NodeBlacklisted { node, requeued } => {
-                tracing::warn!(%node, requeued, "node blacklisted after repeated task failures")
+                tracing::warn!(%node, requeued, "node blacklisted after repeated task failures");
+                self.forget_in_rescale(node);
             }
             Action::TaskFailed {
                 task,
@@ -1022,6 +1324,7 @@ impl Master {
                 rows_failed: self.table.failed_rows(),
             }),
             rows_per_second: self.throughput.rows_per_second(),
+            scaling: self.rescale.is_some(),
         }
     }
 
@@ -1029,10 +1332,11 @@ impl Master {
         self.spec
             .roles
             .iter()
-            .map(|role| {
+            .zip(&self.role_sizes)
+            .map(|(role, size)| {
                 let mut status = v1::RoleStatus {
                     name: role.name.clone(),
-                    num: role.num,
+                    num: *size,
                     ..v1::RoleStatus::default()
                 };
                 let records = self.executors.iter().flat_map(Executors::records);

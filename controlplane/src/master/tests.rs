@@ -563,3 +563,338 @@ fn a_checkpoint_with_a_position_outside_a_task_is_refused() {
         "ranks of a step disagree on the world size"
     );
 }
+
+/// A master that launches its executors, each one launched, and both nodes registered.
+fn launching_master(journal: &mut Vec<Entry>) -> Master {
+    let mut sut = master();
+    sut.launch_executors();
+    for LaunchAction::Launch(id) in sut.executors_to_launch() {
+        journal.extend(sut.executor_launched(id).entries);
+    }
+    journal.extend(register(&mut sut, 0, 0).entries);
+    journal.extend(register(&mut sut, 1, 0).entries);
+    sut
+}
+
+fn trainer(rank: u32) -> ExecutorId {
+    ExecutorId::Trainer {
+        role: "worker".into(),
+        rank,
+    }
+}
+
+fn has_release(commands: &[v1::Command]) -> bool {
+    matches!(
+        commands
+            .first()
+            .and_then(|command| command.command.as_ref()),
+        Some(Cmd::Release(_))
+    )
+}
+
+fn trainers_to_launch(sut: &Master) -> Vec<ExecutorId> {
+    sut.executors_to_launch()
+        .into_iter()
+        .map(|LaunchAction::Launch(id)| id)
+        .filter(|id| matches!(id, ExecutorId::Trainer { .. }))
+        .collect()
+}
+
+fn register_holding_nothing(
+    sut: &mut Master,
+    node: u64,
+    now_ms: u64,
+    journal: &mut Vec<Entry>,
+) -> v1::RegisterReply {
+    let applied = register(sut, node, now_ms);
+    journal.extend(applied.entries);
+    applied.reply
+}
+
+#[test]
+fn a_scale_is_refused_with_a_reason_for_bad_requests_and_finishing_jobs() {
+    let mut without_executors = master();
+    let error = without_executors
+        .scale("worker", 2)
+        .expect_err("no executors");
+    assert!(
+        error.to_string().contains("launches no executors"),
+        "{error}"
+    );
+
+    let mut sut = launching_master(&mut Vec::new());
+    let error = sut.scale("reader", 2).expect_err("unknown role");
+    assert!(
+        error.to_string().contains(r#"name one of ["worker"]"#),
+        "{error}"
+    );
+    let error = sut.scale("worker", 0).expect_err("zero trainers");
+    assert!(error.to_string().contains("at least one"), "{error}");
+    let same = sut.scale("worker", 4).expect("the same size");
+    assert!(same.entries.is_empty(), "the same size changes nothing");
+    assert!(!sut.scaling());
+
+    sut.scale("worker", 2).expect("a first scale");
+    let error = sut.scale("worker", 3).expect_err("a scale under way");
+    assert!(
+        error.to_string().contains("earlier scale is under way"),
+        "{error}"
+    );
+
+    let mut stopping = launching_master(&mut Vec::new());
+    stopping.stop("operator".into());
+    let error = stopping.scale("worker", 2).expect_err("stopping");
+    assert!(error.to_string().contains("finishing"), "{error}");
+
+    let mut finishing = launching_master(&mut Vec::new());
+    finishing.executor_exited(trainer(2), Exit::Code(0));
+    let error = finishing
+        .scale("worker", 2)
+        .expect_err("a trainer succeeded");
+    assert!(
+        error
+            .to_string()
+            .contains("trainer-worker-2 exited with success"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_scale_stops_the_trainers_takes_the_rings_back_and_relaunches_over_the_new_ranks() {
+    let mut journal = Vec::new();
+    let mut sut = launching_master(&mut journal);
+    let applied = sut.acquire(
+        v1::AcquireTasksRequest {
+            node_id: 0,
+            max_tasks: 1,
+        },
+        1,
+    );
+    let task = assigned(&applied.reply.commands)[0].clone();
+    journal.extend(applied.entries);
+    journal.extend(heartbeat_entries(&mut sut, 0, 2));
+    let applied = sut.heartbeat(
+        v1::HeartbeatRequest {
+            node_id: 0,
+            progress: vec![v1::TaskProgress {
+                task_id: task.task_id,
+                enqueued: 6,
+                consumed: 2,
+            }],
+            ..v1::HeartbeatRequest::default()
+        },
+        3,
+    );
+    journal.extend(applied.entries);
+    sut.commit_checkpoint(v1::CommitDataCheckpointRequest {
+        step: 7,
+        rank: 0,
+        world_size: 4,
+        epoch: 0,
+        positions: Vec::new(),
+    })
+    .expect("a rank's commit");
+
+    let scaled = sut.scale("worker", 2).expect("scale");
+    assert_eq!(
+        (scaled.reply.previous_num, scaled.reply.num),
+        (4, 2),
+        "the reply names both sizes"
+    );
+    journal.extend(scaled.entries);
+    assert!(sut.scaling());
+    assert!(
+        sut.snapshot().checkpoints.is_empty(),
+        "a checkpoint waiting for ranks of the old world is dropped"
+    );
+    assert!(
+        trainers_to_launch(&sut).is_empty(),
+        "no trainer launches mid-scale"
+    );
+    let retiring: Vec<ExecutorId> = sut
+        .executors()
+        .expect("executors")
+        .retiring()
+        .cloned()
+        .collect();
+    assert_eq!(retiring, (0..4).map(trainer).collect::<Vec<_>>());
+    assert!(
+        !has_release(&heartbeat(&mut sut, 0, 4, &[])),
+        "no release while trainers may still read the rings"
+    );
+    for rank in 0..4 {
+        journal.extend(sut.executor_exited(trainer(rank), Exit::Killed).entries);
+    }
+    assert_eq!(
+        sut.status(5).roles[0].failures,
+        0,
+        "stopped trainers did not fail"
+    );
+
+    // Node 0 reports its final count, 3 rows of the task, and gives everything back.
+    let applied = sut.heartbeat(
+        v1::HeartbeatRequest {
+            node_id: 0,
+            progress: vec![v1::TaskProgress {
+                task_id: task.task_id,
+                enqueued: 6,
+                consumed: 3,
+            }],
+            ..v1::HeartbeatRequest::default()
+        },
+        6,
+    );
+    assert!(has_release(&applied.reply.commands), "{applied:?}");
+    journal.extend(applied.entries);
+    let reply = register_holding_nothing(&mut sut, 0, 7, &mut journal);
+    assert!(
+        reply.ranks.is_empty(),
+        "node 1 still feeds rings of the old ranks: node 0 opens none yet"
+    );
+    assert_eq!(
+        sut.table().in_flight_count(),
+        0,
+        "the task was queued again"
+    );
+
+    let commands = heartbeat(&mut sut, 1, 8, &[]);
+    assert!(has_release(&commands), "{commands:?}");
+    let reply = register_holding_nothing(&mut sut, 1, 9, &mut journal);
+    assert_eq!(
+        (reply.ranks.clone(), reply.world_size),
+        (vec![1], 2),
+        "the last node to give its rings back gets its new ranks at once"
+    );
+    let commands = heartbeat(&mut sut, 0, 10, &[]);
+    assert!(has_release(&commands), "node 0 is asked to register again");
+    let reply = register_holding_nothing(&mut sut, 0, 11, &mut journal);
+    assert_eq!((reply.ranks.clone(), reply.world_size), (vec![0], 2));
+    assert!(!sut.scaling());
+    assert!(!has_release(&heartbeat(&mut sut, 0, 12, &[])));
+    assert_eq!(trainers_to_launch(&sut), vec![trainer(0), trainer(1)]);
+    assert_eq!(sut.world_size(), 2);
+    assert_eq!(sut.status(12).roles[0].num, 2);
+
+    let position_after_scale = sut.table().position();
+    let again = assigned(&acquire(&mut sut, 1, 13, 8));
+    let resumed = again
+        .iter()
+        .find(|assignment| assignment.task_id == task.task_id)
+        .expect("the released task is handed out again");
+    assert_eq!(
+        resumed.start,
+        task.start + 3,
+        "it resumes after the 3 rows consumed, not the 6 enqueued"
+    );
+
+    let mut replayed = master();
+    replayed.launch_executors();
+    for entry in journal {
+        replayed.replay(entry).expect("replay");
+    }
+    assert_eq!(replayed.world_size(), 2);
+    assert!(!replayed.scaling());
+    assert_eq!(
+        replayed.table().position(),
+        position_after_scale,
+        "the replayed table has the released task queued again from the same row"
+    );
+    assert_eq!(trainers_to_launch(&replayed), vec![trainer(0), trainer(1)]);
+}
+
+#[test]
+fn an_am_taking_a_job_over_mid_scale_carries_on_where_it_stood() {
+    let mut journal = Vec::new();
+    let mut sut = launching_master(&mut journal);
+    journal.extend(sut.scale("worker", 6).expect("scale").entries);
+    for rank in 0..4 {
+        journal.extend(sut.executor_exited(trainer(rank), Exit::Killed).entries);
+    }
+    register_holding_nothing(&mut sut, 0, 5, &mut journal);
+    let snapshot = sut.snapshot();
+
+    let mut replayed = master();
+    replayed.launch_executors();
+    for entry in journal {
+        replayed.replay(entry).expect("replay");
+    }
+    let mut restored = master();
+    restored.launch_executors();
+    restored.restore_snapshot(snapshot).expect("snapshot");
+    for taken_over in [&mut replayed, &mut restored] {
+        assert!(taken_over.scaling());
+        assert!(
+            has_release(&heartbeat(taken_over, 1, 6, &[])),
+            "node 1 still has its rings to give back"
+        );
+        assert!(!has_release(&heartbeat(taken_over, 0, 6, &[])));
+        let reply = register(taken_over, 1, 7).reply;
+        assert_eq!(reply.ranks, vec![3, 4, 5]);
+        assert!(has_release(&heartbeat(taken_over, 0, 8, &[])));
+        assert_eq!(register(taken_over, 0, 9).reply.ranks, vec![0, 1, 2]);
+        assert_eq!(trainers_to_launch(taken_over).len(), 6);
+    }
+}
+
+#[test]
+fn a_node_lost_while_giving_its_rings_back_takes_no_part_in_the_scale_any_more() {
+    let mut sut = launching_master(&mut Vec::new());
+    sut.scale("worker", 1).expect("scale");
+    for rank in 0..4 {
+        sut.executor_exited(trainer(rank), Exit::Code(143));
+    }
+    assert!(has_release(&heartbeat(&mut sut, 0, 500, &[])));
+    assert_eq!(register(&mut sut, 0, 600).reply.ranks, Vec::<u32>::new());
+    // Node 1 never answers and is lost: node 0 is asked back for its new ranks.
+    heartbeat(&mut sut, 0, 1500, &[]);
+    sut.tick(1600);
+    assert!(has_release(&heartbeat(&mut sut, 0, 1700, &[])));
+    let reply = register(&mut sut, 0, 1800).reply;
+    assert_eq!((reply.ranks, reply.world_size), (vec![0], 1));
+    assert!(!sut.scaling());
+    assert_eq!(trainers_to_launch(&sut), vec![trainer(0)]);
+}
+
+#[test]
+fn restoring_a_finished_job_launches_its_daemons_and_trainers_again() {
+    let mut sut = launching_master(&mut Vec::new());
+    let at_start = sut.table().position();
+    for rank in 0..4 {
+        sut.executor_exited(trainer(rank), Exit::Code(0));
+    }
+    sut.executor_exited(ExecutorId::Daemon(0), Exit::Code(0));
+    assert_eq!(sut.outcome(), Some(v1::JobState::Succeeded));
+    assert!(sut.executors_to_launch().is_empty());
+
+    let applied = sut
+        .restore("unit-step1-0".into(), at_start, 10)
+        .expect("restore");
+    let mut replayed = launching_master(&mut Vec::new());
+    for rank in 0..4 {
+        replayed.executor_exited(trainer(rank), Exit::Code(0));
+    }
+    replayed.executor_exited(ExecutorId::Daemon(0), Exit::Code(0));
+    for entry in applied.entries {
+        replayed.replay(entry).expect("replay");
+    }
+    for restored in [&sut, &replayed] {
+        assert_eq!(restored.outcome(), None, "the job runs again");
+        let mut launched: Vec<ExecutorId> = restored
+            .executors_to_launch()
+            .into_iter()
+            .map(|LaunchAction::Launch(id)| id)
+            .collect();
+        launched.sort();
+        assert_eq!(
+            launched,
+            vec![
+                ExecutorId::Daemon(0),
+                trainer(0),
+                trainer(1),
+                trainer(2),
+                trainer(3)
+            ],
+            "the daemon that ended and every trainer; daemon 1 still runs"
+        );
+    }
+}

@@ -31,6 +31,14 @@
 //! resumes after its enqueued rows: the batches still in the ring stay there, so the trainer sees no
 //! gap and no repeat. Slots of tasks the AM did not give back are freed. A fenced daemon (the AM
 //! declared it lost and queued its tasks again) empties its ledgers and registers holding nothing.
+//!
+//! # Scaling
+//! When a role is scaled the AM stops every trainer, then sends `Release`: the daemon stops its
+//! feeders and writers, surveys each ring a last time (the read cursors are final, since no
+//! trainer reads them), reports its tasks' final counts in a heartbeat, removes its rings and
+//! ledgers with the rows still unread, and registers again holding nothing; the AM queues the tasks
+//! again from their consumed counts. The registration's answer names the ranks to open rings for
+//! (none while other daemons still give theirs back; a later `Release` then brings them).
 
 #[cfg(test)]
 mod feed_tests;
@@ -243,7 +251,6 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
     // heartbeats, progress and commands of this one.
     let decode = DecodeRuntime::start()?;
     let pipeline = Arc::new(open_pipeline(&data, decode.handle()).await?);
-    let schema = pipeline.schema.clone();
     let job_dir = options.ring_dir.join(&reply.job_id);
     // Rings of an earlier run of the job that no process uses any more hold nothing anyone will
     // read; a ring a trainer still reads is kept and taken over, and so is one taken over above.
@@ -262,13 +269,72 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             job_dir.display()
         ))
     })?;
+    let served: ServedRings = Arc::default();
+    let metrics = match options.http {
+        Some(address) => {
+            Some(serve_metrics(address, options.node_id, pipeline.clone(), served.clone()).await?)
+        }
+        None => None,
+    };
+    loop {
+        let rings = open_rings(&options, &job_dir, &reply.ranks, &mut recovered, &pipeline)?;
+        for (rank, attached) in std::mem::take(&mut recovered) {
+            tracing::warn!(rank, ring = %attached.state.ledger().path().display(), "a ring this node fed is no longer one of its ranks: left as it is");
+        }
+        *lock_served(&served) = rings
+            .iter()
+            .map(|ring| (ring.rank, ring.state.clone()))
+            .collect();
+        tracing::info!(node = options.node_id, job = reply.job_id, ranks = ?reply.ranks, "daemon registered");
+        let ended = serve(&options, &client, &pipeline, rings, reply).await;
+        lock_served(&served).clear();
+        match ended? {
+            Ended::Shutdown => break,
+            Ended::GaveBack => {
+                reply = register(&options, &client, &job_id, Vec::new()).await?;
+            }
+        }
+    }
+    if let Some(metrics) = metrics {
+        metrics.abort();
+    }
+    tracing::info!(node = options.node_id, "daemon shut down");
+    Ok(())
+}
+
+/// The rings the metrics endpoint reports: those of the registration being served.
+type ServedRings = Arc<Mutex<Vec<(u32, Arc<RingState>)>>>;
+
+fn lock_served(served: &ServedRings) -> std::sync::MutexGuard<'_, Vec<(u32, Arc<RingState>)>> {
+    served
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// How serving one registration ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The AM shut the daemon down.
+    Shutdown,
+    /// A role was scaled: the daemon gave its tasks and rings back and registers again.
+    GaveBack,
+}
+
+/// Opens the ring of every rank, taking over the ones `recovered` holds, and starts its writer and
+/// feeder.
+fn open_rings(
+    options: &DaemonOptions,
+    job_dir: &Path,
+    ranks: &[u32],
+    recovered: &mut BTreeMap<u32, Attached>,
+    pipeline: &Arc<Pipeline>,
+) -> Result<Vec<RankRing>, DaemonError> {
     let mut rings = Vec::new();
-    for rank in &reply.ranks {
+    for rank in ranks {
         let attached = match recovered.remove(rank) {
             Some(attached) => attached,
             None => {
-                let (ring, ledger) =
-                    open_ring(&job_dir, *rank, options.ring_size, options.node_id)?;
+                let (ring, ledger) = open_ring(job_dir, *rank, options.ring_size, options.node_id)?;
                 writer::attach(ring, ledger).map_err(DaemonError::Ring)?
             }
         };
@@ -276,8 +342,13 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             EpochMark::Batch { epoch } => Some(epoch),
             EpochMark::Start | EpochMark::EndOfEpoch => None,
         };
-        let started = writer::start(attached, schema.clone(), *rank, pipeline.stages.clone())
-            .map_err(DaemonError::Ring)?;
+        let started = writer::start(
+            attached,
+            pipeline.schema.clone(),
+            *rank,
+            pipeline.stages.clone(),
+        )
+        .map_err(DaemonError::Ring)?;
         let (queue, jobs) = mpsc::unbounded_channel();
         let feeder = tokio::spawn(feed(jobs, started.sender.clone(), pipeline.clone(), epoch));
         rings.push(RankRing {
@@ -291,32 +362,25 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             writer_thread: started.thread,
         });
     }
-    for (rank, attached) in recovered {
-        tracing::warn!(rank, ring = %attached.state.ledger().path().display(), "a ring this node fed is no longer one of its ranks: left as it is");
-    }
-    tracing::info!(node = options.node_id, job = reply.job_id, ranks = ?reply.ranks, "daemon registered");
-    let metrics = match options.http {
-        Some(address) => Some(
-            serve_metrics(
-                address,
-                options.node_id,
-                pipeline.clone(),
-                rings
-                    .iter()
-                    .map(|ring| (ring.rank, ring.state.clone()))
-                    .collect(),
-            )
-            .await?,
-        ),
-        None => None,
-    };
+    Ok(rings)
+}
+
+/// Serves one registration: applies the AM's commands, pulls tasks, heartbeats, and reports, until
+/// the AM shuts the daemon down or asks for its rings back.
+async fn serve(
+    options: &DaemonOptions,
+    client: &AmClient,
+    pipeline: &Pipeline,
+    mut rings: Vec<RankRing>,
+    reply: v1::RegisterReply,
+) -> Result<Ended, DaemonError> {
     let interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(10, 10_000));
     let mut held: BTreeMap<u64, Held> = BTreeMap::new();
     let mut pending = reply.commands;
     let mut acks: Vec<(u64, u64)> = Vec::new();
     let mut registering = true;
     loop {
-        let mut shutdown = false;
+        let mut ended = None;
         for command in pending.drain(..) {
             match command.command {
                 Some(Cmd::Assign(assign)) => {
@@ -334,7 +398,12 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
                         acks.push((stop.task_id, at));
                     }
                 }
-                Some(Cmd::Shutdown(_)) => shutdown = true,
+                Some(Cmd::Shutdown(_)) => ended = Some(Ended::Shutdown),
+                Some(Cmd::Release(_)) => {
+                    // The commands after it were meant for the rings given back.
+                    ended = Some(Ended::GaveBack);
+                    break;
+                }
                 Some(Cmd::Fence(_)) => {
                     return Err(DaemonError::Refused(
                         "the AM declared this daemon lost; start it again to rejoin the job"
@@ -347,8 +416,16 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
                 Some(Cmd::Drain(_)) | None => {}
             }
         }
-        if shutdown {
-            break;
+        match ended {
+            Some(Ended::Shutdown) => {
+                stop_rings(rings).await?;
+                return Ok(Ended::Shutdown);
+            }
+            Some(Ended::GaveBack) => {
+                give_back(options, client, pipeline, rings, &held).await?;
+                return Ok(Ended::GaveBack);
+            }
+            None => {}
         }
         if registering {
             // The registration's answer gave back every task the AM kept on this node; the AM
@@ -357,7 +434,7 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             free_unheld(&rings, &held);
         }
         for (task_id, stop_row) in acks.drain(..) {
-            let reply = call(&options, || {
+            let reply = call(options, || {
                 let mut client = client.clone();
                 let request = v1::AckStopRequest {
                     node_id: options.node_id,
@@ -374,7 +451,7 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
         let wanted =
             ((pipeline.shape.window() + 1) * rings.len()).saturating_sub(held.len()) as u32;
         if wanted > 0 {
-            let reply = call(&options, || {
+            let reply = call(options, || {
                 let mut client = client.clone();
                 let request = v1::AcquireTasksRequest {
                     node_id: options.node_id,
@@ -423,7 +500,7 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
                     .then(|| (*task_id, reason, task.consumed_end - task.start))
             })
             .collect();
-        let reply = call(&options, || {
+        let reply = call(options, || {
             let mut client = client.clone();
             let request = v1::HeartbeatRequest {
                 node_id: options.node_id,
@@ -445,7 +522,7 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             release(&mut held, &rings, task_id);
         }
         for (task_id, reason, consumed) in failed {
-            let reply = call(&options, || {
+            let reply = call(options, || {
                 let mut client = client.clone();
                 let request = v1::ReportTaskRequest {
                     node_id: options.node_id,
@@ -465,6 +542,11 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             return Err(DaemonError::Ring(failure));
         }
     }
+}
+
+/// Stops every ring's feeder and writer, which closes the ring; returns the rings' states.
+async fn stop_rings(rings: Vec<RankRing>) -> Result<Vec<Arc<RingState>>, DaemonError> {
+    let mut states = Vec::with_capacity(rings.len());
     for ring in rings {
         ring.feeder.abort();
         drop(ring.queue);
@@ -475,11 +557,75 @@ pub async fn run(options: DaemonOptions) -> Result<(), DaemonError> {
             .await
             .map_err(|error| DaemonError::Ring(format!("rank {rank}: {error}")))?
             .map_err(|_| DaemonError::Ring(format!("the writer of rank {rank} panicked")))?;
+        states.push(ring.state);
     }
-    if let Some(metrics) = metrics {
-        metrics.abort();
+    Ok(states)
+}
+
+/// Gives every task and ring back after a scale: the writers stop and survey their rings a last
+/// time (no trainer reads them any more, so the read cursors are final), a heartbeat reports each
+/// task's final counts, and the rings and their ledgers are removed with the rows still unread. The
+/// AM queues the tasks again from their consumed counts when the daemon registers holding nothing.
+async fn give_back(
+    options: &DaemonOptions,
+    client: &AmClient,
+    pipeline: &Pipeline,
+    rings: Vec<RankRing>,
+    held: &BTreeMap<u64, Held>,
+) -> Result<(), DaemonError> {
+    for ring in &rings {
+        ring.state.give_back();
     }
-    tracing::info!(node = options.node_id, "daemon shut down");
+    let states = stop_rings(rings).await?;
+    let progress: Vec<v1::TaskProgress> = held
+        .iter()
+        .map(|(task_id, task)| {
+            let entry = states[task.ring].ledger().task(*task_id);
+            let consumed_end = entry.map_or(task.consumed_end, |entry| {
+                entry.consumed_end.max(task.consumed_end)
+            });
+            let enqueued_end = entry.map_or(task.enqueued_end, |entry| {
+                entry.enqueued_end.max(task.enqueued_end)
+            });
+            v1::TaskProgress {
+                task_id: *task_id,
+                enqueued: enqueued_end.max(consumed_end) - task.start,
+                consumed: consumed_end - task.start,
+            }
+        })
+        .collect();
+    let consumed: u64 = progress.iter().map(|task| task.consumed).sum();
+    call(options, || {
+        let mut client = client.clone();
+        let request = v1::HeartbeatRequest {
+            node_id: options.node_id,
+            progress: progress.clone(),
+            stages: pipeline.stage_stats(),
+            rings: Vec::new(),
+        };
+        async move { client.heartbeat(request).await }
+    })
+    .await?;
+    for state in states {
+        for file in state.files() {
+            match std::fs::remove_file(&file) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    return Err(DaemonError::Ring(format!(
+                        "removing {} to give the ring back: {error}",
+                        file.display()
+                    )));
+                }
+            }
+        }
+    }
+    tracing::info!(
+        node = options.node_id,
+        tasks = held.len(),
+        consumed,
+        "gave every task and ring back"
+    );
     Ok(())
 }
 
@@ -741,7 +887,7 @@ async fn serve_metrics(
     address: std::net::SocketAddr,
     node: u64,
     pipeline: Arc<Pipeline>,
-    rings: Vec<(u32, Arc<RingState>)>,
+    rings: ServedRings,
 ) -> Result<tokio::task::JoinHandle<()>, DaemonError> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
@@ -754,11 +900,12 @@ async fn serve_metrics(
         .local_addr()
         .map_err(|error| DaemonError::Metrics(error.to_string()))?;
     let metrics = move || {
-        let text = stats::prometheus(
-            node,
-            &pipeline.stage_stats(),
-            &ring_stats(rings.iter().map(|(rank, state)| (*rank, state.as_ref()))),
+        let rings = ring_stats(
+            lock_served(&rings)
+                .iter()
+                .map(|(rank, state)| (*rank, state.as_ref())),
         );
+        let text = stats::prometheus(node, &pipeline.stage_stats(), &rings);
         async move {
             (
                 [(

@@ -9,15 +9,21 @@
 //! takes the ring over and whenever the main loop asks before a heartbeat; a full ring folds on its
 //! own while the writer waits. Everything the daemon reports is thus read back from the ring and its
 //! ledger, which survive the daemon.
+//!
+//! A ring the daemon gives back (a role was scaled and its trainer stopped) is written no more:
+//! the writer drops what it was asked to write, and a write waiting on a full ring with no trainer
+//! ends, so the writer surveys the ring a last time and stops.
 
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use sluice_client::Encoder;
+use sluice_client::{Encoder, WriteError};
 use sluice_ring::ledger::{EpochMark, Ledger};
-use sluice_ring::{Producer, RecordKind, RecordMeta, Ring};
+use sluice_ring::{Producer, RecordKind, RecordMeta, ReserveError, Ring};
 use tokio::sync::mpsc;
 
 use crate::stats::Stages;
@@ -69,9 +75,37 @@ pub struct RingState {
     ring: Ring,
     ledger: Arc<Ledger>,
     failure: Mutex<Option<String>>,
+    giving_back: AtomicBool,
 }
 
+/// How long a write waits on a full ring whose trainer is gone before the writer looks whether the
+/// ring is being given back; otherwise it waits again, for the trainer's next process.
+const GONE_TRAINER_SLICE: Duration = Duration::from_secs(1);
+
+/// How long a write waits in all for a trainer to come back to a full ring before the writer fails.
+const GONE_TRAINER_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 impl RingState {
+    /// Stops the writer: what it was asked to write is dropped, and it surveys the ring a last
+    /// time before it ends.
+    pub fn give_back(&self) {
+        // Release: pairs with the Acquire load in `RingState::given_back`.
+        self.giving_back.store(true, Ordering::Release);
+    }
+
+    fn given_back(&self) -> bool {
+        // Acquire: pairs with the Release store in `RingState::give_back`.
+        self.giving_back.load(Ordering::Acquire)
+    }
+
+    /// The ring's file and its ledger's.
+    pub fn files(&self) -> [PathBuf; 2] {
+        [
+            self.ring.path().to_path_buf(),
+            self.ledger.path().to_path_buf(),
+        ]
+    }
+
     /// The ring's ledger: the tasks bound to the ring and their counts.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
@@ -117,6 +151,7 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, String> {
         ring,
         ledger,
         failure: Mutex::new(None),
+        giving_back: AtomicBool::new(false),
     });
     Ok(Attached {
         producer,
@@ -183,7 +218,7 @@ fn write_loop(
     state: &RingState,
     stages: &Stages,
 ) -> Result<(), String> {
-    producer.set_peer_timeout(Duration::from_secs(24 * 3600));
+    producer.set_peer_timeout(GONE_TRAINER_SLICE);
     let mut encoder = Encoder::new(schema.clone()).map_err(|error| error.to_string())?;
     encoder
         .write_schema(&mut producer)
@@ -195,6 +230,9 @@ fn write_loop(
             break;
         };
         stages.write.wait(idle.elapsed());
+        if state.given_back() {
+            break;
+        }
         match write {
             Write::Batch {
                 batch,
@@ -204,9 +242,14 @@ fn write_loop(
             } => {
                 let writing = Instant::now();
                 let (full_before, start) = (producer.full_wait(), producer.position());
-                encoder
-                    .write_batch(&mut producer, &batch, task_id, first_row, row_count)
-                    .map_err(|error| error.to_string())?;
+                let written = waiting_for_the_trainer(state, || {
+                    encoder
+                        .write_batch(&mut producer, &batch, task_id, first_row, row_count)
+                        .map(drop)
+                })?;
+                if !written {
+                    break;
+                }
                 let full = producer.full_wait() - full_before;
                 stages.write.wait(full);
                 stages.write.busy(writing.elapsed().saturating_sub(full));
@@ -216,8 +259,14 @@ fn write_loop(
                 );
             }
             Write::EndOfEpoch => {
-                let slot = producer.reserve(0).map_err(|error| error.to_string())?;
-                slot.commit(RecordMeta::of_kind(RecordKind::EndOfEpoch));
+                let written = waiting_for_the_trainer(state, || {
+                    let slot = producer.reserve(0)?;
+                    slot.commit(RecordMeta::of_kind(RecordKind::EndOfEpoch));
+                    Ok(())
+                })?;
+                if !written {
+                    break;
+                }
             }
             Write::Survey => {
                 producer.flush();
@@ -228,6 +277,31 @@ fn write_loop(
             producer.flush();
         }
     }
+    if state.given_back() {
+        producer.flush();
+        survey(&mut producer, &state.ledger)?;
+    }
     producer.close();
     Ok(())
+}
+
+/// Runs `write` until it is done, trying again while the ring is full and its trainer gone (a
+/// trainer being restarted), up to [`GONE_TRAINER_TIMEOUT`]; returns `false`, with nothing written,
+/// once the ring is being given back.
+fn waiting_for_the_trainer(
+    state: &RingState,
+    mut write: impl FnMut() -> Result<(), WriteError>,
+) -> Result<bool, String> {
+    let started = Instant::now();
+    loop {
+        match write() {
+            Ok(()) => return Ok(true),
+            Err(WriteError::Reserve(ReserveError::ConsumerGone { .. })) if state.given_back() => {
+                return Ok(false);
+            }
+            Err(WriteError::Reserve(ReserveError::ConsumerGone { .. }))
+                if started.elapsed() < GONE_TRAINER_TIMEOUT => {}
+            Err(error) => return Err(error.to_string()),
+        }
+    }
 }

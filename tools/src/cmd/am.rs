@@ -1,4 +1,5 @@
-//! `sluice am`, `sluice status` and `sluice stop`: the application master and its control API.
+//! `sluice am`, `sluice status`, `sluice stop` and `sluice scale`: the application master and its
+//! control API.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -226,6 +227,38 @@ pub fn stop(args: StopArgs) -> anyhow::Result<()> {
     })?;
     let state = v1::JobState::try_from(state).unwrap_or(v1::JobState::Unspecified);
     println!("job {}", state_name(state));
+    Ok(())
+}
+
+/// Arguments of `sluice scale`.
+#[derive(Debug, clap::Args)]
+pub struct ScaleArgs {
+    /// The role, by its name in the job spec.
+    pub role: String,
+    /// Its new number of trainers, at least 1.
+    pub num: u32,
+    #[command(flatten)]
+    pub address: AmAddress,
+}
+
+/// Asks the AM to change a role's number of trainers: it stops them all and launches them again
+/// over the new ranks, each row still delivered once.
+pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
+    let reply = runtime(1)?.block_on(async {
+        let mut client = args.address.control().await?;
+        let reply = client
+            .scale_role(v1::ScaleRoleRequest {
+                role: args.role.clone(),
+                num: args.num,
+            })
+            .await
+            .map_err(|status| anyhow::anyhow!("scale: {}", status.message()))?;
+        anyhow::Ok(reply.into_inner())
+    })?;
+    println!(
+        "role {}: {} -> {} trainers",
+        args.role, reply.previous_num, reply.num
+    );
     Ok(())
 }
 

@@ -1,8 +1,18 @@
 //! `sluice consume`: the reference trainer. It reads its ring, releases each batch, and records
 //! the ids it saw.
+//!
+//! The ids file holds the ids of the batches released so far: each batch's ids are written out
+//! once the batch is released, before the next is read. On SIGTERM (the AM stopping its trainers
+//! for a scale) the trainer ends after the batch it holds, with the ring's read cursor published,
+//! and exits with 143; its file then holds exactly the rows the daemon counts as consumed. Killed
+//! with SIGKILL instead, it loses the releases not yet published and the ids of the batch it held,
+//! and those rows come again to the next trainer of the ring.
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -32,8 +42,14 @@ pub struct ConsumeArgs {
     pub wait_s: u64,
 }
 
-/// Reads the ring to its end; prints rows and rows/s.
-pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
+/// The exit code of a trainer that ended on SIGTERM, as a shell reports it: 128 + 15.
+const TERMINATED: u8 = 128 + 15;
+
+/// Reads the ring to its end, or up to a SIGTERM; prints rows and rows/s.
+pub fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
+    let terminated = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&terminated))
+        .context("handling SIGTERM")?;
     let ring = open_when_created(&args.ring, Duration::from_secs(args.wait_s))?;
     let consumer = ring
         .consumer()
@@ -51,6 +67,7 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     };
     let started = Instant::now();
     let mut rows = 0u64;
+    let mut stopped = false;
     while let Some(item) = reader
         .next_item()
         .with_context(|| format!("ring {}", args.ring.display()))?
@@ -60,25 +77,18 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         };
         rows += batch.num_rows() as u64;
         if let Some(out) = &mut ids_out {
-            let column = batch.column_by_name(&args.id_column).with_context(|| {
-                format!(
-                    "--ids-out: the batches have no column `{}`; name an integer column with --id-column",
-                    args.id_column
-                )
-            })?;
-            let ids = cast(column, &DataType::Int64)
-                .ok()
-                .filter(|_| column.data_type().is_integer())
-                .with_context(|| {
-                    format!(
-                        "--ids-out: column `{}` is {}, not an integer column; name one with --id-column",
-                        args.id_column,
-                        column.data_type()
-                    )
-                })?;
-            for id in ids.as_primitive::<Int64Type>().iter().flatten() {
-                out.write_all(&id.to_le_bytes())?;
-            }
+            buffer_ids(out, &batch, &args.id_column)?;
+        }
+        // Released here, then its ids go out: the file never holds the ids of a batch the ring
+        // would give again.
+        drop(batch);
+        if let Some(out) = &mut ids_out {
+            out.flush()?;
+        }
+        // Relaxed: the flag orders nothing else; the handler only sets it.
+        if terminated.load(Ordering::Relaxed) {
+            stopped = true;
+            break;
         }
         if let Some(limit) = args.max_rows_per_s {
             let due = Duration::from_secs_f64(rows as f64 / limit.max(1e-9));
@@ -90,11 +100,43 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     if let Some(out) = &mut ids_out {
         out.flush()?;
     }
+    // Publishes the read cursor of every batch released.
+    drop(reader);
     let seconds = started.elapsed().as_secs_f64();
     println!(
         "{{\"rows\":{rows},\"seconds\":{seconds:.3},\"rows_per_s\":{:.0}}}",
         rows as f64 / seconds.max(1e-9)
     );
+    if stopped {
+        eprintln!("sluice consume: stopped by SIGTERM after {rows} rows");
+        return Ok(ExitCode::from(TERMINATED));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Buffers the ids of `batch`'s column `id_column` as little-endian int64s.
+fn buffer_ids(
+    out: &mut impl Write,
+    batch: &arrow::array::RecordBatch,
+    id_column: &str,
+) -> anyhow::Result<()> {
+    let column = batch.column_by_name(id_column).with_context(|| {
+        format!(
+            "--ids-out: the batches have no column `{id_column}`; name an integer column with --id-column"
+        )
+    })?;
+    let ids = cast(column, &DataType::Int64)
+        .ok()
+        .filter(|_| column.data_type().is_integer())
+        .with_context(|| {
+            format!(
+                "--ids-out: column `{id_column}` is {}, not an integer column; name one with --id-column",
+                column.data_type()
+            )
+        })?;
+    for id in ids.as_primitive::<Int64Type>().iter().flatten() {
+        out.write_all(&id.to_le_bytes())?;
+    }
     Ok(())
 }
 
