@@ -116,7 +116,10 @@ impl<'de> Deserialize<'de> for RawFollow {
                 Ok(RawFollow::Flag(value))
             }
 
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawFollow, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RawFollow, A::Error> {
                 RawFollowSettings::deserialize(serde::de::value::MapAccessDeserializer::new(map))
                     .map(RawFollow::Settings)
             }

@@ -6,8 +6,8 @@ use super::raw::{
     RawTransform, ScalarString,
 };
 use super::{
-    CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, JobSpec, LauncherKind, Resources, RestartPolicy,
-    RoleSpec, ShuffleSpec, SourceFormat, SourceSpec, SpecError, TransformSpec,
+    CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, JobSpec, LauncherKind, Resources,
+    RestartPolicy, RoleSpec, ShuffleSpec, SourceFormat, SourceSpec, SpecError, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -509,7 +509,10 @@ fn validate_follow(
         if format != SourceFormat::Delta {
             return Err(SpecError::invalid(
                 at("follow.until_version"),
-                format!("ends following at a Delta version, but the source's format is {}", format.name()),
+                format!(
+                    "ends following at a Delta version, but the source's format is {}",
+                    format.name()
+                ),
                 "use until_timestamp to end following a Parquet directory, or `sluice stop`",
             ));
         }
