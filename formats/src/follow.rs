@@ -132,8 +132,8 @@ impl Dataset {
 ///
 /// # Errors
 ///
-/// [`FormatError::Delta`] when the log cannot be read, or when a commit changes rows other than by
-/// appending: it names the version and the operation.
+/// [`FormatError::FollowUnsupported`] when a commit changes rows other than by appending: it names
+/// the version and the operation. [`FormatError::Delta`] when the log cannot be read.
 pub async fn delta_commits(
     uri: &str,
     options: &OpenOptions,
@@ -243,14 +243,12 @@ fn read_commits(
             }
         }
         if let Some(path) = removed {
-            return Err(delta_error(
-                table_url,
-                format!(
-                    "version {version} ({}) removes data file {path}: following supports appends only; end following before this version (follow.until_version: {}) or plan the job again",
-                    operation.as_deref().unwrap_or("unknown operation"),
-                    version - 1
-                ),
-            ));
+            return Err(FormatError::FollowUnsupported {
+                table: table_url.to_string(),
+                version,
+                operation: operation.unwrap_or_else(|| "unknown operation".to_owned()),
+                path,
+            });
         }
         commits.push((version, commit.timestamp(), added));
     }
