@@ -483,7 +483,8 @@ impl Dataset {
     ///
     /// Returns an error when a footer cannot be read.
     pub async fn plan(&self, task_rows: u64) -> Result<Vec<Split>> {
-        self.plan_where(task_rows, |_| true).await
+        self.plan_files_at(task_rows, (0..self.files.len()).collect())
+            .await
     }
 
     /// Plans only the files whose URIs are in `uris`, as [`Dataset::plan`] plans them: for a
@@ -497,23 +498,19 @@ impl Dataset {
         task_rows: u64,
         uris: &std::collections::HashSet<String>,
     ) -> Result<Vec<Split>> {
-        self.plan_where(task_rows, |file| uris.contains(&file.uri))
-            .await
+        let kept = (0..self.files.len())
+            .filter(|index| uris.contains(&self.files[*index].uri))
+            .collect();
+        self.plan_files_at(task_rows, kept).await
     }
 
-    async fn plan_where(
-        &self,
-        task_rows: u64,
-        keep: impl Fn(&DataFile) -> bool,
-    ) -> Result<Vec<Split>> {
+    /// Plans the files at the indices `kept`, in that order.
+    async fn plan_files_at(&self, task_rows: u64, kept: Vec<usize>) -> Result<Vec<Split>> {
         if task_rows == 0 {
             return Err(FormatError::InvalidArgument(
                 "task rows must be at least 1".to_string(),
             ));
         }
-        let kept: Vec<usize> = (0..self.files.len())
-            .filter(|index| keep(&self.files[*index]))
-            .collect();
         let row_groups: Vec<Vec<u64>> = stream::iter(
             kept.iter()
                 .map(|index| self.file_row_groups(&self.files[*index])),

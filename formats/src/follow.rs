@@ -134,13 +134,23 @@ impl Dataset {
 ///
 /// [`FormatError::FollowUnsupported`] when a commit changes rows other than by appending: it names
 /// the version and the operation. [`FormatError::Delta`] when the log cannot be read.
-pub async fn delta_commits(
+///
+/// The future owns what it uses, so that it can be spawned whatever the arguments' lifetimes.
+pub fn delta_commits(
     uri: &str,
     options: &OpenOptions,
     after: u64,
     last: Option<u64>,
+) -> impl Future<Output = Result<Vec<DeltaCommit>>> + Send + 'static {
+    let location = open_location(uri, &options.storage_options);
+    async move { delta_commits_at(location?, after, last).await }
+}
+
+async fn delta_commits_at(
+    location: crate::store::Location,
+    after: u64,
+    last: Option<u64>,
 ) -> Result<Vec<DeltaCommit>> {
-    let location = open_location(uri, &options.storage_options)?;
     let table_url = location.directory_url()?;
     let store = Arc::clone(&location.store);
     let url = table_url.clone();

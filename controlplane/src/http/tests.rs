@@ -41,10 +41,7 @@ fn master() -> Master {
             delta: None,
         })
         .collect();
-    let mut plan = JobPlan {
-        files: Vec::new(),
-        splits: Vec::new(),
-    };
+    let mut plan = JobPlan::default();
     plan.extend(0, splits);
     Master::new(spec, Arc::new(plan)).expect("the splits have rows")
 }
@@ -343,6 +340,7 @@ fn reported_status() -> v1::StatusReply {
             rows_failed: 10,
         }),
         rows_per_second: 456.5,
+        sources: Vec::new(),
     }
 }
 

@@ -19,10 +19,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
 
 fn master() -> Master {
     let spec = Arc::new(JobSpec::parse(SPEC, Format::Yaml).expect("valid spec"));
-    let mut plan = JobPlan {
-        files: Vec::new(),
-        splits: Vec::new(),
-    };
+    let mut plan = JobPlan::default();
     let splits = [25u64, 15]
         .iter()
         .enumerate()
