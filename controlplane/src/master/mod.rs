@@ -846,10 +846,10 @@ impl Master {
         files: Vec<PlannedFile>,
         splits: Vec<PlannedSplit>,
     ) {
-        if let Some(Some(follow)) = self.follows.get_mut(source as usize) {
-            if version.is_some() {
-                follow.version = version;
-            }
+        if let Some(Some(follow)) = self.follows.get_mut(source as usize)
+            && version.is_some()
+        {
+            follow.version = version;
         }
         let first_split = self.plan.splits.len();
         let split_rows: Vec<u64> = splits.iter().map(|split| split.row_count).collect();

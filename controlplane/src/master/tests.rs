@@ -662,7 +662,7 @@ fn stop_ends_following_first_and_the_job_succeeds_once_its_rows_are_consumed() {
     assert!(matches!(stop.entries[..], [Entry::FollowEnded { .. }]));
     assert_eq!(stop.reply, v1::JobState::Running, "planned rows remain");
     assert!(sut.follow_target(0).is_none());
-    let commands = consume_all(&mut sut, 0, 2);
+    consume_all(&mut sut, 0, 2);
     assert_eq!(sut.outcome(), Some(v1::JobState::Succeeded));
     assert_eq!(sut.rows_consumed_total(), 32);
     let status = sut.status(3);
