@@ -314,3 +314,48 @@ async fn ids_of_values(dataset: &Dataset, splits: &[sluice_formats::Split]) -> V
     }
     values
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_file_of_another_schema_fails_when_read_naming_the_file() {
+    use arrow::array::{RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use futures::TryStreamExt;
+    let root = tempfile::tempdir().expect("tempdir");
+    let table = root.path().join("data");
+    generate_parquet(&table, 20, 1, 1).await;
+    let uri = table.to_string_lossy().into_owned();
+    let sut = Dataset::open(&uri, &OpenOptions::default())
+        .await
+        .expect("open");
+    let planned: HashSet<String> = sut.file_uris().into_iter().map(str::to_owned).collect();
+    // A file whose only column is a string `id`: not the job's schema.
+    let schema = std::sync::Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, false)]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![std::sync::Arc::new(StringArray::from(vec!["a", "b"]))],
+    )
+    .expect("batch");
+    let file = std::fs::File::create(table.join("part-other.parquet")).expect("create");
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None).expect("writer");
+    writer.write(&batch).expect("write");
+    writer.close().expect("close");
+    let found = sut.unplanned_files(&planned).await.expect("list");
+    assert_eq!(found.len(), 1);
+    let splits = sut.plan_new_file(&found[0], 16).await.expect("plan");
+    let mut failure = None;
+    for split in &splits {
+        let read = match sut.read_split(split, &ReadOptions::default()).await {
+            Ok(stream) => stream.try_collect::<Vec<RecordBatch>>().await.map(drop),
+            Err(error) => Err(error),
+        };
+        if let Err(error) = read {
+            failure = Some(error);
+        }
+    }
+    let error = failure.expect("a file of another schema must not be read as the job's");
+    let message = error.to_string();
+    assert!(
+        message.contains("part-other.parquet") && message.contains("not found"),
+        "the error names the file and the missing column: {message}"
+    );
+}
