@@ -240,3 +240,50 @@ fn a_delta_commit_up_to_until_version_is_delivered_and_the_job_ends_by_itself() 
     .expect("publish commit");
     finish(run, root, "follow-delta");
 }
+
+/// `kill -9` of an AM that has planned a followed source's new file: the AM started again with the
+/// same spec and checkpoint location has the same task table, added splits included, and does not
+/// plan the file a second time.
+#[test]
+fn an_am_killed_after_planning_a_new_file_comes_back_with_its_splits() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let root = directory.path();
+    let data = common::generate(root, ROWS, 4, 500);
+    let spec = common::write_spec(
+        root,
+        &format!(
+            r#"
+name: follow-recovery
+data:
+  sources: [{{ uri: "file://{}", format: parquet, follow: {{ interval_ms: 50 }} }}]
+  task_rows: 300
+nodes: 1
+roles:
+  - {{ name: worker, num: 1, command: [sluice, consume] }}
+failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
+checkpoint: {{ uri: "file://{}" }}
+"#,
+            data.display(),
+            root.join("ckpt").display()
+        ),
+    );
+    let am = common::AmProcess::start(&spec, "127.0.0.1:0", &[]);
+    let written = added_file(&root.join("staging"), "parquet");
+    std::fs::rename(&written, data.join("part-00004.parquet")).expect("rename into the source");
+    wait_for(&am.address, "the new file to be planned", |status| {
+        status["sources"][0]["planned_files"] == 5
+    });
+    let before = common::status_json(&am.address);
+    assert_eq!(before["tasks"]["rows_total"], ROWS + ADDED, "{before}");
+    am.kill();
+
+    let am = common::AmProcess::start(&spec, "127.0.0.1:0", &[]);
+    let after = common::status_json(&am.address);
+    assert_eq!(after["tasks"], before["tasks"], "the same task table");
+    assert_eq!(after["sources"], before["sources"]);
+    // Several polls later, the file is still planned once.
+    std::thread::sleep(Duration::from_millis(500));
+    let later = common::status_json(&am.address);
+    assert_eq!(later["tasks"], before["tasks"], "{later}");
+    assert_eq!(later["sources"][0]["planned_files"], 5);
+}
