@@ -310,3 +310,92 @@ impl Follower {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint_store::CheckpointStore;
+    use crate::master::Master;
+    use crate::persist::Persist;
+    use crate::spec::Format;
+
+    async fn followed_job(directory: &std::path::Path) -> (Arc<Am>, Arc<JobSpec>) {
+        let data = directory.join("data");
+        sluice_formats::generate::generate(
+            &sluice_formats::generate::GenerateOptions {
+                out: data.to_string_lossy().into_owned(),
+                rows: 30,
+                files: 1,
+                format: sluice_formats::FormatKind::Parquet,
+                row_group_rows: 10,
+                seed: 0,
+                storage_options: Default::default(),
+            },
+            &|_| {},
+        )
+        .await
+        .expect("generate");
+        let text = format!(
+            "name: follow\ndata:\n  sources: [{{ uri: 'file://{}', format: parquet, follow: {{ interval_ms: 10 }} }}]\n  task_rows: 10\nroles:\n  - {{ name: worker, command: [sluice, consume] }}\n",
+            data.display()
+        );
+        let spec = Arc::new(JobSpec::parse(&text, Format::Yaml).expect("spec"));
+        let plan = JobPlan::build(&spec).await.expect("plan");
+        let master = Master::new(spec.clone(), Arc::new(plan)).expect("master");
+        let am = Am::new(master, Persist::in_memory(), CheckpointStore::in_memory());
+        (Arc::new(am), spec)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_file_that_stays_unreadable_fails_the_job_after_a_few_polls_naming_it() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let (am, spec) = followed_job(directory.path()).await;
+        std::fs::write(
+            directory.path().join("data/part-late.parquet"),
+            b"PAR1 still being written",
+        )
+        .expect("partial file");
+        tokio::time::timeout(Duration::from_secs(30), follow_source(am.clone(), spec, 0))
+            .await
+            .expect("the follower gives up within 30 s (deadlock watchdog)");
+        let master = am.master();
+        let reason = master.failure_reason().expect("the job failed");
+        assert!(
+            reason.contains("part-late.parquet") && reason.contains("5 polls"),
+            "{reason}"
+        );
+        assert_eq!(master.table().split_count(), 3, "nothing was planned");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_file_completed_before_the_last_attempt_is_planned() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let (am, spec) = followed_job(directory.path()).await;
+        let late = directory.path().join("data/part-late.parquet");
+        std::fs::write(&late, b"PAR1 still being written").expect("partial file");
+        // The follower runs beside the writer, on this task: its future is not `Send`.
+        let writer = async {
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            // The writer finishes the file in place: a copy of the first one.
+            std::fs::copy(directory.path().join("data/part-00000.parquet"), &late)
+                .expect("complete");
+            let started = std::time::Instant::now();
+            while am.master().table().split_count() < 6 {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "the completed file was not planned within 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(am.master().failure_reason(), None);
+            let stop = am.master().stop("test over".to_owned());
+            assert!(!stop.entries.is_empty());
+        };
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            futures::future::join(follow_source(am.clone(), spec, 0), writer),
+        )
+        .await
+        .expect("the follower ends once following does");
+    }
+}
