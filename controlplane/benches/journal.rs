@@ -254,6 +254,8 @@ fn build_position(tasks: u64) -> DataPosition {
         failed_rows: tasks / 10 * 125_000,
         total_failures: 0,
         outcome: None,
+        splits: None,
+        following: false,
     }
 }
 

@@ -21,6 +21,7 @@
 pub mod checkpoint_store;
 pub mod decide;
 pub mod error;
+pub mod follow;
 pub mod http;
 pub mod journal;
 pub mod launcher;

@@ -37,21 +37,20 @@ pub struct PlannedSplit {
 
 /// Every split of a job: sources in spec order, each source's splits in plan order. A split's
 /// index in `splits` is the split index carried by the job's tasks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobPlan {
     /// The files the splits read, each once.
     pub files: Vec<PlannedFile>,
     /// The splits.
     pub splits: Vec<PlannedSplit>,
+    /// The Delta version each source of the spec was planned at (`None` for other formats).
+    pub versions: Vec<Option<u64>>,
 }
 
 impl JobPlan {
     /// Opens every source of the spec and plans it into splits of at most `data.task_rows` rows.
     pub async fn build(spec: &JobSpec) -> Result<JobPlan> {
-        let mut plan = JobPlan {
-            files: Vec::new(),
-            splits: Vec::new(),
-        };
+        let mut plan = JobPlan::default();
         for (index, source) in spec.data.sources.iter().enumerate() {
             let source_error = |error| AmError::Source {
                 uri: source.uri.clone(),
@@ -65,8 +64,30 @@ impl JobPlan {
                 .await
                 .map_err(source_error)?;
             plan.extend(index as u32, splits);
+            plan.versions.push(dataset.delta_version());
         }
         Ok(plan)
+    }
+
+    /// A plan of `splits` alone, of source `source`: the files and splits a followed source
+    /// adds, with file indices counted from 0 until [`JobPlan::append`] places them.
+    pub fn of_splits(source: u32, splits: Vec<Split>) -> JobPlan {
+        let mut block = JobPlan::default();
+        block.extend(source, splits);
+        block
+    }
+
+    /// Appends the files and splits of `block` (as made by [`JobPlan::of_splits`]) after this
+    /// plan's; returns the index of the first appended split.
+    pub fn append(&mut self, files: &[PlannedFile], splits: &[PlannedSplit]) -> usize {
+        let first_file = self.files.len() as u32;
+        let first_split = self.splits.len();
+        self.files.extend_from_slice(files);
+        self.splits.extend(splits.iter().map(|split| PlannedSplit {
+            file: first_file + split.file,
+            ..*split
+        }));
+        first_split
     }
 
     /// Appends the splits of source `source`, keeping each file once.
@@ -138,10 +159,7 @@ mod tests {
 
     #[test]
     fn a_plan_keeps_each_file_once_and_its_splits_in_order() {
-        let mut sut = JobPlan {
-            files: Vec::new(),
-            splits: Vec::new(),
-        };
+        let mut sut = JobPlan::default();
         sut.extend(
             0,
             vec![split("a", 0, 5), split("a", 5, 3), split("b", 0, 4)],

@@ -182,6 +182,11 @@ impl AmServer {
         let service = AmService::new(self.am.clone());
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
         let am = self.am.clone();
+        let spec = Arc::new(am.master().spec().clone());
+        crate::follow::spawn(am.clone(), spec).map_err(|source| AmError::Serve {
+            address: address.to_string(),
+            source,
+        })?;
         let tick_interval = self.tick_interval;
         let executors = self.executors.clone();
         let finished = async move {

@@ -78,7 +78,7 @@ impl Am {
     }
 
     /// Applies `call` to the master, then waits until its entries are durable.
-    async fn apply<T>(
+    pub(crate) async fn apply<T>(
         &self,
         call: impl FnOnce(&mut Master) -> Result<Applied<T>, AmError>,
     ) -> Result<T, AmError> {
@@ -572,10 +572,7 @@ roles:
 failover: { max_failures: 1 }
 "#;
         let spec = Arc::new(JobSpec::parse(text, Format::Yaml).expect("spec"));
-        let mut plan = JobPlan {
-            files: Vec::new(),
-            splits: Vec::new(),
-        };
+        let mut plan = JobPlan::default();
         plan.extend(
             0,
             vec![sluice_formats::Split {

@@ -76,6 +76,14 @@ pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
                 "daemon_wait_ns": ring.daemon_wait_ns,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
+        "sources": reply.sources.iter().map(|source| serde_json::json!({
+            "uri": source.uri,
+            "followed": source.followed,
+            "following": source.following,
+            "planned_version": source.planned_version,
+            "planned_files": source.planned_files,
+            "follow_ended": source.follow_ended,
+        })).collect::<Vec<_>>(),
     })
 }
 

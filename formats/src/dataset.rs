@@ -42,7 +42,7 @@ pub enum FormatKind {
 }
 
 impl FormatKind {
-    fn from_extension(name: &str) -> Option<Self> {
+    pub(crate) fn from_extension(name: &str) -> Option<Self> {
         let lower = name.to_ascii_lowercase();
         let extension = lower.rsplit('.').next()?;
         match extension {
@@ -103,17 +103,23 @@ pub(crate) struct DataFile {
 /// An opened dataset: its files, listed once, and its schema.
 #[derive(Debug)]
 pub struct Dataset {
-    location: Location,
-    kind: FormatKind,
+    pub(crate) location: Location,
+    pub(crate) kind: FormatKind,
     files: Vec<DataFile>,
     schema: SchemaRef,
     /// The columns stored in the files (physical names for Delta), without partition columns.
     file_schema: SchemaRef,
-    partition_fields: Vec<Field>,
+    pub(crate) partition_fields: Vec<Field>,
     footers: FooterCache,
     access: FileAccess,
-    delta: Option<DeltaTable>,
+    delta: Option<Arc<DeltaTable>>,
+    /// Snapshots of the Delta table at other versions than the one it was opened at, for splits
+    /// planned while following the table; the most recently opened last.
+    other_versions: std::sync::Mutex<Vec<Arc<DeltaTable>>>,
 }
+
+/// How many snapshots at other versions a Delta dataset keeps open.
+const OTHER_VERSIONS_KEPT: usize = 4;
 
 /// Local files go through a [`LocalReader`]; every other store through `object_store`.
 fn file_access(location: &Location, local_io: LocalIo) -> Result<FileAccess> {
@@ -154,7 +160,7 @@ fn percent_decode(text: &str) -> String {
 }
 
 /// Hive partition pairs (`key=value` directories) between the dataset root and the file.
-fn hive_pairs(root: &Path, file: &Path) -> Vec<(String, Option<String>)> {
+pub(crate) fn hive_pairs(root: &Path, file: &Path) -> Vec<(String, Option<String>)> {
     let Some(parts) = file.prefix_match(root) else {
         return Vec::new();
     };
@@ -189,7 +195,7 @@ fn infer_partition_type(values: impl Iterator<Item = Option<String>> + Clone) ->
     }
 }
 
-async fn list_files(location: &Location) -> Result<Vec<object_store::ObjectMeta>> {
+pub(crate) async fn list_files(location: &Location) -> Result<Vec<object_store::ObjectMeta>> {
     if location.glob.is_none() && !location.path.as_ref().is_empty() {
         match location.store.head(&location.path).await {
             Ok(meta) => return Ok(vec![meta]),
@@ -384,6 +390,7 @@ impl Dataset {
             footers,
             access,
             delta: None,
+            other_versions: std::sync::Mutex::default(),
         })
     }
 
@@ -404,7 +411,8 @@ impl Dataset {
             partition_fields,
             footers: FooterCache::default(),
             access,
-            delta: Some(table),
+            delta: Some(Arc::new(table)),
+            other_versions: std::sync::Mutex::default(),
         })
     }
 
@@ -430,7 +438,7 @@ impl Dataset {
 
     /// Returns the Delta table version the dataset is pinned to, for Delta tables.
     pub fn delta_version(&self) -> Option<u64> {
-        self.delta.as_ref().map(DeltaTable::version)
+        self.delta.as_deref().map(DeltaTable::version)
     }
 
     /// Returns the schema that reading with `options` produces.
@@ -442,7 +450,7 @@ impl Dataset {
         Ok(ReadPlan::new(&self.schema, options)?.output_schema)
     }
 
-    async fn file_row_groups(&self, file: &DataFile) -> Result<Vec<u64>> {
+    pub(crate) async fn file_row_groups(&self, file: &DataFile) -> Result<Vec<u64>> {
         match self.kind {
             FormatKind::Parquet | FormatKind::Delta => {
                 let footer = self
@@ -475,21 +483,47 @@ impl Dataset {
     ///
     /// Returns an error when a footer cannot be read.
     pub async fn plan(&self, task_rows: u64) -> Result<Vec<Split>> {
+        self.plan_files_at(task_rows, (0..self.files.len()).collect())
+            .await
+    }
+
+    /// Plans only the files whose URIs are in `uris`, as [`Dataset::plan`] plans them: for a
+    /// followed Delta table, the files a commit added, from the snapshot at that commit.
+    ///
+    /// # Errors
+    ///
+    /// As [`Dataset::plan`].
+    pub async fn plan_files(
+        &self,
+        task_rows: u64,
+        uris: &std::collections::HashSet<String>,
+    ) -> Result<Vec<Split>> {
+        let kept = (0..self.files.len())
+            .filter(|index| uris.contains(&self.files[*index].uri))
+            .collect();
+        self.plan_files_at(task_rows, kept).await
+    }
+
+    /// Plans the files at the indices `kept`, in that order.
+    async fn plan_files_at(&self, task_rows: u64, kept: Vec<usize>) -> Result<Vec<Split>> {
         if task_rows == 0 {
             return Err(FormatError::InvalidArgument(
                 "task rows must be at least 1".to_string(),
             ));
         }
-        let row_groups: Vec<Vec<u64>> =
-            stream::iter(self.files.iter().map(|file| self.file_row_groups(file)))
-                .buffered(PLAN_CONCURRENCY)
-                .try_collect()
-                .await?;
+        let row_groups: Vec<Vec<u64>> = stream::iter(
+            kept.iter()
+                .map(|index| self.file_row_groups(&self.files[*index])),
+        )
+        .buffered(PLAN_CONCURRENCY)
+        .try_collect()
+        .await?;
         let delta_info = self.delta.as_ref();
         let splits = cut(&row_groups, task_rows)
             .into_iter()
             .enumerate()
-            .map(|(task_id, (file_index, first_row, row_count))| {
+            .map(|(task_id, (kept_index, first_row, row_count))| {
+                let file_index = kept[kept_index];
                 let file = &self.files[file_index];
                 Split {
                     task_id: task_id as u64,
@@ -606,7 +640,7 @@ impl Dataset {
             deleted_rows,
         };
         match (self.kind, &self.delta) {
-            (FormatKind::Delta, Some(table)) => {
+            (FormatKind::Delta, Some(_)) => {
                 let info = split
                     .delta
                     .as_ref()
@@ -616,8 +650,9 @@ impl Dataset {
                         reason: "the split carries no Delta version; plan the table again"
                             .to_string(),
                     })?;
+                let table = self.delta_at(info.version).await?;
                 let deleted_rows = table.deleted_rows(info, &split.uri).await?;
-                let physical_plan = ReadPlan::raw(Arc::clone(&self.file_schema), plan.batch_rows);
+                let physical_plan = ReadPlan::raw(table.physical_schema(), plan.batch_rows);
                 let physical = crate::parquet::read_split(
                     &self.footers,
                     request(Vec::new(), deleted_rows),
@@ -659,6 +694,46 @@ impl Dataset {
                     .await
             }
         }
+    }
+
+    /// The Delta table at `version`: the one the dataset was opened at, or a snapshot opened for
+    /// splits planned at a later version of a followed table.
+    async fn delta_at(&self, version: u64) -> Result<Arc<DeltaTable>> {
+        let Some(opened) = &self.delta else {
+            return Err(FormatError::InvalidArgument(format!(
+                "{} is not a Delta table; a split with a Delta version cannot be read from it",
+                self.location.uri
+            )));
+        };
+        if opened.version() == version {
+            return Ok(Arc::clone(opened));
+        }
+        let kept = |versions: &std::sync::Mutex<Vec<Arc<DeltaTable>>>| {
+            versions
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .iter()
+                .find(|table| table.version() == version)
+                .cloned()
+        };
+        if let Some(table) = kept(&self.other_versions) {
+            return Ok(table);
+        }
+        let mut table = DeltaTable::open(&self.location, Some(version), None).await?;
+        table.files(&self.location);
+        let table = Arc::new(table);
+        let mut versions = self
+            .other_versions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(raced) = versions.iter().find(|kept| kept.version() == version) {
+            return Ok(Arc::clone(raced));
+        }
+        if versions.len() == OTHER_VERSIONS_KEPT {
+            versions.remove(0);
+        }
+        versions.push(Arc::clone(&table));
+        Ok(table)
     }
 
     /// Reads the whole dataset in plan order, one split after another.

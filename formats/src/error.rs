@@ -95,6 +95,21 @@ pub enum FormatError {
         /// The kernel's error, which names the feature when one is unsupported.
         reason: String,
     },
+    /// A commit of a followed Delta table changes rows other than by appending.
+    #[error(
+        "delta table {table}: version {version} ({operation}) removes data file {path}: following supports appends only; end following before this version (follow.until_version: {last}) or plan the job again",
+        last = version.saturating_sub(1)
+    )]
+    FollowUnsupported {
+        /// The table URI.
+        table: String,
+        /// The commit's version.
+        version: u64,
+        /// The commit's operation, as its writer recorded it.
+        operation: String,
+        /// A file the commit removes.
+        path: String,
+    },
     /// A TFRecord file is corrupt.
     #[error("tfrecord file {file}: record at byte {offset}: {reason}")]
     TfRecord {

@@ -20,6 +20,7 @@ pub mod delta;
 pub mod error;
 pub mod fetch;
 pub mod filter;
+pub mod follow;
 pub mod generate;
 mod parquet;
 pub mod plan;

@@ -112,8 +112,10 @@ async fn delta_deletion_vector_removes_rows_at_latest_but_not_at_version_zero() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delta_split_from_another_version_is_rejected() {
-    let Some(testdata) = common::testdata("delta_split_from_another_version_is_rejected") else {
+async fn delta_split_of_another_version_is_read_at_its_own_version() {
+    let Some(testdata) =
+        common::testdata("delta_split_of_another_version_is_read_at_its_own_version")
+    else {
         return;
     };
     let uri = table(&testdata, "table-with-dv-small");
@@ -124,11 +126,29 @@ async fn delta_split_from_another_version_is_rejected() {
     let latest = Dataset::open(&uri, &OpenOptions::default())
         .await
         .expect("latest");
-    let error = match latest.read_split(&split, &ReadOptions::default()).await {
-        Ok(_) => panic!("a split of version 0 must not be read at version 1"),
+    assert_eq!(latest.delta_version(), Some(1));
+    // A split planned at version 0 (as a followed table's splits are, each at its commit) reads
+    // the rows as they were then: the deletion vector of version 1 does not apply to it.
+    let batches: Vec<RecordBatch> = latest
+        .read_split(&split, &ReadOptions::default())
+        .await
+        .expect("open split")
+        .try_collect()
+        .await
+        .expect("read split");
+    let mut values = int_values(&batches, "value");
+    values.sort_unstable();
+    assert_eq!(values, (0..10).collect::<Vec<_>>());
+    // A split claiming a deletion vector the table does not have at its version is refused.
+    let mut forged = split.clone();
+    if let Some(info) = forged.delta.as_mut() {
+        info.version = 1;
+    }
+    let error = match latest.read_split(&forged, &ReadOptions::default()).await {
+        Ok(_) => panic!("a split whose deletion vector differs from its version's must fail"),
         Err(error) => error,
     };
-    assert!(error.to_string().contains("version 0"), "{error}");
+    assert!(error.to_string().contains("deletion vector"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -86,7 +86,11 @@ pub fn synthetic_plan(tasks: u64) -> JobPlan {
             row_count: (per_split + u64::from(index < remainder)) * ROWS_PER_TASK,
         })
         .collect();
-    JobPlan { files, splits }
+    JobPlan {
+        files,
+        splits,
+        versions: vec![None],
+    }
 }
 
 /// Serves the benchmark's job until it is over: prints `serving on ADDR` on stdout once the journal

@@ -38,6 +38,11 @@
 //! nothing) or [`Action::Refuse`] with [`Refusal::Blacklisted`]. An unknown node gets
 //! [`Refusal::UnknownNode`]. Late news is never silently accepted.
 //!
+//! - **Splits added.** A followed source grew: the new splits' tasks are appended to the current
+//!   epoch, after every task planned before them, in a seeded order of their own. A job that
+//!   follows a source does not succeed while it follows, however many of its rows are consumed;
+//!   once following ends ([`Event::FollowEnded`]) it succeeds as any other.
+//!
 //! The job ends early by the failover percentages, computed on rows: it fails once an epoch's
 //! failed rows reach `task_failed_percent`, or once so many have failed that `task_success_percent`
 //! can no longer be reached; it succeeds once the last epoch's consumed rows reach
@@ -104,6 +109,9 @@ pub struct DecideConfig {
     pub resplit_margin_rows: u64,
     /// The smallest piece worth re-splitting off to an idle node.
     pub resplit_min_rows: u64,
+    /// Whether a source is followed: splits may be added while the job runs, and the job does not
+    /// succeed before [`Event::FollowEnded`].
+    pub follow: bool,
 }
 
 impl DecideConfig {
@@ -121,6 +129,11 @@ impl DecideConfig {
             task_failed_percent: spec.failover.task_failed_percent,
             resplit_margin_rows: spec.data.resplit_margin_rows,
             resplit_min_rows: spec.data.resplit_min_rows,
+            follow: spec
+                .data
+                .sources
+                .iter()
+                .any(|source| source.follow.is_some()),
         }
     }
 }
@@ -207,6 +220,19 @@ pub enum Event {
     Tick {
         /// The current time.
         now_ms: u64,
+    },
+    /// A followed source grew: splits with these row counts follow the job's last split, in
+    /// order, and their tasks join the current epoch.
+    SplitsAdded {
+        /// The row count of each new split.
+        split_rows: Vec<u64>,
+    },
+    /// No followed source will add splits any more: the job ends once the planned rows are.
+    FollowEnded,
+    /// A followed source cannot be followed further; the job fails.
+    FollowFailed {
+        /// What went wrong, naming the source and the fix.
+        reason: String,
     },
 }
 
@@ -383,6 +409,13 @@ pub enum Action {
         /// Its tasks, queued again.
         requeued: u32,
     },
+    /// Notice: splits of a followed source were added, with their tasks.
+    TasksAdded {
+        /// The new splits.
+        splits: u32,
+        /// Their tasks, pending at the end of the current epoch's order.
+        tasks: u32,
+    },
     /// Notice: an epoch's tasks were planned.
     EpochStarted {
         /// The epoch.
@@ -428,6 +461,9 @@ pub fn decide(state: &mut JobState, event: Event) -> Vec<Action> {
             outcome,
         } => state.on_report(node, now_ms, task, consumed, outcome, &mut actions),
         Event::Tick { now_ms } => state.on_tick(now_ms, &mut actions),
+        Event::SplitsAdded { split_rows } => state.on_splits_added(split_rows, &mut actions),
+        Event::FollowEnded => state.on_follow_ended(&mut actions),
+        Event::FollowFailed { reason } => state.on_follow_failed(reason, &mut actions),
     }
     actions
 }

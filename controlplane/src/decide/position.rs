@@ -32,6 +32,13 @@ pub struct DataPosition {
     pub total_failures: u32,
     /// How the job ended, if it has.
     pub outcome: Option<JobOutcome>,
+    /// How many splits the tasks are cut from, when known: splits a followed source added after
+    /// the position was taken are planned again when it is restored.
+    #[serde(default)]
+    pub splits: Option<u32>,
+    /// Whether splits could still be added when the position was taken.
+    #[serde(default)]
+    pub following: bool,
 }
 
 /// One task in a [`DataPosition`].
@@ -164,6 +171,16 @@ pub enum RestoreError {
         /// The job's epochs.
         epochs: u32,
     },
+    /// The position was taken over more splits than the job has.
+    #[error(
+        "data position: it covers {covered} splits but the job has {splits}; restore it with the same sources, or with the job's journal"
+    )]
+    SplitsMissing {
+        /// The splits the position covers.
+        covered: u32,
+        /// The job's split count.
+        splits: usize,
+    },
     /// There are more tasks than the table can index.
     #[error("data position: {tasks} tasks are more than one epoch can hold")]
     TooManyTasks {
@@ -229,17 +246,32 @@ impl JobState {
             failed_rows: self.failed_rows,
             total_failures: self.total_failures,
             outcome: self.outcome.clone(),
+            splits: Some(self.split_rows.len() as u32),
+            following: self.following,
         }
     }
 
     /// Rebuilds a task table from a snapshot over the same splits, checking that the snapshot
     /// belongs to them.
+    ///
+    /// Splits added after the position was taken (a followed source that grew since) get their
+    /// tasks again, pending after the position's own.
     pub fn restore(
         config: DecideConfig,
-        split_rows: Vec<u64>,
+        mut split_rows: Vec<u64>,
         position: DataPosition,
         mode: RestoreMode,
     ) -> Result<JobState, RestoreError> {
+        let covered = position
+            .splits
+            .map_or(split_rows.len(), |splits| splits as usize);
+        if covered > split_rows.len() {
+            return Err(RestoreError::SplitsMissing {
+                covered: covered as u32,
+                splits: split_rows.len(),
+            });
+        }
+        let added = split_rows.split_off(covered);
         if position.epoch >= config.epochs {
             return Err(RestoreError::EpochOutOfRange {
                 epoch: position.epoch,
@@ -389,9 +421,23 @@ impl JobState {
             failed_rows: position.failed_rows,
             total_failures: position.total_failures,
             outcome: position.outcome,
+            following: position.following,
         };
         if let RestoreMode::Requeue { .. } = mode {
             state.requeue_all_in_flight();
+        }
+        if !added.is_empty() {
+            let tasks = state.slots.len() as u64
+                + added
+                    .iter()
+                    .map(|rows| rows.div_ceil(config.task_rows.max(1)))
+                    .sum::<u64>();
+            if tasks > u64::from(u32::MAX) {
+                return Err(RestoreError::TooManyTasks {
+                    tasks: tasks as usize,
+                });
+            }
+            state.append_splits(added);
         }
         Ok(state)
     }

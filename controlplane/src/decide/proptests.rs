@@ -9,7 +9,9 @@
 //! whose daemon and trainers die together. The ledger is therefore the multiset of
 //! `(epoch, split, row)` the job's trainers saw. At the end, the remaining work is drained by a fresh
 //! node, and a successful job's ledger must hold every row of every epoch exactly once; any job's
-//! ledger must hold no row twice.
+//! ledger must hold no row twice. A job that follows its sources gets splits added at random points
+//! (between any two events, across AM restarts and rollbacks), must not succeed while it follows,
+//! and its ledger must then hold every row of the added splits exactly once too.
 
 use super::*;
 use proptest::prelude::*;
@@ -69,6 +71,12 @@ enum Op {
     Checkpoint,
     /// Trainers roll back to the last checkpoint; daemons start over.
     Rollback,
+    /// A followed source grows by splits of these row counts.
+    AddSplits {
+        rows: Vec<u64>,
+    },
+    /// Following ends, as at `until_version` or `sluice stop`.
+    EndFollow,
 }
 
 #[derive(Debug, Clone)]
@@ -126,6 +134,8 @@ struct Coverage {
     restarts: usize,
     rollbacks: usize,
     succeeded: usize,
+    added_splits: usize,
+    followed_succeeded: usize,
 }
 
 struct Sim<'a> {
@@ -170,6 +180,11 @@ impl Sim<'_> {
         self.state
             .check_invariants()
             .map_err(|broken| TestCaseError::fail(format!("after {event:?}: {broken}")))?;
+        if self.state.following() && self.state.outcome() == Some(&JobOutcome::Succeeded) {
+            return Err(TestCaseError::fail(format!(
+                "the job succeeded while it still follows, after {event:?}"
+            )));
+        }
         if let Some((node, sent)) = reporter
             && !refused_outright(&actions)
         {
@@ -280,6 +295,7 @@ impl Sim<'_> {
             Action::TaskRequeued { .. } => coverage.requeued += 1,
             Action::TaskFailed { .. } => coverage.failed += 1,
             Action::EpochStarted { .. } => coverage.epochs += 1,
+            Action::TasksAdded { splits, .. } => coverage.added_splits += *splits as usize,
             Action::Registered { kept, .. } => coverage.kept_on_register += *kept as usize,
             Action::Shutdown { .. } | Action::TaskDone { .. } | Action::JobFinished { .. } => {}
         }
@@ -496,8 +512,19 @@ impl Sim<'_> {
             Op::Checkpoint => {
                 self.checkpoint = Some((self.state.position(), self.ledger.clone()));
             }
+            Op::AddSplits { rows } => {
+                if self.state.following() && self.state.outcome().is_none() {
+                    self.split_rows.extend_from_slice(&rows);
+                    self.send(Event::SplitsAdded { split_rows: rows }, None)?;
+                }
+            }
+            Op::EndFollow => {
+                self.send(Event::FollowEnded, None)?;
+            }
             Op::Rollback => {
                 if let Some((position, ledger)) = self.checkpoint.clone() {
+                    // Following is the sources' state, not the trainers': the AM keeps it.
+                    let following = self.state.following();
                     self.state = JobState::restore(
                         self.config,
                         self.split_rows.clone(),
@@ -507,6 +534,7 @@ impl Sim<'_> {
                         },
                     )
                     .map_err(|error| TestCaseError::fail(error.to_string()))?;
+                    self.state.following = following;
                     self.ledger = ledger;
                     for sim_node in &mut self.nodes {
                         *sim_node = SimNode::default();
@@ -533,6 +561,9 @@ impl Sim<'_> {
         let drainer = self.nodes.len();
         self.nodes.push(SimNode::default());
         self.register(drainer)?;
+        if self.state.following() {
+            self.send(Event::FollowEnded, None)?;
+        }
         for _ in 0..100_000 {
             if self.state.outcome().is_some() {
                 return Ok(());
@@ -601,6 +632,7 @@ fn op_strategy(nodes: usize) -> impl Strategy<Value = Op> {
         1 => Just(Op::AmRestart),
         1 => Just(Op::Checkpoint),
         1 => Just(Op::Rollback),
+        2 => prop::collection::vec(0..30u64, 1..3).prop_map(|rows| Op::AddSplits { rows }),
     ]
 }
 
@@ -615,6 +647,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
         0..4u64,
         1..4u64,
         2..5usize,
+        any::<bool>(),
     )
         .prop_flat_map(
             |(
@@ -627,11 +660,15 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                 resplit_margin_rows,
                 resplit_min_rows,
                 nodes,
+                follow,
             )| {
-                split_rows[0] += 1;
+                // A followed job may start with no rows at all; the others need one.
+                if !follow {
+                    split_rows[0] += 1;
+                }
                 let config = DecideConfig {
                     seed,
-                    epochs,
+                    epochs: if follow { 1 } else { epochs },
                     task_rows,
                     max_task_attempts,
                     blacklist_after_failures,
@@ -641,12 +678,20 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                     task_failed_percent: 100.0,
                     resplit_margin_rows,
                     resplit_min_rows,
+                    follow,
                 };
-                prop::collection::vec(op_strategy(nodes), 0..200).prop_map(move |ops| Job {
-                    split_rows: split_rows.clone(),
-                    config,
-                    nodes,
-                    ops,
+                let ops = prop::collection::vec(op_strategy(nodes), 0..200);
+                let end_follow_at = prop::option::of(0..200usize);
+                (ops, end_follow_at).prop_map(move |(mut ops, end_follow_at)| {
+                    if let Some(at) = end_follow_at {
+                        ops.insert(at.min(ops.len()), Op::EndFollow);
+                    }
+                    Job {
+                        split_rows: split_rows.clone(),
+                        config,
+                        nodes,
+                        ops,
+                    }
                 })
             },
         )
@@ -677,9 +722,12 @@ fn run_job(job: Job, coverage: &RefCell<Coverage>) -> Result<(), TestCaseError> 
     }
     if sim.state.outcome() == Some(&JobOutcome::Succeeded) {
         coverage.borrow_mut().succeeded += 1;
+        if job.config.follow && sim.split_rows.len() > job.split_rows.len() {
+            coverage.borrow_mut().followed_succeeded += 1;
+        }
         let mut expected = BTreeMap::new();
         for epoch in 0..job.config.epochs {
-            for (split, rows) in job.split_rows.iter().enumerate() {
+            for (split, rows) in sim.split_rows.iter().enumerate() {
                 for row in 0..*rows {
                     expected.insert((epoch, split as u32, row), 1u32);
                 }
@@ -733,6 +781,10 @@ fn every_row_of_every_epoch_is_consumed_exactly_once() {
     assert!(
         coverage.restarts > 0 && coverage.rollbacks > 0,
         "{coverage:?}"
+    );
+    assert!(
+        coverage.added_splits > 0 && coverage.followed_succeeded > 50,
+        "too few followed jobs grew and succeeded: {coverage:?}"
     );
     assert!(
         coverage.succeeded > 100,

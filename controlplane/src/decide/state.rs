@@ -131,6 +131,8 @@ pub struct JobState {
     pub(crate) failed_rows: u64,
     pub(crate) total_failures: u32,
     pub(crate) outcome: Option<JobOutcome>,
+    /// Whether splits may still be added; the job does not succeed while they may.
+    pub(crate) following: bool,
 }
 
 /// The largest number of slots in one epoch, so that a slot index fits in `u32`.
@@ -147,7 +149,8 @@ impl JobState {
             });
         }
         let epoch_rows: u64 = split_rows.iter().sum();
-        if epoch_rows == 0 {
+        // A followed source may start empty: its rows come while the job runs.
+        if epoch_rows == 0 && !config.follow {
             return Err(PlanError::NoRows {
                 splits: split_rows.len(),
             });
@@ -176,6 +179,7 @@ impl JobState {
             failed_rows: 0,
             total_failures: 0,
             outcome: None,
+            following: config.follow,
         };
         state.plan_epoch(0);
         Ok(state)
@@ -208,6 +212,16 @@ impl JobState {
         self.in_flight.clear();
         self.done_rows = 0;
         self.failed_rows = 0;
+    }
+
+    /// Whether splits may still be added to the job.
+    pub fn following(&self) -> bool {
+        self.following
+    }
+
+    /// How many splits the job has, the added ones included.
+    pub fn split_count(&self) -> usize {
+        self.split_rows.len()
     }
 
     /// The current epoch.
@@ -897,6 +911,88 @@ impl JobState {
         self.check_outcome(actions);
     }
 
+    pub(crate) fn on_splits_added(&mut self, split_rows: Vec<u64>, actions: &mut Vec<Action>) {
+        if self.outcome.is_some() {
+            return;
+        }
+        if !self.following {
+            self.finish(
+                JobOutcome::Failed {
+                    reason: format!(
+                        "{} splits were added to a job that no longer follows its sources",
+                        split_rows.len()
+                    ),
+                },
+                actions,
+            );
+            return;
+        }
+        let task_rows = self.config.task_rows.max(1);
+        let splits = self.split_rows.len() as u64 + split_rows.len() as u64;
+        let tasks = self.slots.len() as u64
+            + split_rows
+                .iter()
+                .map(|rows| rows.div_ceil(task_rows))
+                .sum::<u64>();
+        if splits > MAX_SLOTS || tasks > MAX_SLOTS {
+            let reason = format!(
+                "following: the job would have {splits} splits and {tasks} tasks, more than {MAX_SLOTS}; raise data.task_rows or end following sooner"
+            );
+            self.finish(JobOutcome::Failed { reason }, actions);
+            return;
+        }
+        let added_splits = split_rows.len() as u32;
+        let added_tasks = self.append_splits(split_rows);
+        actions.push(Action::TasksAdded {
+            splits: added_splits,
+            tasks: added_tasks,
+        });
+        self.check_outcome(actions);
+    }
+
+    /// Appends splits and their pending tasks, in a seeded order of their own after every task
+    /// already queued; returns how many tasks were added. The caller checks the table's limits.
+    pub(crate) fn append_splits(&mut self, split_rows: Vec<u64>) -> u32 {
+        let task_rows = self.config.task_rows.max(1);
+        let first_slot = self.slots.len() as u32;
+        for rows in split_rows {
+            let split = self.split_rows.len() as u32;
+            self.split_rows.push(rows);
+            self.epoch_rows += rows;
+            let mut start = 0;
+            while start < rows {
+                let end = (start + task_rows).min(rows);
+                self.slots.push(TaskSlot {
+                    start,
+                    end,
+                    split,
+                    failures: 0,
+                    state: SlotState::Pending,
+                });
+                start = end;
+            }
+        }
+        let added = self.slots.len() as u32 - first_slot;
+        let seed = self.config.seed ^ u64::from(first_slot).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.order.extend(
+            epoch_order(added, seed, self.epoch)
+                .into_iter()
+                .map(|offset| first_slot + offset),
+        );
+        added
+    }
+
+    pub(crate) fn on_follow_ended(&mut self, actions: &mut Vec<Action>) {
+        self.following = false;
+        self.check_outcome(actions);
+    }
+
+    pub(crate) fn on_follow_failed(&mut self, reason: String, actions: &mut Vec<Action>) {
+        if self.outcome.is_none() {
+            self.finish(JobOutcome::Failed { reason }, actions);
+        }
+    }
+
     /// Applies the failover stop rules and starts the next epoch when this one is resolved.
     fn check_outcome(&mut self, actions: &mut Vec<Action>) {
         if self.outcome.is_some() {
@@ -933,7 +1029,7 @@ impl JobState {
             return;
         }
         let last_epoch = self.epoch + 1 >= config.epochs;
-        if last_epoch && done * 100.0 >= config.task_success_percent * total {
+        if last_epoch && !self.following && done * 100.0 >= config.task_success_percent * total {
             self.finish(JobOutcome::Succeeded, actions);
             return;
         }

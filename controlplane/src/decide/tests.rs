@@ -18,6 +18,7 @@ fn config() -> DecideConfig {
         task_failed_percent: 100.0,
         resplit_margin_rows: 2,
         resplit_min_rows: 2,
+        follow: false,
     }
 }
 
@@ -939,6 +940,17 @@ fn a_position_from_other_data_is_refused() {
     };
     assert!(matches!(
         restore(vec![50, 30], sut.position()),
+        Some(RestoreError::SplitsMissing {
+            covered: 3,
+            splits: 2
+        })
+    ));
+    let unsized_position = DataPosition {
+        splits: None,
+        ..sut.position()
+    };
+    assert!(matches!(
+        restore(vec![50, 30], unsized_position),
         Some(RestoreError::UnknownSplit { split: 2, .. })
     ));
     assert!(matches!(
@@ -981,4 +993,183 @@ fn one_task_costs_28_bytes_so_ten_million_fit_well_under_2_gib() {
     assert!(per_task <= 28.1, "one task costs {per_task} bytes");
     let ten_million = per_task * 10_000_000.0;
     assert!(ten_million < f64::from(1u32 << 30), "{ten_million} bytes");
+}
+
+fn following() -> DecideConfig {
+    DecideConfig {
+        follow: true,
+        ..config()
+    }
+}
+
+/// Hands every pending task to `node` and reports all its rows consumed.
+fn consume_everything(state: &mut JobState, node: NodeId, now_ms: u64) -> Vec<Action> {
+    let tasks = assigned(&acquire(state, node, now_ms, 100), node);
+    let counts: Vec<TaskProgress> = tasks
+        .iter()
+        .map(|task| progress(task.task, task.end - task.start, task.end - task.start))
+        .collect();
+    heartbeat(state, node, now_ms, &counts)
+}
+
+fn finished(actions: &[Action]) -> Option<&JobOutcome> {
+    actions.iter().find_map(|action| match action {
+        Action::JobFinished { outcome } => Some(outcome),
+        _ => None,
+    })
+}
+
+#[test]
+fn added_splits_become_tasks_after_the_planned_ones_with_stable_ids() {
+    let mut sut = new_state(following(), vec![25]);
+    register(&mut sut, NODE_A, 0);
+    let first = assigned(&acquire(&mut sut, NODE_A, 0, 1), NODE_A);
+    let actions = run(
+        &mut sut,
+        Event::SplitsAdded {
+            split_rows: vec![12, 0, 5],
+        },
+    );
+    assert_eq!(
+        actions,
+        vec![Action::TasksAdded {
+            splits: 3,
+            tasks: 3
+        }]
+    );
+    assert_eq!(sut.split_count(), 4);
+    assert_eq!(sut.epoch_rows(), 42);
+    let rest = assigned(&acquire(&mut sut, NODE_A, 0, 100), NODE_A);
+    let mut handed: Vec<(u64, u32, u64, u64)> = first
+        .iter()
+        .chain(&rest)
+        .map(|task| (task.task.0, task.split, task.start, task.end))
+        .collect();
+    // The planned tasks come first, then the added ones, which take the next ids.
+    assert!(rest[..2].iter().all(|task| task.split == 0), "{rest:?}");
+    handed.sort_unstable();
+    assert_eq!(
+        handed,
+        vec![
+            (0, 0, 0, 10),
+            (1, 0, 10, 20),
+            (2, 0, 20, 25),
+            (3, 1, 0, 10),
+            (4, 1, 10, 12),
+            (5, 3, 0, 5),
+        ]
+    );
+}
+
+#[test]
+fn a_followed_job_waits_when_its_rows_are_consumed_and_succeeds_once_following_ends() {
+    let mut sut = new_state(following(), vec![15]);
+    register(&mut sut, NODE_A, 0);
+    let actions = consume_everything(&mut sut, NODE_A, 1);
+    assert_eq!(finished(&actions), None, "{actions:?}");
+    assert_eq!(sut.outcome(), None);
+    assert!(assigned(&acquire(&mut sut, NODE_A, 2, 4), NODE_A).is_empty());
+    run(
+        &mut sut,
+        Event::SplitsAdded {
+            split_rows: vec![7],
+        },
+    );
+    let actions = run(&mut sut, Event::FollowEnded);
+    assert_eq!(finished(&actions), None, "the added rows are still open");
+    let actions = consume_everything(&mut sut, NODE_A, 3);
+    assert_eq!(finished(&actions), Some(&JobOutcome::Succeeded));
+    assert_eq!(sut.done_rows(), 22);
+}
+
+#[test]
+fn a_followed_job_may_start_empty_and_ends_when_following_ends() {
+    let mut sut = new_state(following(), Vec::new());
+    assert_eq!(sut.task_count(), 0);
+    let error = JobState::new(config(), Vec::new()).expect_err("not followed");
+    assert_eq!(error, PlanError::NoRows { splits: 0 });
+    let actions = run(&mut sut, Event::FollowEnded);
+    assert_eq!(finished(&actions), Some(&JobOutcome::Succeeded));
+}
+
+#[test]
+fn a_failed_follow_fails_the_job_and_late_splits_change_nothing() {
+    let mut sut = new_state(following(), vec![5]);
+    let actions = run(
+        &mut sut,
+        Event::FollowFailed {
+            reason: "version 3 removes files".to_owned(),
+        },
+    );
+    assert_eq!(
+        finished(&actions),
+        Some(&JobOutcome::Failed {
+            reason: "version 3 removes files".to_owned()
+        })
+    );
+    let actions = run(
+        &mut sut,
+        Event::SplitsAdded {
+            split_rows: vec![4],
+        },
+    );
+    assert!(actions.is_empty(), "{actions:?}");
+    assert_eq!(sut.split_count(), 1);
+}
+
+#[test]
+fn splits_added_after_following_ended_fail_the_job() {
+    let mut sut = new_state(following(), vec![5]);
+    run(&mut sut, Event::FollowEnded);
+    let actions = run(
+        &mut sut,
+        Event::SplitsAdded {
+            split_rows: vec![4],
+        },
+    );
+    assert!(
+        matches!(finished(&actions), Some(JobOutcome::Failed { reason }) if reason.contains("no longer follows")),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_position_taken_before_splits_were_added_restores_them_as_pending() {
+    let mut sut = new_state(following(), vec![15]);
+    register(&mut sut, NODE_A, 0);
+    consume_everything(&mut sut, NODE_A, 1);
+    let before = sut.position();
+    assert_eq!(before.splits, Some(1));
+    run(
+        &mut sut,
+        Event::SplitsAdded {
+            split_rows: vec![12],
+        },
+    );
+    let restored = JobState::restore(
+        following(),
+        vec![15, 12],
+        before.clone(),
+        RestoreMode::Requeue { now_ms: 5 },
+    )
+    .expect("restores over more splits");
+    restored.check_invariants().expect("consistent");
+    assert_eq!(restored.epoch_rows(), 27);
+    assert_eq!(restored.done_rows(), 15);
+    assert_eq!(restored.pending_count(), 2);
+    assert_eq!(restored.slots.len(), sut.slots.len());
+    let error = JobState::restore(
+        following(),
+        Vec::new(),
+        before,
+        RestoreMode::Requeue { now_ms: 5 },
+    )
+    .expect_err("fewer splits than the position");
+    assert_eq!(
+        error,
+        RestoreError::SplitsMissing {
+            covered: 1,
+            splits: 0
+        }
+    );
 }

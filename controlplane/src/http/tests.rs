@@ -41,10 +41,7 @@ fn master() -> Master {
             delta: None,
         })
         .collect();
-    let mut plan = JobPlan {
-        files: Vec::new(),
-        splits: Vec::new(),
-    };
+    let mut plan = JobPlan::default();
     plan.extend(0, splits);
     Master::new(spec, Arc::new(plan)).expect("the splits have rows")
 }
@@ -344,6 +341,7 @@ fn reported_status() -> v1::StatusReply {
         }),
         rows_per_second: 456.5,
         scaling: false,
+        sources: Vec::new(),
     }
 }
 

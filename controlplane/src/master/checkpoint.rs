@@ -106,5 +106,7 @@ pub fn position_at_step(
         failed_rows: 0,
         total_failures: current.total_failures,
         outcome: None,
+        splits: current.splits,
+        following: current.following,
     })
 }

@@ -175,11 +175,10 @@ pub(super) fn job_data(spec: &JobSpec, plan: &JobPlan) -> v1::JobData {
             .enumerate()
             .map(|(index, source)| v1::SourceData {
                 version: plan
-                    .files
-                    .iter()
-                    .find(|file| file.source as usize == index)
-                    .and_then(|file| file.delta.as_ref())
-                    .map(|delta| delta.version)
+                    .versions
+                    .get(index)
+                    .copied()
+                    .flatten()
                     .or(source.version),
                 uri: source.uri.clone(),
                 format: source.format.name().to_owned(),

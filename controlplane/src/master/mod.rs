@@ -43,8 +43,8 @@ use crate::decide::{
 };
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, ExecutorState, Executors, Exit, LaunchAction};
-use crate::plan::JobPlan;
-use crate::spec::JobSpec;
+use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
+use crate::spec::{FollowSpec, JobSpec};
 use checkpoint::RankPositions;
 use serde::{Deserialize, Serialize};
 use sluice_proto::v1;
@@ -97,6 +97,25 @@ pub enum Entry {
         /// Why, for logs and status.
         reason: String,
     },
+    /// A followed source grew: its new files and splits join the plan, and their tasks the
+    /// current epoch.
+    SplitsAdded {
+        /// The index of the source in the spec.
+        source: u32,
+        /// For a Delta table, the version planned up to, this one included.
+        version: Option<u64>,
+        /// The new files.
+        files: Vec<PlannedFile>,
+        /// Their splits, with file indices counted from the first of `files`.
+        splits: Vec<PlannedSplit>,
+    },
+    /// A source is no longer followed.
+    FollowEnded {
+        /// The index of the source in the spec.
+        source: u32,
+        /// Why, for logs and status.
+        reason: String,
+    },
     /// The AM started an executor.
     ExecutorLaunched {
         /// The executor.
@@ -124,6 +143,9 @@ pub struct Snapshot {
     last_task_failure: Option<String>,
     role_sizes: Vec<u32>,
     rescale: Option<Rescale>,
+    follows: Vec<Option<SourceFollow>>,
+    added_files: Vec<PlannedFile>,
+    added_splits: Vec<PlannedSplit>,
 }
 
 /// A scale under way: who still has to give rings back and who waits for ranks.
@@ -135,6 +157,30 @@ struct Rescale {
     releasing: BTreeSet<NodeId>,
     /// Nodes that hold no ring and wait for their new ranks.
     waiting: BTreeSet<NodeId>,
+}
+
+/// Where following a source stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceFollow {
+    /// Whether the source is still followed.
+    pub following: bool,
+    /// For a Delta table, the last version planned.
+    pub version: Option<u64>,
+    /// Why following ended, once it has.
+    pub ended: Option<String>,
+}
+
+/// What the follower needs to poll a source that is still followed.
+#[derive(Debug, Clone)]
+pub struct FollowTarget {
+    /// The index of the source in the spec.
+    pub source: u32,
+    /// How it is followed.
+    pub spec: FollowSpec,
+    /// For a Delta table, the last version planned.
+    pub version: Option<u64>,
+    /// The URIs of the source's planned files.
+    pub planned: std::collections::HashSet<String>,
 }
 
 /// What a node last said about its pipeline, and when the AM last heard from it.
@@ -166,6 +212,22 @@ pub struct TaskOrigins {
 }
 
 impl TaskOrigins {
+    /// Records where the tasks of the splits from `first_split` on begin in the table: each such
+    /// split's tasks were appended together, the first at the lowest slot that reads the split.
+    fn place_added(&mut self, table: &JobState, first_split: usize) {
+        self.first_slot.truncate(first_split);
+        let splits = table.split_count();
+        let mut first = vec![u32::MAX; splits.saturating_sub(first_split)];
+        for (slot, task_slot) in table.slots.iter().enumerate().skip(self.planned as usize) {
+            let split = task_slot.split as usize;
+            if split >= first_split {
+                let entry = &mut first[split - first_split];
+                *entry = (*entry).min(slot as u32);
+            }
+        }
+        self.first_slot.extend(first);
+    }
+
     fn new(split_rows: &[u64], task_rows: u64) -> TaskOrigins {
         let task_rows = task_rows.max(1);
         let mut first_slot = Vec::with_capacity(split_rows.len());
@@ -184,15 +246,23 @@ impl TaskOrigins {
 
     /// The split row where the task in `slot` of the current epoch began.
     fn origin(&self, table: &JobState, slot: u32) -> u64 {
+        let split = table.slots[slot as usize].split as usize;
         if slot < self.planned {
-            let split = table.slots[slot as usize].split as usize;
-            u64::from(slot - self.first_slot[split]) * self.task_rows
-        } else {
-            let task = TaskId(table.first_task_id + u64::from(slot));
-            let origin = self.pieces.get(&task).copied();
-            debug_assert!(origin.is_some(), "every re-split piece has a recorded cut");
-            origin.unwrap_or(table.slots[slot as usize].start)
+            return u64::from(slot - self.first_slot[split]) * self.task_rows;
         }
+        let task = TaskId(table.first_task_id + u64::from(slot));
+        if let Some(origin) = self.pieces.get(&task) {
+            return *origin;
+        }
+        // A task of a split a followed source added: that split's tasks sit together.
+        let first = self.first_slot.get(split).copied();
+        debug_assert!(
+            first.is_some_and(|first| first <= slot),
+            "every slot past the planned ones is a re-split piece or an added split's task"
+        );
+        first.map_or(table.slots[slot as usize].start, |first| {
+            u64::from(slot - first) * self.task_rows
+        })
     }
 }
 
@@ -278,6 +348,11 @@ pub struct Master {
     shut_down: BTreeSet<NodeId>,
     throughput: Throughput,
     executors: Option<Executors>,
+    /// Where following each source stands; `None` for a source not followed.
+    follows: Vec<Option<SourceFollow>>,
+    /// The files and splits followed sources added after the stored plan, as journaled.
+    added_files: Vec<PlannedFile>,
+    added_splits: Vec<PlannedSplit>,
     /// Each role's number of trainers, in spec order: the spec's, or a scale's.
     role_sizes: Vec<u32>,
     rescale: Option<Rescale>,
@@ -302,6 +377,19 @@ impl Master {
         let origins = TaskOrigins::new(&split_rows, config.task_rows);
         let table = JobState::new(config, split_rows)?;
         let role_sizes = spec.roles.iter().map(|role| role.num).collect();
+        let follows = spec
+            .data
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(index, source)| {
+                source.follow.as_ref().map(|_| SourceFollow {
+                    following: true,
+                    version: plan.versions.get(index).copied().flatten(),
+                    ended: None,
+                })
+            })
+            .collect();
         Ok(Master {
             spec,
             plan,
@@ -319,6 +407,9 @@ impl Master {
             executors: None,
             role_sizes,
             rescale: None,
+            follows,
+            added_files: Vec::new(),
+            added_splits: Vec::new(),
         })
     }
 
@@ -657,6 +748,13 @@ impl Master {
                 self.apply_scale(index, num);
             }
             Entry::StopRequested { reason } => self.stop_reason = Some(reason),
+            Entry::SplitsAdded {
+                source,
+                version,
+                files,
+                splits,
+            } => self.apply_added(source, version, files, splits),
+            Entry::FollowEnded { source, reason } => self.apply_follow_ended(source, reason),
             Entry::ExecutorLaunched { id } => {
                 self.executor_launched(id);
             }
@@ -686,11 +784,29 @@ impl Master {
             last_task_failure: self.last_task_failure.clone(),
             role_sizes: self.role_sizes.clone(),
             rescale: self.rescale.clone(),
+            follows: self.follows.clone(),
+            added_files: self.added_files.clone(),
+            added_splits: self.added_splits.clone(),
         }
     }
 
     /// Replaces this master's state with a snapshot of the same job.
     pub fn restore_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
+        let planned_splits = self.plan.splits.len() - self.added_splits.len();
+        let plan = Arc::make_mut(&mut self.plan);
+        plan.files
+            .truncate(plan.files.len() - self.added_files.len());
+        plan.splits.truncate(planned_splits);
+        let first_file = plan.files.len() as u32;
+        plan.files.extend_from_slice(&snapshot.added_files);
+        plan.splits
+            .extend(snapshot.added_splits.iter().map(|split| PlannedSplit {
+                file: first_file + split.file,
+                ..*split
+            }));
+        self.added_files = snapshot.added_files;
+        self.added_splits = snapshot.added_splits;
+        self.follows = snapshot.follows;
         let mut table = JobState::restore(
             self.config,
             self.plan.split_rows(),
@@ -704,6 +820,7 @@ impl Master {
         }
         self.table = table;
         self.origins.pieces = snapshot.pieces;
+        self.origins.place_added(&self.table, planned_splits);
         self.checkpoints = snapshot.checkpoints;
         self.stored = snapshot.stored;
         self.stop_reason = snapshot.stop_reason;
@@ -912,7 +1029,9 @@ impl Master {
         Applied { reply: (), entries }
     }
 
-    /// Asks the job to stop: every daemon is shut down at its next call.
+    /// Asks the job to stop. A job that still follows a source stops following it and ends once
+    /// the rows already planned are consumed; any other job shuts every daemon down at its next
+    /// call.
     pub fn stop(&mut self, reason: String) -> Applied<v1::JobState> {
         if self.table.outcome().is_some() || self.stop_reason.is_some() {
             return Applied {
@@ -920,10 +1039,137 @@ impl Master {
                 entries: Vec::new(),
             };
         }
+        if self.table.following() {
+            let sources: Vec<u32> = self.following_sources().collect();
+            let mut entries = Vec::new();
+            for source in sources {
+                entries.extend(self.end_follow(source, reason.clone()).entries);
+            }
+            return Applied {
+                reply: self.job_state(),
+                entries,
+            };
+        }
         self.stop_reason = Some(reason.clone());
         Applied {
             reply: self.job_state(),
             entries: vec![Entry::StopRequested { reason }],
+        }
+    }
+
+    /// The sources still followed, by index.
+    fn following_sources(&self) -> impl Iterator<Item = u32> + '_ {
+        self.follows
+            .iter()
+            .enumerate()
+            .filter(|(_, follow)| follow.as_ref().is_some_and(|follow| follow.following))
+            .map(|(index, _)| index as u32)
+    }
+
+    /// What polling source `source` needs, while the job runs and the source is followed.
+    pub fn follow_target(&self, source: u32) -> Option<FollowTarget> {
+        let follow = self.follows.get(source as usize)?.as_ref()?;
+        if !follow.following || self.table.outcome().is_some() || self.stop_reason.is_some() {
+            return None;
+        }
+        let spec = self
+            .spec
+            .data
+            .sources
+            .get(source as usize)?
+            .follow
+            .clone()?;
+        Some(FollowTarget {
+            source,
+            spec,
+            version: follow.version,
+            planned: self
+                .plan
+                .files
+                .iter()
+                .filter(|file| file.source == source)
+                .map(|file| file.uri.clone())
+                .collect(),
+        })
+    }
+
+    /// Where following each source stands, `None` for a source not followed.
+    pub fn follows(&self) -> &[Option<SourceFollow>] {
+        &self.follows
+    }
+
+    /// A followed source grew by `block`'s files and splits (for a Delta table, up to `version`).
+    pub fn add_splits(&mut self, source: u32, version: Option<u64>, block: JobPlan) -> Applied<()> {
+        let entry = Entry::SplitsAdded {
+            source,
+            version,
+            files: block.files.clone(),
+            splits: block.splits.clone(),
+        };
+        self.apply_added(source, version, block.files, block.splits);
+        Applied {
+            reply: (),
+            entries: vec![entry],
+        }
+    }
+
+    /// Source `source` is no longer followed, for `reason`.
+    pub fn end_follow(&mut self, source: u32, reason: String) -> Applied<()> {
+        self.apply_follow_ended(source, reason.clone());
+        Applied {
+            reply: (),
+            entries: vec![Entry::FollowEnded { source, reason }],
+        }
+    }
+
+    /// A followed source cannot be followed further: the job fails with `reason`.
+    pub fn fail_follow(&mut self, reason: String) -> Applied<()> {
+        let event = Event::FollowFailed { reason };
+        let entries = vec![Entry::Event(event.clone())];
+        self.apply_event(None, event);
+        Applied { reply: (), entries }
+    }
+
+    fn apply_added(
+        &mut self,
+        source: u32,
+        version: Option<u64>,
+        files: Vec<PlannedFile>,
+        splits: Vec<PlannedSplit>,
+    ) {
+        if let Some(Some(follow)) = self.follows.get_mut(source as usize)
+            && version.is_some()
+        {
+            follow.version = version;
+        }
+        let first_split = self.plan.splits.len();
+        let split_rows: Vec<u64> = splits.iter().map(|split| split.row_count).collect();
+        let first_file = self.added_files.len() as u32;
+        self.added_files.extend_from_slice(&files);
+        self.added_splits
+            .extend(splits.iter().map(|split| PlannedSplit {
+                file: first_file + split.file,
+                ..*split
+            }));
+        Arc::make_mut(&mut self.plan).append(&files, &splits);
+        if split_rows.is_empty() {
+            return;
+        }
+        self.apply_event(None, Event::SplitsAdded { split_rows });
+        self.origins.place_added(&self.table, first_split);
+    }
+
+    fn apply_follow_ended(&mut self, source: u32, reason: String) {
+        if let Some(Some(follow)) = self.follows.get_mut(source as usize) {
+            if !follow.following {
+                return;
+            }
+            follow.following = false;
+            follow.ended = Some(reason.clone());
+        }
+        tracing::info!(source, %reason, "source no longer followed");
+        if self.table.following() && self.following_sources().next().is_none() {
+            self.apply_event(None, Event::FollowEnded);
         }
     }
 
@@ -1059,14 +1305,22 @@ impl Master {
     /// since the job runs again from there: a finished job's daemons and trainers run the rows
     /// after the checkpoint.
     fn reset_to(&mut self, position: DataPosition, now_ms: u64) -> Result<()> {
-        let pieces = self.pieces_of(&position);
+        let mut pieces = self.pieces_of(&position);
+        // Ids past the position's tasks name the tasks of splits added after it, not pieces.
+        let covered = position.first_task_id + position.tasks.len() as u64;
+        pieces.retain(|task, _| task.0 < covered);
+        // Following is where the sources stand, not where the trainers do: it is kept.
+        let following = self.table.following();
         self.table = JobState::restore(
             self.config,
             self.plan.split_rows(),
             position,
             RestoreMode::Requeue { now_ms },
         )?;
+        self.table.following = following;
         self.origins.pieces = pieces;
+        let planned_splits = self.plan.splits.len() - self.added_splits.len();
+        self.origins.place_added(&self.table, planned_splits);
         self.checkpoints.clear();
         self.stop_reason = None;
         self.last_task_failure = None;
@@ -1160,6 +1414,9 @@ impl Master {
             } => {
                 tracing::info!(%parent, %child, at_row, "task re-split");
                 self.origins.pieces.insert(child, at_row);
+            }
+            Action::TasksAdded { splits, tasks } => {
+                tracing::info!(splits, tasks, "splits of a followed source added")
             }
             Action::EpochStarted { epoch, tasks } => {
                 tracing::info!(epoch, tasks, "epoch started");
@@ -1325,7 +1582,38 @@ impl Master {
             }),
             rows_per_second: self.throughput.rows_per_second(),
             scaling: self.rescale.is_some(),
+            sources: self.source_statuses(),
         }
+    }
+
+    fn source_statuses(&self) -> Vec<v1::SourceStatus> {
+        self.spec
+            .data
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(index, source)| {
+                let follow = self.follows.get(index).and_then(Option::as_ref);
+                v1::SourceStatus {
+                    uri: source.uri.clone(),
+                    followed: follow.is_some(),
+                    following: follow.is_some_and(|follow| follow.following),
+                    planned_version: follow.and_then(|follow| follow.version).or(self
+                        .plan
+                        .versions
+                        .get(index)
+                        .copied()
+                        .flatten()),
+                    planned_files: self
+                        .plan
+                        .files
+                        .iter()
+                        .filter(|file| file.source as usize == index)
+                        .count() as u64,
+                    follow_ended: follow.and_then(|follow| follow.ended.clone()),
+                }
+            })
+            .collect()
     }
 
     fn role_statuses(&self) -> Vec<v1::RoleStatus> {

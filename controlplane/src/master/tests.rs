@@ -19,10 +19,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
 
 fn master() -> Master {
     let spec = Arc::new(JobSpec::parse(SPEC, Format::Yaml).expect("valid spec"));
-    let mut plan = JobPlan {
-        files: Vec::new(),
-        splits: Vec::new(),
-    };
+    let mut plan = JobPlan::default();
     let splits = [25u64, 15]
         .iter()
         .enumerate()
@@ -897,4 +894,125 @@ fn restoring_a_finished_job_launches_its_daemons_and_trainers_again() {
             "the daemon that ended and every trainer; daemon 1 still runs"
         );
     }
+}
+
+/// The unit job, following its source.
+fn following_master() -> Master {
+    let text = SPEC.replace("format: parquet }", "format: parquet, follow: true }");
+    let spec = Arc::new(JobSpec::parse(&text, Format::Yaml).expect("valid spec"));
+    let mut plan = JobPlan::default();
+    plan.extend(0, vec![planned_split("part-0", 25)]);
+    plan.versions.push(None);
+    Master::new(spec, Arc::new(plan)).expect("the splits have rows")
+}
+
+fn planned_split(name: &str, rows: u64) -> Split {
+    Split {
+        task_id: 0,
+        uri: format!("file:///data/train/{name}.parquet"),
+        file_size: 1000,
+        first_row: 0,
+        row_count: rows,
+        partition_values: Vec::new(),
+        delta: None,
+    }
+}
+
+/// Consumes every task handed to `node` now; returns the commands of the last heartbeat.
+fn consume_all(sut: &mut Master, node: u64, now_ms: u64) -> Vec<v1::Command> {
+    let tasks = assigned(&acquire(sut, node, now_ms, 100));
+    let counts: Vec<(u64, u64, u64)> = tasks
+        .iter()
+        .map(|task| (task.task_id, task.end - task.start, task.end - task.start))
+        .collect();
+    heartbeat(sut, node, now_ms, &counts)
+}
+
+#[test]
+fn added_splits_are_assigned_with_their_files_and_replay_from_the_journal() {
+    let mut sut = following_master();
+    let mut journal = Vec::new();
+    journal.extend(register(&mut sut, 0, 0).entries);
+    let first = assigned(&acquire(&mut sut, 0, 1, 1));
+    let added = sut.add_splits(
+        0,
+        None,
+        JobPlan::of_splits(0, vec![planned_split("part-1", 12)]),
+    );
+    assert!(matches!(added.entries[..], [Entry::SplitsAdded { .. }]));
+    journal.extend(added.entries);
+    let applied = sut.acquire(
+        v1::AcquireTasksRequest {
+            node_id: 0,
+            max_tasks: 100,
+        },
+        2,
+    );
+    journal.extend(applied.entries);
+    let rest = assigned(&applied.reply.commands);
+    let uris: BTreeSet<String> = first
+        .iter()
+        .chain(&rest)
+        .filter_map(|task| task.split.as_ref().map(|split| split.uri.clone()))
+        .collect();
+    assert!(
+        uris.contains("file:///data/train/part-1.parquet"),
+        "{uris:?}"
+    );
+    assert_eq!(first.len() + rest.len(), 5, "3 planned tasks and 2 added");
+    let status = sut.status(3);
+    assert_eq!(status.sources.len(), 1);
+    assert!(status.sources[0].followed && status.sources[0].following);
+    assert_eq!(status.sources[0].planned_files, 2);
+
+    let mut recovered = following_master();
+    for entry in journal {
+        recovered.replay(entry).expect("replay");
+    }
+    assert_eq!(recovered.table().position(), sut.table().position());
+    assert_eq!(recovered.snapshot(), sut.snapshot());
+    // A snapshot carries the added files too: a new AM loads only the planned ones.
+    let mut from_snapshot = following_master();
+    from_snapshot
+        .restore_snapshot(sut.snapshot())
+        .expect("restore");
+    assert_eq!(from_snapshot.snapshot(), sut.snapshot());
+    assert_eq!(from_snapshot.status(3).sources, status.sources);
+}
+
+#[test]
+fn stop_ends_following_first_and_the_job_succeeds_once_its_rows_are_consumed() {
+    let mut sut = following_master();
+    register(&mut sut, 0, 0);
+    let commands = consume_all(&mut sut, 0, 1);
+    assert!(!has_shutdown(&commands));
+    assert_eq!(sut.outcome(), None, "a followed job waits for more data");
+    assert_eq!(sut.job_state(), v1::JobState::Running);
+    sut.add_splits(
+        0,
+        None,
+        JobPlan::of_splits(0, vec![planned_split("part-1", 7)]),
+    );
+    let stop = sut.stop("sluice stop".to_owned());
+    assert!(matches!(stop.entries[..], [Entry::FollowEnded { .. }]));
+    assert_eq!(stop.reply, v1::JobState::Running, "planned rows remain");
+    assert!(sut.follow_target(0).is_none());
+    consume_all(&mut sut, 0, 2);
+    assert_eq!(sut.outcome(), Some(v1::JobState::Succeeded));
+    assert_eq!(sut.rows_consumed_total(), 32);
+    let status = sut.status(3);
+    assert_eq!(
+        status.sources[0].follow_ended.as_deref(),
+        Some("sluice stop")
+    );
+}
+
+#[test]
+fn a_second_stop_stops_a_job_that_no_longer_follows() {
+    let mut sut = following_master();
+    register(&mut sut, 0, 0);
+    sut.stop("first".to_owned());
+    let stop = sut.stop("second".to_owned());
+    assert!(matches!(stop.entries[..], [Entry::StopRequested { .. }]));
+    assert_eq!(stop.reply, v1::JobState::Stopping);
 }

@@ -198,6 +198,25 @@ pub struct SourceSpec {
     /// Read the Delta table version current at this time (RFC 3339, or milliseconds since the
     /// epoch).
     pub timestamp: Option<String>,
+    /// Whether new files (Parquet) or new commits (Delta) become tasks while the job runs.
+    pub follow: Option<FollowSpec>,
+}
+
+/// The `follow` setting of a source: how often it is polled, and when following ends by itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FollowSpec {
+    /// Milliseconds between two polls of the source (default 5000).
+    pub interval_ms: u64,
+    /// For a Delta table: the last version planned; following ends once it is.
+    pub until_version: Option<u64>,
+    /// When following ends, in milliseconds since the Unix epoch: for a Delta table, commits
+    /// after this commit timestamp are not planned; for Parquet, the wall clock.
+    pub until_timestamp_ms: Option<i64>,
+}
+
+impl FollowSpec {
+    /// The poll interval when the spec sets none.
+    pub const DEFAULT_INTERVAL_MS: u64 = 5000;
 }
 
 /// The encoding of a source.

@@ -81,6 +81,52 @@ pub(crate) struct RawSource {
     pub(crate) storage_options: Option<BTreeMap<String, ScalarString>>,
     pub(crate) version: Option<u64>,
     pub(crate) timestamp: Option<ScalarString>,
+    pub(crate) follow: Option<RawFollow>,
+}
+
+/// `follow: true`, `follow: false`, or `follow: { interval_ms, until_version, until_timestamp }`.
+#[derive(Debug)]
+pub(crate) enum RawFollow {
+    Flag(bool),
+    Settings(RawFollowSettings),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFollowSettings {
+    pub(crate) interval_ms: Option<u64>,
+    pub(crate) until_version: Option<u64>,
+    pub(crate) until_timestamp: Option<ScalarString>,
+}
+
+impl<'de> Deserialize<'de> for RawFollow {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FollowVisitor;
+
+        impl<'de> serde::de::Visitor<'de> for FollowVisitor {
+            type Value = RawFollow;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str(
+                    "true, false, or a map of interval_ms, until_version and until_timestamp",
+                )
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<RawFollow, E> {
+                Ok(RawFollow::Flag(value))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RawFollow, A::Error> {
+                RawFollowSettings::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawFollow::Settings)
+            }
+        }
+
+        deserializer.deserialize_any(FollowVisitor)
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -437,6 +437,99 @@ fn a_delta_source_is_pinned_by_version_or_timestamp_and_only_a_delta_source() {
 }
 
 #[test]
+fn a_source_is_followed_by_a_flag_or_with_settings() {
+    let sut = parse_yaml(&with_source(
+        "{ uri: 'file:///d', format: parquet, follow: true }",
+    ))
+    .expect("follow: true");
+    assert_eq!(
+        sut.data.sources[0].follow,
+        Some(FollowSpec {
+            interval_ms: FollowSpec::DEFAULT_INTERVAL_MS,
+            until_version: None,
+            until_timestamp_ms: None,
+        })
+    );
+    let sut = parse_yaml(&with_source(
+        "{ uri: 'file:///d', format: parquet, follow: false }",
+    ))
+    .expect("follow: false");
+    assert_eq!(sut.data.sources[0].follow, None);
+    let sut = parse_yaml(&with_source(
+        "{ uri: 'file:///t', format: delta, version: 2, follow: { interval_ms: 250, until_version: 4, until_timestamp: '2026-01-02T03:04:05Z' } }",
+    ))
+    .expect("follow settings");
+    assert_eq!(
+        sut.data.sources[0].follow,
+        Some(FollowSpec {
+            interval_ms: 250,
+            until_version: Some(4),
+            until_timestamp_ms: Some(1_767_323_045_000),
+        })
+    );
+}
+
+#[test]
+fn follow_settings_are_checked_naming_the_key() {
+    let error = refused(&with_source(
+        "{ uri: 'file:///d', format: csv, follow: true }",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].follow",
+        &["csv source", "Parquet directory or a Delta table"],
+    );
+    let error = refused(&with_source(
+        "{ uri: 'file:///d', format: parquet, follow: { until_version: 3 } }",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].follow.until_version",
+        &["format is parquet", "until_timestamp"],
+    );
+    let error = refused(&with_source(
+        "{ uri: 'file:///t', format: delta, version: 5, follow: { until_version: 3 } }",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].follow.until_version",
+        &["(3) is before the pinned version (5)"],
+    );
+    let error = refused(&with_source(
+        "{ uri: 'file:///t', format: delta, follow: { until_timestamp: 'yesterday' } }",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].follow.until_timestamp",
+        &["`yesterday` is not a time", "RFC 3339"],
+    );
+    let error = refused(&with_source(
+        "{ uri: 'file:///t', format: delta, follow: { interval_ms: 1 } }",
+    ));
+    assert_error(&error, "data.sources[0].follow.interval_ms", &["is 1"]);
+    let error = refused(&with_source(
+        "{ uri: 'file:///t', format: delta, follow: { every: 3 } }",
+    ));
+    assert_error(&error, "data.sources[0].follow.every", &["interval_ms"]);
+    let error = refused(&with_source(
+        "{ uri: 'file:///t', format: delta, follow: 3 }",
+    ));
+    assert_eq!(error.key_path(), Some("data.sources[0].follow"), "{error}");
+}
+
+#[test]
+fn a_followed_source_needs_a_single_epoch() {
+    let error = refused(
+        "name: small\ndata:\n  epochs: 2\n  sources: [{ uri: 'file:///d', format: parquet, follow: true }]\nroles:\n  - { name: worker, command: [sluice, consume] }\n",
+    );
+    assert_error(
+        &error,
+        "data.epochs",
+        &["is 2, but data.sources[0] is followed", "set epochs to 1"],
+    );
+}
+
+#[test]
 fn storage_options_accept_scalars_and_refuse_empty_keys() {
     let sut = parse_yaml(&with_source(
         "{ uri: 's3://b/x.parquet', storage_options: { AWS_ALLOW_HTTP: true, AWS_REGION: eu-1, PORT: 8333 } }",

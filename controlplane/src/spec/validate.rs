@@ -2,12 +2,12 @@
 
 use super::error::suggest;
 use super::raw::{
-    RawCheckpoint, RawData, RawFailover, RawJobSpec, RawResources, RawRole, RawSource,
+    RawCheckpoint, RawData, RawFailover, RawFollow, RawJobSpec, RawResources, RawRole, RawSource,
     RawTransform, ScalarString,
 };
 use super::{
-    CheckpointSpec, DataSpec, FailoverSpec, JobSpec, LauncherKind, Resources, RestartPolicy,
-    RoleSpec, ShuffleSpec, SourceFormat, SourceSpec, SpecError, TransformSpec,
+    CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, JobSpec, LauncherKind, Resources,
+    RestartPolicy, RoleSpec, ShuffleSpec, SourceFormat, SourceSpec, SpecError, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,6 +26,9 @@ const RESERVED_ENV: &[&str] = &[
 
 /// The most attempts a task may be given; a larger number hides a broken task.
 const MAX_TASK_ATTEMPTS: u32 = 1000;
+
+/// The shortest poll interval of a followed source: polling lists the source each time.
+const MIN_FOLLOW_INTERVAL_MS: u64 = 10;
 
 /// The shortest heartbeat interval accepted.
 const MIN_HEARTBEAT_INTERVAL_MS: u64 = 10;
@@ -136,6 +139,15 @@ fn validate_data(raw: RawData) -> Result<DataSpec, SpecError> {
         .collect::<Result<Vec<_>, _>>()?;
     let batch_size = positive_u32("data.batch_size", raw.batch_size, 1024)?;
     let epochs = positive_u32("data.epochs", raw.epochs, 1)?;
+    if epochs > 1
+        && let Some(index) = sources.iter().position(|source| source.follow.is_some())
+    {
+        return Err(SpecError::invalid(
+            "data.epochs",
+            format!("is {epochs}, but data.sources[{index}] is followed"),
+            "set epochs to 1, or stop following: a followed source has no end at which a next epoch could begin",
+        ));
+    }
     let task_rows = positive_u64("data.task_rows", raw.task_rows, 65_536)?;
     let shuffle = match raw.shuffle {
         None => ShuffleSpec {
@@ -445,6 +457,7 @@ fn validate_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError
             "write an RFC 3339 time or milliseconds since the epoch, or remove the key",
         ));
     }
+    let follow = validate_follow(&at, format, raw.version, raw.follow)?;
     Ok(SourceSpec {
         uri: raw.uri,
         format,
@@ -453,7 +466,83 @@ fn validate_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError
         storage_options,
         version: raw.version,
         timestamp,
+        follow,
     })
+}
+
+fn validate_follow(
+    at: &dyn Fn(&str) -> String,
+    format: SourceFormat,
+    version: Option<u64>,
+    raw: Option<RawFollow>,
+) -> Result<Option<FollowSpec>, SpecError> {
+    let settings = match raw {
+        None | Some(RawFollow::Flag(false)) => return Ok(None),
+        Some(RawFollow::Flag(true)) => None,
+        Some(RawFollow::Settings(settings)) => Some(settings),
+    };
+    if !matches!(format, SourceFormat::Parquet | SourceFormat::Delta) {
+        return Err(SpecError::invalid(
+            at("follow"),
+            format!("is set on a {} source", format.name()),
+            "follow a Parquet directory or a Delta table, or remove the key",
+        ));
+    }
+    let Some(settings) = settings else {
+        return Ok(Some(FollowSpec {
+            interval_ms: FollowSpec::DEFAULT_INTERVAL_MS,
+            until_version: None,
+            until_timestamp_ms: None,
+        }));
+    };
+    let interval_ms = settings
+        .interval_ms
+        .unwrap_or(FollowSpec::DEFAULT_INTERVAL_MS);
+    if interval_ms < MIN_FOLLOW_INTERVAL_MS {
+        return Err(SpecError::invalid(
+            at("follow.interval_ms"),
+            format!("is {interval_ms}"),
+            format!("poll at most every {MIN_FOLLOW_INTERVAL_MS} ms; every poll lists the source"),
+        ));
+    }
+    if let Some(until_version) = settings.until_version {
+        if format != SourceFormat::Delta {
+            return Err(SpecError::invalid(
+                at("follow.until_version"),
+                format!(
+                    "ends following at a Delta version, but the source's format is {}",
+                    format.name()
+                ),
+                "use until_timestamp to end following a Parquet directory, or `sluice stop`",
+            ));
+        }
+        if let Some(version) = version
+            && until_version < version
+        {
+            return Err(SpecError::invalid(
+                at("follow.until_version"),
+                format!("({until_version}) is before the pinned version ({version})"),
+                "set it at or after `version`: following starts after the pinned version",
+            ));
+        }
+    }
+    let until_timestamp_ms = settings
+        .until_timestamp
+        .map(|ScalarString(text)| {
+            sluice_formats::delta::parse_timestamp_millis(text.trim()).map_err(|_| {
+                SpecError::invalid(
+                    at("follow.until_timestamp"),
+                    format!("`{text}` is not a time"),
+                    "write RFC 3339 such as 2026-05-01T12:00:00Z, or milliseconds since the epoch",
+                )
+            })
+        })
+        .transpose()?;
+    Ok(Some(FollowSpec {
+        interval_ms,
+        until_version: settings.until_version,
+        until_timestamp_ms,
+    }))
 }
 
 /// Converts a map of scalars to strings, refusing empty keys and checking each key.
