@@ -228,9 +228,11 @@ class Reader:
         )
 
     def _reopen_replaced_ring(self, token: str) -> None:
-        """Opens the ring the daemon creates anew after giving the old one back to the AM."""
+        """Opens the ring the daemon creates anew after giving the old one back to the AM.
+
+        The old ring stays mapped until then: its inode, unlinked but mapped, cannot be reused by the
+        new file, so a new inode number at the path is the new ring."""
         path = self.path
-        self._native = None
         started = time.monotonic()
         while True:
             try:
