@@ -180,13 +180,13 @@ impl Am {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Stops a trainer a scale retired: SIGTERM first, so it releases the batch it holds and
+    /// Stops a trainer a scale or a restore retired: SIGTERM first, so it releases the batch it holds and
     /// exits, then, past the grace period, SIGKILL.
     fn stop_retiring(&self, executors: &ExecutorLauncher, id: ExecutorId) {
         let mut stopping = self.stopping();
         match stopping.get(&id) {
             None => {
-                tracing::info!(executor = %id, "a role was scaled: stopping trainer");
+                tracing::info!(executor = %id, "trainers restart: stopping trainer");
                 executors.launcher.terminate(&id);
                 stopping.insert(id, Instant::now());
             }

@@ -161,6 +161,21 @@ impl Executors {
         }
     }
 
+    /// Restarts every trainer in place, as a restore to a data checkpoint does: the running ones
+    /// retire (the AM stops them, and how they end counts neither as a failure nor as a success)
+    /// and every trainer is pending again under the same id, keeping its counts.
+    pub fn restart_trainers(&mut self) {
+        for (id, record) in &mut self.records {
+            if !matches!(id, ExecutorId::Trainer { .. }) {
+                continue;
+            }
+            if record.state == ExecutorState::Running {
+                self.retiring.insert(id.clone(), record.clone());
+            }
+            record.state = ExecutorState::Pending;
+        }
+    }
+
     /// Makes every executor that ended for good pending again, with no failure counted, as the
     /// data position is reset to a checkpoint: the job runs again from there, so a job that had
     /// finished launches its daemons and trainers again. Executors still running are left alone.
@@ -416,6 +431,39 @@ mod tests {
         launch_all(&mut sut);
         let restarts: Vec<u32> = sut.records().map(|(_, record)| record.restarts).collect();
         assert_eq!(restarts, vec![1, 1, 1], "each one runs again");
+    }
+
+    #[test]
+    fn a_restart_retires_the_running_trainers_and_keeps_their_counts() {
+        let mut sut = Executors::new(
+            [trainer(0), trainer(1), ExecutorId::Daemon(0)],
+            &failover(""),
+        );
+        launch_all(&mut sut);
+        sut.exited(&trainer(1), Exit::Code(3));
+        sut.restart_trainers();
+        assert_eq!(
+            sut.retiring().cloned().collect::<Vec<_>>(),
+            vec![trainer(0)],
+            "only the running trainer retires"
+        );
+        sut.exited(&trainer(0), Exit::Killed);
+        assert_eq!(sut.retiring().count(), 0);
+        assert_eq!(
+            launch_all(&mut sut),
+            vec![trainer(0), trainer(1)],
+            "the daemon runs on; both trainers launch again"
+        );
+        let counts: Vec<(u32, u32)> = sut
+            .records()
+            .filter(|(id, _)| matches!(id, ExecutorId::Trainer { .. }))
+            .map(|(_, record)| (record.failures, record.restarts))
+            .collect();
+        assert_eq!(
+            counts,
+            vec![(0, 1), (1, 1)],
+            "the stop is no failure, the earlier failure still counts"
+        );
     }
 
     #[test]

@@ -30,6 +30,23 @@
 //! are not queued but derived at each call from where the scale stands. Data checkpoints still
 //! waiting for ranks are dropped, since the ranks that would complete them are gone; stored ones stay
 //! valid, because a checkpoint is a position in the task table, whatever the world size.
+//!
+//! # Restoring a data checkpoint
+//! A restore ([`Master::restore`]) on a live job is an elastic restart from the checkpoint, as
+//! torchelastic restarts every worker when one fails: [`Entry::Restored`] resets the task table to
+//! the checkpoint's position (every task in flight queued again from its consumed count at the
+//! checkpoint), and the trainers restart in place through the steps of a scale that keeps the
+//! role sizes: every running trainer retires, every live daemon gets [`v1::Release`] and drops the
+//! rows still in its rings, and the trainers are launched again once every daemon has its ranks.
+//! Until then no task is handed out, so no trainer that is about to be stopped consumes a row
+//! after the checkpoint; the counts the daemons report for the tasks they held before the reset
+//! are refused, since the reset table gives those tasks to no one.
+//!
+//! The AM remembers the checkpoint it was last restored to (by a call or by `--resume-from`) and
+//! the rows consumed then. A restore to that checkpoint while no row was consumed since changes
+//! nothing: the trainers relaunched by a restore each load the same checkpoint and call again, and
+//! they converge. A restore to another checkpoint then is refused, naming both: the ranks loaded
+//! different steps, and restoring each in turn would restart the trainers for ever.
 
 pub mod checkpoint;
 mod convert;
@@ -146,6 +163,15 @@ pub struct Snapshot {
     follows: Vec<Option<SourceFollow>>,
     added_files: Vec<PlannedFile>,
     added_splits: Vec<PlannedSplit>,
+    restored: Option<RestoredAt>,
+}
+
+/// The data checkpoint the task table was last reset to, and the rows consumed right after.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct RestoredAt {
+    token: String,
+    /// [`Master::rows_consumed_total`] right after the reset.
+    rows_consumed: u64,
 }
 
 /// A scale under way: who still has to give rings back and who waits for ranks.
@@ -157,6 +183,8 @@ struct Rescale {
     releasing: BTreeSet<NodeId>,
     /// Nodes that hold no ring and wait for their new ranks.
     waiting: BTreeSet<NodeId>,
+    /// Whether a restore to a data checkpoint started it: no task is handed out until it ends.
+    restore: bool,
 }
 
 /// Where following a source stands.
@@ -356,6 +384,7 @@ pub struct Master {
     /// Each role's number of trainers, in spec order: the spec's, or a scale's.
     role_sizes: Vec<u32>,
     rescale: Option<Rescale>,
+    restored: Option<RestoredAt>,
 }
 
 /// The trainer ranks node `node` of `nodes` feeds when the roles have `sizes` trainers: the ranks
@@ -410,6 +439,7 @@ impl Master {
             follows,
             added_files: Vec::new(),
             added_splits: Vec::new(),
+            restored: None,
         })
     }
 
@@ -615,6 +645,18 @@ impl Master {
         if let Some(executors) = &mut self.executors {
             executors.replace_trainers(trainers);
         }
+        tracing::info!(
+            role = self.spec.roles[role].name,
+            from = previous_sizes[role],
+            to = num,
+            "role scaled: stopping the trainers"
+        );
+        self.take_rings_back(previous_sizes, false);
+    }
+
+    /// Starts taking every live node's rings back once the retiring trainers are gone. The rings
+    /// the nodes hold are ranked over `previous_sizes`.
+    fn take_rings_back(&mut self, previous_sizes: Vec<u32>, restore: bool) {
         let releasing = self
             .table
             .nodes
@@ -622,16 +664,11 @@ impl Master {
             .filter(|(_, entry)| entry.status == NodeStatus::Alive)
             .map(|(node, _)| *node)
             .collect();
-        tracing::info!(
-            role = self.spec.roles[role].name,
-            from = previous_sizes[role],
-            to = num,
-            "role scaled: stopping the trainers"
-        );
         self.rescale = Some(Rescale {
             previous_sizes,
             releasing,
             waiting: BTreeSet::new(),
+            restore,
         });
         self.checkpoints.clear();
         self.settle_rescale();
@@ -698,11 +735,19 @@ impl Master {
             return;
         };
         if !retiring && rescale.releasing.is_empty() && rescale.waiting.is_empty() {
+            let restore = rescale.restore;
             self.rescale = None;
-            tracing::info!(
-                world_size = self.world_size(),
-                "scale done: the trainers launch over the new ranks"
-            );
+            if restore {
+                tracing::info!(
+                    world_size = self.world_size(),
+                    "rings taken back after a restore: the trainers launch again"
+                );
+            } else {
+                tracing::info!(
+                    world_size = self.world_size(),
+                    "scale done: the trainers launch over the new ranks"
+                );
+            }
         }
     }
 
@@ -732,8 +777,10 @@ impl Master {
                 self.stored.insert(step, token);
             }
             Entry::Restored {
-                position, now_ms, ..
-            } => self.reset_to(position, now_ms)?,
+                token,
+                position,
+                now_ms,
+            } => self.apply_restore(token, position, now_ms)?,
             Entry::RoleScaled { role, num } => {
                 let index = self
                     .spec
@@ -787,6 +834,7 @@ impl Master {
             follows: self.follows.clone(),
             added_files: self.added_files.clone(),
             added_splits: self.added_splits.clone(),
+            restored: self.restored.clone(),
         }
     }
 
@@ -832,6 +880,7 @@ impl Master {
             self.role_sizes = snapshot.role_sizes;
         }
         self.rescale = snapshot.rescale;
+        self.restored = snapshot.restored;
         Ok(())
     }
 
@@ -943,6 +992,20 @@ impl Master {
     ) -> Applied<v1::AcquireTasksReply> {
         let node = NodeId(request.node_id);
         self.heard_from(node, now_ms);
+        if self.rescale.as_ref().is_some_and(|rescale| rescale.restore)
+            && !self.ending_beside_the_table()
+        {
+            // The rings are about to be taken back: a task handed out now could be read by a
+            // trainer that is being stopped, and its rows would count as consumed.
+            let mut commands = self.outbox.remove(&node).unwrap_or_default();
+            if self.release_due(node) {
+                commands.insert(0, convert::release_command());
+            }
+            return Applied {
+                reply: v1::AcquireTasksReply { commands },
+                entries: Vec::new(),
+            };
+        }
         let event = Event::Acquire {
             node,
             now_ms,
@@ -1266,39 +1329,80 @@ impl Master {
         }
     }
 
-    /// Resets the task table to a stored data checkpoint: every in-flight task goes back to the
-    /// queue and every daemon is fenced, dropping what it holds.
+    /// Resets the task table to a stored data checkpoint and restarts the trainers from there
+    /// (see "Restoring a data checkpoint" in the module's documentation). A restore to the
+    /// checkpoint the job already stands at, with no row consumed since, changes nothing; one to
+    /// another checkpoint then is refused.
     pub fn restore(
         &mut self,
         token: String,
         position: DataPosition,
         now_ms: u64,
     ) -> Result<Applied<v1::RestoreDataCheckpointReply>> {
-        let epoch = position.epoch;
-        self.reset_to(position.clone(), now_ms)?;
-        let fenced: Vec<NodeId> = self
-            .table
-            .nodes
-            .iter()
-            .filter(|(_, entry)| entry.status == NodeStatus::Alive)
-            .map(|(node, _)| *node)
-            .collect();
-        for node in fenced {
-            self.outbox.insert(node, vec![convert::fence_command()]);
-        }
         let step = self
             .stored
             .iter()
             .find(|(_, stored)| **stored == token)
             .map_or(0, |(step, _)| *step);
+        let mut reply = v1::RestoreDataCheckpointReply {
+            step,
+            epoch: position.epoch,
+            effect: self.restore_effect() as i32,
+        };
+        if let Some(at) = &self.restored
+            && at.rows_consumed == self.rows_consumed_total()
+        {
+            if at.token != token {
+                return Err(AmError::FailedPrecondition(format!(
+                    "data checkpoint {token}: the job was restored to data checkpoint {} and no row was consumed since, so the ranks loaded different checkpoints ({} and {token}); load the states that every rank saved at the same step",
+                    at.token, at.token
+                )));
+            }
+            if self.rescale.is_none() {
+                reply.effect = v1::RestoreEffect::AlreadyThere as i32;
+            }
+            return Ok(Applied {
+                reply,
+                entries: Vec::new(),
+            });
+        }
+        self.apply_restore(token.clone(), position.clone(), now_ms)?;
+        tracing::info!(%token, step, "job reset to a data checkpoint: the trainers restart");
         Ok(Applied {
-            reply: v1::RestoreDataCheckpointReply { step, epoch },
+            reply,
             entries: vec![Entry::Restored {
                 token,
                 position,
                 now_ms,
             }],
         })
+    }
+
+    /// What a restore that changes the job does beside the task table.
+    fn restore_effect(&self) -> v1::RestoreEffect {
+        if self.executors.is_some() {
+            v1::RestoreEffect::TrainersRestart
+        } else {
+            v1::RestoreEffect::RingsReplaced
+        }
+    }
+
+    /// Resets the task table to `position`, restarts the trainers and takes the rings back.
+    fn apply_restore(&mut self, token: String, position: DataPosition, now_ms: u64) -> Result<()> {
+        self.reset_to(position, now_ms)?;
+        if let Some(executors) = &mut self.executors {
+            executors.restart_trainers();
+        }
+        let previous_sizes = self.rescale.as_ref().map_or_else(
+            || self.role_sizes.clone(),
+            |rescale| rescale.previous_sizes.clone(),
+        );
+        self.take_rings_back(previous_sizes, true);
+        self.restored = Some(RestoredAt {
+            token,
+            rows_consumed: self.rows_consumed_total(),
+        });
+        Ok(())
     }
 
     /// Resets the task table to `position`. The executors that ended for good are launched again,

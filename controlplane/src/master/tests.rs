@@ -487,19 +487,22 @@ fn a_data_checkpoint_restores_exactly_the_rows_not_consumed_at_its_step() {
         CommitOutcome::Stored(ref token) if *token == ready.token
     ));
 
-    // Run on, then go back to step 5: the daemon is fenced, and what is handed out afterwards is
-    // exactly the rows not consumed at step 5.
+    // Run on, then go back to step 5: the daemon gives its rings back, and what is handed out
+    // afterwards is exactly the rows not consumed at step 5.
     consume(&mut sut, 0, 4, third, third.end - third.start);
     let restored = sut
         .restore(ready.token.clone(), ready.position.clone(), 10)
         .expect("restore");
     assert_eq!(restored.reply.step, 5);
+    assert_eq!(
+        restored.reply.effect,
+        v1::RestoreEffect::RingsReplaced as i32,
+        "an AM that launches no trainers only takes the rings back"
+    );
     let commands = heartbeat(&mut sut, 0, 11, &[]);
     assert!(
-        commands
-            .iter()
-            .any(|command| matches!(command.command, Some(Cmd::Fence(_)))),
-        "the daemon is fenced: {commands:?}"
+        has_release(&commands),
+        "the daemon gives its rings back: {commands:?}"
     );
     register(&mut sut, 0, 12);
     let mut after: Vec<(u32, u64, u64)> = Vec::new();
@@ -874,24 +877,28 @@ fn restoring_a_finished_job_launches_its_daemons_and_trainers_again() {
     for entry in applied.entries {
         replayed.replay(entry).expect("replay");
     }
-    for restored in [&sut, &replayed] {
+    for restored in [&mut sut, &mut replayed] {
         assert_eq!(restored.outcome(), None, "the job runs again");
-        let mut launched: Vec<ExecutorId> = restored
+        let launched: Vec<ExecutorId> = restored
             .executors_to_launch()
             .into_iter()
             .map(|LaunchAction::Launch(id)| id)
             .collect();
-        launched.sort();
         assert_eq!(
             launched,
-            vec![
-                ExecutorId::Daemon(0),
-                trainer(0),
-                trainer(1),
-                trainer(2),
-                trainer(3)
-            ],
-            "the daemon that ended and every trainer; daemon 1 still runs"
+            vec![ExecutorId::Daemon(0)],
+            "the daemon that ended; daemon 1 still runs, and the trainers wait for the rings"
+        );
+        // The new daemon 0 registers holding nothing; daemon 1 gives its rings back.
+        register(restored, 0, 11);
+        assert!(has_release(&heartbeat(restored, 1, 12, &[])));
+        register(restored, 1, 13);
+        assert!(has_release(&heartbeat(restored, 0, 14, &[])));
+        register(restored, 0, 15);
+        assert_eq!(
+            trainers_to_launch(restored),
+            (0..4).map(trainer).collect::<Vec<_>>(),
+            "every trainer runs again"
         );
     }
 }
@@ -1015,4 +1022,218 @@ fn a_second_stop_stops_a_job_that_no_longer_follows() {
     let stop = sut.stop("second".to_owned());
     assert!(matches!(stop.entries[..], [Entry::StopRequested { .. }]));
     assert_eq!(stop.reply, v1::JobState::Stopping);
+}
+
+/// The rows consumed over the job, as the status reports them.
+fn rows_consumed(sut: &Master) -> u64 {
+    sut.status(0).tasks.expect("task counts").rows_consumed
+}
+
+/// Node 0, then node 1, give their rings back and register again; returns each one's new ranks.
+fn give_rings_back(sut: &mut Master, now_ms: u64, journal: &mut Vec<Entry>) -> Vec<Vec<u32>> {
+    let commands = heartbeat(sut, 0, now_ms, &[]);
+    assert!(has_release(&commands), "{commands:?}");
+    let first = register_holding_nothing(sut, 0, now_ms + 1, journal);
+    assert!(first.ranks.is_empty(), "node 1 still feeds its rings");
+    assert!(has_release(&heartbeat(sut, 1, now_ms + 2, &[])));
+    let node_1 = register_holding_nothing(sut, 1, now_ms + 3, journal);
+    assert!(has_release(&heartbeat(sut, 0, now_ms + 4, &[])));
+    let node_0 = register_holding_nothing(sut, 0, now_ms + 5, journal);
+    vec![node_0.ranks, node_1.ranks]
+}
+
+#[test]
+fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() {
+    let mut journal = Vec::new();
+    let mut sut = launching_master(&mut journal);
+    let applied = sut.acquire(
+        v1::AcquireTasksRequest {
+            node_id: 0,
+            max_tasks: 1,
+        },
+        1,
+    );
+    let task = assigned(&applied.reply.commands)[0].clone();
+    journal.extend(applied.entries);
+    let applied = sut.heartbeat(
+        v1::HeartbeatRequest {
+            node_id: 0,
+            progress: vec![v1::TaskProgress {
+                task_id: task.task_id,
+                enqueued: 6,
+                consumed: 2,
+            }],
+            ..v1::HeartbeatRequest::default()
+        },
+        2,
+    );
+    journal.extend(applied.entries);
+    let checkpoint = sut.table().position();
+    let token = "unit-step3-0".to_owned();
+    // The trainers read on past the checkpoint before one of them is relaunched and restores it.
+    journal.extend(heartbeat_entries(&mut sut, 0, 3));
+    consume(&mut sut, 0, 3, &task, 8);
+    assert_eq!(rows_consumed(&sut), 8);
+
+    let restored = sut
+        .restore(token.clone(), checkpoint.clone(), 4)
+        .expect("restore");
+    assert_eq!(
+        restored.reply.effect,
+        v1::RestoreEffect::TrainersRestart as i32
+    );
+    assert_eq!(restored.entries.len(), 1, "the restore is journaled");
+    journal.extend(restored.entries);
+    assert_eq!(rows_consumed(&sut), 2, "back at the checkpoint");
+    let retiring: Vec<ExecutorId> = sut
+        .executors()
+        .expect("executors")
+        .retiring()
+        .cloned()
+        .collect();
+    assert_eq!(retiring, (0..4).map(trainer).collect::<Vec<_>>());
+    assert!(trainers_to_launch(&sut).is_empty());
+    assert!(
+        assigned(&acquire(&mut sut, 1, 5, 8)).is_empty(),
+        "no task is handed out while the trainers stop"
+    );
+    // A trainer still reading before its stop: its counts are of the rings given back.
+    let commands = heartbeat(&mut sut, 0, 5, &[(task.task_id, 10, 10)]);
+    assert!(!has_release(&commands), "trainers may still read the rings");
+    assert_eq!(
+        rows_consumed(&sut),
+        2,
+        "rows read after the reset do not count"
+    );
+    for rank in 0..4 {
+        journal.extend(sut.executor_exited(trainer(rank), Exit::Killed).entries);
+    }
+    assert_eq!(
+        sut.status(6).roles[0].failures,
+        0,
+        "stopped trainers did not fail"
+    );
+
+    let ranks = give_rings_back(&mut sut, 7, &mut journal);
+    assert_eq!(ranks, vec![vec![0, 1], vec![2, 3]], "the same ranks again");
+    assert!(!sut.scaling());
+    assert_eq!(
+        trainers_to_launch(&sut),
+        (0..4).map(trainer).collect::<Vec<_>>()
+    );
+
+    // Each relaunched trainer loads the same checkpoint: nothing changes.
+    for rank in 0..4 {
+        sut.executor_launched(trainer(rank));
+        let again = sut
+            .restore(token.clone(), checkpoint.clone(), 13)
+            .expect("the same checkpoint");
+        assert!(again.entries.is_empty(), "rank {rank}: nothing to journal");
+        assert_eq!(again.reply.effect, v1::RestoreEffect::AlreadyThere as i32);
+    }
+    assert_eq!(
+        sut.executors().expect("executors").retiring().count(),
+        0,
+        "no trainer is stopped again"
+    );
+    let error = sut
+        .restore("unit-step9-0".into(), checkpoint.clone(), 14)
+        .expect_err("another checkpoint");
+    let message = error.to_string();
+    assert!(
+        message.contains("unit-step3-0") && message.contains("unit-step9-0"),
+        "{message}"
+    );
+    let resumed = assigned(&acquire(&mut sut, 0, 15, 8));
+    let resumed = resumed
+        .iter()
+        .find(|assignment| assignment.task_id == task.task_id)
+        .expect("the task is handed out again");
+    assert_eq!(resumed.start, task.start + 2, "from the checkpoint's count");
+
+    let mut replayed = master();
+    replayed.launch_executors();
+    for entry in journal {
+        replayed.replay(entry).expect("replay");
+    }
+    assert!(!replayed.scaling());
+    assert_eq!(
+        trainers_to_launch(&replayed),
+        (0..4).map(trainer).collect::<Vec<_>>()
+    );
+    let again = replayed
+        .restore(token, checkpoint, 16)
+        .expect("the same checkpoint after a replay");
+    assert!(
+        again.entries.is_empty(),
+        "the replayed AM remembers the checkpoint it was restored to"
+    );
+
+    // Once a row is consumed, the same checkpoint restores again.
+    consume(&mut sut, 0, 16, resumed, 1);
+    let restored = sut
+        .restore("unit-step3-0".into(), sut.table().position(), 17)
+        .expect("restore again");
+    assert_eq!(restored.entries.len(), 1);
+    assert!(sut.scaling());
+}
+
+#[test]
+fn an_am_taking_a_job_over_mid_restore_carries_on_where_it_stood() {
+    let mut journal = Vec::new();
+    let mut sut = launching_master(&mut journal);
+    let checkpoint = sut.table().position();
+    let applied = sut.acquire(
+        v1::AcquireTasksRequest {
+            node_id: 1,
+            max_tasks: 2,
+        },
+        1,
+    );
+    journal.extend(applied.entries);
+    let restored = sut
+        .restore("unit-step0-0".into(), checkpoint.clone(), 2)
+        .expect("restore");
+    journal.extend(restored.entries);
+    for rank in 0..2 {
+        journal.extend(sut.executor_exited(trainer(rank), Exit::Killed).entries);
+    }
+    let snapshot = sut.snapshot();
+
+    let mut replayed = master();
+    replayed.launch_executors();
+    for entry in journal {
+        replayed.replay(entry).expect("replay");
+    }
+    let mut from_snapshot = master();
+    from_snapshot.launch_executors();
+    from_snapshot.restore_snapshot(snapshot).expect("snapshot");
+    for taken_over in [&mut replayed, &mut from_snapshot] {
+        assert!(taken_over.scaling());
+        assert_eq!(taken_over.table().in_flight_count(), 0, "the reset table");
+        let again = taken_over
+            .restore("unit-step0-0".into(), checkpoint.clone(), 3)
+            .expect("a relaunched trainer's call mid-restore");
+        assert!(again.entries.is_empty());
+        assert_eq!(
+            again.reply.effect,
+            v1::RestoreEffect::TrainersRestart as i32,
+            "the caller is being stopped"
+        );
+        let retiring: Vec<ExecutorId> = taken_over
+            .executors()
+            .expect("executors")
+            .retiring()
+            .cloned()
+            .collect();
+        assert_eq!(retiring, vec![trainer(2), trainer(3)]);
+        assert!(!has_release(&heartbeat(taken_over, 0, 4, &[])));
+        taken_over.executor_exited(trainer(2), Exit::Killed);
+        taken_over.executor_exited(trainer(3), Exit::Killed);
+        assert!(assigned(&acquire(taken_over, 1, 5, 4)).is_empty());
+        let ranks = give_rings_back(taken_over, 6, &mut Vec::new());
+        assert_eq!(ranks, vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(trainers_to_launch(taken_over).len(), 4);
+        assert_eq!(assigned(&acquire(taken_over, 1, 12, 2)).len(), 2);
+    }
 }

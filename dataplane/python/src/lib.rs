@@ -7,7 +7,7 @@
 //! the ring mapped, so a pyarrow buffer whose base is the record stays readable memory even after the
 //! record was released (its bytes may then hold a later record).
 //!
-//! It also commits data checkpoints to the AM over gRPC.
+//! It also commits and restores data checkpoints on the AM over gRPC.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -292,12 +292,17 @@ fn commit_data_checkpoint(
     .map_err(SluiceError::new_err)
 }
 
-async fn commit(
+/// The checkpoint service of the AM at `am`, reached within `timeout`.
+async fn connect(
     am: &str,
     token: Option<String>,
-    request: v1::CommitDataCheckpointRequest,
     timeout: Duration,
-) -> Result<String, String> {
+) -> Result<
+    CheckpointServiceClient<
+        tonic::service::interceptor::InterceptedService<tonic::transport::Channel, BearerToken>,
+    >,
+    String,
+> {
     let endpoint = if am.contains("://") {
         am.to_owned()
     } else {
@@ -311,7 +316,19 @@ async fn commit(
         .map_err(|error| {
             format!("cannot reach the AM at {am}: {error}; check SLUICE_AM and that the AM runs")
         })?;
-    let mut client = CheckpointServiceClient::with_interceptor(channel, BearerToken(token));
+    Ok(CheckpointServiceClient::with_interceptor(
+        channel,
+        BearerToken(token),
+    ))
+}
+
+async fn commit(
+    am: &str,
+    token: Option<String>,
+    request: v1::CommitDataCheckpointRequest,
+    timeout: Duration,
+) -> Result<String, String> {
+    let mut client = connect(am, token, timeout).await?;
     let started = Instant::now();
     let step = request.step;
     loop {
@@ -347,11 +364,65 @@ async fn commit(
     }
 }
 
+/// Asks the AM at `am` to restore the data checkpoint named `checkpoint`, within `timeout_s`;
+/// returns what the restore does: `"already_there"` (read on), `"trainers_restart"` (the AM
+/// stops this trainer and launches it again) or `"rings_replaced"` (read the ring once the daemon
+/// has created it anew).
+#[pyfunction]
+#[pyo3(signature = (am, token, checkpoint, timeout_s))]
+fn restore_data_checkpoint(
+    py: Python<'_>,
+    am: String,
+    token: Option<String>,
+    checkpoint: String,
+    timeout_s: f64,
+) -> PyResult<&'static str> {
+    let timeout = seconds(timeout_s, "timeout_s")?;
+    py.detach(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| format!("starting the gRPC runtime: {error}"))?;
+        runtime.block_on(restore(&am, token, checkpoint, timeout))
+    })
+    .map_err(SluiceError::new_err)
+}
+
+async fn restore(
+    am: &str,
+    token: Option<String>,
+    checkpoint: String,
+    timeout: Duration,
+) -> Result<&'static str, String> {
+    let mut client = connect(am, token, timeout).await?;
+    let reply = client
+        .restore_data_checkpoint(v1::RestoreDataCheckpointRequest {
+            token: checkpoint.clone(),
+        })
+        .await
+        .map_err(|status| {
+            format!(
+                "the AM at {am} refused to restore data checkpoint {checkpoint}: {}",
+                status.message()
+            )
+        })?
+        .into_inner();
+    match reply.effect() {
+        v1::RestoreEffect::AlreadyThere => Ok("already_there"),
+        v1::RestoreEffect::TrainersRestart => Ok("trainers_restart"),
+        v1::RestoreEffect::RingsReplaced => Ok("rings_replaced"),
+        v1::RestoreEffect::Unspecified => Err(format!(
+            "the AM at {am} restored data checkpoint {checkpoint} without saying what it does to the trainers; run an AM of this client's version"
+        )),
+    }
+}
+
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Reader>()?;
     module.add_class::<Record>()?;
     module.add_function(wrap_pyfunction!(commit_data_checkpoint, module)?)?;
+    module.add_function(wrap_pyfunction!(restore_data_checkpoint, module)?)?;
     module.add("SluiceError", module.py().get_type::<SluiceError>())?;
     Ok(())
 }

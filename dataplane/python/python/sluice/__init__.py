@@ -25,25 +25,31 @@ rows of a later batch; it never crashes the process.
 **Positions and checkpoints.** A rank's position in a task is the end of the last batch of the task
 that it released, counted over the released prefix of the ring: a batch held by a lease holds back
 the position of the batches after it too. ``state_dict()`` commits the position to the AM and returns
-a dict holding the checkpoint's token; to resume, start the job again from that token
-(``sluice am JOB --resume-from TOKEN`` or ``sluice run JOB --resume-from TOKEN``) and call
-``load_state_dict(state)`` on the new reader before reading.
+a dict holding the checkpoint's token. To resume, call ``load_state_dict(state)`` on a new reader
+before reading: a trainer the AM launched again after a crash does so, and the AM restarts every
+trainer of the job from that checkpoint (each one then loads it again, and reads on from there).
+A job started again from the token (``sluice run JOB --resume-from TOKEN``) stands at the checkpoint
+already, and its trainers read on at once.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import time
 from typing import Any, Dict, Iterator, Optional
 
 import pyarrow as pa
 
 from sluice._native import Reader as _RingReader
-from sluice._native import SluiceError, commit_data_checkpoint
+from sluice._native import SluiceError, commit_data_checkpoint, restore_data_checkpoint
 
 __all__ = ["Lease", "Reader", "SluiceError"]
 
 _STATE_VERSION = 1
+
+# How often a reader looks again for a ring file being replaced, or whether it was stopped.
+_POLL_S = 0.02
 
 
 def _env_int(name: str, explicit: Optional[int]) -> int:
@@ -118,7 +124,10 @@ class Reader:
         path = ring if ring is not None else os.environ.get("SLUICE_RING")
         if not path:
             raise SluiceError("no ring to read: pass Reader(ring=PATH) or set SLUICE_RING (the AM sets it for its trainers)")
+        self._wait_s = wait_s
+        self._peer_timeout_s = peer_timeout_s
         self._native = _RingReader(str(path), wait_s, peer_timeout_s)
+        self._ring_inode = os.stat(path).st_ino
         self._am = am if am is not None else os.environ.get("SLUICE_AM")
         self._auth_token = os.environ.get("SLUICE_TOKEN")
         self.rank = _env_int("SLUICE_RANK", rank)
@@ -208,6 +217,38 @@ class Reader:
         """Releases the current batch; leases stay valid until released."""
         self._release_current()
 
+    def _wait_to_be_stopped(self, token: str) -> None:
+        """Waits for the AM, which restarts every trainer from checkpoint ``token``, to stop this one."""
+        started = time.monotonic()
+        while time.monotonic() - started < self._checkpoint_timeout_s:
+            time.sleep(_POLL_S)
+        raise SluiceError(
+            f"load_state_dict: the AM restarts every trainer from checkpoint {token}, but did not stop this one within "
+            f"{self._checkpoint_timeout_s:.1f} s; check that the AM that launched this trainer runs (SLUICE_AM={self._am})"
+        )
+
+    def _reopen_replaced_ring(self, token: str) -> None:
+        """Opens the ring the daemon creates anew after giving the old one back to the AM.
+
+        The old ring stays mapped until then: its inode, unlinked but mapped, cannot be reused by the
+        new file, so a new inode number at the path is the new ring."""
+        path = self.path
+        started = time.monotonic()
+        while True:
+            try:
+                if os.stat(path).st_ino != self._ring_inode:
+                    break
+            except FileNotFoundError:
+                pass
+            if time.monotonic() - started >= self._wait_s:
+                raise SluiceError(
+                    f"load_state_dict: the AM took the rings back to restore checkpoint {token}, but no new ring replaced "
+                    f"{path} within {self._wait_s:.1f} s; check that the node daemon runs"
+                )
+            time.sleep(_POLL_S)
+        self._native = _RingReader(path, self._wait_s, self._peer_timeout_s)
+        self._ring_inode = os.stat(path).st_ino
+
     # -- positions and checkpoints ---------------------------------------------------------------
 
     def _advance_positions(self) -> None:
@@ -273,27 +314,40 @@ class Reader:
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Continues from a checkpoint that ``state_dict()`` returned.
+        """Continues from a checkpoint that ``state_dict()`` returned; must come before the first
+        batch is read.
 
-        The data of the checkpoint comes from the AM: the job must have been started from the
-        checkpoint's token (``sluice am JOB --resume-from TOKEN`` or ``sluice run JOB --resume-from
-        TOKEN``), so that the ring holds exactly the rows after it. This call restores the reader's
-        step, epoch and positions, and must come before the first batch is read. A reader that has
-        read already refuses: rolling a live job back is done by restarting it from the token.
+        With the AM's address, the data of the checkpoint comes from the AM, which restores the
+        checkpoint on the live job: it stops every trainer it launched, this one included, takes
+        every ring back and launches the trainers again. This call then waits to be stopped. Each
+        relaunched trainer loads the same checkpoint, which the AM then already stands at: the call
+        returns at once and the ring holds exactly the rows after the checkpoint. Ranks that load
+        different checkpoints are refused. Without the AM's address, the job must have been started
+        from the checkpoint's token (``sluice run JOB --resume-from TOKEN``).
+
+        The reader's step, epoch and positions become the checkpoint's. A reader that has read
+        already refuses: load the state in a new reader (a relaunched trainer), or restart the job
+        from the token.
         """
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "token" not in state:
             raise SluiceError(f"load_state_dict: not a sluice reader state (expected a dict of version {_STATE_VERSION} with a token, as state_dict() returns)")
         if self._batches or self._unreleased or self._finished:
             raise SluiceError(
                 f"load_state_dict: this reader has read batches already; to go back to checkpoint {state['token']}, "
-                f"restart the job with `sluice am JOB --resume-from {state['token']}` (or `sluice run JOB --resume-from ...`) "
-                "and call load_state_dict() on the new reader before reading"
+                "call load_state_dict() on a new reader before reading (as a relaunched trainer does), or restart the job "
+                f"with `sluice run JOB --resume-from {state['token']}`"
             )
         if state["world_size"] != self.world_size or state["rank"] != self.rank:
             raise SluiceError(
                 f"load_state_dict: the checkpoint is of rank {state['rank']} of {state['world_size']}, this reader is rank "
                 f"{self.rank} of {self.world_size}; load each rank's own state"
             )
+        if self._am:
+            effect = restore_data_checkpoint(self._am, self._auth_token, state["token"], self._checkpoint_timeout_s)
+            if effect == "trainers_restart":
+                self._wait_to_be_stopped(state["token"])
+            elif effect == "rings_replaced":
+                self._reopen_replaced_ring(state["token"])
         self._token = state["token"]
         self._step_offset = int(state["step"])
         self._epoch = int(state["epoch"])
