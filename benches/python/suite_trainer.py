@@ -18,12 +18,13 @@ SYSTEM is one of:
   ``--scratch``) before the clock starts, through a ``DataLoader`` with ``--workers`` workers;
 - ``ray_data``: ``ray.data.read_parquet(...).iter_batches()``.
 
-Every system runs the same loop: ask for the next batch, count its rows, then spin ``--work-us``
-microseconds (the trainer's simulated per-batch work; 0 in the throughput phase). It prints one JSON
-line: the rows and batches seen, the seconds from the start of the loop (opening the reader,
-creating the iterator) to the end of the data, the seconds spent waiting for batches after the first
-one, the seconds until the first batch, and the window's ends on CLOCK_MONOTONIC in nanoseconds, so
-that the driver can attribute the CPU time of the system's processes to the window.
+Every system runs the same loop, once its imports are done, which it announces with a ``ready``
+line: ask for the next batch, count its rows, then spin ``--work-us`` microseconds (the trainer's
+simulated per-batch work; 0 in the throughput phase). It prints one JSON line: the rows and batches
+seen, the seconds from the start of the loop (opening the reader, creating the iterator) to the end
+of the data, the seconds spent waiting for batches after the first one, the seconds until the first
+batch, and the window's ends on CLOCK_MONOTONIC in nanoseconds, so that the driver can attribute the
+CPU time of the system's processes to the window.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def spin(nanoseconds: int) -> None:
 
 def drive(batches: Callable[[], Iterable[Any]], rows_of: Callable[[Any], int], work_us: float) -> dict:
     work_ns = int(work_us * 1000)
+    # Everything is imported: the driver starts the node daemon of the Sluice systems on this line, so
+    # that all of the daemon's work falls within the window.
+    print("ready", flush=True)
     start = time.monotonic_ns()
     iterator = iter(batches())
     rows = 0
@@ -161,10 +165,9 @@ def parquet_rows_dataset(source: str):
 def pytorch_dataloader(args: argparse.Namespace) -> dict:
     import torch.utils.data
 
+    dataset = parquet_rows_dataset(args.source)
     return drive(
-        lambda: torch.utils.data.DataLoader(
-            parquet_rows_dataset(args.source), batch_size=args.batch_rows, num_workers=args.workers
-        ),
+        lambda: torch.utils.data.DataLoader(dataset, batch_size=args.batch_rows, num_workers=args.workers),
         lambda batch: len(batch["id"]),
         args.work_us,
     )

@@ -5,9 +5,14 @@
 //! `--source`). Every system delivers all of it, in batches of [`BATCH_ROWS`] rows, to a Python trainer
 //! loop (`benches/python/suite_trainer.py`):
 //!
-//! - `sluice`: `sluice run JOB` (the AM, one node daemon and the real ring) with the trainer reading
-//!   `sluice.Reader`; `sluice_torch`: the same job with the trainer iterating
-//!   `DataLoader(sluice.torch.Dataset(), batch_size=None)`;
+//! - `sluice`: the AM (`sluice am JOB`), one node daemon (`sluice daemon`) and the real ring, with the
+//!   trainer reading `sluice.Reader`; `sluice_torch`: the same with the trainer iterating
+//!   `DataLoader(sluice.torch.Dataset(), batch_size=None)`. The AM is serving before the trainer starts,
+//!   and the daemon is started once the trainer has imported its modules and started its clock, so all
+//!   of the daemon's work (its start, registering, acquiring tasks, fetch, decode, ring writes) falls in
+//!   the trainer's window, as the start of a DataLoader's workers falls in its own. (Under
+//!   `sluice run` the AM launches the daemon and the trainer together, and the daemon would fill the
+//!   ring while the trainer imports torch.)
 //! - `pytorch_dataloader`: a `DataLoader` over a Dataset that reads the Parquet row groups with
 //!   pyarrow, split among its workers, yields one dict per row and is batched by the default collate,
 //!   with 0, 1 and 2 workers; the best worker count is the system's figure;
@@ -24,8 +29,8 @@
 //! - GB/s: rows/s × the Arrow bytes per row of the data (the Arrow IPC size of its batches, measured
 //!   once by pyarrow), the same definition for every system;
 //! - CPU seconds per million rows: the CPU time, within the trainer's window, of every process of the
-//!   system (see [`process_tree`]): for Sluice the AM (`sluice run`), the launcher's two shims, the daemon
-//!   and the trainer; for a DataLoader its main process and its workers;
+//!   system (see [`process_tree`]): for Sluice the AM, the daemon and the trainer; for a DataLoader its
+//!   main process and its workers;
 //! - peak RSS: the sum over the same processes of each one's peak resident set (`VmHWM`), over its whole
 //!   life. Pages shared between processes count once per process that touched them: the ring's
 //!   shared memory in the daemon and in the trainer, the pages a DataLoader worker shares with the main
@@ -43,9 +48,11 @@ pub mod process_tree;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -54,7 +61,7 @@ use crate::error::{BenchError, Result};
 use crate::peer::PeerCommand;
 use crate::transport::Transport;
 use crate::{RingBenchOptions, TransportBench};
-use process_tree::{TreeProcess, TreeSamples};
+use process_tree::{TreeProcess, TreeSampler, TreeSamples};
 
 /// Rows per batch for every system, a common training batch.
 pub const BATCH_ROWS: usize = 4096;
@@ -756,6 +763,8 @@ impl Runner<'_> {
     }
 
     /// Runs `system` once and checks that its trainer received every row.
+    ///
+    /// The CPU time counted is that of the trainer's window; the peak RSS is each process's whole life.
     fn run(&self, system: System, work_us: f64, rows: u64) -> Result<TrainerRun> {
         let (command_line, line, samples) = if system.is_sluice() {
             self.run_sluice(system, work_us)?
@@ -795,55 +804,240 @@ impl Runner<'_> {
         })
     }
 
-    /// Runs a Sluice job whose one trainer runs `system`, and reads the trainer's line from its log.
+    /// Runs a Sluice job whose one trainer runs `system`: `sluice am`, then the trainer, then, once the
+    /// trainer has imported everything and started its clock, `sluice daemon`.
     fn run_sluice(
         &self,
         system: System,
         work_us: f64,
     ) -> Result<(String, TrainerLine, TreeSamples)> {
-        let spec = self.work.join("job.yaml");
-        let state = self.work.join("state");
-        let setup = |operation: String| {
-            move |source| BenchError::Setup {
-                operation: operation.clone(),
+        let directory = tempfile::Builder::new()
+            .prefix("job-")
+            .tempdir_in(self.work)
+            .map_err(|source| BenchError::Setup {
+                operation: format!("creating a job directory in {}", self.work.display()),
                 source,
-            }
-        };
-        let mut trainer = vec![self.options.python.to_string_lossy().into_owned()];
-        trainer.extend(self.trainer_arguments(system, work_us));
+            })?;
+        let spec = directory.path().join("job.yaml");
+        let rings = directory.path().join("rings");
+        let mut trainer_command = vec![self.options.python.to_string_lossy().into_owned()];
+        trainer_command.extend(self.trainer_arguments(system, work_us));
         std::fs::write(
             &spec,
-            job_spec(&self.source.sluice_uri, self.task_rows, &trainer),
+            job_spec(&self.source.sluice_uri, self.task_rows, &trainer_command),
         )
-        .map_err(setup(format!("writing {}", spec.display())))?;
-        if state.exists() {
-            std::fs::remove_dir_all(&state)
-                .map_err(setup(format!("clearing {}", state.display())))?;
-        }
-        let mut command = Command::new(&self.options.sluice);
-        command
-            .arg("run")
-            .arg(&spec)
-            .arg("--ring-dir")
-            .arg(self.work.join("rings"))
-            .arg("--state-dir")
-            .arg(&state);
-        let (run, samples) = run_sampled(&mut command, RUN_TIMEOUT)?;
-        let log = state.join("trainer-worker-0.log");
-        let text = std::fs::read_to_string(&log).map_err(setup(format!(
-            "reading the trainer's log {}",
-            log.display()
-        )))?;
-        let line = last_json_line(&text).map_err(|reason| BenchError::CommandOutput {
-            command: display(&command),
-            stdout: format!("{}\n--- {}\n{text}", run.stdout, log.display()),
-            reason: format!("the trainer's log: {reason}"),
+        .map_err(|source| BenchError::Setup {
+            operation: format!("writing {}", spec.display()),
+            source,
         })?;
-        Ok((display(&command), line, samples))
+
+        let mut am_command = Command::new(&self.options.sluice);
+        am_command
+            .arg("am")
+            .arg(&spec)
+            .args(["--listen", "127.0.0.1:0"])
+            .env_remove("SLUICE_TOKEN");
+        let mut am = Service::spawn(&mut am_command, directory.path().join("am.log"))?;
+        let sampler = TreeSampler::start(am.child.id());
+        let address = am
+            .wait_for_line(|line| line.contains(" serving on "), SERVICE_START_TIMEOUT)?
+            .trim()
+            .rsplit(' ')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+
+        let mut trainer = Command::new(&self.options.python);
+        trainer
+            .args(self.trainer_arguments(system, work_us))
+            .env("SLUICE_RING", rings.join(JOB_NAME).join("0.ring"))
+            .env("SLUICE_AM", &address)
+            .env("SLUICE_RANK", "0")
+            .env("SLUICE_WORLD_SIZE", "1")
+            .env_remove("SLUICE_TOKEN");
+        let shown = display(&trainer);
+        let mut trainer = Service::spawn(&mut trainer, directory.path().join("trainer.log"))?;
+        sampler.add_root(trainer.child.id());
+        trainer.wait_for_line(|line| line.trim() == "ready", SERVICE_START_TIMEOUT)?;
+
+        let mut daemon_command = Command::new(&self.options.sluice);
+        daemon_command
+            .arg("daemon")
+            .args(["--am", &address])
+            .arg("--ring-dir")
+            .arg(&rings)
+            .env_remove("SLUICE_TOKEN");
+        let mut daemon = Service::spawn(&mut daemon_command, directory.path().join("daemon.log"))?;
+        sampler.add_root(daemon.child.id());
+
+        let stdout = trainer.finish(RUN_TIMEOUT)?;
+        // The job is over once its one trainer is: the services get a moment to exit on their own.
+        daemon.stop(SERVICE_STOP_TIMEOUT);
+        am.stop(SERVICE_STOP_TIMEOUT);
+        let samples = sampler.finish();
+        let line = last_json_line(&stdout).map_err(|reason| BenchError::CommandOutput {
+            command: shown.clone(),
+            stdout: stdout.clone(),
+            reason,
+        })?;
+        Ok((shown, line, samples))
     }
 }
 
-/// Whether a process of the tree is the node daemon (`sluice daemon ...`, not the shim that runs it).
+/// How long `sluice am` may take to serve, and a trainer to import its modules.
+const SERVICE_START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the AM and the daemon may take to exit on their own after the job.
+const SERVICE_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The job's name, which names its directory of rings.
+const JOB_NAME: &str = "bench-suite";
+
+/// A process of a Sluice run: stdout read line by line, stderr to a log file, killed when dropped.
+struct Service {
+    child: Child,
+    shown: String,
+    log: PathBuf,
+    lines: Receiver<String>,
+    stdout: String,
+}
+
+impl Service {
+    fn spawn(command: &mut Command, log: PathBuf) -> Result<Service> {
+        let shown = display(command);
+        let stderr = std::fs::File::create(&log).map_err(|source| BenchError::Setup {
+            operation: format!("creating {}", log.display()),
+            source,
+        })?;
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|source| BenchError::ToolMissing {
+                program: command.get_program().to_string_lossy().into_owned(),
+                purpose: format!("`{shown}`"),
+                reason: source.to_string(),
+                fix: "install it or put it on PATH".to_owned(),
+            })?;
+        let (sender, lines) = mpsc::channel();
+        if let Some(stdout) = child.stdout.take() {
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if sender.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Ok(Service {
+            child,
+            shown,
+            log,
+            lines,
+            stdout: String::new(),
+        })
+    }
+
+    fn failure(&mut self, problem: &str) -> BenchError {
+        self.child.kill().ok();
+        self.child.wait().ok();
+        BenchError::CommandOutput {
+            command: self.shown.clone(),
+            stdout: self.stdout.clone(),
+            reason: format!(
+                "{problem}; its stderr: {}",
+                std::fs::read_to_string(&self.log)
+                    .unwrap_or_default()
+                    .trim()
+            ),
+        }
+    }
+
+    /// Reads lines until one matches, and returns it.
+    fn wait_for_line(
+        &mut self,
+        matches: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.stdout.push_str(&line);
+                    self.stdout.push('\n');
+                    if matches(&line) {
+                        return Ok(line);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(self.failure(&format!("no expected line within {timeout:?}")));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(self.failure("exited before printing the expected line"));
+                }
+            }
+        }
+    }
+
+    /// Waits for the process to exit successfully and returns everything it printed.
+    fn finish(mut self, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.stdout.push_str(&line);
+                    self.stdout.push('\n');
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(self.failure(&format!("did not finish within {timeout:?}")));
+                }
+            }
+        }
+        let status = self.child.wait().map_err(|source| BenchError::Setup {
+            operation: format!("waiting for `{}`", self.shown),
+            source,
+        })?;
+        if status.success() {
+            Ok(std::mem::take(&mut self.stdout))
+        } else {
+            Err(BenchError::CommandFailed {
+                command: self.shown.clone(),
+                status,
+                stderr: std::fs::read_to_string(&self.log)
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned(),
+            })
+        }
+    }
+
+    /// Gives the process `grace` to exit, then kills it.
+    fn stop(&mut self, grace: Duration) {
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.child.kill().ok();
+        }
+        self.child.wait().ok();
+    }
+}
+
+/// Whether a process of the tree is the node daemon: `sluice daemon ...`.
 fn is_sluice_daemon(process: &TreeProcess) -> bool {
     process
         .arguments
@@ -861,11 +1055,12 @@ fn last_json_line<T: for<'de> Deserialize<'de>>(text: &str) -> std::result::Resu
     serde_json::from_str(line).map_err(|error| format!("not the trainer script's JSON: {error}"))
 }
 
-/// The job spec of the Sluice systems: one daemon, one trainer running `trainer`, all the data.
+/// The job spec of the Sluice systems: one daemon, one trainer, all the data. `sluice am` launches no
+/// executor; the role's command records what the suite starts as the trainer.
 fn job_spec(uri: &str, task_rows: u64, trainer: &[String]) -> String {
     let command = serde_json::to_string(trainer).unwrap_or_default();
     format!(
-        r#"name: bench-suite
+        r#"name: {JOB_NAME}
 data:
   sources: [{{ uri: {uri}, format: parquet }}]
   batch_size: {BATCH_ROWS}
@@ -1091,7 +1286,7 @@ mod tests {
     }
 
     #[test]
-    fn the_daemon_is_told_from_its_shim_by_the_subcommand() {
+    fn the_daemon_is_told_from_the_am_and_the_trainer_by_the_subcommand() {
         let process = |arguments: &[&str]| TreeProcess {
             arguments: arguments.iter().map(|a| (*a).to_owned()).collect(),
             peak_rss_bytes: 0,
@@ -1104,9 +1299,12 @@ mod tests {
         ])));
         assert!(!is_sluice_daemon(&process(&[
             "/bin/sluice",
-            "shim",
-            "--",
-            "/bin/sluice",
+            "am",
+            "/tmp/daemon/job.yaml"
+        ])));
+        assert!(!is_sluice_daemon(&process(&[
+            "python3",
+            "suite_trainer.py",
             "daemon"
         ])));
     }

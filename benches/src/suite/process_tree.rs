@@ -2,7 +2,7 @@
 //!
 //! # Implementation
 //! A thread wakes every [`SAMPLE_INTERVAL`], lists /proc, and adds to the tree every process whose
-//! parent is in it (a process stays in the tree once seen, even when it is re-parented after its
+//! parent is in it (the tree may have several roots, added while it is sampled) (a process stays in the tree once seen, even when it is re-parented after its
 //! parent's exit). For each process of the tree it reads the CPU time of every thread
 //! (`/proc/PID/task/TID/schedstat`, nanoseconds on the CPU) and the peak resident set
 //! (`VmHWM` of `/proc/PID/status`). A thread's CPU time counts at its last sampled value once it is
@@ -11,8 +11,8 @@
 //! another process reports on the same clock can be read off afterwards by interpolation.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -107,10 +107,11 @@ fn interpolate(series: &[(u64, u64)], at_ns: u64) -> f64 {
     }
 }
 
-/// A thread sampling the tree under one process until it is stopped.
+/// A thread sampling the trees under some processes until it is stopped.
 #[derive(Debug)]
 pub struct TreeSampler {
     stop: Arc<AtomicBool>,
+    new_roots: Arc<Mutex<Vec<u32>>>,
     thread: Option<JoinHandle<TreeSamples>>,
 }
 
@@ -118,21 +119,34 @@ impl TreeSampler {
     /// Starts sampling the tree under `root`.
     pub fn start(root: u32) -> TreeSampler {
         let stop = Arc::new(AtomicBool::new(false));
+        let new_roots = Arc::new(Mutex::new(vec![root]));
         let stopped = Arc::clone(&stop);
+        let roots = Arc::clone(&new_roots);
         let thread = std::thread::spawn(move || {
-            let mut state = SamplerState::new(root);
+            let mut state = SamplerState::default();
             // Relaxed: the flag carries no data; the samples come back through the join.
             while !stopped.load(Ordering::Relaxed) {
+                state.add_roots(&roots);
                 state.sample();
                 std::thread::sleep(SAMPLE_INTERVAL);
             }
+            state.add_roots(&roots);
             state.sample();
             state.samples
         });
         TreeSampler {
             stop,
+            new_roots,
             thread: Some(thread),
         }
+    }
+
+    /// Samples the tree under `root` too, from the next sample on.
+    pub fn add_root(&self, root: u32) {
+        self.new_roots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(root);
     }
 
     /// Takes a last sample and returns everything sampled.
@@ -156,6 +170,7 @@ impl Drop for TreeSampler {
 }
 
 /// What the sampling thread keeps between samples.
+#[derive(Debug, Default)]
 struct SamplerState {
     /// Processes of the tree, with the start time that tells them from a later process of the same pid.
     members: BTreeMap<u32, u64>,
@@ -167,16 +182,21 @@ struct SamplerState {
 }
 
 impl SamplerState {
-    fn new(root: u32) -> SamplerState {
-        let mut members = BTreeMap::new();
-        if let Some(stat) = read_stat(root) {
-            members.insert(root, stat.start_ticks);
+    fn add_roots(&mut self, roots: &Mutex<Vec<u32>>) {
+        let roots: Vec<u32> = std::mem::take(
+            &mut *roots
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        if roots.is_empty() {
+            return;
         }
-        SamplerState {
-            members,
-            strangers: BTreeMap::new(),
-            threads: BTreeMap::new(),
-            samples: TreeSamples::default(),
+        // A process seen before its root was added is looked at again.
+        self.strangers.clear();
+        for root in roots {
+            if let Some(stat) = read_stat(root) {
+                self.members.insert(root, stat.start_ticks);
+            }
         }
     }
 
