@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::am::procfs::cpu_time;
 use crate::workload::monotonic_ns;
 
 /// How often the tree is sampled.
@@ -178,6 +179,8 @@ struct SamplerState {
     strangers: BTreeMap<u32, u64>,
     /// The last CPU time of each thread of each member.
     threads: BTreeMap<u32, BTreeMap<u32, u64>>,
+    /// The CPU time of each member so far.
+    cpu_ns: BTreeMap<u32, u64>,
     samples: TreeSamples,
 }
 
@@ -212,6 +215,13 @@ impl SamplerState {
                 let last = threads.entry(thread).or_default();
                 *last = (*last).max(cpu);
             }
+            // The threads' own figures are exact but miss a thread that lived between two samples
+            // (an io_uring worker, a blocking-pool thread); the process's `stat` counts every thread
+            // that ever ran, to the clock tick. The larger of the two is the closer.
+            let whole_process =
+                cpu_time(pid).map_or(0, |cpu| u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX));
+            let cpu = self.cpu_ns.entry(pid).or_default();
+            *cpu = (*cpu).max(threads.values().sum()).max(whole_process);
             let process = self
                 .samples
                 .processes
@@ -227,12 +237,10 @@ impl SamplerState {
                 process.peak_rss_bytes = process.peak_rss_bytes.max(peak);
             }
         }
-        let cpu_ns = self
-            .threads
-            .iter()
-            .map(|(pid, threads)| (*pid, threads.values().sum()))
-            .collect();
-        self.samples.samples.push(Sample { at_ns, cpu_ns });
+        self.samples.samples.push(Sample {
+            at_ns,
+            cpu_ns: self.cpu_ns.clone(),
+        });
     }
 
     /// Adds to the members every process whose parent is a member, until no more are found.
