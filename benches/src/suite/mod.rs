@@ -74,6 +74,9 @@ const TRAINER_SCRIPT: &str = include_str!("../../python/suite_trainer.py");
 /// The trainer script's file name in the run's work directory.
 const TRAINER_FILE: &str = "suite_trainer.py";
 
+/// The file written beside generated data once the generator succeeded.
+const SUCCESS_MARKER: &str = "_SUCCESS";
+
 /// The generated data of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SuiteData {
@@ -115,7 +118,7 @@ impl SuiteData {
     /// with the `_SUCCESS` marker written after the generator succeeded).
     fn ensure(&self, sluice: &Path, cache_dir: &Path) -> Result<PathBuf> {
         let directory = self.directory_in(cache_dir);
-        let marker = directory.join("_SUCCESS");
+        let marker = directory.join(SUCCESS_MARKER);
         if marker.exists() {
             return Ok(directory);
         }
@@ -377,11 +380,14 @@ pub fn run_suite_bench(
     let source = match &options.source {
         Some(source) => DataSource::given(source)?,
         None => {
-            progress(&format!(
-                "generating {} rows in {}",
-                data.rows,
-                data.directory_in(&options.cache_dir).display()
-            ));
+            let directory = data.directory_in(&options.cache_dir);
+            if !directory.join(SUCCESS_MARKER).exists() {
+                progress(&format!(
+                    "generating {} rows in {}",
+                    data.rows,
+                    directory.display()
+                ));
+            }
             DataSource::local(&data.ensure(&options.sluice, &options.cache_dir)?)
         }
     };
