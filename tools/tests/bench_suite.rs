@@ -91,6 +91,13 @@ fn suite_quick_measures_every_system_on_the_same_rows_and_draws_the_chart() {
         );
         assert_eq!(system["rows"], rows, "{name} saw another row count");
     }
+    // The DataLoader turns every row into a dict and collates it back, in or for the trainer's loop:
+    // the trainer waits for each batch, so a stall of 0 would be a broken measurement.
+    positive(
+        &systems["pytorch_dataloader"],
+        "pytorch_dataloader",
+        "stall_percent",
+    );
     let workers = systems["pytorch_dataloader"]["num_workers"]
         .as_u64()
         .expect("the best DataLoader's worker count");
