@@ -40,7 +40,9 @@
 //!   over the time from its first batch to its end. The wait for the first batch (the start of the
 //!   system) is left out of both and shown apart.
 //!
-//! Rounds rotate the order of the systems; the figures are the medians over the rounds.
+//! Rounds rotate the order of the systems; the figures are the medians over the rounds. The ring and
+//! memcpy have no processes or trainer of their own: their CPU, stall and RSS are `None` (`null` in
+//! the JSON, `-` in the table).
 
 pub mod chart;
 pub mod process_tree;
