@@ -234,7 +234,7 @@ fn memcpy_on(cpu: Option<usize>, passes: usize) -> Result<f64> {
 }
 
 /// Where runs put their files: /dev/shm when it exists, as the ring's home, else the temp dir.
-fn scratch_root() -> PathBuf {
+pub(crate) fn scratch_root() -> PathBuf {
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
         shm.to_path_buf()

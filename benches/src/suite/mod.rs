@@ -827,7 +827,16 @@ impl Runner<'_> {
                 source,
             })?;
         let spec = directory.path().join("job.yaml");
-        let rings = directory.path().join("rings");
+        // The ring lives where the daemon puts it by default, in /dev/shm (the temp dir may be a disk).
+        let ring_root = crate::scratch_root();
+        let ring_directory = tempfile::Builder::new()
+            .prefix("sluice-bench-suite-")
+            .tempdir_in(&ring_root)
+            .map_err(|source| BenchError::Setup {
+                operation: format!("creating a ring directory in {}", ring_root.display()),
+                source,
+            })?;
+        let rings = ring_directory.path();
         let mut trainer_command = vec![self.options.python.to_string_lossy().into_owned()];
         trainer_command.extend(self.trainer_arguments(system, work_us));
         std::fs::write(
@@ -873,7 +882,7 @@ impl Runner<'_> {
             .arg("daemon")
             .args(["--am", &address])
             .arg("--ring-dir")
-            .arg(&rings)
+            .arg(rings)
             .env_remove("SLUICE_TOKEN");
         let mut daemon = Service::spawn(&mut daemon_command, directory.path().join("daemon.log"))?;
         sampler.add_root(daemon.child.id());
