@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::error::{BenchError, Result};
+use crate::suite::process_tree::{TreeSampler, TreeSamples};
 
 /// What a finished run printed, and how long it took from spawn to exit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +50,27 @@ pub fn display(command: &Command) -> String {
 /// Returns [`BenchError::ToolMissing`] when the program cannot be started, [`BenchError::CommandFailed`]
 /// when it exits with a failure, and [`BenchError::CommandTimeout`] when it outlasts `timeout`.
 pub fn run_timed(command: &mut Command, timeout: Duration) -> Result<TimedRun> {
+    run_watched(command, timeout, |_| (), |()| ()).map(|(run, ())| run)
+}
+
+/// Runs `command` like [`run_timed`] while a [`TreeSampler`] samples the CPU time and memory of the
+/// process and of every process under it.
+///
+/// # Errors
+///
+/// As [`run_timed`].
+pub fn run_sampled(command: &mut Command, timeout: Duration) -> Result<(TimedRun, TreeSamples)> {
+    run_watched(command, timeout, TreeSampler::start, TreeSampler::finish)
+}
+
+/// Runs `command` to completion with a watcher started on its pid right after the spawn and finished
+/// right after its exit.
+fn run_watched<W, T>(
+    command: &mut Command,
+    timeout: Duration,
+    start: impl FnOnce(u32) -> W,
+    finish: impl FnOnce(W) -> T,
+) -> Result<(TimedRun, T)> {
     let shown = display(command);
     command
         .stdin(Stdio::null())
@@ -61,6 +83,7 @@ pub fn run_timed(command: &mut Command, timeout: Duration) -> Result<TimedRun> {
         reason: source.to_string(),
         fix: "install it or put it on PATH".to_owned(),
     })?;
+    let watcher = start(child.id());
     let stdout = child.stdout.take().map(drain);
     let stderr = child.stderr.take().map(drain);
     let collect = |reader: Option<JoinHandle<String>>| {
@@ -89,6 +112,7 @@ pub fn run_timed(command: &mut Command, timeout: Duration) -> Result<TimedRun> {
         thread::sleep(Duration::from_millis(1));
     };
     let elapsed = started.elapsed();
+    let watched = finish(watcher);
     let stdout = collect(stdout);
     if !status.success() {
         return Err(BenchError::CommandFailed {
@@ -97,7 +121,7 @@ pub fn run_timed(command: &mut Command, timeout: Duration) -> Result<TimedRun> {
             stderr: collect(stderr).trim().to_owned(),
         });
     }
-    Ok(TimedRun { elapsed, stdout })
+    Ok((TimedRun { elapsed, stdout }, watched))
 }
 
 fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {

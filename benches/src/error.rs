@@ -237,6 +237,12 @@ pub enum BenchError {
         /// What is wrong with it and what to give instead.
         reason: String,
     },
+    /// The chart of `sluice bench suite --png` could not be drawn.
+    #[error("chart: {reason}")]
+    Chart {
+        /// What went wrong, and the fix.
+        reason: String,
+    },
     /// The AM benchmark could not set up or drive the AM.
     #[error("bench am: {operation}: {reason}")]
     AmSetup {

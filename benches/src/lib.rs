@@ -38,6 +38,7 @@ pub mod peer;
 pub mod pipeline;
 pub mod plan;
 pub mod report;
+pub mod suite;
 pub mod training_data;
 pub mod transport;
 pub mod workload;
@@ -95,40 +96,12 @@ pub fn run_ring_bench(
     options: &RingBenchOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<RingBenchReport> {
-    let placement = Placement::detect().map_err(|source| BenchError::Io {
-        transport: Transport::SluiceRing,
-        operation: "reading the cpus this process may use".to_owned(),
-        source,
-    })?;
-    let memcpy_gbps = memcpy_on(placement.consumer, if options.quick { 2 } else { 5 })?;
-    progress(&format!("memcpy: {memcpy_gbps:.2} GB/s"));
-
-    let scratch_root = scratch_root();
-    let mut runs = 0u64;
+    let mut sut = TransportBench::new(options)?;
+    progress(&format!("memcpy: {:.2} GB/s", sut.memcpy_gbps));
     let mut sizes = Vec::with_capacity(options.sizes.len());
     for &size in &options.sizes {
         let mut measure = |transport: Transport| -> Result<Figures> {
-            let measurement = calibrated(options.target(), size, |count| {
-                runs += 1;
-                let scratch = tempfile::Builder::new()
-                    .prefix("sluice-bench-")
-                    .tempdir_in(&scratch_root)
-                    .map_err(|source| BenchError::Io {
-                        transport,
-                        operation: format!(
-                            "creating a scratch directory in {}",
-                            scratch_root.display()
-                        ),
-                        source,
-                    })?;
-                let context = RunContext {
-                    placement,
-                    peer: &options.peer,
-                    scratch: scratch.path(),
-                    run_name: format!("{}-{runs}", std::process::id()),
-                };
-                transport::run(transport, size, count, &context)
-            })?;
+            let measurement = sut.measure(transport, size)?;
             progress(&format!(
                 "{size} B {transport}: {:.0} records/s, {:.3} GB/s ({} records in {:?})",
                 measurement.msgs_per_s(),
@@ -148,15 +121,99 @@ pub fn run_ring_bench(
             bytes: size,
             msgs_per_s: ring.msgs_per_s,
             gbps: ring.gbps,
-            ratio_to_memcpy: ring.gbps / memcpy_gbps,
+            ratio_to_memcpy: ring.gbps / sut.memcpy_gbps,
             baselines,
         });
     }
     Ok(RingBenchReport {
-        memcpy_gbps,
+        memcpy_gbps: sut.memcpy_gbps,
         sizes,
-        placement,
+        placement: sut.placement,
     })
+}
+
+/// Calibrated runs of one transport at one record size, on the cores `sluice bench ring` uses, with the
+/// memcpy bandwidth of the consumer's core beside them.
+#[derive(Debug)]
+pub struct TransportBench<'a> {
+    options: &'a RingBenchOptions,
+    placement: Placement,
+    scratch_root: PathBuf,
+    runs: u64,
+    /// Single-thread memcpy bandwidth on the consumer's core, GB/s, measured when the bench was set up.
+    pub memcpy_gbps: f64,
+}
+
+impl<'a> TransportBench<'a> {
+    /// Finds the cores to run on and measures memcpy there.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the allowed cpus cannot be read or the memcpy thread cannot be pinned.
+    pub fn new(options: &'a RingBenchOptions) -> Result<TransportBench<'a>> {
+        let placement = Placement::detect().map_err(|source| BenchError::Io {
+            transport: Transport::SluiceRing,
+            operation: "reading the cpus this process may use".to_owned(),
+            source,
+        })?;
+        let mut bench = TransportBench {
+            options,
+            placement,
+            scratch_root: scratch_root(),
+            runs: 0,
+            memcpy_gbps: 0.0,
+        };
+        bench.memcpy_gbps = bench.measure_memcpy()?;
+        Ok(bench)
+    }
+
+    /// Measures the single-thread memcpy bandwidth of the consumer's core again, in GB/s.
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the memcpy thread cannot be pinned.
+    pub fn measure_memcpy(&self) -> Result<f64> {
+        memcpy_on(
+            self.placement.consumer,
+            if self.options.quick { 2 } else { 5 },
+        )
+    }
+
+    /// Moves `size`-byte records over `transport` for about the options' target time.
+    ///
+    /// # Errors
+    ///
+    /// Returns the transport's error, or an error when its scratch directory cannot be created.
+    pub fn measure(&mut self, transport: Transport, size: usize) -> Result<Measurement> {
+        let TransportBench {
+            options,
+            placement,
+            scratch_root,
+            runs,
+            ..
+        } = self;
+        calibrated(options.target(), size, |count| {
+            *runs += 1;
+            let scratch = tempfile::Builder::new()
+                .prefix("sluice-bench-")
+                .tempdir_in(&*scratch_root)
+                .map_err(|source| BenchError::Io {
+                    transport,
+                    operation: format!(
+                        "creating a scratch directory in {}",
+                        scratch_root.display()
+                    ),
+                    source,
+                })?;
+            let context = RunContext {
+                placement: *placement,
+                peer: &options.peer,
+                scratch: scratch.path(),
+                run_name: format!("{}-{runs}", std::process::id()),
+            };
+            transport::run(transport, size, count, &context)
+        })
+    }
 }
 
 /// Measures memcpy bandwidth on a thread pinned to `cpu`, where the consumers run.
@@ -178,7 +235,7 @@ fn memcpy_on(cpu: Option<usize>, passes: usize) -> Result<f64> {
 }
 
 /// Where runs put their files: /dev/shm when it exists, as the ring's home, else the temp dir.
-fn scratch_root() -> PathBuf {
+pub(crate) fn scratch_root() -> PathBuf {
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
         shm.to_path_buf()

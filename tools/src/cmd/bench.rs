@@ -20,6 +20,8 @@ use sluice_bench::local_io::{
 };
 use sluice_bench::pipeline::run_pipeline_bench;
 use sluice_bench::plan::{PlanBenchOptions, run_plan_bench};
+use sluice_bench::suite::chart::draw_rows_per_s;
+use sluice_bench::suite::{SuiteOptions, run_suite_bench};
 use sluice_bench::training_data::PyarrowComparison;
 use sluice_bench::workload::parse_sizes;
 use sluice_bench::{PeerArgs, PeerCommand, RingBenchOptions, Transport, peer_main, run_ring_bench};
@@ -42,6 +44,9 @@ enum BenchCommand {
     Decode(VsPyarrowArgs),
     /// Rows/s delivered to one trainer by AM + daemon + ring, against a pyarrow scan in process.
     Pipeline(VsPyarrowArgs),
+    /// Sluice (Reader and torch Dataset) against a PyTorch DataLoader, pyarrow, the ring and memcpy, on the
+    /// same data: rows/s, GB/s, CPU per row, trainer stall and peak RSS.
+    Suite(SuiteArgs),
     /// Local byte-range reads through io_uring against pread, cold and warm.
     LocalIo(LocalIoArgs),
     /// A job whose daemons and AM are killed with `kill -9` at random moments: every id exactly once.
@@ -194,6 +199,34 @@ struct VsPyarrowArgs {
 }
 
 #[derive(Debug, Args)]
+struct SuiteArgs {
+    /// 120,000 rows instead of 2 million, and one round.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds of each phase; the order of the systems rotates from one to the next.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Write the report as one JSON object to this file.
+    #[arg(long, value_name = "OUT")]
+    json: Option<PathBuf>,
+    /// Draw rows/s per system as a bar chart to this PNG file.
+    #[arg(long, value_name = "OUT")]
+    png: Option<PathBuf>,
+    /// Read this dataset (a Parquet file or directory, or a URI) instead of generated data.
+    #[arg(long, value_name = "URI")]
+    source: Option<String>,
+    /// The trainer's work per batch in the stall phase, in µs [default: the daemon's CPU per batch].
+    #[arg(long, value_name = "US")]
+    work_us: Option<f64>,
+    /// Where the generated data is written once and then reused [default: ~/.cache/sluice/bench].
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// The Python interpreter with pyarrow, torch and the sluice package.
+    #[arg(long, default_value = "python3")]
+    python: OsString,
+}
+
+#[derive(Debug, Args)]
 struct RingArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
@@ -233,6 +266,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         })?),
         BenchCommand::Decode(decode) => run_decode(decode),
         BenchCommand::Pipeline(pipeline) => run_pipeline(pipeline),
+        BenchCommand::Suite(suite) => run_suite(suite),
         BenchCommand::LocalIo(local_io) => run_local_io(local_io),
         BenchCommand::Chaos(chaos) => run_chaos(chaos),
         BenchCommand::Plan(plan) => run_plan(plan),
@@ -361,6 +395,31 @@ fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         report.seed,
         report.seed
     );
+    Ok(())
+}
+
+fn run_suite(args: SuiteArgs) -> anyhow::Result<()> {
+    let options = SuiteOptions {
+        sluice: std::env::current_exe()
+            .context("locating the sluice executable, which runs the Sluice jobs")?,
+        python: args.python,
+        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        quick: args.quick,
+        rounds: args.rounds,
+        source: args.source,
+        work_us: args.work_us,
+        peer: PeerCommand::current_exe()
+            .context("locating the sluice executable, which runs the ring's producer process")?,
+    };
+    let report = run_suite_bench(&options, &mut |line| eprintln!("{line}"))?;
+    print!("{}", report.render_table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, report.to_json()?)
+            .with_context(|| format!("writing the report to {}", path.display()))?;
+    }
+    if let Some(path) = &args.png {
+        draw_rows_per_s(path, &report.chart_title(), &report.chart_bars())?;
+    }
     Ok(())
 }
 
