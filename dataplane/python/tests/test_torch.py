@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -38,3 +39,20 @@ def test_load_state_dict_before_the_first_item_restores_the_step(make_job):
     dataset = Dataset(str(job.ring), am=job.am_address, rank=0, world_size=1)
     dataset.load_state_dict(state)
     assert dataset.reader.step == state["step"]
+
+
+def test_float_nulls_become_nan_and_integer_nulls_name_the_fill_null_transform():
+    from sluice.torch import to_tensors
+
+    batch = pa.RecordBatch.from_pydict(
+        {"x": pa.array([1.5, None, -2.0], pa.float32()), "n": pa.array([1, 2, 3], pa.int64())}
+    )
+    item = to_tensors(batch)
+    assert item["x"].dtype == torch.float32
+    assert item["x"][0].item() == 1.5 and item["x"][2].item() == -2.0
+    assert torch.isnan(item["x"][1]).item()
+    assert item["n"].tolist() == [1, 2, 3]
+
+    with_null = pa.RecordBatch.from_pydict({"n": pa.array([1, None], pa.int64())})
+    with pytest.raises(sluice.SluiceError, match=r"column 'n' \(int64\) has 1 nulls.*fill_null: \{column: n, value: 0\}"):
+        to_tensors(with_null)

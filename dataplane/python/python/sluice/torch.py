@@ -4,7 +4,8 @@ Importing this module needs torch; importing ``sluice`` does not.
 
 Each item is one batch: a dict from column name to a tensor. An integer or floating-point column
 without nulls becomes a tensor over the ring's memory through DLPack, with no
-copy; a primitive column with nulls becomes a copied tensor, floats with NaN for the nulls; any other
+copy; a floating-point column with nulls becomes a tensor over one copy with NaN for the nulls; an
+integer column with nulls is an error (fill them with the job's ``fill_null`` transform); any other
 column (strings, lists) stays a ``pyarrow.Array``. As with :class:`sluice.Reader`, an item's batch is
 released when the next item is asked for: its zero-copy tensors may then show the ring's later bytes,
 so ``clone()`` what must outlive the step. (Releasing only once the tensors are garbage would stall at
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator, Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch.utils.data import IterableDataset
 
@@ -35,8 +37,15 @@ def to_tensors(batch: pa.RecordBatch) -> Dict[str, Any]:
         if pa.types.is_integer(kind) or pa.types.is_floating(kind):
             if column.null_count == 0:
                 item[name] = torch.from_dlpack(column)
+            elif pa.types.is_floating(kind):
+                # One vectorised copy with NaN for the nulls, then the copy's memory through DLPack.
+                item[name] = torch.from_dlpack(pc.fill_null(column, float("nan")))
             else:
-                item[name] = torch.tensor(column.to_pylist() if pa.types.is_integer(kind) else column.fill_null(float("nan")).to_pylist())
+                raise SluiceError(
+                    f"column {name!r} ({kind}) has {column.null_count} nulls in this batch, and an integer tensor has no "
+                    f"null: fill them in the job spec (data.transforms: [{{fill_null: {{column: {name}, value: 0}}}}]) "
+                    "or read the batches with sluice.Reader"
+                )
         else:
             item[name] = column
     return item
