@@ -125,20 +125,7 @@ fn run_job(root: &Path, spec: &Path, job: &str, expected: &[i64]) {
             .arg(root.join("state")),
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let logs: String = std::fs::read_dir(root.join("state"))
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .map(|entry| {
-                    format!(
-                        "--- {}\n{}",
-                        entry.path().display(),
-                        std::fs::read_to_string(entry.path()).unwrap_or_default()
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let logs = sluice_bench::chaos::logs(&root.join("state"));
     assert!(
         output.status.success(),
         "{job}: sluice run failed:\n{stdout}\n{}\n{logs}",

@@ -79,20 +79,7 @@ fn start_run(spec: &Path, root: &Path, arguments: &[&str]) -> (Child, String) {
 
 /// Every log the executors left in the state directory.
 fn logs(root: &Path) -> String {
-    std::fs::read_dir(root.join("state"))
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .map(|entry| {
-                    format!(
-                        "--- {}\n{}",
-                        entry.path().display(),
-                        std::fs::read_to_string(entry.path()).unwrap_or_default()
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    sluice_bench::chaos::logs(&root.join("state"))
 }
 
 fn finish(mut run: Child, root: &Path) -> bool {

@@ -82,21 +82,7 @@ impl Submitted {
 
     /// Every log the AM and the executors left.
     fn logs(&self) -> String {
-        std::fs::read_dir(self.state_dir())
-            .map(|entries| {
-                entries
-                    .filter_map(Result::ok)
-                    .filter(|entry| entry.path().extension().is_some_and(|ext| ext == "log"))
-                    .map(|entry| {
-                        format!(
-                            "--- {}\n{}",
-                            entry.path().display(),
-                            std::fs::read_to_string(entry.path()).unwrap_or_default()
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        sluice_bench::chaos::logs(&self.state_dir())
     }
 
     /// Polls `sluice status --json` until `done` holds of it; panics past the watchdog.
