@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::sluice;
+use sluice_bench::chaos::read_ids;
 
 const ROWS: i64 = 40_000;
 
@@ -29,14 +30,6 @@ fn run_with_deadline(command: &mut Command) -> std::process::Output {
             panic!("sluice run did not finish within 120 s: killed (deadlock watchdog)");
         }
     }
-}
-
-fn read_ids(path: &Path) -> Vec<i64> {
-    std::fs::read(path)
-        .unwrap_or_default()
-        .chunks_exact(8)
-        .map(|chunk| i64::from_le_bytes(chunk.try_into().expect("8 bytes")))
-        .collect()
 }
 
 #[test]

@@ -9,6 +9,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::sluice;
+use sluice_bench::chaos::read_ids;
 use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_client::CheckpointServiceClient;
 
@@ -42,14 +43,6 @@ checkpoint: {{ uri: "file://{root}/journal" }}
             root = root.display(),
         ),
     )
-}
-
-fn read_ids(path: &Path) -> Vec<i64> {
-    std::fs::read(path)
-        .unwrap_or_default()
-        .chunks_exact(8)
-        .map(|chunk| i64::from_le_bytes(chunk.try_into().expect("8 bytes")))
-        .collect()
 }
 
 /// Starts `sluice run SPEC ARGS` and returns it with the AM's address.

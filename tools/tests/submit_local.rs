@@ -13,6 +13,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::sluice;
+use sluice_bench::chaos::read_ids;
 
 /// The whole of a test's job must end within this (deadlock watchdog).
 const WATCHDOG: Duration = Duration::from_secs(240);
@@ -134,14 +135,6 @@ impl Drop for Submitted {
         // The job's rings live in the shared ring directory under its own name.
         let _ = std::fs::remove_dir_all(Path::new("/dev/shm/sluice").join(&self.name));
     }
-}
-
-fn read_ids(path: &Path) -> Vec<i64> {
-    std::fs::read(path)
-        .unwrap_or_default()
-        .chunks_exact(8)
-        .map(|chunk| i64::from_le_bytes(chunk.try_into().expect("8 bytes")))
-        .collect()
 }
 
 fn ids_delivered(root: &Path) -> usize {
