@@ -50,7 +50,13 @@ fn register(sut: &mut Master, node: u64, now_ms: u64) -> Applied<v1::RegisterRep
     .expect("registration accepted")
 }
 
-fn acquire(sut: &mut Master, node: u64, now_ms: u64, max_tasks: u32) -> Vec<v1::Command> {
+/// `node` asks for up to `max_tasks` tasks, as the master applied it.
+fn acquire_applied(
+    sut: &mut Master,
+    node: u64,
+    now_ms: u64,
+    max_tasks: u32,
+) -> Applied<v1::AcquireTasksReply> {
     sut.acquire(
         v1::AcquireTasksRequest {
             node_id: node,
@@ -58,16 +64,19 @@ fn acquire(sut: &mut Master, node: u64, now_ms: u64, max_tasks: u32) -> Vec<v1::
         },
         now_ms,
     )
-    .reply
-    .commands
 }
 
-fn heartbeat(
+fn acquire(sut: &mut Master, node: u64, now_ms: u64, max_tasks: u32) -> Vec<v1::Command> {
+    acquire_applied(sut, node, now_ms, max_tasks).reply.commands
+}
+
+/// A heartbeat of `node` reporting `(task, enqueued, consumed)` counts, as the master applied it.
+fn heartbeat_applied(
     sut: &mut Master,
     node: u64,
     now_ms: u64,
     progress: &[(u64, u64, u64)],
-) -> Vec<v1::Command> {
+) -> Applied<v1::HeartbeatReply> {
     sut.heartbeat(
         v1::HeartbeatRequest {
             node_id: node,
@@ -83,8 +92,17 @@ fn heartbeat(
         },
         now_ms,
     )
-    .reply
-    .commands
+}
+
+fn heartbeat(
+    sut: &mut Master,
+    node: u64,
+    now_ms: u64,
+    progress: &[(u64, u64, u64)],
+) -> Vec<v1::Command> {
+    heartbeat_applied(sut, node, now_ms, progress)
+        .reply
+        .commands
 }
 
 fn assigned(commands: &[v1::Command]) -> Vec<v1::TaskAssignment> {
@@ -234,25 +252,13 @@ fn an_am_taking_the_job_over_asks_again_for_a_stop_not_yet_acknowledged() {
         entries.extend(register(&mut old_am, node, 0).entries);
     }
     loop {
-        let applied = old_am.acquire(
-            v1::AcquireTasksRequest {
-                node_id: 0,
-                max_tasks: 1,
-            },
-            1,
-        );
+        let applied = acquire_applied(&mut old_am, 0, 1, 1);
         entries.extend(applied.entries);
         if assigned(&applied.reply.commands).is_empty() {
             break;
         }
     }
-    let idle = old_am.acquire(
-        v1::AcquireTasksRequest {
-            node_id: 1,
-            max_tasks: 1,
-        },
-        2,
-    );
+    let idle = acquire_applied(&mut old_am, 1, 2, 1);
     entries.extend(idle.entries);
     let stops = |commands: &[v1::Command]| -> Vec<v1::StopTask> {
         commands
@@ -294,27 +300,10 @@ fn replaying_the_journal_rebuilds_the_same_table() {
     let mut journal = Vec::new();
     journal.extend(register(&mut sut, 0, 0).entries);
     journal.extend(register(&mut sut, 1, 0).entries);
-    let applied = sut.acquire(
-        v1::AcquireTasksRequest {
-            node_id: 0,
-            max_tasks: 2,
-        },
-        1,
-    );
+    let applied = acquire_applied(&mut sut, 0, 1, 2);
     let tasks = assigned(&applied.reply.commands);
     journal.extend(applied.entries);
-    let applied = sut.heartbeat(
-        v1::HeartbeatRequest {
-            node_id: 0,
-            progress: vec![v1::TaskProgress {
-                task_id: tasks[0].task_id,
-                enqueued: 6,
-                consumed: 4,
-            }],
-            ..v1::HeartbeatRequest::default()
-        },
-        2,
-    );
+    let applied = heartbeat_applied(&mut sut, 0, 2, &[(tasks[0].task_id, 6, 4)]);
     journal.extend(applied.entries);
     // Node 1 falls silent and is declared lost.
     journal.extend(heartbeat_entries(&mut sut, 0, 1500));
@@ -397,14 +386,7 @@ fn a_snapshot_and_the_entries_after_it_rebuild_the_same_state() {
 }
 
 fn heartbeat_entries(sut: &mut Master, node: u64, now_ms: u64) -> Vec<Entry> {
-    sut.heartbeat(
-        v1::HeartbeatRequest {
-            node_id: node,
-            ..v1::HeartbeatRequest::default()
-        },
-        now_ms,
-    )
-    .entries
+    heartbeat_applied(sut, node, now_ms, &[]).entries
 }
 
 #[test]
@@ -663,28 +645,11 @@ fn a_scale_is_refused_with_a_reason_for_bad_requests_and_finishing_jobs() {
 fn a_scale_stops_the_trainers_takes_the_rings_back_and_relaunches_over_the_new_ranks() {
     let mut journal = Vec::new();
     let mut sut = launching_master(&mut journal);
-    let applied = sut.acquire(
-        v1::AcquireTasksRequest {
-            node_id: 0,
-            max_tasks: 1,
-        },
-        1,
-    );
+    let applied = acquire_applied(&mut sut, 0, 1, 1);
     let task = assigned(&applied.reply.commands)[0].clone();
     journal.extend(applied.entries);
     journal.extend(heartbeat_entries(&mut sut, 0, 2));
-    let applied = sut.heartbeat(
-        v1::HeartbeatRequest {
-            node_id: 0,
-            progress: vec![v1::TaskProgress {
-                task_id: task.task_id,
-                enqueued: 6,
-                consumed: 2,
-            }],
-            ..v1::HeartbeatRequest::default()
-        },
-        3,
-    );
+    let applied = heartbeat_applied(&mut sut, 0, 3, &[(task.task_id, 6, 2)]);
     journal.extend(applied.entries);
     sut.commit_checkpoint(v1::CommitDataCheckpointRequest {
         step: 7,
@@ -732,18 +697,7 @@ fn a_scale_stops_the_trainers_takes_the_rings_back_and_relaunches_over_the_new_r
     );
 
     // Node 0 reports its final count, 3 rows of the task, and gives everything back.
-    let applied = sut.heartbeat(
-        v1::HeartbeatRequest {
-            node_id: 0,
-            progress: vec![v1::TaskProgress {
-                task_id: task.task_id,
-                enqueued: 6,
-                consumed: 3,
-            }],
-            ..v1::HeartbeatRequest::default()
-        },
-        6,
-    );
+    let applied = heartbeat_applied(&mut sut, 0, 6, &[(task.task_id, 6, 3)]);
     assert!(has_release(&applied.reply.commands), "{applied:?}");
     journal.extend(applied.entries);
     let reply = register_holding_nothing(&mut sut, 0, 7, &mut journal);
@@ -948,13 +902,7 @@ fn added_splits_are_assigned_with_their_files_and_replay_from_the_journal() {
     );
     assert!(matches!(added.entries[..], [Entry::SplitsAdded { .. }]));
     journal.extend(added.entries);
-    let applied = sut.acquire(
-        v1::AcquireTasksRequest {
-            node_id: 0,
-            max_tasks: 100,
-        },
-        2,
-    );
+    let applied = acquire_applied(&mut sut, 0, 2, 100);
     journal.extend(applied.entries);
     let rest = assigned(&applied.reply.commands);
     let uris: BTreeSet<String> = first
@@ -1046,27 +994,10 @@ fn give_rings_back(sut: &mut Master, now_ms: u64, journal: &mut Vec<Entry>) -> V
 fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() {
     let mut journal = Vec::new();
     let mut sut = launching_master(&mut journal);
-    let applied = sut.acquire(
-        v1::AcquireTasksRequest {
-            node_id: 0,
-            max_tasks: 1,
-        },
-        1,
-    );
+    let applied = acquire_applied(&mut sut, 0, 1, 1);
     let task = assigned(&applied.reply.commands)[0].clone();
     journal.extend(applied.entries);
-    let applied = sut.heartbeat(
-        v1::HeartbeatRequest {
-            node_id: 0,
-            progress: vec![v1::TaskProgress {
-                task_id: task.task_id,
-                enqueued: 6,
-                consumed: 2,
-            }],
-            ..v1::HeartbeatRequest::default()
-        },
-        2,
-    );
+    let applied = heartbeat_applied(&mut sut, 0, 2, &[(task.task_id, 6, 2)]);
     journal.extend(applied.entries);
     let checkpoint = sut.table().position();
     let token = "unit-step3-0".to_owned();
@@ -1183,13 +1114,7 @@ fn an_am_taking_a_job_over_mid_restore_carries_on_where_it_stood() {
     let mut journal = Vec::new();
     let mut sut = launching_master(&mut journal);
     let checkpoint = sut.table().position();
-    let applied = sut.acquire(
-        v1::AcquireTasksRequest {
-            node_id: 1,
-            max_tasks: 2,
-        },
-        1,
-    );
+    let applied = acquire_applied(&mut sut, 1, 1, 2);
     journal.extend(applied.entries);
     let restored = sut
         .restore("unit-step0-0".into(), checkpoint.clone(), 2)
