@@ -24,14 +24,14 @@ async fn generate_parquet(directory: &Path, rows: u64, files: u64, seed: u64) ->
     generate(&options, &|_| {}).await.expect("generate").files
 }
 
-/// The ids of every row of a split list, read from `dataset`.
-async fn ids_of(dataset: &Dataset, splits: &[sluice_formats::Split]) -> Vec<i64> {
+/// The int64 column `name` of every row of a split list, read from `dataset`.
+async fn int64_column(dataset: &Dataset, splits: &[sluice_formats::Split], name: &str) -> Vec<i64> {
     use futures::TryStreamExt;
     let options = ReadOptions {
-        columns: Some(vec!["id".to_owned()]),
+        columns: Some(vec![name.to_owned()]),
         ..ReadOptions::default()
     };
-    let mut ids = Vec::new();
+    let mut values = Vec::new();
     for split in splits {
         let batches: Vec<arrow::array::RecordBatch> = dataset
             .read_split(split, &options)
@@ -42,14 +42,13 @@ async fn ids_of(dataset: &Dataset, splits: &[sluice_formats::Split]) -> Vec<i64>
             .expect("read split");
         for batch in batches {
             let column = batch
-                .column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .expect("int64 ids");
-            ids.extend((0..column.len()).map(|row| column.value(row)));
+                .column_by_name(name)
+                .and_then(|column| column.as_any().downcast_ref::<Int64Array>())
+                .expect("an int64 column");
+            values.extend((0..column.len()).map(|row| column.value(row)));
         }
     }
-    ids
+    values
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,7 +100,7 @@ async fn new_parquet_files_are_found_by_path_and_planned_alone() {
             .collect::<Vec<_>>(),
         vec![(0, 14), (14, 11)]
     );
-    let mut ids = ids_of(&sut, &splits).await;
+    let mut ids = int64_column(&sut, &splits, "id").await;
     ids.sort_unstable();
     assert_eq!(ids, (0..25).collect::<Vec<i64>>());
 }
@@ -238,7 +237,7 @@ async fn delta_appends_are_followed_optimize_is_skipped_and_a_delete_is_an_error
     )
     .await
     .expect("open at 0");
-    let read = ids_of_values(&at_zero, &splits).await;
+    let read = int64_column(&at_zero, &splits, "value").await;
     assert_eq!(read, (0..10).collect::<Vec<i64>>());
 
     // Version 2 compacts: rows move between files, none change.
@@ -290,29 +289,6 @@ async fn delta_appends_are_followed_optimize_is_skipped_and_a_delete_is_an_error
             .collect::<Vec<_>>(),
         vec![1, 2]
     );
-}
-
-/// The `value` column of the small shared table, read split by split.
-async fn ids_of_values(dataset: &Dataset, splits: &[sluice_formats::Split]) -> Vec<i64> {
-    use futures::TryStreamExt;
-    let mut values = Vec::new();
-    for split in splits {
-        let batches: Vec<arrow::array::RecordBatch> = dataset
-            .read_split(split, &ReadOptions::default())
-            .await
-            .expect("open split")
-            .try_collect()
-            .await
-            .expect("read split");
-        for batch in batches {
-            let column = batch
-                .column_by_name("value")
-                .and_then(|column| column.as_any().downcast_ref::<Int64Array>())
-                .expect("int64 values");
-            values.extend((0..column.len()).map(|row| column.value(row)));
-        }
-    }
-    values
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
