@@ -38,6 +38,19 @@ pub struct ExecutorRecord {
     pub exit_code: Option<i32>,
 }
 
+impl ExecutorRecord {
+    /// A record of an executor never launched.
+    fn pending() -> ExecutorRecord {
+        ExecutorRecord {
+            state: ExecutorState::Pending,
+            failures: 0,
+            launches: 0,
+            restarts: 0,
+            exit_code: None,
+        }
+    }
+}
+
 /// How an executor ended, as the launcher saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Exit {
@@ -59,7 +72,6 @@ pub enum LaunchAction {
 pub struct Executors {
     records: BTreeMap<ExecutorId, ExecutorRecord>,
     /// Trainers of a rank set a scale replaced that still run, until they are seen ended.
-    #[serde(default)]
     retiring: BTreeMap<ExecutorId, ExecutorRecord>,
     restart: RestartPolicyName,
     max_failures: u32,
@@ -82,18 +94,7 @@ impl Executors {
         Executors {
             records: executors
                 .into_iter()
-                .map(|id| {
-                    (
-                        id,
-                        ExecutorRecord {
-                            state: ExecutorState::Pending,
-                            failures: 0,
-                            launches: 0,
-                            restarts: 0,
-                            exit_code: None,
-                        },
-                    )
-                })
+                .map(|id| (id, ExecutorRecord::pending()))
                 .collect(),
             retiring: BTreeMap::new(),
             restart: match failover.restart {
@@ -148,16 +149,7 @@ impl Executors {
             }
         }
         for id in trainers {
-            self.records.insert(
-                id,
-                ExecutorRecord {
-                    state: ExecutorState::Pending,
-                    failures: 0,
-                    launches: 0,
-                    restarts: 0,
-                    exit_code: None,
-                },
-            );
+            self.records.insert(id, ExecutorRecord::pending());
         }
     }
 
