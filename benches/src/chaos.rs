@@ -182,7 +182,7 @@ pub fn run_chaos_bench(options: &ChaosOptions) -> Result<ChaosReport> {
             .map_or(0, |since| since.as_nanos() as u64)
     });
     let started = Instant::now();
-    let mut run = job.start()?;
+    let mut run = job.start(0)?;
     let kills = match job.kill_on_schedule(options, seed, started, &mut run) {
         Ok(kills) => kills,
         Err(error) => {
@@ -256,8 +256,6 @@ struct Job {
     spec: PathBuf,
     listen: String,
     rows: u64,
-    /// `sluice run`s started so far.
-    starts: std::cell::Cell<u32>,
 }
 
 impl Job {
@@ -328,7 +326,6 @@ checkpoint: {{ uri: "file://{journal}" }}
             spec,
             listen,
             rows: options.rows,
-            starts: std::cell::Cell::new(0),
         })
     }
 
@@ -353,10 +350,10 @@ checkpoint: {{ uri: "file://{journal}" }}
             .sum()
     }
 
-    /// Starts `sluice run` of the job: the first time, or again after its AM was killed.
-    fn start(&self) -> Result<Run> {
-        let log_path = self.am_logs().join(format!("am-{}.log", self.starts.get()));
-        self.starts.set(self.starts.get() + 1);
+    /// Starts `sluice run` of the job, the `index`th time (0 the first; its stderr goes to
+    /// `am-logs/am-<index>.log`).
+    fn start(&self, index: usize) -> Result<Run> {
+        let log_path = self.am_logs().join(format!("am-{index}.log"));
         let log = std::fs::File::create(&log_path)
             .map_err(setup(format!("creating {}", log_path.display())))?;
         let mut command = Command::new(&self.sluice);
@@ -440,7 +437,8 @@ checkpoint: {{ uri: "file://{journal}" }}
             if victim == "am" {
                 let _ = run.child.kill();
                 let _ = run.child.wait();
-                *run = self.start()?;
+                let restarts = kills.iter().filter(|kill| kill.what == "am").count();
+                *run = self.start(restarts + 1)?;
                 kills.push(Kill {
                     what: "am",
                     after_ids: last_seen,
