@@ -15,10 +15,14 @@ fn capacity(size: usize) -> u64 {
     QUEUE_BYTES.max(4 * (size.next_multiple_of(64) + 64)) as u64
 }
 
-fn ring_error<E: Into<TransportSource>>(operation: String) -> impl FnOnce(E) -> BenchError {
+/// Maps an error of `operation` to a [`BenchError`]; `operation` runs only on the error path, so the
+/// per-record calls format nothing.
+fn ring_error<E: Into<TransportSource>, S: Into<String>>(
+    operation: impl FnOnce() -> S,
+) -> impl FnOnce(E) -> BenchError {
     move |source| BenchError::Transport {
         transport: TRANSPORT,
-        operation,
+        operation: operation().into(),
         source: source.into(),
     }
 }
@@ -36,17 +40,14 @@ pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<M
         let ring = RingOptions::new(&path)
             .capacity(capacity(size))
             .create()
-            .map_err(ring_error(format!("creating {}", path.display())))?;
+            .map_err(ring_error(|| format!("creating {}", path.display())))?;
         let mut consumer = ring
             .consumer()
-            .map_err(ring_error("attaching the consumer".to_owned()))?;
+            .map_err(ring_error(|| "attaching the consumer"))?;
         consumer.set_peer_timeout(STALL_TIMEOUT);
         consumer_context.ready();
         let mut checker = Checker::new(TRANSPORT, size);
-        while let Some(record) = consumer
-            .next()
-            .map_err(ring_error("reading a record".to_owned()))?
-        {
+        while let Some(record) = consumer.next().map_err(ring_error(|| "reading a record"))? {
             checker.check(record.payload())?;
         }
         let end_ns = monotonic_ns();
@@ -57,10 +58,10 @@ pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<M
 }
 
 pub(super) fn produce(args: &PeerArgs) -> Result<()> {
-    let ring = Ring::open(&args.path).map_err(ring_error(format!("opening {}", args.path)))?;
+    let ring = Ring::open(&args.path).map_err(ring_error(|| format!("opening {}", args.path)))?;
     let mut producer = ring
         .producer()
-        .map_err(ring_error("attaching the producer".to_owned()))?;
+        .map_err(ring_error(|| "attaching the producer"))?;
     producer.set_peer_timeout(STALL_TIMEOUT);
     let source = Source::new(args.size);
     let meta = RecordMeta {
@@ -73,7 +74,7 @@ pub(super) fn produce(args: &PeerArgs) -> Result<()> {
     for sequence in 0..args.count {
         let mut slot = producer
             .reserve(args.size)
-            .map_err(ring_error(format!("reserving record {sequence}")))?;
+            .map_err(ring_error(|| format!("reserving record {sequence}")))?;
         source.fill(slot.payload_mut(), sequence);
         slot.commit(meta);
     }

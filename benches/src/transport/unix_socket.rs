@@ -17,11 +17,14 @@ use crate::workload::{Checker, Source, monotonic_ns};
 const TRANSPORT: Transport = Transport::UnixSocket;
 const BUFFER_BYTES: usize = 64 << 10;
 
-fn io_error(operation: impl Into<String>) -> impl FnOnce(io::Error) -> BenchError {
-    let operation = operation.into();
+/// Maps an error of `operation` to a [`BenchError`]; `operation` runs only on the error path, so the
+/// per-record calls format nothing.
+fn io_error<S: Into<String>>(
+    operation: impl FnOnce() -> S,
+) -> impl FnOnce(io::Error) -> BenchError {
     move |source| BenchError::Io {
         transport: TRANSPORT,
-        operation,
+        operation: operation().into(),
         source,
     }
 }
@@ -36,36 +39,36 @@ pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<M
         cpu: context.placement.producer,
     };
     let consume = move |consumer_context: &mut ConsumerContext| {
-        let listener =
-            UnixListener::bind(&path).map_err(io_error(format!("binding {}", path.display())))?;
+        let listener = UnixListener::bind(&path)
+            .map_err(io_error(|| format!("binding {}", path.display())))?;
         listener
             .set_nonblocking(true)
-            .map_err(io_error("making the listener non-blocking"))?;
+            .map_err(io_error(|| "making the listener non-blocking"))?;
         consumer_context.ready();
         let stream = loop {
             match listener.accept() {
                 Ok((stream, _)) => break stream,
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                     if consumer_context.aborted() {
-                        return Err(io_error("waiting for the producer to connect")(error));
+                        return Err(io_error(|| "waiting for the producer to connect")(error));
                     }
                     thread::sleep(Duration::from_micros(50));
                 }
-                Err(error) => return Err(io_error("accepting the producer")(error)),
+                Err(error) => return Err(io_error(|| "accepting the producer")(error)),
             }
         };
         stream
             .set_nonblocking(false)
             .and_then(|()| stream.set_read_timeout(Some(STALL_TIMEOUT)))
-            .map_err(io_error("configuring the accepted socket"))?;
+            .map_err(io_error(|| "configuring the accepted socket"))?;
         let mut reader = BufReader::with_capacity(BUFFER_BYTES, stream);
         let mut checker = Checker::new(TRANSPORT, size);
         let mut record = vec![0u8; size];
         for sequence in 0..count {
             let mut prefix = [0u8; 8];
-            reader
-                .read_exact(&mut prefix)
-                .map_err(io_error(format!("reading the length of record {sequence}")))?;
+            reader.read_exact(&mut prefix).map_err(io_error(|| {
+                format!("reading the length of record {sequence}")
+            }))?;
             let len = u64::from_le_bytes(prefix);
             if len != size as u64 {
                 return Err(BenchError::Corrupt {
@@ -77,7 +80,7 @@ pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<M
             }
             reader
                 .read_exact(&mut record)
-                .map_err(io_error(format!("reading record {sequence}")))?;
+                .map_err(io_error(|| format!("reading record {sequence}")))?;
             checker.check(&record)?;
         }
         let end_ns = monotonic_ns();
@@ -89,7 +92,7 @@ pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<M
 
 pub(super) fn produce(args: &PeerArgs) -> Result<()> {
     let stream = UnixStream::connect(&args.path)
-        .map_err(io_error(format!("connecting to {}", args.path)))?;
+        .map_err(io_error(|| format!("connecting to {}", args.path)))?;
     let mut writer = BufWriter::with_capacity(BUFFER_BYTES, stream);
     let source = Source::new(args.size);
     let prefix = (args.size as u64).to_le_bytes();
@@ -99,10 +102,10 @@ pub(super) fn produce(args: &PeerArgs) -> Result<()> {
             .write_all(&prefix)
             .and_then(|()| writer.write_all(&sequence.to_le_bytes()))
             .and_then(|()| writer.write_all(&source.bytes()[8..]))
-            .map_err(io_error(format!("writing record {sequence}")))?;
+            .map_err(io_error(|| format!("writing record {sequence}")))?;
     }
     writer
         .flush()
-        .map_err(io_error("flushing the last records"))?;
+        .map_err(io_error(|| "flushing the last records"))?;
     peer::report_start(TRANSPORT, start_ns)
 }
