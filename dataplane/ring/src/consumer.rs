@@ -40,16 +40,15 @@ pub struct Consumer {
     /// While leases are outstanding, the book that holds the released prefix and publishes the read
     /// cursor; `published_read` is stale meanwhile.
     book: Option<Arc<LeaseBook>>,
+    /// The record at the read position, while a [`Record`] borrows this consumer; it is kept here, not
+    /// in the `Record`, so that handing a record out moves one pointer.
+    current: ValidRecord,
 }
 
-/// One record, borrowed in place from the ring.
+/// One record, borrowed in place from the ring: it starts at the consumer's read position.
 #[derive(Debug)]
 pub struct Record<'consumer> {
     consumer: &'consumer mut Consumer,
-    position: u64,
-    /// Where the record starts in the data region.
-    offset: u64,
-    valid: ValidRecord,
 }
 
 enum Wait {
@@ -88,6 +87,7 @@ impl Consumer {
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             empty_wait: Duration::ZERO,
             book: None,
+            current: ValidRecord::PADDING,
         })
     }
 
@@ -169,14 +169,8 @@ impl Consumer {
 
     #[inline]
     fn record(&mut self, valid: ValidRecord) -> Record<'_> {
-        let position = self.read_position;
-        let offset = self.read_offset;
-        Record {
-            consumer: self,
-            position,
-            offset,
-            valid,
-        }
+        self.current = valid;
+        Record { consumer: self }
     }
 
     #[cold]
@@ -421,15 +415,16 @@ impl Record<'_> {
     /// The payload, borrowed in place, 64-byte aligned.
     #[inline]
     pub fn payload(&self) -> &[u8] {
-        let offset = self.offset + RECORD_HEADER_LEN;
-        debug_assert!(offset + self.valid.payload_len <= self.consumer.shared.capacity());
+        let offset = self.consumer.read_offset + RECORD_HEADER_LEN;
+        let valid = self.consumer.current;
+        debug_assert!(offset + valid.payload_len <= self.consumer.shared.capacity());
         // SAFETY: `validate` checked that the whole record lies inside the data region and below the
         // write cursor; the producer does not write it again until the read cursor passes it, which
         // happens only when this record is dropped.
         unsafe {
             std::slice::from_raw_parts(
                 self.consumer.shared.data().add(offset as usize),
-                self.valid.payload_len as usize,
+                valid.payload_len as usize,
             )
         }
     }
@@ -437,7 +432,8 @@ impl Record<'_> {
     /// What the producer said about the payload.
     #[inline]
     pub fn meta(&self) -> RecordMeta {
-        self.valid
+        self.consumer
+            .current
             .meta
             .expect("padding records are never handed out")
     }
@@ -446,12 +442,12 @@ impl Record<'_> {
     /// across producer restarts.
     #[inline]
     pub fn sequence(&self) -> u64 {
-        self.valid.sequence
+        self.consumer.current.sequence
     }
 
     /// The byte position of the record in the ring's stream.
     pub fn position(&self) -> u64 {
-        self.position
+        self.consumer.read_position
     }
 
     /// Releases the record's bytes to the producer; the same as dropping it.
@@ -461,8 +457,7 @@ impl Record<'_> {
     /// order with the records read after it.
     pub fn lease(self) -> Lease {
         let record = std::mem::ManuallyDrop::new(self);
-        debug_assert_eq!(record.position, record.consumer.read_position);
-        let valid = record.valid;
+        let valid = record.consumer.current;
         // SAFETY: `record` is never dropped, so this moves the `&mut Consumer` out of it exactly once;
         // the record's release is replaced by the lease's.
         let consumer = unsafe { std::ptr::read(&record.consumer) };
@@ -473,7 +468,7 @@ impl Record<'_> {
 impl Drop for Record<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.consumer
-            .release(self.valid.size, self.valid.next_sequence());
+        let valid = self.consumer.current;
+        self.consumer.release(valid.size, valid.next_sequence());
     }
 }

@@ -262,6 +262,14 @@ pub(crate) struct ValidRecord {
 }
 
 impl ValidRecord {
+    /// An empty padding record: what a consumer holds before it hands out its first record.
+    pub(crate) const PADDING: ValidRecord = ValidRecord {
+        sequence: 0,
+        meta: None,
+        payload_len: 0,
+        size: 0,
+    };
+
     /// The sequence number of the record after this one. Padding takes no number of its own: it carries
     /// the number of the record that follows it, so user records are numbered without gaps.
     #[inline]

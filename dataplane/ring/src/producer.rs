@@ -178,7 +178,9 @@ impl Producer {
     /// sleeps until the consumer releases records. It fails only when the record can never fit, when a
     /// record to fold does not parse, or when no live consumer has been attached for longer than the
     /// peer timeout.
-    #[inline]
+    // Always inlined, like `Slot::commit`: a slot returned through memory costs a failed store
+    // forwarding per record, which waits for the previous record's stores to reach the cache.
+    #[inline(always)]
     pub fn reserve(&mut self, len: usize) -> Result<Slot<'_>, ReserveError> {
         let capacity = self.shared.capacity();
         match record_size(len as u64) {
@@ -320,18 +322,29 @@ impl Producer {
 
     /// Folds the records in `[retain, read)`, `read` being a read cursor the consumer published.
     fn fold_to(&mut self, read: u64) -> Result<(), FoldError> {
-        debug_assert!(self.retain <= read && read <= self.published_write);
         if read == self.retain {
             return Ok(());
         }
-        let mut position = self.retain;
-        while position < read {
-            let valid = self.record_at(position, read)?;
-            if let (Some(meta), Some(hook)) = (valid.meta, self.fold_hook.0.as_mut()) {
-                hook(meta);
-            }
-            position += valid.size;
-        }
+        // The read cursor comes from the other process: it must lie on a boundary between the records
+        // kept and the ones published.
+        check_retained(
+            self.published_write,
+            read,
+            self.retain,
+            self.shared.capacity(),
+        )
+        .map_err(|fault| FoldError::Corrupt {
+            path: self.shared.path().to_path_buf(),
+            position: self.retain,
+            reason: fault.to_string(),
+        })?;
+        // Without a hook there is nothing to see, and the consumer releases whole records: the retain
+        // cursor moves to the read cursor without reading the records in between.
+        let position = if self.fold_hook.0.is_some() {
+            self.fold_records(read)?
+        } else {
+            read
+        };
         // Release pairs with the Acquire load of the retain cursor in `recover_position`: a producer
         // that takes over sees every effect the hook had for the records below it.
         self.shared
@@ -340,6 +353,20 @@ impl Producer {
             .store(position, Ordering::Release);
         self.retain = position;
         Ok(())
+    }
+
+    /// Hands the meta of every record in `[retain, read)` to the fold hook; returns the end of the last
+    /// one.
+    fn fold_records(&mut self, read: u64) -> Result<u64, FoldError> {
+        let mut position = self.retain;
+        while position < read {
+            let valid = self.record_at(position, read)?;
+            if let (Some(meta), Some(hook)) = (valid.meta, self.fold_hook.0.as_mut()) {
+                hook(meta);
+            }
+            position += valid.size;
+        }
+        Ok(position)
     }
 
     /// Reads and checks the header of the record at `position`, which lies below `end`, a cursor
@@ -438,13 +465,15 @@ impl Producer {
         debug_assert!(offset.is_multiple_of(64) && offset + RECORD_HEADER_LEN <= capacity);
         // SAFETY: `offset + 64 <= capacity`, so the header lies inside the data region, at a 64-byte
         // aligned offset of a 64-byte aligned region. The bytes lie in `[write, retain + capacity)`,
-        // which the consumer does not read until the write cursor is published past them.
+        // which the consumer does not read until the write cursor is published past them. A plain
+        // write: the fields go from registers to the ring, where a volatile write of the struct copies
+        // it through the stack.
         unsafe {
             self.shared
                 .data()
                 .add(offset as usize)
                 .cast::<RecordHeader>()
-                .write_volatile(header);
+                .write(header);
         }
     }
 
@@ -524,7 +553,8 @@ impl Slot<'_> {
 
     /// Commits the record and returns its sequence number. The consumer sees it once it is published:
     /// see [`Producer`] for when that happens.
-    #[inline]
+    // Always inlined: see `Producer::reserve`.
+    #[inline(always)]
     pub fn commit(self, meta: RecordMeta) -> u64 {
         let producer = self.producer;
         let sequence = producer.next_sequence;

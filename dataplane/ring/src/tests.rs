@@ -836,10 +836,45 @@ fn a_corrupt_retained_record_is_an_error_naming_its_position() {
     let mut bytes = std::fs::read(&path).expect("read");
     bytes[HEADER_LEN + 192 + 32] ^= 0xFF;
     std::fs::write(&path, &bytes).expect("write");
+    let folded = folded_into(&mut producer);
     let error = producer.fold().expect_err("the second record is corrupt");
     assert!(
         matches!(error, FoldError::Corrupt { position: 192, .. }),
         "{error}"
     );
     assert!(error.to_string().contains("checksum"), "{error}");
+    assert_eq!(rows_of(&folded.lock().expect("lock")), vec![0]);
+}
+
+#[test]
+fn without_a_hook_folding_moves_the_retain_cursor_to_the_read_cursor() {
+    let sut = Ring::in_memory(8192).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    for row in 0..3 {
+        write(&mut producer, &[7; 100], batch(0, row, 1));
+    }
+    producer.flush();
+    drop(consumer.next().expect("next").expect("record"));
+    drop(consumer.next().expect("next").expect("record"));
+    drop(consumer);
+    assert_eq!(producer.fold().expect("fold"), 2 * 192);
+    assert_eq!(producer.retained_position(), 2 * 192);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
+fn a_read_cursor_off_a_record_boundary_is_an_error_when_folding() {
+    let (_directory, path, sut) = file_ring(8192);
+    let mut producer = sut.producer().expect("producer");
+    write(&mut producer, &[1; 100], batch(0, 0, 1));
+    producer.flush();
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[640..648].copy_from_slice(&100u64.to_le_bytes());
+    std::fs::write(&path, &bytes).expect("write");
+    let error = producer
+        .fold()
+        .expect_err("a read cursor of 100 is not a boundary");
+    assert!(matches!(error, FoldError::Corrupt { .. }), "{error}");
+    assert!(error.to_string().contains("read 100"), "{error}");
 }
