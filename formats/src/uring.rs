@@ -17,6 +17,9 @@
 //! the rest on the same thread. A thread drains its in-flight reads before it exits, which it does when the
 //! last [`LocalReader`] handle is dropped.
 //!
+//! A read's buffer comes from a small pool of the buffers of finished reads (see [`BufferPool`]), so that
+//! a long read fills pages already mapped instead of faulting in fresh ones.
+//!
 //! Registered buffers (`IORING_OP_READ_FIXED`) are not used: a read's bytes go to the Parquet decoder as
 //! they are and live until it has decoded the row group, so a fixed set of registered buffers would either
 //! be copied out of, or be held by the decoder for as long.
@@ -28,9 +31,9 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt};
@@ -72,7 +75,7 @@ struct ReadRequest {
     length: usize,
     /// Empty, with room for `length` bytes: the read fills its spare capacity, so no byte is zeroed first.
     buffer: Vec<u8>,
-    reply: tokio::sync::oneshot::Sender<std::io::Result<Bytes>>,
+    reply: tokio::sync::oneshot::Sender<std::io::Result<Vec<u8>>>,
 }
 
 /// The ring threads of a [`LocalReader`]: one per core this process may use.
@@ -88,6 +91,97 @@ struct Rings {
 pub struct LocalReader {
     backend: LocalBackend,
     rings: Option<Arc<Rings>>,
+    buffers: Arc<BufferPool>,
+}
+
+/// Buffers this long or longer are pooled; shorter ones come from the allocator's heap, which reuses
+/// freed memory by itself.
+const POOLED_MIN_BYTES: usize = 1 << 20;
+/// At most this many bytes of buffers wait in the pool.
+const POOL_MAX_BYTES: usize = 256 << 20;
+
+/// The buffers of finished reads, kept for the next ones.
+///
+/// A buffer larger than the allocator's mmap threshold (32 MiB with glibc, whatever `mallopt` says) is a
+/// fresh mapping for every read, and each of its pages faults when the kernel first copies into it: on a
+/// training-like file, whose column chunks run to tens of megabytes, most of a read's system time. A
+/// buffer handed out again has its pages mapped already.
+#[derive(Debug, Default)]
+struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl BufferPool {
+    /// An empty buffer with room for `length` bytes: the smallest pooled one that has the room, else the
+    /// largest grown to it (growing keeps its mapped pages), else a new one.
+    fn take(&self, length: usize) -> Vec<u8> {
+        if length >= POOLED_MIN_BYTES {
+            let mut free = self
+                .free
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let fitting = (0..free.len())
+                .filter(|&index| free[index].capacity() >= length)
+                .min_by_key(|&index| free[index].capacity());
+            let chosen =
+                fitting.or_else(|| (0..free.len()).max_by_key(|&index| free[index].capacity()));
+            if let Some(index) = chosen {
+                let mut buffer = free.swap_remove(index);
+                drop(free);
+                buffer.clear();
+                buffer.reserve_exact(length);
+                return buffer;
+            }
+        }
+        Vec::with_capacity(length)
+    }
+
+    /// Keeps `buffer` for a later read, dropping the smallest buffers beyond [`POOL_MAX_BYTES`].
+    fn give_back(&self, buffer: Vec<u8>) {
+        if buffer.capacity() < POOLED_MIN_BYTES {
+            return;
+        }
+        let mut free = self
+            .free
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        free.push(buffer);
+        free.sort_unstable_by_key(|buffer| std::cmp::Reverse(buffer.capacity()));
+        let mut kept = 0usize;
+        free.retain(|buffer| {
+            kept += buffer.capacity();
+            kept <= POOL_MAX_BYTES
+        });
+    }
+
+    /// The bytes of a filled buffer, which comes back to the pool once the last of them is dropped.
+    fn bytes(self: &Arc<Self>, buffer: Vec<u8>) -> Bytes {
+        if buffer.capacity() < POOLED_MIN_BYTES {
+            return Bytes::from(buffer);
+        }
+        Bytes::from_owner(Pooled {
+            buffer,
+            pool: Arc::clone(self),
+        })
+    }
+}
+
+/// A filled buffer lent out as [`Bytes`].
+struct Pooled {
+    buffer: Vec<u8>,
+    pool: Arc<BufferPool>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buffer
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.pool.give_back(std::mem::take(&mut self.buffer));
+    }
 }
 
 impl LocalReader {
@@ -99,10 +193,7 @@ impl LocalReader {
     /// Returns the OS error when [`LocalIo::Uring`] is asked for and the kernel refuses io_uring.
     pub fn new(mode: LocalIo) -> std::io::Result<Self> {
         if matches!(mode, LocalIo::Pread | LocalIo::ObjectStore) {
-            return Ok(Self {
-                backend: LocalBackend::Pread,
-                rings: None,
-            });
+            return Ok(Self::with_pread());
         }
         let count = std::thread::available_parallelism().map_or(1, usize::from);
         let mut rings = Vec::with_capacity(count);
@@ -111,10 +202,7 @@ impl LocalReader {
                 Ok(ring) => rings.push(ring),
                 Err(error) if mode == LocalIo::Auto => {
                     tracing::info!(%error, "io_uring is not available, reading local files with pread");
-                    return Ok(Self {
-                        backend: LocalBackend::Pread,
-                        rings: None,
-                    });
+                    return Ok(Self::with_pread());
                 }
                 Err(error) => return Err(error),
             }
@@ -133,7 +221,16 @@ impl LocalReader {
                 senders,
                 next: AtomicUsize::new(0),
             })),
+            buffers: Arc::default(),
         })
+    }
+
+    fn with_pread() -> Self {
+        Self {
+            backend: LocalBackend::Pread,
+            rings: None,
+            buffers: Arc::default(),
+        }
     }
 
     /// Returns the backend in use.
@@ -143,9 +240,9 @@ impl LocalReader {
 
     /// Reads `range` of `file`; the result is shorter only at the end of the file.
     ///
-    /// The buffer is allocated here, on the caller's thread, which is also where the decoder that holds the
-    /// bytes frees them: the allocator then hands the same memory out again for the next read instead of
-    /// mapping fresh pages.
+    /// The buffer is taken here, on the caller's thread, from the buffers of finished reads, or allocated
+    /// on the thread where the decoder that holds the bytes frees them: either way the memory is handed out
+    /// again for the next read instead of fresh pages being mapped.
     ///
     /// # Errors
     ///
@@ -154,8 +251,8 @@ impl LocalReader {
         let length = usize::try_from(range.end.saturating_sub(range.start)).map_err(|_| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "range too large")
         })?;
-        let buffer = Vec::with_capacity(length);
-        match &self.rings {
+        let buffer = self.buffers.take(length);
+        let filled = match &self.rings {
             Some(rings) => {
                 // Relaxed: the counter only spreads reads over the rings; nothing else is ordered by it.
                 let turn = rings.next.fetch_add(1, Ordering::Relaxed);
@@ -172,17 +269,16 @@ impl LocalReader {
                     .map_err(|_| std::io::Error::other("the io_uring thread has stopped"))?;
                 response
                     .await
-                    .map_err(|_| std::io::Error::other("the io_uring thread dropped a read"))?
+                    .map_err(|_| std::io::Error::other("the io_uring thread dropped a read"))??
             }
             None => {
                 let file = Arc::clone(file);
-                tokio::task::spawn_blocking(move || {
-                    pread_into(&file, range.start, buffer, length).map(Bytes::from)
-                })
-                .await
-                .map_err(std::io::Error::other)?
+                tokio::task::spawn_blocking(move || pread_into(&file, range.start, buffer, length))
+                    .await
+                    .map_err(std::io::Error::other)??
             }
-        }
+        };
+        Ok(self.buffers.bytes(filled))
     }
 }
 
@@ -327,7 +423,7 @@ impl PendingRead {
         } else {
             Ok(buffer)
         };
-        let _ = reply.send(result.map(Bytes::from));
+        let _ = reply.send(result);
     }
 }
 
@@ -340,7 +436,7 @@ fn serve_with_pread(request: ReadRequest) {
         buffer,
         reply,
     } = request;
-    let _ = reply.send(pread_into(&file, offset, buffer, length).map(Bytes::from));
+    let _ = reply.send(pread_into(&file, offset, buffer, length));
 }
 
 fn ring_thread(mut ring: io_uring::IoUring, receiver: &mpsc::Receiver<ReadRequest>) {
@@ -606,7 +702,7 @@ mod tests {
         length: usize,
     ) -> (
         PendingRead,
-        tokio::sync::oneshot::Receiver<std::io::Result<Bytes>>,
+        tokio::sync::oneshot::Receiver<std::io::Result<Vec<u8>>>,
     ) {
         let file = tempfile::tempfile().expect("tempfile");
         let (reply, response) = tokio::sync::oneshot::channel();
@@ -724,6 +820,73 @@ mod tests {
                     bytes[..] == content[start..end],
                     "{range:?} cold={cold}: bytes differ"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn a_returned_buffer_serves_the_next_read_that_fits() {
+        let pool = Arc::new(BufferPool::default());
+        let buffer = pool.take(3 << 20);
+        let address = buffer.as_ptr();
+        let bytes = pool.bytes(buffer);
+        let copy = bytes.clone();
+        drop(bytes);
+        assert!(
+            pool.free.lock().expect("lock").is_empty(),
+            "a clone still holds it"
+        );
+        drop(copy);
+        let again = pool.take(2 << 20);
+        assert_eq!(again.as_ptr(), address);
+        assert!(again.is_empty() && again.capacity() >= 2 << 20);
+        let grown = {
+            pool.give_back(again);
+            pool.take(5 << 20)
+        };
+        assert!(
+            grown.capacity() >= 5 << 20,
+            "the pooled buffer grows to the read"
+        );
+        assert!(pool.free.lock().expect("lock").is_empty());
+    }
+
+    #[test]
+    fn the_pool_keeps_the_largest_buffers_within_its_limit_and_no_small_ones() {
+        let pool = BufferPool::default();
+        pool.give_back(Vec::with_capacity(POOLED_MIN_BYTES - 1));
+        assert!(pool.free.lock().expect("lock").is_empty());
+        for megabytes in [100, 20, 150, 10] {
+            pool.give_back(Vec::with_capacity(megabytes << 20));
+        }
+        let kept: Vec<usize> = pool
+            .free
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|buffer| buffer.capacity() >> 20)
+            .collect();
+        assert_eq!(kept, vec![150, 100]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_in_reused_buffers_hold_their_own_bytes() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("bytes.bin");
+        let content: Vec<u8> = (0..(5u32 << 20))
+            .map(|value| (value.wrapping_mul(2_654_435_761) >> 24) as u8)
+            .collect();
+        std::fs::write(&path, &content).expect("write");
+        let file = Arc::new(File::open(&path).expect("open"));
+        let mut readers = vec![LocalReader::new(LocalIo::Pread).expect("pread")];
+        readers.extend(LocalReader::new(LocalIo::Uring).ok());
+        for reader in readers {
+            // Each read reuses the buffer of the one before, which held other bytes; the last one is cut
+            // short by the end of the file.
+            for range in [0..(3u64 << 20), (1 << 20)..(3 << 20), (4 << 20)..(7 << 20)] {
+                let bytes = reader.read(&file, range.clone()).await.expect("read");
+                let end = (range.end as usize).min(content.len());
+                assert_eq!(&bytes[..], &content[range.start as usize..end], "{range:?}");
             }
         }
     }

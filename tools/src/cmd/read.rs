@@ -237,7 +237,7 @@ async fn stats(
             Ok::<_, sluice_formats::FormatError>((rows, nulls))
         })
     }))
-    .buffered(threads.max(1));
+    .buffer_unordered(threads.max(1));
     futures::pin_mut!(counts);
     let mut rows = 0u64;
     let mut nulls = vec![0u64; columns];
