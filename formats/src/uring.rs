@@ -2,9 +2,10 @@
 //!
 //! # Implementation
 //!
-//! There is one ring per core this process may use, each owned by its own thread. A caller allocates the
-//! read's buffer (without zeroing it), sends the request to the rings in turn over a channel, and awaits a
-//! oneshot reply. A read longer than 1 MiB is cut into 1 MiB pieces. Each piece is first issued with
+//! There is one ring per core this process may use, each owned by its own thread. A caller takes the
+//! read's buffer (unzeroed), puts the request on a queue the ring threads share, and awaits a oneshot
+//! reply; a ring thread takes more requests only while it has fewer than two pieces waiting, so a ring
+//! with a backlog leaves new reads to an idle one. A read longer than 1 MiB is cut into 1 MiB pieces. Each piece is first issued with
 //! `RWF_NOWAIT`, so the kernel copies what the page cache holds right away on the ring's thread, and
 //! answers `EAGAIN` (or a short count) instead of waiting for the device; what is left of the piece is then
 //! issued again with `IOSQE_ASYNC`, for the kernel's worker threads, which wait for the device and serve
@@ -31,8 +32,6 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -78,12 +77,11 @@ struct ReadRequest {
     reply: tokio::sync::oneshot::Sender<std::io::Result<Vec<u8>>>,
 }
 
-/// The ring threads of a [`LocalReader`]: one per core this process may use.
+/// The ring threads of a [`LocalReader`]: one per core this process may use, all taking reads from one
+/// queue, each when it has little left to copy, so that no ring idles while another has a backlog.
 #[derive(Debug)]
 struct Rings {
-    senders: Vec<mpsc::Sender<ReadRequest>>,
-    /// Counts reads, to hand them to the rings in turn.
-    next: AtomicUsize,
+    sender: crossbeam_channel::Sender<ReadRequest>,
 }
 
 /// Reads byte ranges of local files.
@@ -207,20 +205,16 @@ impl LocalReader {
                 Err(error) => return Err(error),
             }
         }
-        let mut senders = Vec::with_capacity(count);
+        let (sender, receiver) = crossbeam_channel::unbounded();
         for (index, ring) in rings.into_iter().enumerate() {
-            let (sender, receiver) = mpsc::channel();
+            let receiver = receiver.clone();
             std::thread::Builder::new()
                 .name(format!("sluice-uring-{index}"))
                 .spawn(move || ring_thread(ring, &receiver))?;
-            senders.push(sender);
         }
         Ok(Self {
             backend: LocalBackend::Uring,
-            rings: Some(Arc::new(Rings {
-                senders,
-                next: AtomicUsize::new(0),
-            })),
+            rings: Some(Arc::new(Rings { sender })),
             buffers: Arc::default(),
         })
     }
@@ -254,11 +248,9 @@ impl LocalReader {
         let buffer = self.buffers.take(length);
         let filled = match &self.rings {
             Some(rings) => {
-                // Relaxed: the counter only spreads reads over the rings; nothing else is ordered by it.
-                let turn = rings.next.fetch_add(1, Ordering::Relaxed);
-                let sender = &rings.senders[turn % rings.senders.len()];
                 let (reply, response) = tokio::sync::oneshot::channel();
-                sender
+                rings
+                    .sender
                     .send(ReadRequest {
                         file: Arc::clone(file),
                         offset: range.start,
@@ -331,6 +323,8 @@ const PIECE_BYTES: usize = 1 << 20;
 /// so a small batch lets the thread answer the reads they finish before it copies the next ones, instead of
 /// answering a whole queue of reads at once after a long copy.
 const CACHE_PIECES_PER_ENTER: usize = 1;
+/// A ring takes more reads from the shared queue only while fewer pieces than this wait in it.
+const QUEUED_PIECES_LOW: usize = 2;
 /// Bits of a completion's user data that number the piece; the rest number the read.
 const PIECE_BITS: u32 = 24;
 
@@ -439,7 +433,7 @@ fn serve_with_pread(request: ReadRequest) {
     let _ = reply.send(pread_into(&file, offset, buffer, length));
 }
 
-fn ring_thread(mut ring: io_uring::IoUring, receiver: &mpsc::Receiver<ReadRequest>) {
+fn ring_thread(mut ring: io_uring::IoUring, receiver: &crossbeam_channel::Receiver<ReadRequest>) {
     let capacity = RING_ENTRIES as usize;
     let mut reads: HashMap<u64, PendingRead> = HashMap::new();
     // Pieces to hand to the kernel, as their user data, in request order.
@@ -457,11 +451,12 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &mpsc::Receiver<ReadReques
                 Err(_) => open = false,
             }
         }
-        loop {
+        // More reads only while this ring has little queued: the other rings take the rest.
+        while queued.len() + incoming.len() < QUEUED_PIECES_LOW {
             match receiver.try_recv() {
                 Ok(request) => incoming.push(request),
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => {
+                Err(crossbeam_channel::TryRecvError::Empty) => break,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
                     open = false;
                     break;
                 }
@@ -888,6 +883,39 @@ mod tests {
                 let end = (range.end as usize).min(content.len());
                 assert_eq!(&bytes[..], &content[range.start as usize..end], "{range:?}");
             }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_reads_in_flight_over_the_shared_queue_each_get_their_bytes() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("bytes.bin");
+        let content: Vec<u8> = (0..(6u32 << 20))
+            .map(|value| (value.wrapping_mul(2_654_435_761) >> 24) as u8)
+            .collect();
+        std::fs::write(&path, &content).expect("write");
+        let file = Arc::new(File::open(&path).expect("open"));
+        let Ok(reader) = LocalReader::new(LocalIo::Uring) else {
+            eprintln!(
+                "skipped: many_reads_in_flight_over_the_shared_queue_each_get_their_bytes: io_uring refused here"
+            );
+            return;
+        };
+        let ranges: Vec<Range<u64>> = (0..48u64)
+            .map(|index| {
+                let start = (index * 131_071) % (4 << 20);
+                start..start + (index % 5 + 1) * 300_000
+            })
+            .collect();
+        let reads = ranges.iter().map(|range| reader.read(&file, range.clone()));
+        let results = futures::future::join_all(reads).await;
+        for (range, bytes) in ranges.iter().zip(results) {
+            let bytes = bytes.expect("read");
+            assert_eq!(
+                &bytes[..],
+                &content[range.start as usize..range.end as usize],
+                "{range:?}"
+            );
         }
     }
 
