@@ -18,7 +18,11 @@ use sluice_bench::chaos::read_ids;
 /// The whole of a test's job must end within this (deadlock watchdog).
 const WATCHDOG: Duration = Duration::from_secs(240);
 
-/// A job started with `sluice submit`, its state and executors under `root`.
+/// The ring size the jobs are submitted with, smaller than the default.
+const RING_SIZE: u64 = 8 << 20;
+
+/// A job started with `sluice submit`, its state and executors under `root`, its rings in a
+/// directory of its own.
 struct Submitted {
     name: String,
     root: PathBuf,
@@ -26,12 +30,18 @@ struct Submitted {
 }
 
 impl Submitted {
-    /// Submits the job of `spec` named `name`, keeping its state under `root` (as its `TMPDIR`).
+    /// Submits the job of `spec` named `name`, with `--state-dir` under `root`, `--ring-dir` and
+    /// `--ring-size`, which `sluice submit` passes on to the job.
     fn start(root: &Path, spec: &Path, name: &str) -> Submitted {
         let output = sluice()
             .arg("submit")
             .arg(spec)
             .args(["--listen", "127.0.0.1:0"])
+            .arg("--state-dir")
+            .arg(root.join("state"))
+            .arg("--ring-dir")
+            .arg(ring_dir(name))
+            .args(["--ring-size", &RING_SIZE.to_string()])
             .env("TMPDIR", root)
             .env_remove("SLUICE_TOKEN")
             .output()
@@ -59,7 +69,22 @@ impl Submitted {
     }
 
     fn state_dir(&self) -> PathBuf {
-        self.root.join("sluice").join(&self.name)
+        self.root.join("state")
+    }
+
+    /// The sizes of the ring files the job's daemons created.
+    fn ring_file_sizes(&self) -> Vec<u64> {
+        let rings = ring_dir(&self.name).join(&self.name);
+        std::fs::read_dir(&rings)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|entry| entry.path().extension().is_some_and(|ext| ext == "ring"))
+                    .filter_map(|entry| entry.metadata().ok())
+                    .map(|metadata| metadata.len())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// `sluice ARGS --am ADDRESS`.
@@ -132,8 +157,7 @@ impl Submitted {
 
 impl Drop for Submitted {
     fn drop(&mut self) {
-        // The job's rings live in the shared ring directory under its own name.
-        let _ = std::fs::remove_dir_all(Path::new("/dev/shm/sluice").join(&self.name));
+        let _ = std::fs::remove_dir_all(ring_dir(&self.name));
     }
 }
 
@@ -200,7 +224,12 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 30000 }}
     )
 }
 
-/// A job name no other run of the test shares, since rings live under `/dev/shm/sluice/<job>`.
+/// The ring directory of the job named `name`, on /dev/shm.
+fn ring_dir(name: &str) -> PathBuf {
+    Path::new("/dev/shm").join(format!("sluice-{name}"))
+}
+
+/// A job name no other run of the test shares.
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", std::process::id())
 }
@@ -293,6 +322,15 @@ fn a_submitted_job_runs_to_its_end_and_another_stops_on_sluice_stop() {
     let state = job.wait_for_end(started);
     assert_eq!(state, "succeeded", "{}", job.logs());
     assert_every_id_once(root, ROWS as i64, &job.logs());
+    let sizes = job.ring_file_sizes();
+    assert!(
+        !sizes.is_empty() && sizes.iter().all(|size| *size == RING_SIZE + 4096),
+        "rings of --ring-size {RING_SIZE} under --ring-dir: {sizes:?}"
+    );
+    assert!(
+        !root.join("sluice").join(&name).exists(),
+        "state went to the temp dir, not to --state-dir"
+    );
 
     let slow_root = root.join("slow");
     std::fs::create_dir_all(&slow_root).expect("mkdir");

@@ -24,6 +24,14 @@ pub struct RunArgs {
     /// The address of the AM's gRPC API.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub options: JobOptions,
+}
+
+/// What `sluice run` and `sluice submit` share: where rings and state go, access, restore and the
+/// status page.
+#[derive(Debug, clap::Args)]
+pub struct JobOptions {
     /// The directory rings are created under, one subdirectory per job.
     #[arg(long, default_value = "/dev/shm/sluice")]
     pub ring_dir: PathBuf,
@@ -46,6 +54,35 @@ pub struct RunArgs {
     pub http: SocketAddr,
 }
 
+impl JobOptions {
+    /// The options as `sluice run` arguments, but for the token, which goes in `SLUICE_TOKEN` so that
+    /// it does not show in the process list.
+    fn to_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--ring-dir".into(),
+            self.ring_dir.clone().into(),
+            "--ring-size".into(),
+            self.ring_size.to_string().into(),
+            "--http".into(),
+            self.http.to_string().into(),
+        ];
+        if let Some(state_dir) = &self.state_dir {
+            args.extend(["--state-dir".into(), state_dir.clone().into()]);
+        }
+        if let Some(checkpoint) = &self.resume_from {
+            args.extend(["--resume-from".into(), checkpoint.into()]);
+        }
+        args
+    }
+
+    /// Where the executors' state and logs of job `name` go.
+    fn state_dir_of(&self, name: &str) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("sluice").join(name))
+    }
+}
+
 /// Runs a job to its end with the local launcher; exits non-zero when it fails.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let spec = match &args.job {
@@ -59,25 +96,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             spec.launcher
         );
     }
-    let state_dir = args
-        .state_dir
-        .unwrap_or_else(|| std::env::temp_dir().join("sluice").join(&spec.name));
+    let state_dir = args.options.state_dir_of(&spec.name);
     let sluice = std::env::current_exe().context("locating the sluice binary")?;
     // A trainer must never find a finished ring of an earlier run and take it for its data: rings
     // that no live process uses are removed before anything is launched.
-    let job_rings = args.ring_dir.join(&spec.name);
+    let job_rings = args.options.ring_dir.join(&spec.name);
     sluice_ring::gc::collect(&job_rings)
         .with_context(|| format!("collecting dead rings in {}", job_rings.display()))?;
     let launcher = Arc::new(LocalLauncher::new(&state_dir, &sluice)?);
     let options = AmOptions {
         listen: args.listen,
-        token: args.token,
-        resume_from: args.resume_from,
+        token: args.options.token,
+        resume_from: args.options.resume_from,
         launch: Some(LaunchOptions {
             launcher,
             sluice,
-            ring_dir: args.ring_dir,
-            ring_size: args.ring_size,
+            ring_dir: args.options.ring_dir,
+            ring_size: args.options.ring_size,
         }),
     };
     let notes = [format!("executor logs in {}", state_dir.display())];
@@ -85,7 +120,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         "sluice run",
         spec,
         options,
-        Some(args.http),
+        Some(args.options.http),
         &notes,
         true,
     ));
@@ -182,6 +217,8 @@ pub struct SubmitArgs {
     /// The address of the AM's gRPC API.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub options: JobOptions,
 }
 
 /// Starts `sluice run` in the background and prints the AM's address once it serves.
@@ -193,18 +230,25 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         );
     }
     let spec = JobSpec::from_path(&args.job)?;
-    let state_dir = std::env::temp_dir().join("sluice").join(&spec.name);
+    let state_dir = args.options.state_dir_of(&spec.name);
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating {}", state_dir.display()))?;
     let log_path = state_dir.join("am.log");
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
     let sluice = std::env::current_exe().context("locating the sluice binary")?;
-    let mut child = Command::new(sluice)
+    let mut command = Command::new(sluice);
+    command
         .arg("run")
         .arg(&args.job)
         .arg("--listen")
         .arg(args.listen.to_string())
+        .args(args.options.to_args());
+    match &args.options.token {
+        Some(token) => command.env("SLUICE_TOKEN", token),
+        None => command.env_remove("SLUICE_TOKEN"),
+    };
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
