@@ -546,6 +546,24 @@ fn a_checkpoint_with_a_position_outside_a_task_is_refused() {
     );
 }
 
+/// An AM that launches executors and takes the job over by replaying `journal`.
+fn replayed_from(journal: Vec<Entry>) -> Master {
+    let mut replayed = master();
+    replayed.launch_executors();
+    for entry in journal {
+        replayed.replay(entry).expect("replay");
+    }
+    replayed
+}
+
+/// An AM that launches executors and takes the job over from `snapshot`.
+fn restored_from(snapshot: Snapshot) -> Master {
+    let mut restored = master();
+    restored.launch_executors();
+    restored.restore_snapshot(snapshot).expect("snapshot");
+    restored
+}
+
 /// A master that launches its executors, each one launched, and both nodes registered.
 fn launching_master(journal: &mut Vec<Entry>) -> Master {
     let mut sut = master();
@@ -741,11 +759,7 @@ fn a_scale_stops_the_trainers_takes_the_rings_back_and_relaunches_over_the_new_r
         "it resumes after the 3 rows consumed, not the 6 enqueued"
     );
 
-    let mut replayed = master();
-    replayed.launch_executors();
-    for entry in journal {
-        replayed.replay(entry).expect("replay");
-    }
+    let replayed = replayed_from(journal);
     assert_eq!(replayed.world_size(), 2);
     assert!(!replayed.scaling());
     assert_eq!(
@@ -767,14 +781,8 @@ fn an_am_taking_a_job_over_mid_scale_carries_on_where_it_stood() {
     register_holding_nothing(&mut sut, 0, 5, &mut journal);
     let snapshot = sut.snapshot();
 
-    let mut replayed = master();
-    replayed.launch_executors();
-    for entry in journal {
-        replayed.replay(entry).expect("replay");
-    }
-    let mut restored = master();
-    restored.launch_executors();
-    restored.restore_snapshot(snapshot).expect("snapshot");
+    let mut replayed = replayed_from(journal);
+    let mut restored = restored_from(snapshot);
     for taken_over in [&mut replayed, &mut restored] {
         assert!(taken_over.scaling());
         assert!(
@@ -1082,11 +1090,7 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
         .expect("the task is handed out again");
     assert_eq!(resumed.start, task.start + 2, "from the checkpoint's count");
 
-    let mut replayed = master();
-    replayed.launch_executors();
-    for entry in journal {
-        replayed.replay(entry).expect("replay");
-    }
+    let mut replayed = replayed_from(journal);
     assert!(!replayed.scaling());
     assert_eq!(
         trainers_to_launch(&replayed),
@@ -1125,14 +1129,8 @@ fn an_am_taking_a_job_over_mid_restore_carries_on_where_it_stood() {
     }
     let snapshot = sut.snapshot();
 
-    let mut replayed = master();
-    replayed.launch_executors();
-    for entry in journal {
-        replayed.replay(entry).expect("replay");
-    }
-    let mut from_snapshot = master();
-    from_snapshot.launch_executors();
-    from_snapshot.restore_snapshot(snapshot).expect("snapshot");
+    let mut replayed = replayed_from(journal);
+    let mut from_snapshot = restored_from(snapshot);
     for taken_over in [&mut replayed, &mut from_snapshot] {
         assert!(taken_over.scaling());
         assert_eq!(taken_over.table().in_flight_count(), 0, "the reset table");
