@@ -133,26 +133,29 @@ fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
     })
 }
 
-/// Fails with a message naming the fix unless `taskset` can pin a process to `cpu`.
+/// Fails with a message naming the fix unless `taskset` can pin a process to each of `cpus`.
 ///
 /// # Errors
 ///
-/// Returns [`BenchError::ToolMissing`] when `taskset -c CPU true` does not succeed.
-pub fn check_taskset(cpu: usize) -> Result<()> {
-    let output = Command::new("taskset")
-        .args(["-c", &cpu.to_string(), "true"])
-        .output();
-    let reason = match output {
-        Ok(output) if output.status.success() => return Ok(()),
-        Ok(output) => String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        Err(error) => error.to_string(),
-    };
-    Err(BenchError::ToolMissing {
-        program: "taskset".to_owned(),
-        purpose: format!("pinning both sides to cpu {cpu}"),
-        reason,
-        fix: "install util-linux, and run where cpu 0 is allowed".to_owned(),
-    })
+/// Returns [`BenchError::ToolMissing`] when `taskset -c CPU true` does not succeed for one of them.
+pub fn check_taskset(cpus: &[usize]) -> Result<()> {
+    for cpu in cpus {
+        let output = Command::new("taskset")
+            .args(["-c", &cpu.to_string(), "true"])
+            .output();
+        let reason = match output {
+            Ok(output) if output.status.success() => continue,
+            Ok(output) => String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            Err(error) => error.to_string(),
+        };
+        return Err(BenchError::ToolMissing {
+            program: "taskset".to_owned(),
+            purpose: format!("pinning a side to cpu {cpu}"),
+            reason,
+            fix: format!("install util-linux, and run where cpus {cpus:?} are allowed"),
+        });
+    }
+    Ok(())
 }
 
 /// Fails with a message naming the fix unless `python` can import pyarrow.

@@ -9,7 +9,11 @@
 //!   timed from spawn to exit, so process start, opening the file and planning count against Sluice;
 //! - `pyarrow 1 core`: `taskset -c 0 python3 -c ...` timing `pq.read_table(path, use_threads=False)` inside
 //!   the script, without the interpreter's start or the import;
-//! - `sluice 2 cores`: `sluice read FILE --stats --threads 2`, unpinned.
+//! - `sluice 2 cores`: `sluice read FILE --stats --threads 2`, unpinned;
+//! - `2 × sluice 1 core`: two `sluice 1 core` processes started together, one pinned to each core, each
+//!   decoding the whole file; rows per second count both files' rows up to the slower one's exit. Two
+//!   independent processes share nothing but the machine, so this is what two cores of this host give a
+//!   decode that needs no coordination: the ceiling for `sluice 2 cores`, measured in the same round.
 //!
 //! The order of the sides rotates from one round to the next, so that neither always runs right after the
 //! other on a shared, noisy machine. Figures are rows per second; the report gives the median and the range
@@ -29,6 +33,8 @@ use crate::training_data::{Codec, PyarrowComparison};
 
 /// The core both one-core sides are pinned to.
 pub const PINNED_CPU: usize = 0;
+/// The cores of the two processes of the side-by-side side.
+pub const SIDE_BY_SIDE_CPUS: [usize; 2] = [PINNED_CPU, 1];
 /// The longest one decode may take before it is killed.
 const DECODE_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -48,19 +54,21 @@ print(json.dumps({
 }))
 "#;
 
-/// The three measured sides.
+/// The four measured sides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
     SluiceOneCore,
     PyarrowOneCore,
     SluiceTwoCores,
+    SluiceTwoProcesses,
 }
 
 impl Side {
-    const ALL: [Side; 3] = [
+    const ALL: [Side; 4] = [
         Side::SluiceOneCore,
         Side::PyarrowOneCore,
         Side::SluiceTwoCores,
+        Side::SluiceTwoProcesses,
     ];
 
     fn name(self) -> &'static str {
@@ -68,24 +76,25 @@ impl Side {
             Side::SluiceOneCore => "sluice 1 core",
             Side::PyarrowOneCore => "pyarrow 1 core",
             Side::SluiceTwoCores => "sluice 2 cores",
+            Side::SluiceTwoProcesses => "2 x sluice 1 core",
         }
     }
 
-    fn command(self, options: &PyarrowComparison, path: &Path) -> Command {
-        let sluice_read = |command: &mut Command, threads: &str| {
-            command.arg(&options.sluice).arg("read").arg(path).args([
-                "--stats",
-                "--threads",
-                threads,
-            ]);
+    /// The processes of this side, started together.
+    fn commands(self, options: &PyarrowComparison, path: &Path) -> Vec<Command> {
+        let pinned_sluice = |cpu: usize| {
+            let mut command = Command::new("taskset");
+            command
+                .args(["-c", &cpu.to_string()])
+                .arg(&options.sluice)
+                .arg("read")
+                .arg(path)
+                .args(["--stats", "--threads", "1"]);
+            command
         };
         match self {
-            Side::SluiceOneCore => {
-                let mut command = Command::new("taskset");
-                command.args(["-c", &PINNED_CPU.to_string()]);
-                sluice_read(&mut command, "1");
-                command
-            }
+            Side::SluiceOneCore => vec![pinned_sluice(PINNED_CPU)],
+            Side::SluiceTwoProcesses => SIDE_BY_SIDE_CPUS.map(pinned_sluice).into(),
             Side::PyarrowOneCore => {
                 let mut command = Command::new("taskset");
                 command
@@ -93,7 +102,7 @@ impl Side {
                     .arg(&options.python)
                     .args(["-c", PYARROW_SCRIPT])
                     .arg(path);
-                command
+                vec![command]
             }
             Side::SluiceTwoCores => {
                 let mut command = Command::new(&options.sluice);
@@ -101,22 +110,62 @@ impl Side {
                     .arg("read")
                     .arg(path)
                     .args(["--stats", "--threads", "2"]);
-                command
+                vec![command]
             }
         }
     }
 
-    /// Runs this side once: the rows it decoded, their null counts, and the time to count.
+    /// Runs this side once: the rows one of its processes decoded, their null counts, and the time until
+    /// the last process exited (or the time pyarrow measured).
+    ///
+    /// The processes of a side must agree with each other; rows per second are [`Decoded::rows_per_second`].
     fn run(self, options: &PyarrowComparison, path: &Path) -> Result<Decoded> {
-        let mut command = self.command(options, path);
-        let run = run_timed(&mut command, DECODE_TIMEOUT)?;
+        let mut commands = self.commands(options, path);
+        let runs: Vec<Result<Decoded>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = commands
+                .iter_mut()
+                .map(|command| scope.spawn(move || self.run_one(command)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| {
+                    handle.join().unwrap_or_else(|_| {
+                        Err(BenchError::Disagree {
+                            what: format!("timing {}", self.name()),
+                            detail: "the thread running a process panicked".to_owned(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        let mut decoded: Option<Decoded> = None;
+        for run in runs {
+            let run = run?;
+            match &mut decoded {
+                None => decoded = Some(run),
+                Some(first) => {
+                    agree(path, self, &run, first)?;
+                    first.seconds = first.seconds.max(run.seconds);
+                    first.processes += 1;
+                }
+            }
+        }
+        decoded.ok_or_else(|| BenchError::Disagree {
+            what: format!("timing {}", self.name()),
+            detail: "the side started no process".to_owned(),
+        })
+    }
+
+    /// Runs one process of this side: the rows it decoded, their null counts, and the time to count.
+    fn run_one(self, command: &mut Command) -> Result<Decoded> {
+        let run = run_timed(command, DECODE_TIMEOUT)?;
         let unusable = |reason: String| BenchError::CommandOutput {
-            command: display(&command),
+            command: display(command),
             stdout: run.stdout.clone(),
             reason,
         };
         match self {
-            Side::SluiceOneCore | Side::SluiceTwoCores => {
+            Side::SluiceOneCore | Side::SluiceTwoCores | Side::SluiceTwoProcesses => {
                 let stats: SluiceStats =
                     serde_json::from_str(run.stdout.trim()).map_err(|error| {
                         unusable(format!("not the JSON of `read --stats`: {error}"))
@@ -126,6 +175,7 @@ impl Side {
                     null_counts: stats.null_counts,
                     seconds: run.elapsed.as_secs_f64(),
                     decoded_bytes: None,
+                    processes: 1,
                 })
             }
             Side::PyarrowOneCore => {
@@ -142,6 +192,7 @@ impl Side {
                     null_counts: report.null_counts,
                     seconds: report.seconds,
                     decoded_bytes: Some(report.decoded_bytes),
+                    processes: 1,
                 })
             }
         }
@@ -164,13 +215,24 @@ struct PyarrowReport {
     null_counts: BTreeMap<String, u64>,
 }
 
-/// One decode of the whole file by one side.
+/// One decode of the whole file by each process of one side.
 #[derive(Debug, Clone, PartialEq)]
 struct Decoded {
+    /// Rows of one process (each decodes the whole file).
     rows: u64,
     null_counts: BTreeMap<String, u64>,
+    /// Until the last process exited.
     seconds: f64,
     decoded_bytes: Option<u64>,
+    /// How many processes decoded the file side by side.
+    processes: u32,
+}
+
+impl Decoded {
+    /// The rows of all processes over the time until the last one exited.
+    fn rows_per_second(&self) -> f64 {
+        f64::from(self.processes) * self.rows as f64 / self.seconds
+    }
 }
 
 /// Checks that a side decoded what the reference side decoded.
@@ -216,10 +278,18 @@ pub struct CodecReport {
     pub pyarrow_one_core: Spread,
     /// Sluice, two threads, unpinned: rows per second.
     pub sluice_two_cores: Spread,
+    /// Two one-thread Sluice processes, one pinned to each core: the rows of both per second.
+    pub side_by_side: Spread,
     /// Median Sluice one-core rows/s over median pyarrow one-core rows/s.
     pub ratio_to_pyarrow: f64,
     /// Median Sluice two-core rows/s over median Sluice one-core rows/s.
     pub two_cores_over_one: f64,
+    /// Median side-by-side rows/s over median Sluice one-core rows/s: what two cores of this host give
+    /// two decodes that share nothing.
+    pub side_by_side_over_one: f64,
+    /// Median Sluice two-core rows/s over median side-by-side rows/s: the share of that ceiling one
+    /// process with two threads reaches.
+    pub two_cores_over_side_by_side: f64,
 }
 
 /// Everything one `sluice bench decode` run measured.
@@ -253,7 +323,7 @@ pub fn run_decode_bench(
             reason: "0 rounds measure nothing; give at least 1".to_owned(),
         });
     }
-    check_taskset(PINNED_CPU)?;
+    check_taskset(&SIDE_BY_SIDE_CPUS)?;
     check_pyarrow(&options.python)?;
     let load_average_start = load_average();
     let rounds = if options.quick { 1 } else { options.rounds };
@@ -273,7 +343,11 @@ pub fn run_decode_bench(
             file_bytes as f64 / f64::from(1 << 20)
         ));
         let reference = Side::PyarrowOneCore.run(options, &path)?;
-        for side in [Side::SluiceOneCore, Side::SluiceTwoCores] {
+        for side in [
+            Side::SluiceOneCore,
+            Side::SluiceTwoCores,
+            Side::SluiceTwoProcesses,
+        ] {
             agree(&path, side, &side.run(options, &path)?, &reference)?;
         }
         let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -282,7 +356,7 @@ pub fn run_decode_bench(
                 let side = Side::ALL[(round + offset) % Side::ALL.len()];
                 let decoded = side.run(options, &path)?;
                 agree(&path, side, &decoded, &reference)?;
-                let rows_per_s = decoded.rows as f64 / decoded.seconds;
+                let rows_per_s = decoded.rows_per_second();
                 progress(&format!(
                     "{} round {}: {}: {:.3} s, {:.2} M rows/s",
                     codec.name(),
@@ -302,6 +376,7 @@ pub fn run_decode_bench(
         let sluice_one_core = spread(Side::SluiceOneCore)?;
         let pyarrow_one_core = spread(Side::PyarrowOneCore)?;
         let sluice_two_cores = spread(Side::SluiceTwoCores)?;
+        let side_by_side = spread(Side::SluiceTwoProcesses)?;
         codecs.push(CodecReport {
             codec,
             file: path.display().to_string(),
@@ -310,9 +385,12 @@ pub fn run_decode_bench(
             decoded_bytes: reference.decoded_bytes.unwrap_or(0),
             ratio_to_pyarrow: sluice_one_core.median / pyarrow_one_core.median,
             two_cores_over_one: sluice_two_cores.median / sluice_one_core.median,
+            side_by_side_over_one: side_by_side.median / sluice_one_core.median,
+            two_cores_over_side_by_side: sluice_two_cores.median / side_by_side.median,
             sluice_one_core,
             pyarrow_one_core,
             sluice_two_cores,
+            side_by_side,
         });
     }
     Ok(DecodeBenchReport {
@@ -358,7 +436,7 @@ impl DecodeBenchReport {
         };
         writeln!(
             out,
-            "{:<7} {:>9} {:>11} {:>24} {:>24} {:>9} {:>24} {:>9}",
+            "{:<7} {:>9} {:>11} {:>24} {:>24} {:>9} {:>24} {:>9} {:>24} {:>9} {:>11}",
             "codec",
             "file MiB",
             "decoded GiB",
@@ -366,13 +444,16 @@ impl DecodeBenchReport {
             "pyarrow 1 core",
             "ratio",
             "sluice 2 cores",
-            "2c / 1c"
+            "2c / 1c",
+            "2 x sluice 1 core",
+            "2x1 / 1c",
+            "2c / (2x1)"
         )
         .ok();
         for codec in &self.codecs {
             writeln!(
                 out,
-                "{:<7} {:>9.1} {:>11.2} {:>24} {:>24} {:>8.2}x {:>24} {:>8.2}x",
+                "{:<7} {:>9.1} {:>11.2} {:>24} {:>24} {:>8.2}x {:>24} {:>8.2}x {:>24} {:>8.2}x {:>10.2}x",
                 codec.codec.name(),
                 codec.file_bytes as f64 / f64::from(1 << 20),
                 codec.decoded_bytes as f64 / f64::from(1 << 30),
@@ -380,7 +461,10 @@ impl DecodeBenchReport {
                 rate(&codec.pyarrow_one_core),
                 codec.ratio_to_pyarrow,
                 rate(&codec.sluice_two_cores),
-                codec.two_cores_over_one
+                codec.two_cores_over_one,
+                rate(&codec.side_by_side),
+                codec.side_by_side_over_one,
+                codec.two_cores_over_side_by_side
             )
             .ok();
         }
@@ -404,6 +488,7 @@ mod tests {
                 .collect(),
             seconds: 1.0,
             decoded_bytes: None,
+            processes: 1,
         }
     }
 
@@ -433,6 +518,19 @@ mod tests {
         );
     }
 
+    fn shown(side: Side, options: &PyarrowComparison, file: &Path) -> Vec<String> {
+        side.commands(options, file).iter().map(display).collect()
+    }
+
+    #[test]
+    fn side_by_side_counts_the_rows_of_both_processes_until_the_slower_exits() {
+        let mut both = decoded(1_000, &[]);
+        both.seconds = 4.0;
+        both.processes = 2;
+        assert!((both.rows_per_second() - 500.0).abs() < 1e-9);
+        assert!((decoded(1_000, &[]).rows_per_second() - 1_000.0).abs() < 1e-9);
+    }
+
     #[test]
     fn one_core_sides_run_under_taskset_and_two_cores_do_not() {
         let options = PyarrowComparison {
@@ -444,16 +542,22 @@ mod tests {
         };
         let file = Path::new("/data/f.parquet");
         assert_eq!(
-            display(&Side::SluiceOneCore.command(&options, file)),
-            "taskset -c 0 /bin/sluice read /data/f.parquet --stats --threads 1"
+            shown(Side::SluiceOneCore, &options, file),
+            ["taskset -c 0 /bin/sluice read /data/f.parquet --stats --threads 1"]
         );
-        assert!(
-            display(&Side::PyarrowOneCore.command(&options, file))
-                .starts_with("taskset -c 0 python3 -c")
+        let pyarrow = shown(Side::PyarrowOneCore, &options, file);
+        assert_eq!(pyarrow.len(), 1);
+        assert!(pyarrow[0].starts_with("taskset -c 0 python3 -c"));
+        assert_eq!(
+            shown(Side::SluiceTwoCores, &options, file),
+            ["/bin/sluice read /data/f.parquet --stats --threads 2"]
         );
         assert_eq!(
-            display(&Side::SluiceTwoCores.command(&options, file)),
-            "/bin/sluice read /data/f.parquet --stats --threads 2"
+            shown(Side::SluiceTwoProcesses, &options, file),
+            [
+                "taskset -c 0 /bin/sluice read /data/f.parquet --stats --threads 1",
+                "taskset -c 1 /bin/sluice read /data/f.parquet --stats --threads 1"
+            ]
         );
     }
 }

@@ -116,17 +116,25 @@ fn decode_quick_json_compares_both_codecs_with_pyarrow() {
         assert_eq!(codec["rows"], 175_000, "{name}");
         figure(&codec["decoded_bytes"], &format!("{name}.decoded_bytes"));
         figure(&codec["file_bytes"], &format!("{name}.file_bytes"));
-        for side in ["sluice_one_core", "pyarrow_one_core", "sluice_two_cores"] {
+        for side in [
+            "sluice_one_core",
+            "pyarrow_one_core",
+            "sluice_two_cores",
+            "side_by_side",
+        ] {
             spread(&codec[side], &format!("{name}.{side}"));
         }
         figure(
             &codec["ratio_to_pyarrow"],
             &format!("{name}.ratio_to_pyarrow"),
         );
-        figure(
-            &codec["two_cores_over_one"],
-            &format!("{name}.two_cores_over_one"),
-        );
+        for ratio in [
+            "two_cores_over_one",
+            "side_by_side_over_one",
+            "two_cores_over_side_by_side",
+        ] {
+            figure(&codec[ratio], &format!("{name}.{ratio}"));
+        }
     }
     // Both files stay in the cache for the next run, and nothing half-written is left beside them.
     let files = |directory: &Path| {
