@@ -2,15 +2,23 @@
 //!
 //! # Implementation
 //!
+//! A read first copies what the page cache holds of its range on the caller's thread, with
+//! `preadv2(RWF_NOWAIT)`, which copies cached pages and answers `EAGAIN` (or a short count) instead of
+//! waiting for the device: the system call exists for this, so that a thread-pool design hands only the
+//! reads that would block to its pool. The copy costs the same CPU on whichever thread makes it; made by the
+//! caller, it needs no hand-off and no wake-up, and it does not preempt another decoder on the core where a
+//! ring thread would have run. Only what is left (the pages not cached, or every read where the file system
+//! refuses `RWF_NOWAIT`) goes to the backend below.
+//!
 //! There is one ring per core this process may use, each owned by its own thread. A caller takes the
-//! read's buffer (unzeroed), puts the request on a queue the ring threads share, and awaits a oneshot
-//! reply; a ring thread takes more requests only while it has fewer than two pieces waiting, so a ring
-//! with a backlog leaves new reads to an idle one. A read longer than 1 MiB is cut into 1 MiB pieces. Each piece is first issued with
-//! `RWF_NOWAIT`, so the kernel copies what the page cache holds right away on the ring's thread, and
-//! answers `EAGAIN` (or a short count) instead of waiting for the device; what is left of the piece is then
-//! issued again with `IOSQE_ASYNC`, for the kernel's worker threads, which wait for the device and serve
-//! several pieces at once. Warm reads thus cost one thread hop and one copy, as with `pread`, and cold reads
-//! keep many requests in flight at the device.
+//! read's buffer (unzeroed), puts the rest of the request on a queue the ring threads share, and awaits a
+//! oneshot reply; a ring thread takes more requests only while it has fewer than two pieces waiting, so a
+//! ring with a backlog leaves new reads to an idle one. The rest of a read is cut into 1 MiB pieces. Each
+//! piece is first issued with `RWF_NOWAIT`, so the kernel copies right away on the ring's thread what the
+//! page cache has gained since the caller looked, and answers `EAGAIN` (or a short count) instead of
+//! waiting for the device; what is left of the piece is then issued again with `IOSQE_ASYNC`, for the
+//! kernel's worker threads, which wait for the device and serve several pieces at once. Cold reads thus
+//! keep many requests in flight at the device, and warm reads cost one copy and no thread hop.
 //!
 //! The thread keeps each buffer and file in the read's entry until the completion of every piece has
 //! arrived, so the kernel never writes into freed memory and never reads a closed descriptor. A piece that
@@ -32,6 +40,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -72,7 +81,8 @@ struct ReadRequest {
     file: Arc<File>,
     offset: u64,
     length: usize,
-    /// Empty, with room for `length` bytes: the read fills its spare capacity, so no byte is zeroed first.
+    /// The first bytes of the range already read, with room for `length` bytes: the read fills its spare
+    /// capacity, so no byte is zeroed first.
     buffer: Vec<u8>,
     reply: tokio::sync::oneshot::Sender<std::io::Result<Vec<u8>>>,
 }
@@ -90,6 +100,9 @@ pub struct LocalReader {
     backend: LocalBackend,
     rings: Option<Arc<Rings>>,
     buffers: Arc<BufferPool>,
+    /// Whether reads first copy what the page cache holds on the caller's thread ([`read_cached`]); cleared
+    /// for good when the file system refuses `RWF_NOWAIT`.
+    cached_first: Arc<AtomicBool>,
 }
 
 /// Buffers this long or longer are pooled; shorter ones come from the allocator's heap, which reuses
@@ -216,6 +229,7 @@ impl LocalReader {
             backend: LocalBackend::Uring,
             rings: Some(Arc::new(Rings { sender })),
             buffers: Arc::default(),
+            cached_first: Arc::new(AtomicBool::new(true)),
         })
     }
 
@@ -224,6 +238,7 @@ impl LocalReader {
             backend: LocalBackend::Pread,
             rings: None,
             buffers: Arc::default(),
+            cached_first: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -236,7 +251,9 @@ impl LocalReader {
     ///
     /// The buffer is taken here, on the caller's thread, from the buffers of finished reads, or allocated
     /// on the thread where the decoder that holds the bytes frees them: either way the memory is handed out
-    /// again for the next read instead of fresh pages being mapped.
+    /// again for the next read instead of fresh pages being mapped. What the page cache holds is copied
+    /// here too, before the rest goes to the backend (see the module's documentation): the caller's thread
+    /// is busy for as long as that copy takes, and never waits for the device.
     ///
     /// # Errors
     ///
@@ -245,15 +262,35 @@ impl LocalReader {
         let length = usize::try_from(range.end.saturating_sub(range.start)).map_err(|_| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "range too large")
         })?;
-        let buffer = self.buffers.take(length);
-        let filled = match &self.rings {
+        let mut buffer = self.buffers.take(length);
+        if self.cached_first.load(Ordering::Relaxed) {
+            match read_cached(file, range.start, &mut buffer, length) {
+                Cached::Complete => return Ok(self.buffers.bytes(buffer)),
+                Cached::Partial => {}
+                Cached::Refused => self.cached_first.store(false, Ordering::Relaxed),
+            }
+        }
+        let filled = self.read_rest(file, range.start, buffer, length).await?;
+        Ok(self.buffers.bytes(filled))
+    }
+
+    /// Reads the range of `length` bytes at `offset` through the backend, from the end of the bytes
+    /// `buffer` already holds.
+    async fn read_rest(
+        &self,
+        file: &Arc<File>,
+        offset: u64,
+        buffer: Vec<u8>,
+        length: usize,
+    ) -> std::io::Result<Vec<u8>> {
+        match &self.rings {
             Some(rings) => {
                 let (reply, response) = tokio::sync::oneshot::channel();
                 rings
                     .sender
                     .send(ReadRequest {
                         file: Arc::clone(file),
-                        offset: range.start,
+                        offset,
                         length,
                         buffer,
                         reply,
@@ -261,17 +298,70 @@ impl LocalReader {
                     .map_err(|_| std::io::Error::other("the io_uring thread has stopped"))?;
                 response
                     .await
-                    .map_err(|_| std::io::Error::other("the io_uring thread dropped a read"))??
+                    .map_err(|_| std::io::Error::other("the io_uring thread dropped a read"))?
             }
             None => {
                 let file = Arc::clone(file);
-                tokio::task::spawn_blocking(move || pread_into(&file, range.start, buffer, length))
+                tokio::task::spawn_blocking(move || pread_into(&file, offset, buffer, length))
                     .await
-                    .map_err(std::io::Error::other)??
+                    .map_err(std::io::Error::other)?
             }
-        };
-        Ok(self.buffers.bytes(filled))
+        }
     }
+}
+
+/// How far [`read_cached`] got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cached {
+    /// The buffer holds the whole range, or the range up to the end of the file.
+    Complete,
+    /// The buffer holds the first bytes of the range (perhaps none); the page cache lacks the next ones,
+    /// or the read failed and the backend reads it again to report the error.
+    Partial,
+    /// The file system does not take `RWF_NOWAIT`; the buffer holds no more than before.
+    Refused,
+}
+
+/// Copies into the spare capacity of `buffer` what the page cache holds of the `length` bytes at `offset`,
+/// from the end of the bytes `buffer` already holds, without waiting for the device.
+fn read_cached(file: &File, offset: u64, buffer: &mut Vec<u8>, length: usize) -> Cached {
+    buffer.reserve_exact(length.saturating_sub(buffer.len()));
+    while buffer.len() < length {
+        let filled = buffer.len();
+        let Ok(position) = libc::off_t::try_from(offset + filled as u64) else {
+            return Cached::Partial;
+        };
+        let spare = &mut buffer.spare_capacity_mut()[..length - filled];
+        let destination = libc::iovec {
+            iov_base: spare.as_mut_ptr().cast(),
+            iov_len: spare.len(),
+        };
+        // SAFETY: the one iovec covers `length - filled` bytes of the spare capacity of `buffer` (reserved
+        // above), which nothing else references during the call; the descriptor is open while `file` is.
+        let count = unsafe {
+            libc::preadv2(
+                file.as_raw_fd(),
+                &raw const destination,
+                1,
+                position,
+                libc::RWF_NOWAIT,
+            )
+        };
+        match count {
+            0 => return Cached::Complete,
+            count if count > 0 => {
+                // SAFETY: `preadv2` initialised the `count` bytes after `filled`, and count <= length - filled
+                // <= capacity - filled.
+                unsafe { buffer.set_len(filled + count.unsigned_abs()) };
+            }
+            _ => match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::EOPNOTSUPP | libc::EINVAL | libc::ENOSYS) => return Cached::Refused,
+                _ => return Cached::Partial,
+            },
+        }
+    }
+    Cached::Complete
 }
 
 /// Reads with `pread` into the spare capacity of `buffer` until it holds `length` bytes or the file ends;
@@ -340,6 +430,8 @@ struct Piece {
 /// A read in the ring: the request, the buffer the kernel writes into, and where each piece stands.
 struct PendingRead {
     request: ReadRequest,
+    /// Bytes of the range the buffer held before the ring: the pieces cover the rest.
+    base: usize,
     pieces: Vec<Piece>,
     /// Pieces not complete yet.
     outstanding: usize,
@@ -349,7 +441,7 @@ struct PendingRead {
 
 impl PendingRead {
     fn wanted(&self, index: usize) -> usize {
-        PIECE_BYTES.min(self.request.length - index * PIECE_BYTES)
+        PIECE_BYTES.min(self.request.length - self.base - index * PIECE_BYTES)
     }
 
     /// Records the result of one attempt at piece `index`; returns whether the piece must be queued again.
@@ -383,6 +475,7 @@ impl PendingRead {
     fn finish(self) {
         let Self {
             request,
+            base,
             pieces,
             error,
             ..
@@ -400,17 +493,18 @@ impl PendingRead {
         }
         // The bytes up to the first short piece are in place; a short piece means the end of the file, or
         // a read the kernel cut short, which pread finishes from there.
-        let mut filled = 0;
+        let mut filled = base;
         for (index, piece) in pieces.iter().enumerate() {
-            let wanted = PIECE_BYTES.min(length - index * PIECE_BYTES);
-            filled = index * PIECE_BYTES + piece.done.min(wanted);
+            let wanted = PIECE_BYTES.min(length - base - index * PIECE_BYTES);
+            filled = base + index * PIECE_BYTES + piece.done.min(wanted);
             if piece.done < wanted {
                 break;
             }
         }
         debug_assert!(filled <= buffer.capacity());
-        // SAFETY: every piece before the first short one was read whole and the short one up to its count,
-        // so the kernel initialised the first `filled` bytes of the buffer, which has room for `length`.
+        // SAFETY: the first `base` bytes were initialised before the ring took the read; every piece before
+        // the first short one was read whole and the short one up to its count, so the kernel initialised
+        // the bytes after them up to `filled`, and the buffer has room for `length`.
         unsafe { buffer.set_len(filled) };
         let result = if filled < length {
             pread_into(&file, offset, buffer, length)
@@ -463,7 +557,8 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &crossbeam_channel::Receiv
             }
         }
         for request in incoming {
-            let piece_count = request.length.div_ceil(PIECE_BYTES);
+            let base = request.buffer.len();
+            let piece_count = request.length.saturating_sub(base).div_ceil(PIECE_BYTES);
             if piece_count == 0 || piece_count >= 1 << PIECE_BITS {
                 serve_with_pread(request);
                 continue;
@@ -479,6 +574,7 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &crossbeam_channel::Receiv
                 read,
                 PendingRead {
                     request,
+                    base,
                     pieces: vec![piece; piece_count],
                     outstanding: piece_count,
                     error: None,
@@ -501,7 +597,7 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &crossbeam_channel::Receiv
                 if !piece.in_workers && from_cache == CACHE_PIECES_PER_ENTER {
                     break;
                 }
-                let start = index * PIECE_BYTES + piece.done;
+                let start = pending.base + index * PIECE_BYTES + piece.done;
                 debug_assert!(piece.done < wanted && start < pending.request.buffer.capacity());
                 // `start` is inside the buffer, and `wanted - done` bytes from it stay inside.
                 let entry = io_uring::opcode::Read::new(
@@ -540,9 +636,7 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &crossbeam_channel::Receiv
             // Tearing the ring down cancels and waits for its reads, so the buffers can be reused after it.
             drop(ring);
             for (_, pending) in reads.drain() {
-                let mut request = pending.request;
-                request.buffer.clear();
-                serve_with_pread(request);
+                serve_with_pread(pending.request);
             }
             while let Ok(request) = receiver.recv() {
                 serve_with_pread(request);
@@ -710,6 +804,7 @@ mod tests {
                 buffer: Vec::with_capacity(length),
                 reply,
             },
+            base: 0,
             pieces: vec![
                 Piece {
                     done: 0,
@@ -765,23 +860,41 @@ mod tests {
         assert_eq!(error.raw_os_error(), Some(libc::EIO));
     }
 
+    /// `reader`, sending every read to its backend: without the copy of cached pages first.
+    fn backend_only(reader: LocalReader) -> LocalReader {
+        reader.cached_first.store(false, Ordering::Relaxed);
+        reader
+    }
+
+    /// The bytes of a test file: position-dependent, so that a byte in the wrong place shows.
+    fn test_bytes(length: usize) -> Vec<u8> {
+        (0..length)
+            .map(|index| (index.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect()
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn long_reads_come_back_whole_from_a_cold_and_a_warm_page_cache() {
-        let uring = match LocalReader::new(LocalIo::Uring) {
-            Ok(reader) => reader,
-            Err(error) => {
-                eprintln!(
-                    "skipped: long_reads_come_back_whole_from_a_cold_and_a_warm_page_cache: io_uring refused here ({error})"
-                );
-                return;
+        if LocalReader::new(LocalIo::Uring).is_err() {
+            eprintln!(
+                "skipped: long_reads_come_back_whole_from_a_cold_and_a_warm_page_cache: io_uring refused here"
+            );
+            return;
+        }
+        for cached_first in [true, false] {
+            let mut uring = LocalReader::new(LocalIo::Uring).expect("io_uring");
+            if !cached_first {
+                uring = backend_only(uring);
             }
-        };
+            long_reads_come_back_whole(&uring).await;
+        }
+    }
+
+    async fn long_reads_come_back_whole(uring: &LocalReader) {
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("long.bin");
         let size = 3 * PIECE_BYTES + PIECE_BYTES / 2;
-        let content: Vec<u8> = (0..size)
-            .map(|index| (index.wrapping_mul(2_654_435_761) >> 13) as u8)
-            .collect();
+        let content = test_bytes(size);
         let mut writer = std::fs::File::create(&path).expect("create");
         writer.write_all(&content).expect("write");
         writer.sync_all().expect("sync");
@@ -865,6 +978,95 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cached_pages_are_copied_first_and_the_backend_reads_the_rest() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("half-cached.bin");
+        let size = 4 * PIECE_BYTES + 12_345;
+        let content = test_bytes(size);
+        let mut writer = std::fs::File::create(&path).expect("create");
+        writer.write_all(&content).expect("write");
+        writer.sync_all().expect("sync");
+        let file = Arc::new(File::open(&path).expect("open"));
+        let cached = 2 * PIECE_BYTES;
+        let dropped = i64::try_from(cached).expect("fits");
+        // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is open.
+        let status =
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), dropped, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(status, 0, "dropping the second half from the page cache");
+        let mut buffer = Vec::new();
+        let outcome = read_cached(&file, 0, &mut buffer, size + 100);
+        if outcome == Cached::Refused {
+            eprintln!(
+                "skipped: cached_pages_are_copied_first_and_the_backend_reads_the_rest: RWF_NOWAIT refused here"
+            );
+            return;
+        }
+        assert!(
+            buffer.len() >= cached,
+            "{outcome:?}: {} bytes copied of the {cached} cached",
+            buffer.len()
+        );
+        assert!(
+            buffer[..] == content[..buffer.len()],
+            "the cached bytes differ"
+        );
+        let mut readers = vec![LocalReader::new(LocalIo::Pread).expect("pread")];
+        readers.extend(LocalReader::new(LocalIo::Uring).ok());
+        for reader in readers {
+            // SAFETY: as above.
+            let status = unsafe {
+                libc::posix_fadvise(file.as_raw_fd(), dropped, 0, libc::POSIX_FADV_DONTNEED)
+            };
+            assert_eq!(status, 0);
+            let bytes = reader
+                .read(&file, 0..size as u64 + 100)
+                .await
+                .expect("read");
+            assert!(bytes[..] == content[..], "{:?}", reader.backend());
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_backends_read_on_from_the_bytes_a_buffer_already_holds() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("prefix.bin");
+        let size = 3 * PIECE_BYTES + 777;
+        let content = test_bytes(size);
+        std::fs::write(&path, &content).expect("write");
+        let file = Arc::new(File::open(&path).expect("open"));
+        let mut readers = vec![LocalReader::new(LocalIo::Pread).expect("pread")];
+        readers.extend(LocalReader::new(LocalIo::Uring).ok());
+        for reader in readers {
+            for (start, held, end) in [
+                (0, PIECE_BYTES + PIECE_BYTES / 2 + 3, size),
+                (5, 10, 2 * PIECE_BYTES),
+                (PIECE_BYTES, PIECE_BYTES, size + 4096),
+                (100, 0, 200),
+            ] {
+                let length = end - start;
+                let mut buffer = Vec::with_capacity(length);
+                buffer.extend_from_slice(&content[start..start + held]);
+                let bytes = reader
+                    .read_rest(&file, start as u64, buffer, length)
+                    .await
+                    .expect("read");
+                let expected = &content[start..end.min(size)];
+                assert_eq!(
+                    bytes.len(),
+                    expected.len(),
+                    "{:?} {start}+{held}..{end}",
+                    reader.backend()
+                );
+                assert!(
+                    bytes[..] == expected[..],
+                    "{:?} {start}+{held}..{end}: bytes differ",
+                    reader.backend()
+                );
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reads_in_reused_buffers_hold_their_own_bytes() {
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("bytes.bin");
@@ -873,8 +1075,16 @@ mod tests {
             .collect();
         std::fs::write(&path, &content).expect("write");
         let file = Arc::new(File::open(&path).expect("open"));
-        let mut readers = vec![LocalReader::new(LocalIo::Pread).expect("pread")];
-        readers.extend(LocalReader::new(LocalIo::Uring).ok());
+        let mut readers = vec![
+            LocalReader::new(LocalIo::Pread).expect("pread"),
+            backend_only(LocalReader::new(LocalIo::Pread).expect("pread")),
+        ];
+        if let Ok(uring) = LocalReader::new(LocalIo::Uring) {
+            readers.push(uring);
+            readers.push(backend_only(
+                LocalReader::new(LocalIo::Uring).expect("io_uring"),
+            ));
+        }
         for reader in readers {
             // Each read reuses the buffer of the one before, which held other bytes; the last one is cut
             // short by the end of the file.
@@ -895,7 +1105,7 @@ mod tests {
             .collect();
         std::fs::write(&path, &content).expect("write");
         let file = Arc::new(File::open(&path).expect("open"));
-        let Ok(reader) = LocalReader::new(LocalIo::Uring) else {
+        let Ok(reader) = LocalReader::new(LocalIo::Uring).map(backend_only) else {
             eprintln!(
                 "skipped: many_reads_in_flight_over_the_shared_queue_each_get_their_bytes: io_uring refused here"
             );
@@ -931,9 +1141,9 @@ mod tests {
             .write_all(&content)
             .expect("write");
         let file = Arc::new(File::open(&path).expect("open"));
-        let pread = LocalReader::new(LocalIo::Pread).expect("pread");
+        let pread = backend_only(LocalReader::new(LocalIo::Pread).expect("pread"));
         let uring = match LocalReader::new(LocalIo::Uring) {
-            Ok(reader) => reader,
+            Ok(reader) => backend_only(reader),
             Err(error) => {
                 eprintln!(
                     "skipped: uring_and_pread_read_the_same_bytes: io_uring refused here ({error})"
