@@ -2,13 +2,16 @@
 //!
 //! # Implementation
 //!
-//! A read first copies what the page cache holds of its range on the caller's thread, with
-//! `preadv2(RWF_NOWAIT)`, which copies cached pages and answers `EAGAIN` (or a short count) instead of
-//! waiting for the device: the system call exists for this, so that a thread-pool design hands only the
-//! reads that would block to its pool. The copy costs the same CPU on whichever thread makes it; made by the
-//! caller, it needs no hand-off and no wake-up, and it does not preempt another decoder on the core where a
-//! ring thread would have run. Only what is left (the pages not cached, or every read where the file system
-//! refuses `RWF_NOWAIT`) goes to the backend below.
+//! [`LocalReader::read_cached_first`], the Parquet decoder's read, first copies what the page cache holds
+//! of its range on the caller's thread, with `preadv2(RWF_NOWAIT)`, which copies cached pages and answers
+//! `EAGAIN` (or a short count) instead of waiting for the device: the system call exists for this, so that
+//! a thread-pool design hands only the reads that would block to its pool. The copy costs the same CPU on
+//! whichever thread makes it; made by a decoder that has nothing to do until its bytes arrive, it needs no
+//! hand-off and no wake-up, and it does not preempt another decoder on the core where a ring thread would
+//! have run. Only what is left (the pages not cached, or every read where the file system refuses
+//! `RWF_NOWAIT`) goes to the backend below, which [`LocalReader::read`] uses for the whole range: a caller
+//! with many reads in flight in one task has them copied in parallel by the ring threads, where copies on
+//! its own thread would follow one another.
 //!
 //! There is one ring per core this process may use, each owned by its own thread. A caller takes the
 //! read's buffer (unzeroed), puts the rest of the request on a queue the ring threads share, and awaits a
@@ -100,9 +103,9 @@ pub struct LocalReader {
     backend: LocalBackend,
     rings: Option<Arc<Rings>>,
     buffers: Arc<BufferPool>,
-    /// Whether reads first copy what the page cache holds on the caller's thread ([`read_cached`]); cleared
-    /// for good when the file system refuses `RWF_NOWAIT`.
-    cached_first: Arc<AtomicBool>,
+    /// Set for good when the file system refuses `RWF_NOWAIT`: [`LocalReader::read_cached_first`] then
+    /// sends every read to the backend.
+    nowait_refused: Arc<AtomicBool>,
 }
 
 /// Buffers this long or longer are pooled; shorter ones come from the allocator's heap, which reuses
@@ -229,7 +232,7 @@ impl LocalReader {
             backend: LocalBackend::Uring,
             rings: Some(Arc::new(Rings { sender })),
             buffers: Arc::default(),
-            cached_first: Arc::new(AtomicBool::new(true)),
+            nowait_refused: Arc::default(),
         })
     }
 
@@ -238,7 +241,7 @@ impl LocalReader {
             backend: LocalBackend::Pread,
             rings: None,
             buffers: Arc::default(),
-            cached_first: Arc::new(AtomicBool::new(true)),
+            nowait_refused: Arc::default(),
         }
     }
 
@@ -247,27 +250,42 @@ impl LocalReader {
         self.backend
     }
 
-    /// Reads `range` of `file`; the result is shorter only at the end of the file.
+    /// Reads `range` of `file` through the backend; the result is shorter only at the end of the file.
     ///
     /// The buffer is taken here, on the caller's thread, from the buffers of finished reads, or allocated
     /// on the thread where the decoder that holds the bytes frees them: either way the memory is handed out
-    /// again for the next read instead of fresh pages being mapped. What the page cache holds is copied
-    /// here too, before the rest goes to the backend (see the module's documentation): the caller's thread
-    /// is busy for as long as that copy takes, and never waits for the device.
+    /// again for the next read instead of fresh pages being mapped.
     ///
     /// # Errors
     ///
     /// Returns the OS error of the read.
     pub async fn read(&self, file: &Arc<File>, range: Range<u64>) -> std::io::Result<Bytes> {
-        let length = usize::try_from(range.end.saturating_sub(range.start)).map_err(|_| {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, "range too large")
-        })?;
+        let length = range_length(&range)?;
+        let buffer = self.buffers.take(length);
+        let filled = self.read_rest(file, range.start, buffer, length).await?;
+        Ok(self.buffers.bytes(filled))
+    }
+
+    /// Reads `range` of `file` like [`LocalReader::read`], after copying what the page cache holds of it on
+    /// this thread (see the module's documentation): the thread is busy for as long as that copy takes, and
+    /// never waits for the device. For a caller that awaits the bytes before it can go on, as a decoder does;
+    /// concurrent reads of one task are copied one after another.
+    ///
+    /// # Errors
+    ///
+    /// Returns the OS error of the read.
+    pub async fn read_cached_first(
+        &self,
+        file: &Arc<File>,
+        range: Range<u64>,
+    ) -> std::io::Result<Bytes> {
+        let length = range_length(&range)?;
         let mut buffer = self.buffers.take(length);
-        if self.cached_first.load(Ordering::Relaxed) {
+        if !self.nowait_refused.load(Ordering::Relaxed) {
             match read_cached(file, range.start, &mut buffer, length) {
                 Cached::Complete => return Ok(self.buffers.bytes(buffer)),
                 Cached::Partial => {}
-                Cached::Refused => self.cached_first.store(false, Ordering::Relaxed),
+                Cached::Refused => self.nowait_refused.store(true, Ordering::Relaxed),
             }
         }
         let filled = self.read_rest(file, range.start, buffer, length).await?;
@@ -308,6 +326,12 @@ impl LocalReader {
             }
         }
     }
+}
+
+/// The length of `range` as a buffer length.
+fn range_length(range: &Range<u64>) -> std::io::Result<usize> {
+    usize::try_from(range.end.saturating_sub(range.start))
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "range too large"))
 }
 
 /// How far [`read_cached`] got.
@@ -724,7 +748,7 @@ impl LocalFileReader {
         let wanted = range.end.saturating_sub(range.start);
         let bytes = self
             .reader
-            .read(&self.file, range.clone())
+            .read_cached_first(&self.file, range.clone())
             .await
             .map_err(|error| self.error(error))?;
         if (bytes.len() as u64) < wanted {
@@ -860,12 +884,6 @@ mod tests {
         assert_eq!(error.raw_os_error(), Some(libc::EIO));
     }
 
-    /// `reader`, sending every read to its backend: without the copy of cached pages first.
-    fn backend_only(reader: LocalReader) -> LocalReader {
-        reader.cached_first.store(false, Ordering::Relaxed);
-        reader
-    }
-
     /// The bytes of a test file: position-dependent, so that a byte in the wrong place shows.
     fn test_bytes(length: usize) -> Vec<u8> {
         (0..length)
@@ -881,16 +899,13 @@ mod tests {
             );
             return;
         }
-        for cached_first in [true, false] {
-            let mut uring = LocalReader::new(LocalIo::Uring).expect("io_uring");
-            if !cached_first {
-                uring = backend_only(uring);
-            }
-            long_reads_come_back_whole(&uring).await;
+        for cached_first in [false, true] {
+            long_reads_come_back_whole(cached_first).await;
         }
     }
 
-    async fn long_reads_come_back_whole(uring: &LocalReader) {
+    async fn long_reads_come_back_whole(cached_first: bool) {
+        let uring = LocalReader::new(LocalIo::Uring).expect("io_uring");
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("long.bin");
         let size = 3 * PIECE_BYTES + PIECE_BYTES / 2;
@@ -915,9 +930,13 @@ mod tests {
                 };
                 assert_eq!(status, 0, "dropping the file from the page cache");
             }
-            let reads = futures::future::try_join_all(
-                ranges.iter().map(|range| uring.read(&file, range.clone())),
-            )
+            let reads = futures::future::try_join_all(ranges.iter().map(|range| async {
+                if cached_first {
+                    uring.read_cached_first(&file, range.clone()).await
+                } else {
+                    uring.read(&file, range.clone()).await
+                }
+            }))
             .await
             .expect("reads");
             for (range, bytes) in ranges.iter().zip(reads) {
@@ -1019,7 +1038,7 @@ mod tests {
             };
             assert_eq!(status, 0);
             let bytes = reader
-                .read(&file, 0..size as u64 + 100)
+                .read_cached_first(&file, 0..size as u64 + 100)
                 .await
                 .expect("read");
             assert!(bytes[..] == content[..], "{:?}", reader.backend());
@@ -1075,16 +1094,8 @@ mod tests {
             .collect();
         std::fs::write(&path, &content).expect("write");
         let file = Arc::new(File::open(&path).expect("open"));
-        let mut readers = vec![
-            LocalReader::new(LocalIo::Pread).expect("pread"),
-            backend_only(LocalReader::new(LocalIo::Pread).expect("pread")),
-        ];
-        if let Ok(uring) = LocalReader::new(LocalIo::Uring) {
-            readers.push(uring);
-            readers.push(backend_only(
-                LocalReader::new(LocalIo::Uring).expect("io_uring"),
-            ));
-        }
+        let mut readers = vec![LocalReader::new(LocalIo::Pread).expect("pread")];
+        readers.extend(LocalReader::new(LocalIo::Uring).ok());
         for reader in readers {
             // Each read reuses the buffer of the one before, which held other bytes; the last one is cut
             // short by the end of the file.
@@ -1105,7 +1116,7 @@ mod tests {
             .collect();
         std::fs::write(&path, &content).expect("write");
         let file = Arc::new(File::open(&path).expect("open"));
-        let Ok(reader) = LocalReader::new(LocalIo::Uring).map(backend_only) else {
+        let Ok(reader) = LocalReader::new(LocalIo::Uring) else {
             eprintln!(
                 "skipped: many_reads_in_flight_over_the_shared_queue_each_get_their_bytes: io_uring refused here"
             );
@@ -1141,9 +1152,9 @@ mod tests {
             .write_all(&content)
             .expect("write");
         let file = Arc::new(File::open(&path).expect("open"));
-        let pread = backend_only(LocalReader::new(LocalIo::Pread).expect("pread"));
+        let pread = LocalReader::new(LocalIo::Pread).expect("pread");
         let uring = match LocalReader::new(LocalIo::Uring) {
-            Ok(reader) => backend_only(reader),
+            Ok(reader) => reader,
             Err(error) => {
                 eprintln!(
                     "skipped: uring_and_pread_read_the_same_bytes: io_uring refused here ({error})"
