@@ -18,10 +18,11 @@
 //! oneshot reply; a ring thread takes more requests only while it has fewer than two pieces waiting, so a
 //! ring with a backlog leaves new reads to an idle one. The rest of a read is cut into 1 MiB pieces. Each
 //! piece is first issued with `RWF_NOWAIT`, so the kernel copies right away on the ring's thread what the
-//! page cache has gained since the caller looked, and answers `EAGAIN` (or a short count) instead of
-//! waiting for the device; what is left of the piece is then issued again with `IOSQE_ASYNC`, for the
-//! kernel's worker threads, which wait for the device and serve several pieces at once. Cold reads thus
-//! keep many requests in flight at the device, and warm reads cost one copy and no thread hop.
+//! page cache holds, and answers `EAGAIN` (or a short count) instead of waiting for the device; what is
+//! left of the piece is then issued again with `IOSQE_ASYNC`, for the kernel's worker threads, which wait
+//! for the device and serve several pieces at once. Cold reads thus keep many requests in flight at the
+//! device, and a warm read costs one copy: on the caller's thread with `read_cached_first`, on a ring's
+//! thread, after one hop, with `read`.
 //!
 //! The thread keeps each buffer and file in the read's entry until the completion of every piece has
 //! arrived, so the kernel never writes into freed memory and never reads a closed descriptor. A piece that
