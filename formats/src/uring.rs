@@ -885,11 +885,19 @@ mod tests {
         assert_eq!(error.raw_os_error(), Some(libc::EIO));
     }
 
-    /// The bytes of a test file: position-dependent, so that a byte in the wrong place shows.
-    fn test_bytes(length: usize) -> Vec<u8> {
-        (0..length)
+    /// A file of `length` bytes on disk (synced, so the page cache can drop it), open, and its bytes:
+    /// position-dependent, so that a byte in the wrong place shows.
+    fn test_file(length: usize) -> (tempfile::TempDir, Arc<File>, Vec<u8>) {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("bytes.bin");
+        let content: Vec<u8> = (0..length)
             .map(|index| (index.wrapping_mul(2_654_435_761) >> 13) as u8)
-            .collect()
+            .collect();
+        let mut writer = std::fs::File::create(&path).expect("create");
+        writer.write_all(&content).expect("write");
+        writer.sync_all().expect("sync");
+        let file = Arc::new(File::open(&path).expect("open"));
+        (directory, file, content)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -907,14 +915,8 @@ mod tests {
 
     async fn long_reads_come_back_whole(cached_first: bool) {
         let uring = LocalReader::new(LocalIo::Uring).expect("io_uring");
-        let directory = tempfile::tempdir().expect("tempdir");
-        let path = directory.path().join("long.bin");
         let size = 3 * PIECE_BYTES + PIECE_BYTES / 2;
-        let content = test_bytes(size);
-        let mut writer = std::fs::File::create(&path).expect("create");
-        writer.write_all(&content).expect("write");
-        writer.sync_all().expect("sync");
-        let file = Arc::new(File::open(&path).expect("open"));
+        let (_directory, file, content) = test_file(size);
         let size = size as u64;
         let piece = PIECE_BYTES as u64;
         let ranges = [
@@ -999,14 +1001,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cached_pages_are_copied_first_and_the_backend_reads_the_rest() {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let path = directory.path().join("half-cached.bin");
         let size = 4 * PIECE_BYTES + 12_345;
-        let content = test_bytes(size);
-        let mut writer = std::fs::File::create(&path).expect("create");
-        writer.write_all(&content).expect("write");
-        writer.sync_all().expect("sync");
-        let file = Arc::new(File::open(&path).expect("open"));
+        let (_directory, file, content) = test_file(size);
         let cached = 2 * PIECE_BYTES;
         let dropped = i64::try_from(cached).expect("fits");
         // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is open.
@@ -1048,12 +1044,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_backends_read_on_from_the_bytes_a_buffer_already_holds() {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let path = directory.path().join("prefix.bin");
         let size = 3 * PIECE_BYTES + 777;
-        let content = test_bytes(size);
-        std::fs::write(&path, &content).expect("write");
-        let file = Arc::new(File::open(&path).expect("open"));
+        let (_directory, file, content) = test_file(size);
         let mut readers = vec![LocalReader::new(LocalIo::Pread).expect("pread")];
         readers.extend(LocalReader::new(LocalIo::Uring).ok());
         for reader in readers {
@@ -1088,13 +1080,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reads_in_reused_buffers_hold_their_own_bytes() {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let path = directory.path().join("bytes.bin");
-        let content: Vec<u8> = (0..(5u32 << 20))
-            .map(|value| (value.wrapping_mul(2_654_435_761) >> 24) as u8)
-            .collect();
-        std::fs::write(&path, &content).expect("write");
-        let file = Arc::new(File::open(&path).expect("open"));
+        let (_directory, file, content) = test_file(5 << 20);
         let mut readers = vec![LocalReader::new(LocalIo::Pread).expect("pread")];
         readers.extend(LocalReader::new(LocalIo::Uring).ok());
         for reader in readers {
@@ -1110,13 +1096,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_reads_in_flight_over_the_shared_queue_each_get_their_bytes() {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let path = directory.path().join("bytes.bin");
-        let content: Vec<u8> = (0..(6u32 << 20))
-            .map(|value| (value.wrapping_mul(2_654_435_761) >> 24) as u8)
-            .collect();
-        std::fs::write(&path, &content).expect("write");
-        let file = Arc::new(File::open(&path).expect("open"));
+        let (_directory, file, content) = test_file(6 << 20);
         let Ok(reader) = LocalReader::new(LocalIo::Uring) else {
             eprintln!(
                 "skipped: many_reads_in_flight_over_the_shared_queue_each_get_their_bytes: io_uring refused here"
@@ -1143,16 +1123,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn uring_and_pread_read_the_same_bytes() {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let path = directory.path().join("bytes.bin");
-        let content: Vec<u8> = (0..300_000u32)
-            .map(|value| (value.wrapping_mul(2_654_435_761) >> 24) as u8)
-            .collect();
-        std::fs::File::create(&path)
-            .expect("create")
-            .write_all(&content)
-            .expect("write");
-        let file = Arc::new(File::open(&path).expect("open"));
+        let (_directory, file, content) = test_file(300_000);
         let pread = LocalReader::new(LocalIo::Pread).expect("pread");
         let uring = match LocalReader::new(LocalIo::Uring) {
             Ok(reader) => reader,
