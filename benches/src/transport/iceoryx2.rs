@@ -11,7 +11,7 @@ use iceoryx2::prelude::{
     set_log_level_from_env_or,
 };
 
-use crate::error::{BenchError, Result, TransportSource};
+use crate::error::{BenchError, Result};
 use crate::peer::{self, ConsumerContext, PeerArgs};
 use crate::transport::{Measurement, RunContext, Transport};
 use crate::workload::{Checker, Source, monotonic_ns, queue_depth, stamp};
@@ -20,28 +20,16 @@ const TRANSPORT: Transport = Transport::Iceoryx2;
 const SPINS_BEFORE_YIELD: u32 = 1 << 12;
 const PAYLOAD_ALIGNMENT: usize = 64;
 
-/// Maps an error of `operation` to a [`BenchError`]; `operation` runs only on the error path, so the
-/// per-sample calls format nothing.
-fn iceoryx_error<E: Into<TransportSource>, S: Into<String>>(
-    operation: impl FnOnce() -> S,
-) -> impl FnOnce(E) -> BenchError {
-    move |source| BenchError::Transport {
-        transport: TRANSPORT,
-        operation: operation().into(),
-        source: source.into(),
-    }
-}
-
 fn node() -> Result<iceoryx2::node::Node<ipc::Service>> {
     set_log_level_from_env_or(LogLevel::Error);
     NodeBuilder::new()
         .signal_handling_mode(SignalHandlingMode::Disabled)
         .create::<ipc::Service>()
-        .map_err(iceoryx_error(|| "creating a node"))
+        .map_err(TRANSPORT.error(|| "creating a node"))
 }
 
 fn service_name(name: &str) -> Result<ServiceName> {
-    ServiceName::new(name).map_err(iceoryx_error(|| format!("naming the service {name:?}")))
+    ServiceName::new(name).map_err(TRANSPORT.error(|| format!("naming the service {name:?}")))
 }
 
 pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<Measurement> {
@@ -71,19 +59,19 @@ pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<M
             .max_publishers(1)
             .max_subscribers(1)
             .create()
-            .map_err(iceoryx_error(|| format!("creating the service {name:?}")))?;
+            .map_err(TRANSPORT.error(|| format!("creating the service {name:?}")))?;
         let subscriber = service
             .subscriber_builder()
             .buffer_size(depth)
             .create()
-            .map_err(iceoryx_error(|| "creating the subscriber"))?;
+            .map_err(TRANSPORT.error(|| "creating the subscriber"))?;
         consumer_context.ready();
         let mut checker = Checker::new(TRANSPORT, size);
         let mut idle_spins = 0u32;
         while checker.received() < count {
             let received = subscriber
                 .receive()
-                .map_err(iceoryx_error(|| "receiving a sample"))?;
+                .map_err(TRANSPORT.error(|| "receiving a sample"))?;
             match received {
                 Some(sample) => {
                     checker.check(sample.payload())?;
@@ -114,27 +102,25 @@ pub(super) fn produce(args: &PeerArgs) -> Result<()> {
         .service_builder(&service_name(&args.path)?)
         .publish_subscribe::<[u8]>()
         .open()
-        .map_err(iceoryx_error(|| {
-            format!("opening the service {:?}", args.path)
-        }))?;
+        .map_err(TRANSPORT.error(|| format!("opening the service {:?}", args.path)))?;
     let publisher = service
         .publisher_builder()
         .initial_max_slice_len(args.size)
         .max_loaned_samples(1)
         .backpressure_strategy(BackpressureStrategy::RetryUntilDelivered)
         .create()
-        .map_err(iceoryx_error(|| "creating the publisher"))?;
+        .map_err(TRANSPORT.error(|| "creating the publisher"))?;
     let source = Source::new(args.size);
     let start_ns = monotonic_ns();
     for sequence in 0..args.count {
         let sample = publisher
             .loan_slice_uninit(args.size)
-            .map_err(iceoryx_error(|| format!("loaning sample {sequence}")))?;
+            .map_err(TRANSPORT.error(|| format!("loaning sample {sequence}")))?;
         let mut sample = sample.write_from_slice(source.bytes());
         stamp(sample.payload_mut(), sequence);
         sample
             .send()
-            .map_err(iceoryx_error(|| format!("sending sample {sequence}")))?;
+            .map_err(TRANSPORT.error(|| format!("sending sample {sequence}")))?;
     }
     peer::report_start(TRANSPORT, start_ns)?;
     // The samples live in this process's data segment: keep the publisher until the subscriber has them.

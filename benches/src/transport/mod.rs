@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::affinity::Placement;
-use crate::error::{BenchError, Result};
+use crate::error::{BenchError, Result, TransportSource};
 use crate::peer::{PeerArgs, PeerCommand};
 
 /// A way to move records from a producer to a consumer.
@@ -35,6 +35,19 @@ impl Transport {
         Transport::Crossbeam,
         Transport::Iceoryx2,
     ];
+
+    /// Maps an error of `operation` on this transport to a [`BenchError`]; `operation` runs only on the
+    /// error path, so the per-record calls format nothing.
+    fn error<E: Into<TransportSource>, S: Into<String>>(
+        self,
+        operation: impl FnOnce() -> S,
+    ) -> impl FnOnce(E) -> BenchError {
+        move |source| BenchError::Transport {
+            transport: self,
+            operation: operation().into(),
+            source: source.into(),
+        }
+    }
 
     /// The name used in the output and on the command line.
     pub fn name(self) -> &'static str {

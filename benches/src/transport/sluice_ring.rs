@@ -2,7 +2,7 @@
 
 use sluice_ring::{RecordKind, RecordMeta, Ring, RingOptions};
 
-use crate::error::{BenchError, Result, TransportSource};
+use crate::error::Result;
 use crate::peer::{self, ConsumerContext, PeerArgs, STALL_TIMEOUT};
 use crate::transport::{Measurement, RunContext, Transport};
 use crate::workload::{Checker, QUEUE_BYTES, Source, monotonic_ns};
@@ -13,18 +13,6 @@ const TRANSPORT: Transport = Transport::SluiceRing;
 /// 64-byte header, padded to 64 bytes) if larger.
 fn capacity(size: usize) -> u64 {
     QUEUE_BYTES.max(4 * (size.next_multiple_of(64) + 64)) as u64
-}
-
-/// Maps an error of `operation` to a [`BenchError`]; `operation` runs only on the error path, so the
-/// per-record calls format nothing.
-fn ring_error<E: Into<TransportSource>, S: Into<String>>(
-    operation: impl FnOnce() -> S,
-) -> impl FnOnce(E) -> BenchError {
-    move |source| BenchError::Transport {
-        transport: TRANSPORT,
-        operation: operation().into(),
-        source: source.into(),
-    }
 }
 
 pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<Measurement> {
@@ -40,14 +28,17 @@ pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<M
         let ring = RingOptions::new(&path)
             .capacity(capacity(size))
             .create()
-            .map_err(ring_error(|| format!("creating {}", path.display())))?;
+            .map_err(TRANSPORT.error(|| format!("creating {}", path.display())))?;
         let mut consumer = ring
             .consumer()
-            .map_err(ring_error(|| "attaching the consumer"))?;
+            .map_err(TRANSPORT.error(|| "attaching the consumer"))?;
         consumer.set_peer_timeout(STALL_TIMEOUT);
         consumer_context.ready();
         let mut checker = Checker::new(TRANSPORT, size);
-        while let Some(record) = consumer.next().map_err(ring_error(|| "reading a record"))? {
+        while let Some(record) = consumer
+            .next()
+            .map_err(TRANSPORT.error(|| "reading a record"))?
+        {
             checker.check(record.payload())?;
         }
         let end_ns = monotonic_ns();
@@ -58,10 +49,11 @@ pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<M
 }
 
 pub(super) fn produce(args: &PeerArgs) -> Result<()> {
-    let ring = Ring::open(&args.path).map_err(ring_error(|| format!("opening {}", args.path)))?;
+    let ring =
+        Ring::open(&args.path).map_err(TRANSPORT.error(|| format!("opening {}", args.path)))?;
     let mut producer = ring
         .producer()
-        .map_err(ring_error(|| "attaching the producer"))?;
+        .map_err(TRANSPORT.error(|| "attaching the producer"))?;
     producer.set_peer_timeout(STALL_TIMEOUT);
     let source = Source::new(args.size);
     let meta = RecordMeta {
@@ -74,7 +66,7 @@ pub(super) fn produce(args: &PeerArgs) -> Result<()> {
     for sequence in 0..args.count {
         let mut slot = producer
             .reserve(args.size)
-            .map_err(ring_error(|| format!("reserving record {sequence}")))?;
+            .map_err(TRANSPORT.error(|| format!("reserving record {sequence}")))?;
         source.fill(slot.payload_mut(), sequence);
         slot.commit(meta);
     }
