@@ -5,6 +5,7 @@
 //! ring's ledger: the records it folds must continue the ledger's consumed count with no gap across the
 //! kills, and the count must end at exactly the number of records.
 
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -57,12 +58,21 @@ fn killed_producers_lose_and_repeat_nothing() {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn producer");
+        let mut stderr_pipe = BufReader::new(producer.stderr.take().expect("stderr"));
+        let mut stderr = String::new();
+        random = mix(random);
+        if !random.is_multiple_of(8) {
+            // Most kills land after the producer has attached, however slowly the machine starts
+            // processes; the rest may land during the attach itself.
+            while stderr_pipe.read_line(&mut stderr).expect("read") > 0
+                && !stderr.contains("producer starts at ")
+            {}
+        }
         random = mix(random);
         std::thread::sleep(Duration::from_micros(500 + random % 15_000));
         producer.kill().expect("SIGKILL");
         let status = producer.wait().expect("wait");
-        let stderr =
-            std::io::read_to_string(producer.stderr.take().expect("stderr")).expect("read");
+        stderr_pipe.read_to_string(&mut stderr).expect("read");
         if let Some(start) = stderr
             .lines()
             .find_map(|line| line.strip_prefix("producer starts at "))
