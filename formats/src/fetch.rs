@@ -18,6 +18,7 @@ use parquet::file::metadata::ParquetMetaData;
 pub struct FetchStats {
     busy_ns: AtomicU64,
     bytes: AtomicU64,
+    mapped: AtomicU64,
 }
 
 impl FetchStats {
@@ -31,6 +32,17 @@ impl FetchStats {
     pub fn bytes(&self) -> u64 {
         // Relaxed: a statistic.
         self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The bytes of those read from a mapping of a local file, with no copy.
+    pub fn mapped_bytes(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.mapped.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_mapped(&self, bytes: u64) {
+        // Relaxed: a statistic.
+        self.mapped.fetch_add(bytes, Ordering::Relaxed);
     }
 
     fn record(&self, started: Instant, bytes: u64) {

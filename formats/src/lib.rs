@@ -22,6 +22,7 @@ pub mod fetch;
 pub mod filter;
 pub mod follow;
 pub mod generate;
+mod mapped;
 mod parquet;
 pub mod plan;
 pub mod read;

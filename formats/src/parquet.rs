@@ -29,7 +29,7 @@ use arrow::array::{Array, ArrayRef, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt};
-use futures::stream::{BoxStream, StreamExt, TryStreamExt};
+use futures::stream::{BoxStream, StreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::ProjectionMask;
@@ -48,6 +48,7 @@ use crate::coverage::{Coverage, SplitBatch, covered_stream};
 use crate::error::{FormatError, Result};
 use crate::fetch::{FetchStats, Measured};
 use crate::filter::{CompareOp, Expr, Literal, PruningStatistics};
+use crate::mapped::LazyMapping;
 use crate::read::ReadPlan;
 use crate::uring::{LocalFileReader, LocalReader};
 
@@ -159,12 +160,10 @@ impl FileAccess {
         &self.fetch
     }
 
-    pub(crate) async fn open(
-        &self,
-        path: &Path,
-        uri: &str,
-        size: u64,
-    ) -> Result<Box<dyn AsyncFileReader>> {
+    /// Opens a file for reads. Batches decoded from its column chunks must go through the mapping's
+    /// `settle` before they leave (see [`crate::mapped`]).
+    pub(crate) async fn open(&self, path: &Path, uri: &str, size: u64) -> Result<OpenFile> {
+        let mut mapping = LazyMapping::default();
         let reader: Box<dyn AsyncFileReader> = match &self.route {
             Route::Store(store) => {
                 Box::new(StoreReader::new(Arc::clone(store), path.clone(), size))
@@ -185,18 +184,31 @@ impl FileAccess {
                         uri: uri.to_string(),
                         reason: "not a local file path".to_string(),
                     })?;
-                let file = LocalFileReader::open(reader.clone(), file_path, size, uri)
-                    .await
-                    .map_err(|error| FormatError::io(format!("opening {uri}"), error))?;
+                let file = LocalFileReader::open(
+                    reader.clone(),
+                    file_path,
+                    size,
+                    uri,
+                    Arc::clone(&self.fetch),
+                )
+                .await
+                .map_err(|error| FormatError::io(format!("opening {uri}"), error))?;
+                mapping = file.mapping();
                 Box::new(file)
             }
         };
-        Ok(Box::new(Measured::new(
-            reader,
-            Arc::clone(&self.fetch),
-            size,
-        )))
+        Ok(OpenFile {
+            reader: Box::new(Measured::new(reader, Arc::clone(&self.fetch), size)),
+            mapping,
+        })
     }
+}
+
+/// A file opened by [`FileAccess::open`].
+pub(crate) struct OpenFile {
+    pub(crate) reader: Box<dyn AsyncFileReader>,
+    /// The mapping its column chunk reads may make; empty for files that are not local.
+    pub(crate) mapping: LazyMapping,
 }
 
 /// The parts of the page index a read needs from a footer.
@@ -264,7 +276,7 @@ impl FooterCache {
         {
             return Ok(cached.clone());
         }
-        let mut reader = access.open(path, uri, size).await?;
+        let mut reader = access.open(path, uri, size).await?.reader;
         let metadata = match cached {
             // The footer is known: only the page index is missing, so only the page index is read.
             Some(cached) => {
@@ -677,7 +689,7 @@ pub(crate) async fn read_split(
     let parquet_metadata = Arc::clone(metadata.metadata());
     let file_schema: SchemaRef = Arc::clone(metadata.schema());
 
-    let reader = request
+    let OpenFile { reader, mapping } = request
         .access
         .open(request.path, request.uri, request.file_size)
         .await?;
@@ -821,9 +833,19 @@ pub(crate) async fn read_split(
     let partitions = request.partitions;
     let plan = plan.clone();
     let decoded = stream
-        .map_err({
+        .map({
             let uri = uri.clone();
-            move |error| FormatError::parquet(uri.clone(), error)
+            move |decoded| {
+                let shrank = |error| FormatError::io(format!("reading parquet file {uri}"), error);
+                match decoded {
+                    Ok(batch) => mapping.settle(batch).map_err(shrank),
+                    // Bytes of zeros from a file that shrank fail to decode; the shrink is the cause.
+                    Err(error) => Err(match mapping.check() {
+                        Ok(()) => FormatError::parquet(uri.clone(), error),
+                        Err(shrink) => shrank(shrink),
+                    }),
+                }
+            }
         })
         .boxed();
     let output_schema = Arc::clone(&plan.output_schema);
@@ -862,6 +884,7 @@ fn selected_runs(
 mod tests {
     use super::*;
     use crate::filter::Expr;
+    use futures::TryStreamExt;
 
     fn expand(selection: &RowSelection) -> Vec<bool> {
         selection
@@ -923,7 +946,8 @@ mod tests {
         let reader = access
             .open(&object_path, &path.to_string_lossy(), size)
             .await
-            .expect("opens");
+            .expect("opens")
+            .reader;
         let mut builder =
             ParquetRecordBatchStreamBuilder::new_with_metadata(reader, footer.clone());
         let bloom = builder

@@ -2,6 +2,11 @@
 //!
 //! # Implementation
 //!
+//! The Parquet decoder takes the column chunks that the page cache holds in full straight from a mapping
+//! of the file, with no copy at all (see `mapped.rs`, which also covers files that shrink while mapped).
+//! Footers, page indexes and bloom filters, which outlive the decode in caches, and chunks the page cache
+//! lacks are read.
+//!
 //! [`LocalReader::read_cached_first`], the Parquet decoder's read, first copies what the page cache holds
 //! of its range on the caller's thread, with `preadv2(RWF_NOWAIT)`, which copies cached pages and answers
 //! `EAGAIN` (or a short count) instead of waiting for the device: the system call exists for this, so that
@@ -52,6 +57,9 @@ use futures::future::{BoxFuture, FutureExt};
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::file::metadata::ParquetMetaData;
+
+use crate::fetch::FetchStats;
+use crate::mapped::LazyMapping;
 
 /// Entries of the submission queue.
 const RING_ENTRIES: u32 = 128;
@@ -717,6 +725,8 @@ pub(crate) struct LocalFileReader {
     file: Arc<File>,
     file_size: u64,
     uri: String,
+    mapping: LazyMapping,
+    fetch: Arc<FetchStats>,
 }
 
 impl LocalFileReader {
@@ -726,6 +736,7 @@ impl LocalFileReader {
         path: std::path::PathBuf,
         file_size: u64,
         uri: &str,
+        fetch: Arc<FetchStats>,
     ) -> std::io::Result<Self> {
         let file = tokio::task::spawn_blocking(move || File::open(path))
             .await
@@ -735,7 +746,35 @@ impl LocalFileReader {
             file: Arc::new(file),
             file_size,
             uri: uri.to_string(),
+            mapping: LazyMapping::default(),
+            fetch,
         })
+    }
+
+    /// The mapping the column chunk reads use, for settling what is decoded from them.
+    pub(crate) fn mapping(&self) -> LazyMapping {
+        self.mapping.clone()
+    }
+
+    /// `range` straight from a mapping of the file when the page cache holds all of it.
+    fn mapped(&self, range: &Range<u64>) -> Option<Bytes> {
+        let mapping = self
+            .mapping
+            .get_or_map(&self.file, self.file_size, &self.uri)?;
+        let range = usize::try_from(range.start).ok()?..usize::try_from(range.end).ok()?;
+        if !mapping.resident(range.clone()) {
+            return None;
+        }
+        self.fetch.record_mapped(range.len() as u64);
+        Some(mapping.bytes().slice(range))
+    }
+
+    /// A column chunk range: from the mapping when it is cached, read otherwise.
+    async fn chunk(&self, range: Range<u64>) -> parquet::errors::Result<Bytes> {
+        match self.mapped(&range) {
+            Some(bytes) => Ok(bytes),
+            None => self.exact(range).await,
+        }
     }
 
     fn error(&self, error: std::io::Error) -> parquet::errors::ParquetError {
@@ -774,7 +813,7 @@ impl AsyncFileReader for LocalFileReader {
         async move {
             let (merged, owner) = coalesce(&ranges);
             let fetched =
-                futures::future::try_join_all(merged.iter().map(|range| self.exact(range.clone())))
+                futures::future::try_join_all(merged.iter().map(|range| self.chunk(range.clone())))
                     .await?;
             Ok(ranges
                 .iter()
