@@ -472,6 +472,8 @@ mod tests {
     fn an_access_past_the_end_of_a_shrunk_file_reads_zeros_and_fails_the_batch() {
         let (file, content) = paged_file(3);
         let sut = mapped(&file, content.len());
+        let (other_file, other_content) = paged_file(1);
+        let other = mapped(&other_file, other_content.len());
         let bytes = sut.bytes();
         file.as_file().set_len(page() as u64).expect("truncate");
         assert_eq!(bytes[0], 1, "the page that stays holds the file's bytes");
@@ -482,6 +484,8 @@ mod tests {
             "a page past the new end reads as zeros"
         );
         assert!(sut.faulted());
+        assert!(!other.faulted(), "only the mapping that faulted is flagged");
+        assert_eq!(other.bytes()[0], 1);
         let column = Int32Array::from(vec![1, 2, 3]);
         let batch = RecordBatch::try_from_iter([("value", Arc::new(column) as _)]).expect("batch");
         let error = sut.settle(batch).expect_err("a faulted mapping fails");
