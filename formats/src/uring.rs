@@ -756,7 +756,8 @@ impl LocalFileReader {
         self.mapping.clone()
     }
 
-    /// `range` straight from a mapping of the file when the page cache holds all of it.
+    /// `range` straight from a mapping of the file when the page cache holds all of it. A page evicted
+    /// between this check and the decode is read back by a page fault on the decoder's thread.
     fn mapped(&self, range: &Range<u64>) -> Option<Bytes> {
         let mapping = self
             .mapping
