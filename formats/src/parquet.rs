@@ -836,13 +836,13 @@ pub(crate) async fn read_split(
         .map({
             let uri = uri.clone();
             move |decoded| {
-                let shrank = |error| FormatError::io(format!("reading parquet file {uri}"), error);
+                let reading = |error| FormatError::io(format!("reading parquet file {uri}"), error);
                 match decoded {
-                    Ok(batch) => mapping.settle(batch).map_err(shrank),
+                    Ok(batch) => mapping.settle(batch).map_err(reading),
                     // Bytes of zeros from a file that shrank fail to decode; the shrink is the cause.
                     Err(error) => Err(match mapping.check() {
                         Ok(()) => FormatError::parquet(uri.clone(), error),
-                        Err(shrink) => shrank(shrink),
+                        Err(shrank) => reading(shrank),
                     }),
                 }
             }
