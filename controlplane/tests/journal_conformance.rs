@@ -141,9 +141,7 @@ async fn journal_suite_on_a_local_directory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn journal_suite_on_s3() {
-    let Some(server) = start_seaweed("journal_suite_on_s3") else {
-        return;
-    };
+    let server = start_seaweed();
     let options = s3_options();
     wait_for_bucket(&server, &options).await;
     suite(&format!("s3://{BUCKET}/ckpt/job"), options).await;

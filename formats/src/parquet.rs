@@ -904,22 +904,8 @@ mod tests {
         assert!(range_selections(&[10], 3, 0).is_empty());
     }
 
-    fn testdata_file(name: &str) -> Option<std::path::PathBuf> {
-        let root = std::env::var_os("SLUICE_TESTDATA")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata")
-            });
-        let path = root.join("parquet/data").join(name);
-        if path.is_file() {
-            Some(path)
-        } else {
-            eprintln!(
-                "skipped: {name} not found under {} (set SLUICE_TESTDATA)",
-                root.display()
-            );
-            None
-        }
+    fn testdata_file(name: &str) -> std::path::PathBuf {
+        sluice_testkit::testdata().join("parquet/data").join(name)
     }
 
     async fn footer_of(
@@ -939,9 +925,7 @@ mod tests {
 
     #[tokio::test]
     async fn bloom_filter_rejects_absent_values_that_statistics_cannot() {
-        let Some(path) = testdata_file("data_index_bloom_encoding_stats.parquet") else {
-            return;
-        };
+        let path = testdata_file("data_index_bloom_encoding_stats.parquet");
         let (access, object_path, size, footer) = footer_of(&path, PageIndexNeed::Nothing).await;
         let reader = access
             .open(&object_path, &path.to_string_lossy(), size)
@@ -1017,9 +1001,7 @@ mod tests {
 
     #[tokio::test]
     async fn page_index_narrows_the_selection_to_matching_pages() {
-        let Some(path) = testdata_file("alltypes_tiny_pages.parquet") else {
-            return;
-        };
+        let path = testdata_file("alltypes_tiny_pages.parquet");
         let (_, _, _, footer) = footer_of(&path, PageIndexNeed::OffsetsAndStatistics).await;
         let metadata = footer.metadata();
         assert!(metadata.page_index().is_some(), "the page index was loaded");

@@ -42,11 +42,7 @@ fn int_values(batches: &[RecordBatch], column: &str) -> Vec<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_deletion_vector_removes_rows_at_latest_but_not_at_version_zero() {
-    let Some(testdata) =
-        common::testdata("delta_deletion_vector_removes_rows_at_latest_but_not_at_version_zero")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let uri = table(&testdata, "table-with-dv-small");
     let latest = common::read_all(&uri, &OpenOptions::default(), &ReadOptions::default())
         .await
@@ -113,11 +109,7 @@ async fn delta_deletion_vector_removes_rows_at_latest_but_not_at_version_zero() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_split_of_another_version_is_read_at_its_own_version() {
-    let Some(testdata) =
-        common::testdata("delta_split_of_another_version_is_read_at_its_own_version")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let uri = table(&testdata, "table-with-dv-small");
     let old = Dataset::open(&uri, &at_version(0))
         .await
@@ -153,10 +145,7 @@ async fn delta_split_of_another_version_is_read_at_its_own_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_timestamp_selects_the_version_current_then() {
-    let Some(testdata) = common::testdata("delta_timestamp_selects_the_version_current_then")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let source = testdata.join("delta/table-with-dv-small");
     let copy = tempfile::tempdir().expect("tempdir");
     let copy_root = copy.path().join("table");
@@ -236,11 +225,7 @@ fn directory_partitions(uri: &str) -> Vec<(String, Option<String>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_partition_columns_have_their_types_values_and_nulls() {
-    let Some(testdata) =
-        common::testdata("delta_partition_columns_have_their_types_values_and_nulls")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let cases = [
         (
             "delta-2.2.0-partitioned-types",
@@ -339,11 +324,7 @@ async fn delta_partition_columns_have_their_types_values_and_nulls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_partition_filter_prunes_files_and_keeps_matching_rows() {
-    let Some(testdata) =
-        common::testdata("delta_partition_filter_prunes_files_and_keeps_matching_rows")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let uri = table(&testdata, "delta-2.2.0-partitioned-types");
     let options = ReadOptions {
         filter: Some(Expr::parse("c1 >= 5 and c2 != 'a'").expect("parses")),
@@ -372,11 +353,7 @@ async fn delta_partition_filter_prunes_files_and_keeps_matching_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_column_mapping_reads_physical_columns_under_logical_names() {
-    let Some(testdata) =
-        common::testdata("delta_column_mapping_reads_physical_columns_under_logical_names")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let uri = table(&testdata, "table_with_column_mapping");
     let dataset = Dataset::open(&uri, &OpenOptions::default())
         .await
@@ -476,11 +453,7 @@ fn relative_files(dataset: &Dataset, table_dir: &Path) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_checkpoints_and_vacuumed_logs_list_the_same_live_files() {
-    let Some(testdata) =
-        common::testdata("delta_checkpoints_and_vacuumed_logs_list_the_same_live_files")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let full = testdata
         .join("delta/checkpoints")
         .canonicalize()
@@ -615,11 +588,7 @@ fn rows_by_log(table_dir: &Path) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_every_shared_table_with_data_reads_the_rows_its_log_counts() {
-    let Some(testdata) =
-        common::testdata("delta_every_shared_table_with_data_reads_the_rows_its_log_counts")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let tables = [
         "delta-0.8.0",
         "delta-0.8.0-null-partition",
@@ -658,10 +627,7 @@ async fn delta_every_shared_table_with_data_reads_the_rows_its_log_counts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_unsupported_reader_feature_is_an_error_naming_it() {
-    let Some(testdata) = common::testdata("delta_unsupported_reader_feature_is_an_error_naming_it")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let source = testdata.join("delta/table-without-dv-small");
     let copy = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir_all(copy.path().join("_delta_log")).expect("mkdir");

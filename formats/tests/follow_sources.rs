@@ -126,8 +126,8 @@ async fn a_parquet_file_still_being_written_fails_to_plan_naming_it() {
 }
 
 /// A copy of the shared table `name` in a temporary directory, so commits can be added to it.
-fn copy_table(name: &str, test: &str) -> Option<(tempfile::TempDir, std::path::PathBuf)> {
-    let source = common::testdata(test)?.join("delta").join(name);
+fn copy_table(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let source = sluice_testkit::testdata().join("delta").join(name);
     let copy = tempfile::tempdir().expect("tempdir");
     let root = copy.path().join("table");
     std::fs::create_dir_all(root.join("_delta_log")).expect("mkdir");
@@ -140,7 +140,7 @@ fn copy_table(name: &str, test: &str) -> Option<(tempfile::TempDir, std::path::P
             }
         }
     }
-    Some((copy, root))
+    (copy, root)
 }
 
 /// Writes commit `version` of the table at `root`, as a writer would: commitInfo, then actions.
@@ -170,12 +170,7 @@ const SMALL_TABLE_FILE: &str =
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_appends_are_followed_optimize_is_skipped_and_a_delete_is_an_error() {
-    let Some((_copy, root)) = copy_table(
-        "table-without-dv-small",
-        "delta_appends_are_followed_optimize_is_skipped_and_a_delete_is_an_error",
-    ) else {
-        return;
-    };
+    let (_copy, root) = copy_table("table-without-dv-small");
     let uri = root.to_string_lossy().into_owned();
     let options = OpenOptions::default();
     assert!(

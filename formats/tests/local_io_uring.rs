@@ -16,11 +16,10 @@ fn with_io(local_io: LocalIo) -> OpenOptions {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_io_uring_and_pread_read_the_same_rows() {
-    if LocalReader::new(LocalIo::Uring).is_err() {
-        eprintln!(
-            "skipped: local_io_uring_and_pread_read_the_same_rows: io_uring is refused on this machine"
+    if let Err(error) = LocalReader::new(LocalIo::Uring) {
+        panic!(
+            "io_uring is refused on this machine ({error}): this test compares it with pread, so it needs a kernel and seccomp profile that allow io_uring"
         );
-        return;
     }
     assert_eq!(
         LocalReader::new(LocalIo::Auto).expect("auto").backend(),
@@ -44,23 +43,20 @@ async fn local_io_uring_and_pread_read_the_same_rows() {
     };
     generate(&options, &|_| {}).await.expect("generates");
     let mut sources = vec![generated];
-    if let Some(testdata) =
-        common::testdata("local_io_uring_and_pread_read_the_same_rows (conformance files)")
-    {
-        for file in [
-            "alltypes_tiny_pages.parquet",
-            "nested_structs.rust.parquet",
-            "nullable.impala.parquet",
-            "byte_stream_split.zstd.parquet",
-        ] {
-            sources.push(
-                testdata
-                    .join("parquet/data")
-                    .join(file)
-                    .to_string_lossy()
-                    .into_owned(),
-            );
-        }
+    let testdata = sluice_testkit::testdata();
+    for file in [
+        "alltypes_tiny_pages.parquet",
+        "nested_structs.rust.parquet",
+        "nullable.impala.parquet",
+        "byte_stream_split.zstd.parquet",
+    ] {
+        sources.push(
+            testdata
+                .join("parquet/data")
+                .join(file)
+                .to_string_lossy()
+                .into_owned(),
+        );
     }
     let reads = [
         ReadOptions::default(),

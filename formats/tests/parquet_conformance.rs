@@ -59,11 +59,7 @@ fn parquet_files(directory: &Path) -> Vec<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parquet_every_conformance_file_decodes_or_names_its_problem() {
-    let Some(testdata) =
-        common::testdata("parquet_every_conformance_file_decodes_or_names_its_problem")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let mut files = parquet_files(&testdata.join("parquet/data"));
     files.extend(parquet_files(&testdata.join("parquet/data/geospatial")));
     assert!(
@@ -143,9 +139,7 @@ fn csv_columns(text: &[u8], columns: usize) -> Vec<Vec<Option<String>>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parquet_values_match_the_expect_csv_files() {
-    let Some(testdata) = common::testdata("parquet_values_match_the_expect_csv_files") else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let data = testdata.join("parquet/data");
     let cases = [
         "delta_binary_packed",
@@ -183,9 +177,7 @@ async fn parquet_values_match_the_expect_csv_files() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parquet_bad_data_fails_cleanly() {
-    let Some(testdata) = common::testdata("parquet_bad_data_fails_cleanly") else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let files = parquet_files(&testdata.join("parquet/bad_data"));
     assert_eq!(files.len(), 8, "expected the 8 bad_data files");
     for path in files {
@@ -211,9 +203,7 @@ async fn parquet_bad_data_fails_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parquet_truncated_copies_fail_cleanly() {
-    let Some(testdata) = common::testdata("parquet_truncated_copies_fail_cleanly") else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let directory = tempfile::tempdir().expect("tempdir");
     let originals = [
         "alltypes_plain.parquet",
@@ -253,10 +243,7 @@ async fn parquet_truncated_copies_fail_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parquet_filters_on_page_indexed_data_match_a_full_scan() {
-    let Some(testdata) = common::testdata("parquet_filters_on_page_indexed_data_match_a_full_scan")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let uri = testdata
         .join("parquet/data/alltypes_tiny_pages.parquet")
         .to_string_lossy()
@@ -297,9 +284,7 @@ async fn parquet_filters_on_page_indexed_data_match_a_full_scan() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parquet_row_range_splits_reassemble_the_file() {
-    let Some(testdata) = common::testdata("parquet_row_range_splits_reassemble_the_file") else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     for file in [
         "alltypes_tiny_pages.parquet",
         "nested_lists.snappy.parquet",

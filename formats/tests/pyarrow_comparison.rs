@@ -189,20 +189,16 @@ fn compared_values(output: &str) -> usize {
         .expect("the comparison prints how many values it compared")
 }
 
-fn setup(test: &str) -> Option<tempfile::TempDir> {
-    if !common::pyarrow_available(test) {
-        return None;
-    }
+fn setup() -> tempfile::TempDir {
+    sluice_testkit::require_python_modules("pyarrow");
     let directory = tempfile::tempdir().expect("tempdir");
     common::python(SCRIPT, &["write", &directory.path().to_string_lossy()]);
-    Some(directory)
+    directory
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pyarrow_parquet_values_match_value_for_value() {
-    let Some(directory) = setup("pyarrow_parquet_values_match_value_for_value") else {
-        return;
-    };
+    let directory = setup();
     for file in ["types.parquet", "types_v2_snappy.parquet"] {
         let source = directory.path().join(file);
         let actual = directory.path().join(format!("{file}.jsonl"));
@@ -238,9 +234,7 @@ async fn pyarrow_parquet_values_match_value_for_value() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pyarrow_filtered_projection_matches_pyarrow_compute() {
-    let Some(directory) = setup("pyarrow_filtered_projection_matches_pyarrow_compute") else {
-        return;
-    };
+    let directory = setup();
     let source = directory.path().join("types.parquet");
     let actual = directory.path().join("filtered.jsonl");
     let options = ReadOptions {
@@ -270,9 +264,7 @@ async fn pyarrow_filtered_projection_matches_pyarrow_compute() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pyarrow_hive_partitions_become_typed_columns() {
-    let Some(directory) = setup("pyarrow_hive_partitions_become_typed_columns") else {
-        return;
-    };
+    let directory = setup();
     let source = directory.path().join("hive");
     let uri = source.to_string_lossy().into_owned();
     let dataset = Dataset::open(&uri, &OpenOptions::default())
@@ -340,9 +332,7 @@ async fn pyarrow_hive_partitions_become_typed_columns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pyarrow_row_formats_match_value_for_value() {
-    let Some(directory) = setup("pyarrow_row_formats_match_value_for_value") else {
-        return;
-    };
+    let directory = setup();
     let dir = directory.path();
     let feather_out = dir.join("feather.jsonl");
     assert_eq!(

@@ -101,10 +101,7 @@ fn testdata_uri(testdata: &std::path::Path, relative: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_deletion_vector_and_filter_are_covered_exactly() {
-    let Some(testdata) = common::testdata("delta_deletion_vector_and_filter_are_covered_exactly")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let uri = testdata_uri(&testdata, "delta/table-with-dv-small");
     // Values 0..=9, one per row; the deletion vector removes rows 0 and 9.
     for task_rows in [3, 4, 100] {
@@ -138,9 +135,7 @@ async fn delta_deletion_vector_and_filter_are_covered_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_index_pruning_is_covered_exactly() {
-    let Some(testdata) = common::testdata("page_index_pruning_is_covered_exactly") else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let uri = testdata_uri(&testdata, "parquet/data/alltypes_tiny_pages.parquet");
     for (task_rows, filter, expected) in [
         (1000, "id >= 5000 and id < 5100", 100),
@@ -244,10 +239,7 @@ async fn row_formats_are_covered_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_the_partition_values_prune_is_one_empty_batch() {
-    let Some(testdata) = common::testdata("a_split_the_partition_values_prune_is_one_empty_batch")
-    else {
-        return;
-    };
+    let testdata = sluice_testkit::testdata();
     let uri = testdata_uri(&testdata, "delta/delta-0.8.0-partitioned");
     let dataset = Dataset::open(&uri, &OpenOptions::default())
         .await

@@ -59,7 +59,7 @@ async fn upload(local: &Path, root: &str, options: &StorageOptions) {
     }
 }
 
-async fn suite(root: &str, options: StorageOptions, testdata: Option<&Path>) {
+async fn suite(root: &str, options: StorageOptions, testdata: &Path) {
     let open = OpenOptions {
         storage_options: options.clone(),
         ..OpenOptions::default()
@@ -120,58 +120,47 @@ async fn suite(root: &str, options: StorageOptions, testdata: Option<&Path>) {
         .expect_err("empty prefix");
     assert!(missing.to_string().contains("nothing-here"), "{missing}");
 
-    match testdata {
-        Some(testdata) => {
-            let table = format!("{root}/table-with-dv-small");
-            upload(
-                &testdata.join("delta/table-with-dv-small"),
-                &table,
-                &options,
-            )
-            .await;
-            let latest = common::read_all(&table, &open, &ReadOptions::default())
-                .await
-                .expect("delta latest");
-            assert_eq!(
-                common::row_count(&latest),
-                8,
-                "the deletion vector applies in {table}"
-            );
-            let first = OpenOptions {
-                version: Some(0),
-                ..open.clone()
-            };
-            let at_zero = common::read_all(&table, &first, &ReadOptions::default())
-                .await
-                .expect("delta version 0");
-            assert_eq!(common::row_count(&at_zero), 10);
-        }
-        None => eprintln!(
-            "skipped: the Delta table with a deletion vector in {root} (no conformance data)"
-        ),
-    }
+    let table = format!("{root}/table-with-dv-small");
+    upload(
+        &testdata.join("delta/table-with-dv-small"),
+        &table,
+        &options,
+    )
+    .await;
+    let latest = common::read_all(&table, &open, &ReadOptions::default())
+        .await
+        .expect("delta latest");
+    assert_eq!(
+        common::row_count(&latest),
+        8,
+        "the deletion vector applies in {table}"
+    );
+    let first = OpenOptions {
+        version: Some(0),
+        ..open.clone()
+    };
+    let at_zero = common::read_all(&table, &first, &ReadOptions::default())
+        .await
+        .expect("delta version 0");
+    assert_eq!(common::row_count(&at_zero), 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_suite_on_the_local_file_system() {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = format!("file://{}", directory.path().display());
-    let testdata = common::testdata("store_suite_on_the_local_file_system (delta part)");
-    suite(&root, StorageOptions::new(), testdata.as_deref()).await;
+    suite(&root, StorageOptions::new(), &sluice_testkit::testdata()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_suite_on_s3() {
-    let Some(server) = start_seaweed("store_suite_on_s3") else {
-        return;
-    };
+    let server = start_seaweed();
     let options = s3_options();
     wait_for_bucket(&server, &options).await;
-    let testdata = common::testdata("store_suite_on_s3 (delta part)");
     suite(
         &format!("s3://{BUCKET}/suite"),
         options.clone(),
-        testdata.as_deref(),
+        &sluice_testkit::testdata(),
     )
     .await;
 

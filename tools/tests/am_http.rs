@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -409,16 +408,10 @@ fn polyline_points(svg: &str) -> usize {
 
 #[test]
 fn the_status_page_renders_the_job_in_headless_chromium() {
-    if !Path::new(CHROMIUM).exists() {
-        // Straight to stderr: the harness captures `println!` of passing tests, and a skip
-        // must be seen.
-        writeln!(
-            std::io::stderr(),
-            "skipped: the status page's browser test: {CHROMIUM} is absent (apt-get install chromium)"
-        )
-        .expect("write to stderr");
-        return;
-    }
+    sluice_testkit::require_program(
+        CHROMIUM,
+        "./scripts/test.sh installs it (apt-get install chromium)",
+    );
     let directory = tempfile::tempdir().expect("tempdir");
     let (am, base) = start(&job(directory.path()), &["--token", TOKEN]);
     common::runtime().block_on(async {

@@ -1,8 +1,8 @@
 //! `sluice consume`, the reference trainer, as a process reading a real ring that this test fills.
 
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow::array::{Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
@@ -53,15 +53,23 @@ fn consume_reads_every_id_once_and_exits_at_the_end_of_data() {
     let ring = directory.path().join("0.ring");
     let ids = directory.path().join("ids.bin");
     // The trainer starts before the daemon has created its ring, as under the launcher.
-    let consumer = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let mut consumer = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("consume")
         .arg("--ids-out")
         .arg(&ids)
         .env("SLUICE_RING", &ring)
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sluice consume");
-    std::thread::sleep(Duration::from_millis(100));
+    let mut waiting = String::new();
+    BufReader::new(consumer.stderr.take().expect("stderr"))
+        .read_line(&mut waiting)
+        .expect("read stderr");
+    assert!(
+        waiting.starts_with("sluice consume: waiting up to"),
+        "consume says it waits for its ring: {waiting}"
+    );
     produce(&ring);
     let output = consumer.wait_with_output().expect("wait");
     assert!(output.status.success(), "sluice consume failed");

@@ -10,13 +10,10 @@ use common::sluice;
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
 }
+
 #[test]
 fn the_s3_example_reads_a_dataset_from_a_local_s3_server() {
-    let Some(server) =
-        sluice_testkit::start_seaweed("the_s3_example_reads_a_dataset_from_a_local_s3_server")
-    else {
-        return;
-    };
+    let server = sluice_testkit::start_seaweed();
     let options = sluice_testkit::s3_options();
     common::runtime().block_on(sluice_testkit::wait_for_bucket(&server, &options));
     let environment = [
@@ -147,16 +144,7 @@ fn trainer_lines(state: &std::path::Path, executor: &str) -> Vec<serde_json::Val
 
 #[test]
 fn the_torch_example_trains_checkpoints_and_resumes_exactly_after_its_checkpoint() {
-    let has_torch = std::process::Command::new("python3")
-        .args(["-c", "import torch, sluice"])
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !has_torch {
-        eprintln!(
-            "skipped: the_torch_example_trains_checkpoints_and_resumes_exactly_after_its_checkpoint: python3 lacks torch or the sluice package (.ci/run installs both)"
-        );
-        return;
-    }
+    sluice_testkit::require_python_modules("torch, sluice");
     let directory = tempfile::tempdir().expect("tempdir");
     let data = common::generate(directory.path(), 20_000, 2, 4000);
     let run = |logs: &str, state: &std::path::Path, resume: Option<&str>| {

@@ -217,7 +217,24 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000, max_task_at
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sluice run");
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The daemon creates the trainer's ring once it has registered, which the AM allows only after
+    // it planned the job: the damage comes after the plan.
+    let ring = root.join("rings").join(name).join("0.ring");
+    let waited = std::time::Instant::now();
+    while !ring.exists() {
+        if let Some(status) = run.try_wait().expect("try_wait") {
+            panic!(
+                "sluice run ended with {status} before its ring {} appeared",
+                ring.display()
+            );
+        }
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(60),
+            "the ring {} did not appear within 60 s",
+            ring.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     damage(&victim);
     let started = std::time::Instant::now();
     let status = loop {

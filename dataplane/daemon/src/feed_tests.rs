@@ -330,19 +330,7 @@ async fn a_stop_mid_task_on_a_filtered_source_delivers_every_row_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_mid_task_on_a_table_with_a_deletion_vector_delivers_every_row_once() {
-    let testdata = std::env::var_os("SLUICE_TESTDATA")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata")
-        });
-    let table = testdata.join("delta/table-with-dv-small");
-    if !table.is_dir() {
-        eprintln!(
-            "skipped: {} not found (set SLUICE_TESTDATA)",
-            table.display()
-        );
-        return;
-    }
+    let table = sluice_testkit::testdata().join("delta/table-with-dv-small");
     let uri = table.to_string_lossy().into_owned();
     let split = splits(&uri, u64::MAX).await.remove(0);
     // Values 0..=9, one per row; the deletion vector removes rows 0 and 9.

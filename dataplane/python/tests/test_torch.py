@@ -1,15 +1,13 @@
-"""`sluice.torch.Dataset` against a real AM and node daemon; skipped where torch is not installed
-(`.ci/run` installs it; `scripts/test.sh` does not, since the PyPI wheel bundles CUDA and fills 5.4 GB)."""
+"""`sluice.torch.Dataset` against a real AM and node daemon (`scripts/test.sh` installs torch)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import sluice  # noqa: E402
-from sluice.torch import Dataset  # noqa: E402
+import sluice
+from sluice.torch import Dataset
 
 
 def test_items_are_tensors_over_the_ring_and_every_row_arrives_once(make_job):

@@ -1,46 +1,12 @@
-//! Helpers shared by the integration tests: locating the conformance data, reading whole datasets, and
-//! running pyarrow.
+//! Helpers shared by the integration tests: reading whole datasets, and running pyarrow.
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use arrow::array::RecordBatch;
 use futures::TryStreamExt;
 use sluice_formats::{Dataset, OpenOptions, ReadOptions};
-
-/// The shared conformance data: `SLUICE_TESTDATA`, or `<workspace>/../shared/testdata`.
-///
-/// Prints a visible "skipped" line and returns `None` when it is absent.
-pub fn testdata(test: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("SLUICE_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata"));
-    if path.is_dir() {
-        Some(path)
-    } else {
-        eprintln!(
-            "skipped: {test}: conformance data not found at {} (set SLUICE_TESTDATA)",
-            path.display()
-        );
-        None
-    }
-}
-
-/// Whether `python3` with pyarrow is available; prints a visible "skipped" line when not.
-pub fn pyarrow_available(test: &str) -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import pyarrow"])
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !ok {
-        eprintln!(
-            "skipped: {test}: python3 with pyarrow is not installed (pip install -r scripts/requirements.txt)"
-        );
-    }
-    ok
-}
 
 /// Runs a Python script with arguments, panicking with its stderr when it fails.
 pub fn python(script: &str, args: &[&str]) -> String {

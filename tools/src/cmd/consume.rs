@@ -143,10 +143,19 @@ fn buffer_ids(
 /// Opens the ring, waiting up to `limit` for the daemon to create it.
 fn open_when_created(path: &std::path::Path, limit: Duration) -> anyhow::Result<Ring> {
     let started = Instant::now();
+    let mut announced = false;
     loop {
         match Ring::open(path) {
             Ok(ring) => return Ok(ring),
             Err(_) if !path.exists() && started.elapsed() < limit => {
+                if !announced {
+                    eprintln!(
+                        "sluice consume: waiting up to {} s for the ring at {}",
+                        limit.as_secs(),
+                        path.display()
+                    );
+                    announced = true;
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(error) => {

@@ -275,23 +275,6 @@ mod tests {
         read: ReadArgs,
     }
 
-    fn testdata(test: &str) -> Option<std::path::PathBuf> {
-        let path = std::env::var_os("SLUICE_TESTDATA")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata")
-            });
-        if path.is_dir() {
-            Some(path)
-        } else {
-            eprintln!(
-                "skipped: {test}: conformance data not found at {} (set SLUICE_TESTDATA)",
-                path.display()
-            );
-            None
-        }
-    }
-
     fn sluice_read(arguments: &[&str]) -> anyhow::Result<String> {
         let cli = Cli::try_parse_from(std::iter::once("read").chain(arguments.iter().copied()))?;
         let mut out = Vec::new();
@@ -301,9 +284,7 @@ mod tests {
 
     #[test]
     fn read_prints_jsonl_csv_and_tables() {
-        let Some(testdata) = testdata("read_prints_jsonl_csv_and_tables") else {
-            return;
-        };
+        let testdata = sluice_testkit::testdata();
         let file = testdata.join("parquet/data/alltypes_plain.parquet");
         let file = file.to_string_lossy();
         let jsonl = sluice_read(&[
@@ -355,9 +336,7 @@ mod tests {
 
     #[test]
     fn read_stats_counts_decoded_rows_and_nulls() {
-        let Some(testdata) = testdata("read_stats_counts_decoded_rows_and_nulls") else {
-            return;
-        };
+        let testdata = sluice_testkit::testdata();
         let table = testdata.join("delta/table-with-dv-small");
         let stats = sluice_read(&[&table.to_string_lossy(), "--stats"]).expect("stats");
         assert_eq!(
@@ -379,10 +358,7 @@ mod tests {
 
     #[test]
     fn read_reports_bad_input_with_the_position_or_the_name() {
-        let Some(testdata) = testdata("read_reports_bad_input_with_the_position_or_the_name")
-        else {
-            return;
-        };
+        let testdata = sluice_testkit::testdata();
         let file = testdata.join("parquet/data/alltypes_plain.parquet");
         let error =
             sluice_read(&[&file.to_string_lossy(), "--filter", "id >> 3"]).expect_err("bad filter");
