@@ -11,6 +11,13 @@ use std::sync::{Arc, Mutex};
 
 /// The object holding the job's plan under the checkpoint location.
 const PLAN_OBJECT: &str = "plan.postcard";
+/// The first bytes of a plan object that carries its format: then the format as a `u32` LE, then
+/// the `postcard` encoding of the [`JobPlan`]. A plan object without them is of format 1, written
+/// before plans carried their format; its body is the same encoding.
+const PLAN_MAGIC: &[u8; 8] = b"SLPLAN\0\0";
+/// The plan format this build writes. Bump it, and read the older ones, when the encoding of
+/// [`JobPlan`] changes.
+const PLAN_FORMAT: u32 = 2;
 
 /// The store of data checkpoints and of the job's plan.
 #[derive(Debug)]
@@ -76,10 +83,8 @@ impl CheckpointStore {
             return Ok(None);
         };
         match read(store.as_ref(), &prefix.clone().join(PLAN_OBJECT)).await {
-            Ok(bytes) => postcard::from_bytes(&bytes).map(Some).map_err(|error| {
-                AmError::FailedPrecondition(format!(
-                    "the job's plan {uri}/{PLAN_OBJECT} is damaged: {error}; remove the checkpoint location to plan the job afresh"
-                ))
+            Ok(bytes) => decode_plan(&bytes).map(Some).map_err(|reason| {
+                AmError::FailedPrecondition(format!("the job's plan {uri}/{PLAN_OBJECT} {reason}"))
             }),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(error) => Err(AmError::FailedPrecondition(format!(
@@ -93,7 +98,9 @@ impl CheckpointStore {
         let CheckpointStore::Object { store, prefix, uri } = self else {
             return Ok(plan);
         };
-        let bytes = postcard::to_allocvec(&plan).expect("a plan serializes");
+        let mut bytes = PLAN_MAGIC.to_vec();
+        bytes.extend_from_slice(&PLAN_FORMAT.to_le_bytes());
+        let bytes = postcard::to_extend(&plan, bytes).expect("a plan serializes");
         match create(store.as_ref(), &prefix.clone().join(PLAN_OBJECT), bytes).await {
             Ok(_) => Ok(plan),
             Err(object_store::Error::AlreadyExists { .. }) => match self.load_plan().await? {
@@ -177,4 +184,26 @@ fn check_token(token: &str) -> Result<()> {
             "data checkpoint token {token:?} is malformed; pass a token exactly as CommitDataCheckpoint returned it"
         )))
     }
+}
+
+/// Decodes a plan object of any format this build reads, or says what is wrong with it.
+fn decode_plan(bytes: &[u8]) -> std::result::Result<JobPlan, String> {
+    let body = match bytes.strip_prefix(PLAN_MAGIC.as_slice()) {
+        None => bytes,
+        Some(rest) => {
+            let (format, body) = rest
+                .split_first_chunk::<4>()
+                .ok_or_else(|| "is cut short in its header; remove the checkpoint location to plan the job afresh".to_owned())?;
+            let format = u32::from_le_bytes(*format);
+            if format != PLAN_FORMAT {
+                return Err(format!(
+                    "has format {format}, this build reads formats 1 to {PLAN_FORMAT}: run the release of Sluice that wrote it, or remove the checkpoint location to plan the job afresh"
+                ));
+            }
+            body
+        }
+    };
+    postcard::from_bytes(body).map_err(|error| {
+        format!("is damaged: {error}; remove the checkpoint location to plan the job afresh")
+    })
 }

@@ -74,7 +74,11 @@ use writer::{Fence, Shared, Sink};
 
 /// How many times opening reads the journal and tries to claim its next sequence.
 const CLAIM_ATTEMPTS: u32 = 16;
-/// The version of the journal's layout, stored in `identity.json`.
+/// The version of the journal's layout, stored in `identity.json`: the byte format of its segments
+/// and snapshots and the `postcard` encoding of the entries and snapshots the AM appends (the
+/// master's `Entry` and `Snapshot`). A journal of another layout is refused, naming both, since
+/// `postcard` is not self-describing: bump it when either encoding changes, and keep the journal
+/// of the first layout in `tests/data/journal-format-1` replaying (`tests/journal_format.rs`).
 const LAYOUT_VERSION: u32 = 1;
 
 /// The least time between two writes to an object store by default: at most 20 puts per second,
