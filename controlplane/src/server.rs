@@ -1,7 +1,12 @@
 //! Running an AM: plan the job, serve the gRPC API, tick, and exit once the job is over.
+//!
+//! One listener serves both the gRPC API (HTTP/2) and the JSON form of the checkpoint calls
+//! ([`checkpoints`], HTTP/1.1 or HTTP/2), so that clients with no gRPC stack, such as the Python
+//! package, reach the AM at the same address, `SLUICE_AM`. The status page keeps its own listener.
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::error::{AmError, Result};
+use crate::http::checkpoints;
 use crate::journal::{self, JournalConfig};
 use crate::launcher::Launcher;
 use crate::master::Master;
@@ -18,12 +23,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 
 /// How an AM is run.
 #[derive(Debug, Clone)]
 pub struct AmOptions {
-    /// The address of the gRPC API.
+    /// The address of the gRPC API and of the JSON checkpoint calls.
     pub listen: SocketAddr,
     /// A shared token every caller must present.
     pub token: Option<String>,
@@ -163,7 +169,7 @@ impl AmServer {
         })
     }
 
-    /// The address the gRPC API listens on.
+    /// The address the gRPC API and the JSON checkpoint calls listen on.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
             .local_addr()
@@ -216,16 +222,25 @@ impl AmServer {
             }
         };
         tracing::info!(%address, "application master serving");
+        let grpc = Routes::new(DaemonServiceServer::with_interceptor(
+            service.clone(),
+            check.clone(),
+        ))
+        .add_service(CheckpointServiceServer::with_interceptor(
+            service.clone(),
+            check.clone(),
+        ))
+        .add_service(ControlServiceServer::with_interceptor(
+            service,
+            check.clone(),
+        ));
+        let routes = grpc
+            .into_axum_router()
+            .merge(checkpoints::router(self.am.clone(), check))
+            .fallback(checkpoints::unknown_route);
         tonic::transport::Server::builder()
-            .add_service(DaemonServiceServer::with_interceptor(
-                service.clone(),
-                check.clone(),
-            ))
-            .add_service(CheckpointServiceServer::with_interceptor(
-                service.clone(),
-                check.clone(),
-            ))
-            .add_service(ControlServiceServer::with_interceptor(service, check))
+            .accept_http1(true)
+            .add_routes(Routes::from(routes).prepare())
             .serve_with_incoming_shutdown(incoming, finished)
             .await
             .map_err(|error| AmError::Serve {

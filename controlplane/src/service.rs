@@ -21,6 +21,7 @@ use sluice_proto::v1::daemon_service_server::DaemonService;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use subtle::ConstantTimeEq;
 use tonic::{Request, Response, Status};
 
 /// Milliseconds since the Unix epoch: one clock that keeps running across AM restarts, so that
@@ -92,7 +93,38 @@ impl Am {
         self.apply(|master| Ok(master.tick(now_ms()))).await
     }
 
-    /// Resets the task table to the data checkpoint named `token`.
+    /// Records one rank's data position at a step; once every rank of the step has reported,
+    /// stores the checkpoint and answers with its token. The gRPC service and the JSON API both
+    /// call it.
+    pub async fn commit_checkpoint(
+        &self,
+        request: v1::CommitDataCheckpointRequest,
+    ) -> Result<v1::CommitDataCheckpointReply, AmError> {
+        let outcome = self
+            .apply(|master| master.commit_checkpoint(request))
+            .await?;
+        let state = match outcome {
+            CommitOutcome::Pending {
+                reported,
+                world_size,
+            } => v1::commit_data_checkpoint_reply::State::Pending(v1::CheckpointPending {
+                ranks_reported: reported,
+                world_size,
+            }),
+            CommitOutcome::Stored(token) => v1::commit_data_checkpoint_reply::State::Token(token),
+            CommitOutcome::Ready(ready) => {
+                self.checkpoints.put(&ready.token, &ready.position).await?;
+                let token = ready.token.clone();
+                self.apply(|master| Ok(master.checkpoint_stored(ready.step, ready.token)))
+                    .await?;
+                v1::commit_data_checkpoint_reply::State::Token(token)
+            }
+        };
+        Ok(v1::CommitDataCheckpointReply { state: Some(state) })
+    }
+
+    /// Resets the task table to the data checkpoint named `token`. The gRPC service and the JSON
+    /// API both call it.
     pub async fn restore(&self, token: &str) -> Result<v1::RestoreDataCheckpointReply, AmError> {
         let position = self.checkpoints.get(token).await?;
         let token = token.to_owned();
@@ -318,35 +350,8 @@ impl CheckpointService for AmService {
         &self,
         request: Request<v1::CommitDataCheckpointRequest>,
     ) -> Result<Response<v1::CommitDataCheckpointReply>, Status> {
-        let request = request.into_inner();
-        let outcome = self
-            .am
-            .apply(|master| master.commit_checkpoint(request))
-            .await?;
-        let state = match outcome {
-            CommitOutcome::Pending {
-                reported,
-                world_size,
-            } => v1::commit_data_checkpoint_reply::State::Pending(v1::CheckpointPending {
-                ranks_reported: reported,
-                world_size,
-            }),
-            CommitOutcome::Stored(token) => v1::commit_data_checkpoint_reply::State::Token(token),
-            CommitOutcome::Ready(ready) => {
-                self.am
-                    .checkpoints
-                    .put(&ready.token, &ready.position)
-                    .await?;
-                let token = ready.token.clone();
-                self.am
-                    .apply(|master| Ok(master.checkpoint_stored(ready.step, ready.token)))
-                    .await?;
-                v1::commit_data_checkpoint_reply::State::Token(token)
-            }
-        };
-        Ok(Response::new(v1::CommitDataCheckpointReply {
-            state: Some(state),
-        }))
+        let reply = self.am.commit_checkpoint(request.into_inner()).await?;
+        Ok(Response::new(reply))
     }
 
     async fn restore_data_checkpoint(
@@ -391,7 +396,8 @@ impl ControlService for AmService {
     }
 }
 
-/// Checks the shared token of a request, when the AM has one.
+/// Checks the shared token of a request, when the AM has one: the one check of the gRPC API, the
+/// JSON API on its port and the status page.
 #[derive(Debug, Clone)]
 pub struct TokenCheck {
     expected: Option<Arc<str>>,
@@ -404,19 +410,33 @@ impl TokenCheck {
             expected: token.map(Arc::from),
         }
     }
+
+    /// Whether a call that presents `given` as its token passes: every call when the AM has no
+    /// token, otherwise one that presents it. The bytes are compared in constant time, so the time
+    /// an answer takes does not tell a caller how much of a guess was right.
+    pub fn accepts(&self, given: Option<&str>) -> bool {
+        match &self.expected {
+            None => true,
+            Some(expected) => {
+                given.is_some_and(|given| bool::from(given.as_bytes().ct_eq(expected.as_bytes())))
+            }
+        }
+    }
+
+    /// Whether a call whose `authorization` header is `header` passes: see [`TokenCheck::accepts`]
+    /// for the token of a `Bearer <token>` header.
+    pub fn accepts_authorization(&self, header: Option<&str>) -> bool {
+        self.accepts(header.and_then(|value| value.strip_prefix("Bearer ")))
+    }
 }
 
 impl tonic::service::Interceptor for TokenCheck {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(expected) = &self.expected else {
-            return Ok(request);
-        };
-        let given = request
+        let authorization = request
             .metadata()
             .get("authorization")
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "));
-        if given == Some(expected.as_ref()) {
+            .and_then(|value| value.to_str().ok());
+        if self.accepts_authorization(authorization) {
             Ok(request)
         } else {
             Err(Status::unauthenticated(
@@ -438,7 +458,7 @@ pub struct ExecutorLauncher {
     pub ring_dir: std::path::PathBuf,
     /// The size of each ring the daemons create, in bytes.
     pub ring_size: u64,
-    /// The AM's gRPC address as executors reach it.
+    /// The AM's API address (gRPC, and the JSON checkpoint calls) as executors reach it.
     pub am_address: String,
     /// The AM's shared token, passed on to executors.
     pub token: Option<String>,

@@ -1,4 +1,6 @@
-//! The AM's HTTP face: the status page, its JSON API and Prometheus `/metrics`.
+//! The AM's HTTP face: the status page, its JSON API and Prometheus `/metrics`, on the address of
+//! `sluice am --http`; and the JSON form of the checkpoint calls ([`checkpoints`]), which the gRPC
+//! API's listener serves.
 //!
 //! - `GET /` is one HTML document with its CSS and JS inline, so it works with no network beyond
 //!   the AM. Its script polls the JSON API every second and draws the charts as inline SVG.
@@ -15,6 +17,7 @@
 //! The server runs on the AM's runtime beside the gRPC API and reads the same [`Am`]: every
 //! request takes the master's lock once, long enough to copy out what it shows.
 
+pub mod checkpoints;
 mod history;
 mod metrics;
 
@@ -22,7 +25,7 @@ mod metrics;
 mod tests;
 
 use crate::error::{AmError, Result};
-use crate::service::{Am, now_ms};
+use crate::service::{Am, TokenCheck, now_ms};
 use crate::status::status_json;
 use axum::Router;
 use axum::extract::{Query, Request, State};
@@ -105,7 +108,7 @@ impl HttpServer {
 struct HttpState {
     am: Arc<Am>,
     history: Arc<Mutex<History>>,
-    token: Option<Arc<str>>,
+    token: TokenCheck,
 }
 
 impl HttpState {
@@ -113,7 +116,7 @@ impl HttpState {
         HttpState {
             am,
             history: Arc::new(Mutex::new(History::new(HISTORY_SAMPLES))),
-            token: token.map(Arc::from),
+            token: TokenCheck::new(token),
         }
     }
 
@@ -191,18 +194,15 @@ struct TokenQuery {
 
 /// Lets a request through when the AM has no token, or when the request carries it.
 async fn check_token(State(state): State<HttpState>, request: Request, next: Next) -> Response {
-    let Some(expected) = &state.token else {
-        return next.run(request).await;
-    };
     let from_header = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+        .and_then(|value| value.to_str().ok());
     let from_query = Query::<TokenQuery>::try_from_uri(request.uri())
         .ok()
         .and_then(|Query(query)| query.token);
-    if from_header == Some(expected.as_ref()) || from_query.as_deref() == Some(expected.as_ref()) {
+    if state.token.accepts_authorization(from_header) || state.token.accepts(from_query.as_deref())
+    {
         return next.run(request).await;
     }
     (

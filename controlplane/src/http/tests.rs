@@ -425,3 +425,254 @@ fn history_keeps_the_latest_samples() {
     let times: Vec<u64> = sut.samples().iter().map(|sample| sample.t_ms).collect();
     assert_eq!(times, vec![3, 4, 5]);
 }
+
+async fn post(
+    router: Router,
+    uri: &str,
+    body: &str,
+    authorization: Option<&str>,
+) -> (StatusCode, serde_json::Value) {
+    let mut request = HttpRequest::builder()
+        .method("POST")
+        .uri(uri)
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(value) = authorization {
+        request = request.header(header::AUTHORIZATION, value);
+    }
+    let response = router
+        .oneshot(
+            request
+                .body(Body::from(body.to_owned()))
+                .expect("a valid request"),
+        )
+        .await
+        .expect("the router answers");
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("a body");
+    let json = serde_json::from_slice(&body).unwrap_or_else(|error| {
+        panic!(
+            "{uri}: {status}: not JSON ({error}): {}",
+            String::from_utf8_lossy(&body)
+        )
+    });
+    (status, json)
+}
+
+/// A rank's commit of `step` with its `(task_id, end_row)` positions, as the Python client sends it.
+fn commit_body(step: u64, rank: u32, positions: &[(u64, u64)]) -> String {
+    let positions: Vec<serde_json::Value> = positions
+        .iter()
+        .map(|(task_id, end_row)| serde_json::json!({ "task_id": task_id, "end_row": end_row }))
+        .collect();
+    serde_json::json!({
+        "step": step,
+        "rank": rank,
+        "world_size": 2,
+        "epoch": 0,
+        "positions": positions,
+    })
+    .to_string()
+}
+
+#[tokio::test]
+async fn checkpoint_calls_require_the_token() {
+    let (am, _) = busy_am();
+    let sut = checkpoints::router(am, TokenCheck::new(Some("s3cret".into())));
+    for route in [checkpoints::COMMIT_ROUTE, checkpoints::RESTORE_ROUTE] {
+        for refused in [
+            None,
+            Some("Bearer wrong"),
+            Some("Bearer s3cre"),
+            Some("s3cret"),
+        ] {
+            let (status, body) = post(sut.clone(), route, "{}", refused).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{route} with {refused:?}");
+            assert_eq!(body["code"], "unauthenticated");
+            let message = body["message"].as_str().expect("a message");
+            assert!(
+                message.contains("--token") && message.contains("SLUICE_TOKEN"),
+                "{message}"
+            );
+        }
+    }
+    let (status, body) = post(
+        sut,
+        checkpoints::COMMIT_ROUTE,
+        &commit_body(1, 0, &[]),
+        Some("Bearer s3cret"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        serde_json::json!({ "pending": { "ranks_reported": 1, "world_size": 2 } })
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_checkpoint_request_is_a_400_naming_the_problem() {
+    let (am, _) = busy_am();
+    let sut = checkpoints::router(am, TokenCheck::new(None));
+    for (route, body, problem) in [
+        (
+            checkpoints::COMMIT_ROUTE,
+            "{\"step\": 3",
+            "EOF while parsing",
+        ),
+        (
+            checkpoints::COMMIT_ROUTE,
+            "{\"rank\": 0}",
+            "missing field `step`",
+        ),
+        (
+            checkpoints::COMMIT_ROUTE,
+            "{\"step\": -1, \"rank\": 0, \"world_size\": 1, \"epoch\": 0, \"positions\": []}",
+            "invalid value: integer `-1`",
+        ),
+        (checkpoints::RESTORE_ROUTE, "[]", "expected struct"),
+    ] {
+        let (status, reply) = post(sut.clone(), route, body, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{route} {body}: {reply}");
+        assert_eq!(reply["code"], "invalid_argument");
+        let message = reply["message"].as_str().expect("a message");
+        assert!(
+            message.contains(problem) && message.contains("send {"),
+            "{route} {body}: {message}"
+        );
+    }
+    let (status, reply) = post(
+        sut,
+        checkpoints::COMMIT_ROUTE,
+        &commit_body(1, 2, &[]),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    let message = reply["message"].as_str().expect("a message");
+    assert!(
+        message.contains("rank 2 is not below world size 2"),
+        "the master's refusal is passed on: {message}"
+    );
+}
+
+#[tokio::test]
+async fn a_checkpoint_committed_by_every_rank_restores_over_json() {
+    let (am, handed) = busy_am();
+    let sut = checkpoints::router(am.clone(), TokenCheck::new(None));
+    // Each task's consumed prefix, in split rows: the splits of `master()` start at rows 0 and 100
+    // of their files, and the heartbeat of `busy_am()` reported 3 and 4 rows consumed.
+    let consumed: Vec<(u64, u64)> = handed
+        .iter()
+        .zip([3, 4])
+        .map(|((task_id, (uri, first_row, _)), rows)| {
+            let split_first_row = if uri.ends_with("part-1.parquet") {
+                100
+            } else {
+                0
+            };
+            (*task_id, first_row - split_first_row + rows)
+        })
+        .collect();
+
+    let mut tokens = Vec::new();
+    for step in [7, 8] {
+        let (status, pending) = post(
+            sut.clone(),
+            checkpoints::COMMIT_ROUTE,
+            &commit_body(step, 0, &consumed[..1]),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{pending}");
+        assert_eq!(pending["pending"]["ranks_reported"], 1);
+        let (status, committed) = post(
+            sut.clone(),
+            checkpoints::COMMIT_ROUTE,
+            &commit_body(step, 1, &consumed[1..]),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{committed}");
+        let token = committed["token"].as_str().expect("a token").to_owned();
+        let (_, again) = post(
+            sut.clone(),
+            checkpoints::COMMIT_ROUTE,
+            &commit_body(step, 0, &consumed[..1]),
+            None,
+        )
+        .await;
+        assert_eq!(
+            again["token"],
+            token.as_str(),
+            "a stored step keeps its token"
+        );
+        tokens.push(token);
+    }
+
+    let restore = |token: &str| serde_json::json!({ "token": token }).to_string();
+    let (status, restored) = post(
+        sut.clone(),
+        checkpoints::RESTORE_ROUTE,
+        &restore(&tokens[0]),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{restored}");
+    assert_eq!(
+        restored,
+        serde_json::json!({ "step": 7, "epoch": 0, "effect": "rings_replaced" })
+    );
+    let counts = am.master().status(2_000).tasks.expect("task counts");
+    assert_eq!(
+        counts.rows_consumed, 7,
+        "the table stands at the checkpoint"
+    );
+    assert_eq!(counts.in_flight, 0, "every task was taken back");
+
+    let (status, again) = post(
+        sut.clone(),
+        checkpoints::RESTORE_ROUTE,
+        &restore(&tokens[0]),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(
+        again, restored,
+        "a second restore to the same checkpoint, with no row consumed since, answers the same"
+    );
+
+    let (status, refused) = post(
+        sut.clone(),
+        checkpoints::RESTORE_ROUTE,
+        &restore(&tokens[1]),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["code"], "failed_precondition");
+    assert!(
+        refused["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("loaded different checkpoints")),
+        "{refused}"
+    );
+
+    let (status, unknown) = post(
+        sut,
+        checkpoints::RESTORE_ROUTE,
+        &restore("web-step9-0"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{unknown}");
+    assert_eq!(unknown["code"], "not_found");
+    assert!(
+        unknown["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("data checkpoint web-step9-0 is not in")),
+        "{unknown}"
+    );
+}

@@ -7,7 +7,8 @@
 //! the ring mapped, so a pyarrow buffer whose base is the record stays readable memory even after the
 //! record was released (its bytes may then hold a later record).
 //!
-//! It also commits and restores data checkpoints on the AM over gRPC.
+//! The module links the ring alone: the package's pure-Python half commits and restores data
+//! checkpoints on the AM, as JSON over HTTP with Python's standard library.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -15,20 +16,16 @@ use std::time::{Duration, Instant};
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use sluice_proto::BearerToken;
-use sluice_proto::v1;
-use sluice_proto::v1::checkpoint_service_client::CheckpointServiceClient;
 use sluice_ring::{Consumer, Lease, RecordKind, Ring};
 
 create_exception!(
     _native,
     SluiceError,
     PyRuntimeError,
-    "An error of the Sluice data plane: a ring that cannot be read, a daemon that reported an error or went away, or an AM that refused a call."
+    "An error of the Sluice data plane: a ring that cannot be read, a daemon that reported an error or went away, or an AM that cannot be reached or refused a call."
 );
 
-/// How often a waiting call looks again: for a ring file not created yet, or for ranks that have not
-/// reported a checkpoint's step yet.
+/// How often a reader waiting for its ring file to be created looks again.
 const POLL: Duration = Duration::from_millis(20);
 
 /// What `Reader.next` returns for one record.
@@ -255,174 +252,10 @@ fn open_when_created(py: Python<'_>, path: &Path, limit: Duration) -> PyResult<R
     }
 }
 
-/// Commits this rank's data position at `step` to the AM at `am`, and waits up to `timeout_s` for
-/// every rank of the step to report; returns the checkpoint's token.
-#[pyfunction]
-#[pyo3(signature = (am, token, step, rank, world_size, epoch, positions, timeout_s))]
-#[allow(clippy::too_many_arguments)]
-fn commit_data_checkpoint(
-    py: Python<'_>,
-    am: String,
-    token: Option<String>,
-    step: u64,
-    rank: u32,
-    world_size: u32,
-    epoch: u32,
-    positions: Vec<(u64, u64)>,
-    timeout_s: f64,
-) -> PyResult<String> {
-    let timeout = seconds(timeout_s, "timeout_s")?;
-    let request = v1::CommitDataCheckpointRequest {
-        step,
-        rank,
-        world_size,
-        epoch,
-        positions: positions
-            .into_iter()
-            .map(|(task_id, end_row)| v1::TaskPosition { task_id, end_row })
-            .collect(),
-    };
-    py.detach(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|error| format!("starting the gRPC runtime: {error}"))?;
-        runtime.block_on(commit(&am, token, request, timeout))
-    })
-    .map_err(SluiceError::new_err)
-}
-
-/// The checkpoint service of the AM at `am`, reached within `timeout`.
-async fn connect(
-    am: &str,
-    token: Option<String>,
-    timeout: Duration,
-) -> Result<
-    CheckpointServiceClient<
-        tonic::service::interceptor::InterceptedService<tonic::transport::Channel, BearerToken>,
-    >,
-    String,
-> {
-    let endpoint = if am.contains("://") {
-        am.to_owned()
-    } else {
-        format!("http://{am}")
-    };
-    let channel = tonic::transport::Endpoint::from_shared(endpoint)
-        .map_err(|error| format!("AM address {am:?}: {error}; check SLUICE_AM"))?
-        .connect_timeout(timeout)
-        .connect()
-        .await
-        .map_err(|error| {
-            format!("cannot reach the AM at {am}: {error}; check SLUICE_AM and that the AM runs")
-        })?;
-    Ok(CheckpointServiceClient::with_interceptor(
-        channel,
-        BearerToken(token),
-    ))
-}
-
-async fn commit(
-    am: &str,
-    token: Option<String>,
-    request: v1::CommitDataCheckpointRequest,
-    timeout: Duration,
-) -> Result<String, String> {
-    let mut client = connect(am, token, timeout).await?;
-    let started = Instant::now();
-    let step = request.step;
-    loop {
-        let reply = client
-            .commit_data_checkpoint(request.clone())
-            .await
-            .map_err(|status| {
-                format!(
-                    "the AM at {am} refused the data checkpoint of step {step}: {}",
-                    status.message()
-                )
-            })?
-            .into_inner();
-        match reply.state {
-            Some(v1::commit_data_checkpoint_reply::State::Token(token)) => return Ok(token),
-            Some(v1::commit_data_checkpoint_reply::State::Pending(pending)) => {
-                if started.elapsed() >= timeout {
-                    return Err(format!(
-                        "data checkpoint of step {step}: {} of {} ranks reported after {:.1} s; every rank must call state_dict() at the same step, or raise the timeout",
-                        pending.ranks_reported,
-                        pending.world_size,
-                        started.elapsed().as_secs_f64()
-                    ));
-                }
-                tokio::time::sleep(POLL).await;
-            }
-            None => {
-                return Err(format!(
-                    "the AM at {am} answered the data checkpoint of step {step} with neither a token nor a pending state"
-                ));
-            }
-        }
-    }
-}
-
-/// Asks the AM at `am` to restore the data checkpoint named `checkpoint`, within `timeout_s`;
-/// returns what the restore does: `"already_there"` (read on), `"trainers_restart"` (the AM
-/// stops this trainer and launches it again) or `"rings_replaced"` (read the ring once the daemon
-/// has created it anew).
-#[pyfunction]
-#[pyo3(signature = (am, token, checkpoint, timeout_s))]
-fn restore_data_checkpoint(
-    py: Python<'_>,
-    am: String,
-    token: Option<String>,
-    checkpoint: String,
-    timeout_s: f64,
-) -> PyResult<&'static str> {
-    let timeout = seconds(timeout_s, "timeout_s")?;
-    py.detach(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|error| format!("starting the gRPC runtime: {error}"))?;
-        runtime.block_on(restore(&am, token, checkpoint, timeout))
-    })
-    .map_err(SluiceError::new_err)
-}
-
-async fn restore(
-    am: &str,
-    token: Option<String>,
-    checkpoint: String,
-    timeout: Duration,
-) -> Result<&'static str, String> {
-    let mut client = connect(am, token, timeout).await?;
-    let reply = client
-        .restore_data_checkpoint(v1::RestoreDataCheckpointRequest {
-            token: checkpoint.clone(),
-        })
-        .await
-        .map_err(|status| {
-            format!(
-                "the AM at {am} refused to restore data checkpoint {checkpoint}: {}",
-                status.message()
-            )
-        })?
-        .into_inner();
-    match reply.effect() {
-        v1::RestoreEffect::AlreadyThere => Ok("already_there"),
-        v1::RestoreEffect::TrainersRestart => Ok("trainers_restart"),
-        v1::RestoreEffect::RingsReplaced => Ok("rings_replaced"),
-        v1::RestoreEffect::Unspecified => Err(format!(
-            "the AM at {am} restored data checkpoint {checkpoint} without saying what it does to the trainers; run an AM of this client's version"
-        )),
-    }
-}
-
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Reader>()?;
     module.add_class::<Record>()?;
-    module.add_function(wrap_pyfunction!(commit_data_checkpoint, module)?)?;
-    module.add_function(wrap_pyfunction!(restore_data_checkpoint, module)?)?;
     module.add("SluiceError", module.py().get_type::<SluiceError>())?;
     Ok(())
 }

@@ -25,7 +25,9 @@ rows of a later batch; it never crashes the process.
 **Positions and checkpoints.** A rank's position in a task is the end of the last batch of the task
 that it released, counted over the released prefix of the ring: a batch held by a lease holds back
 the position of the batches after it too. ``state_dict()`` commits the position to the AM and returns
-a dict holding the checkpoint's token. To resume, call ``load_state_dict(state)`` on a new reader
+a dict holding the checkpoint's token. The checkpoint calls go to the AM at ``SLUICE_AM`` as JSON
+over HTTP, on the port of its gRPC API, with the standard library (``sluice._am``); the native
+module only reads the ring. To resume, call ``load_state_dict(state)`` on a new reader
 before reading: a trainer the AM launched again after a crash does so, and the AM restarts every
 trainer of the job from that checkpoint (each one then loads it again, and reads on from there).
 A job started again from the token (``sluice run JOB --resume-from TOKEN``) stands at the checkpoint
@@ -41,8 +43,9 @@ from typing import Any, Dict, Iterator, Optional
 
 import pyarrow as pa
 
+from sluice._am import commit_data_checkpoint, restore_data_checkpoint
 from sluice._native import Reader as _RingReader
-from sluice._native import SluiceError, commit_data_checkpoint, restore_data_checkpoint
+from sluice._native import SluiceError
 
 __all__ = ["Lease", "Reader", "SluiceError"]
 
@@ -107,7 +110,9 @@ class Reader:
 
     The AM's address, the rank and the world size default to ``SLUICE_AM``, ``SLUICE_RANK`` and
     ``SLUICE_WORLD_SIZE``, and the AM's shared token to ``SLUICE_TOKEN``, as the AM sets them for the
-    trainers it launches.
+    trainers it launches. ``SLUICE_AM`` is the address of the AM's API (``host:port``): the reader
+    calls the JSON form of its checkpoint calls there, over HTTP, each within
+    ``checkpoint_timeout_s``.
     """
 
     def __init__(
