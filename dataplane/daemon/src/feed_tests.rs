@@ -11,9 +11,9 @@ use sluice_formats::{Dataset, Expr, FormatKind, OpenOptions, ReadOptions};
 use sluice_proto::v1;
 use tokio::sync::mpsc;
 
+use crate::feeder::{Control, Job, Pipeline, feed, lock, open_pipeline};
 use crate::shuffle::split_order;
 use crate::writer::Write;
-use crate::{Control, Job, Pipeline, feed, lock, open_pipeline};
 
 /// One batch record the feeder handed to the writer.
 #[derive(Debug, Clone)]

@@ -16,8 +16,8 @@ use futures::stream::{self, BoxStream};
 use sluice_formats::SplitBatch;
 use sluice_proto::v1;
 
-use crate::Source;
 use crate::shuffle::{permute, split_order};
+use crate::sources::Source;
 use crate::stats::Stages;
 use crate::transform::Transforms;
 

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use sluice_client::{Encoder, WriteError};
-use sluice_ring::ledger::{EpochMark, Ledger};
-use sluice_ring::{Producer, RecordKind, RecordMeta, ReserveError, Ring};
+use sluice_ring::ledger::{EpochMark, Ledger, LedgerError};
+use sluice_ring::{AttachError, FoldError, Producer, RecordKind, RecordMeta, ReserveError, Ring};
 use tokio::sync::mpsc;
 
 use crate::stats::Stages;
@@ -74,8 +74,38 @@ pub struct Attached {
 pub struct RingState {
     ring: Ring,
     ledger: Arc<Ledger>,
-    failure: Mutex<Option<String>>,
+    failure: Mutex<Option<WriterError>>,
     giving_back: AtomicBool,
+}
+
+/// Why a ring's writer could not take its ring over, start, or write.
+#[derive(Debug, thiserror::Error)]
+pub enum WriterError {
+    /// The ring's producer role could not be taken.
+    #[error("ring {path}: {error}")]
+    Attach {
+        /// The ring.
+        path: String,
+        /// Why.
+        error: AttachError,
+    },
+    /// What the trainer released could not be folded into the ledger.
+    #[error("{0}")]
+    Fold(FoldError),
+    /// The ring's ledger could not be read.
+    #[error("{0}")]
+    Ledger(LedgerError),
+    /// A record could not be written.
+    #[error("{0}")]
+    Write(WriteError),
+    /// The writer's thread could not be started.
+    #[error("starting the writer of rank {rank}: {error}")]
+    Thread {
+        /// The ring's rank.
+        rank: u32,
+        /// Why.
+        error: std::io::Error,
+    },
 }
 
 /// How long a write waits on a full ring whose trainer is gone before the writer looks whether the
@@ -127,22 +157,22 @@ impl RingState {
         (write.saturating_sub(read), self.ring.capacity())
     }
 
-    /// Why the writer stopped, if it failed.
-    pub fn failure(&self) -> Option<String> {
+    /// Why the writer stopped, if it failed; taken, so asked again it is `None`.
+    pub fn take_failure(&self) -> Option<WriterError> {
         self.failure
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+            .take()
     }
 }
 
 /// Takes the producer role of `ring`, with `ledger` as its fold hook, and surveys the ring: what a
 /// producer that died left is folded into the ledger, and its unread records counted as enqueued.
-pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, String> {
-    let path = ring.path().display().to_string();
-    let mut producer = ring
-        .producer()
-        .map_err(|error| format!("ring {path}: {error}"))?;
+pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, WriterError> {
+    let mut producer = ring.producer().map_err(|error| WriterError::Attach {
+        path: ring.path().display().to_string(),
+        error,
+    })?;
     let ledger = Arc::new(ledger);
     let hook_ledger = ledger.clone();
     producer.set_fold_hook(move |meta| hook_ledger.fold(meta));
@@ -168,7 +198,7 @@ pub(crate) fn start(
     schema: SchemaRef,
     rank: u32,
     stages: Arc<Stages>,
-) -> Result<Started, String> {
+) -> Result<Started, WriterError> {
     let Attached {
         producer, state, ..
     } = attached;
@@ -185,7 +215,7 @@ pub(crate) fn start(
                     .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(error);
             }
         })
-        .map_err(|error| format!("starting the writer of rank {rank}: {error}"))?;
+        .map_err(|error| WriterError::Thread { rank, error })?;
     Ok(Started {
         sender,
         state,
@@ -195,9 +225,9 @@ pub(crate) fn start(
 
 /// Folds what the trainer released, raises the enqueued end of every task with unread records, and
 /// returns the mark of the last batch or end of epoch in the ring.
-fn survey(producer: &mut Producer, ledger: &Ledger) -> Result<EpochMark, String> {
-    producer.fold().map_err(|error| error.to_string())?;
-    let mut mark = ledger.last_folded().map_err(|error| error.to_string())?;
+fn survey(producer: &mut Producer, ledger: &Ledger) -> Result<EpochMark, WriterError> {
+    producer.fold().map_err(WriterError::Fold)?;
+    let mut mark = ledger.last_folded().map_err(WriterError::Ledger)?;
     producer
         .unread(|meta| {
             if meta.kind == RecordKind::Batch {
@@ -207,7 +237,7 @@ fn survey(producer: &mut Producer, ledger: &Ledger) -> Result<EpochMark, String>
                 mark = unread_mark;
             }
         })
-        .map_err(|error| error.to_string())?;
+        .map_err(WriterError::Fold)?;
     Ok(mark)
 }
 
@@ -217,12 +247,12 @@ fn write_loop(
     mut receiver: mpsc::Receiver<Write>,
     state: &RingState,
     stages: &Stages,
-) -> Result<(), String> {
+) -> Result<(), WriterError> {
     producer.set_peer_timeout(GONE_TRAINER_SLICE);
-    let mut encoder = Encoder::new(schema.clone()).map_err(|error| error.to_string())?;
+    let mut encoder = Encoder::new(schema.clone()).map_err(WriterError::Write)?;
     encoder
         .write_schema(&mut producer)
-        .map_err(|error| error.to_string())?;
+        .map_err(WriterError::Write)?;
     producer.flush();
     loop {
         let idle = Instant::now();
@@ -291,7 +321,7 @@ fn write_loop(
 fn waiting_for_the_trainer(
     state: &RingState,
     mut write: impl FnMut() -> Result<(), WriteError>,
-) -> Result<bool, String> {
+) -> Result<bool, WriterError> {
     let started = Instant::now();
     loop {
         match write() {
@@ -301,7 +331,7 @@ fn waiting_for_the_trainer(
             }
             Err(WriteError::Reserve(ReserveError::ConsumerGone { .. }))
                 if started.elapsed() < GONE_TRAINER_TIMEOUT => {}
-            Err(error) => return Err(error.to_string()),
+            Err(error) => return Err(WriterError::Write(error)),
         }
     }
 }

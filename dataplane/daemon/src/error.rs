@@ -1,0 +1,176 @@
+//! Why the daemon stops: one error type for the crate, each message naming the thing and the fix.
+//!
+//! The errors a variant wraps are written into its message and are not its [`source`], so that a
+//! caller printing the whole chain (`{error:#}`) shows every cause once.
+//!
+//! [`source`]: std::error::Error::source
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use sluice_ring::ledger::LedgerError;
+use sluice_ring::{RingCreateError, RingOpenError};
+use tonic::codegen::http::uri::InvalidUri;
+
+use crate::writer::WriterError;
+
+/// The daemon's results.
+pub type Result<T, E = DaemonError> = std::result::Result<T, E>;
+
+/// Why the daemon stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The AM's address is not a URI.
+    #[error("no answer from the AM at {am} for 0 s: {error}; check --am and that the AM runs")]
+    AmAddress {
+        /// The address.
+        am: String,
+        /// Why it is not a URI.
+        error: InvalidUri,
+    },
+    /// The AM could not be reached for longer than the timeout.
+    #[error(
+        "no answer from the AM at {am} for {seconds} s: {error}; check --am and that the AM runs"
+    )]
+    Unreachable {
+        /// The address.
+        am: String,
+        /// How long the daemon tried.
+        seconds: u64,
+        /// The last error.
+        error: tonic::transport::Error,
+    },
+    /// The AM answered a call with an error.
+    #[error("the AM refused this daemon: {}", .status.message())]
+    Refused {
+        /// The AM's answer.
+        status: tonic::Status,
+    },
+    /// The AM declared this daemon lost while it served.
+    #[error(
+        "the AM refused this daemon: the AM declared this daemon lost; start it again to rejoin the job"
+    )]
+    Fenced,
+    /// The job names no source to read.
+    #[error("the AM refused this daemon: the job has no sources")]
+    NoSources,
+    /// The AM gave this daemon tasks while it feeds no ring.
+    #[error(
+        "the AM refused this daemon: node {node} feeds no trainer rank; raise the roles' `num` or lower `nodes`"
+    )]
+    NoRanks {
+        /// This node.
+        node: u64,
+    },
+    /// The AM gave back a task that a ring taken over holds otherwise.
+    #[error(
+        "the AM refused this daemon: the AM gives back task {task_id} as rows {start}..{end}, but ring {rank} holds it from row {bound_start} with rows up to {enqueued_end} enqueued; the ring and the AM disagree"
+    )]
+    Disagreement {
+        /// The task.
+        task_id: u64,
+        /// The first row the AM gives.
+        start: u64,
+        /// The end the AM gives.
+        end: u64,
+        /// The rank of the ring that holds the task.
+        rank: u32,
+        /// The first row the ring's ledger holds.
+        bound_start: u64,
+        /// The end of the rows the ring's ledger counts as enqueued.
+        enqueued_end: u64,
+    },
+    /// The rings of earlier runs could not be collected.
+    #[error("collecting dead rings in {}: {error}", .dir.display())]
+    CollectRings {
+        /// The job's ring directory.
+        dir: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The job's ring directory could not be created.
+    #[error("creating ring directory {}: {error}; check --ring-dir", .dir.display())]
+    CreateRingDir {
+        /// The job's ring directory.
+        dir: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The job's ring directory could not be listed.
+    #[error("listing ring directory {}: {error}", .dir.display())]
+    ListRingDir {
+        /// The job's ring directory.
+        dir: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// An entry of the job's ring directory could not be read.
+    #[error("listing {}: {error}", .dir.display())]
+    ListRingEntry {
+        /// The job's ring directory.
+        dir: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// A ring could not be created.
+    #[error("{0}")]
+    RingCreate(RingCreateError),
+    /// A ring could not be opened.
+    #[error("{0}")]
+    RingOpen(RingOpenError),
+    /// A ring's ledger could not be created, opened, read or written.
+    #[error("{0}")]
+    Ledger(LedgerError),
+    /// A ring's writer could not take the ring over, or failed writing it.
+    #[error("{0}")]
+    Writer(WriterError),
+    /// The thread that waited for a ring's writer to end failed.
+    #[error("rank {rank}: {error}")]
+    WriterJoin {
+        /// The ring's rank.
+        rank: u32,
+        /// Why.
+        error: tokio::task::JoinError,
+    },
+    /// A ring's writer panicked.
+    #[error("the writer of rank {rank} panicked")]
+    WriterPanicked {
+        /// The ring's rank.
+        rank: u32,
+    },
+    /// A ring or ledger given back could not be removed.
+    #[error("removing {} to give the ring back: {error}", .file.display())]
+    RemoveRing {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The job's transforms cannot run on its sources' batches.
+    #[error("the job's data.transforms: {0}")]
+    Transform(String),
+    /// The threads that read and decode tasks could not be started.
+    #[error("starting the decode threads: {0}; check the process's thread limit (ulimit -u)")]
+    Threads(std::io::Error),
+    /// The metrics endpoint's address could not be bound.
+    #[error(
+        "serving the daemon's metrics: binding {address}: {error}; choose another --http address"
+    )]
+    MetricsBind {
+        /// The address asked for.
+        address: SocketAddr,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The metrics endpoint's bound address could not be read.
+    #[error("serving the daemon's metrics: {0}")]
+    MetricsAddress(std::io::Error),
+    /// A source of the job could not be opened.
+    #[error("opening source {uri}: {source}")]
+    Source {
+        /// The source.
+        uri: String,
+        /// The formats layer's error.
+        source: sluice_formats::FormatError,
+    },
+}

@@ -1,0 +1,357 @@
+//! The feeders: one per ring, each reads the tasks given to its ring, through the job's pipeline
+//! (read, permute, transform, batch), and hands their batches to the ring's writer, cut at a task's
+//! stop row.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use sluice_formats::SplitBatch;
+use sluice_proto::v1;
+use tokio::sync::mpsc;
+
+use crate::error::{DaemonError, Result};
+use crate::pipeline::{Shape, TaskFeed};
+use crate::shuffle::Interleave;
+use crate::sources::{Source, open_sources};
+use crate::stats::Stages;
+use crate::writer::Write;
+
+/// What the feeder and the main loop share about a task.
+#[derive(Debug, Default)]
+pub(crate) struct Control {
+    /// The split row (exclusive) the feeder stops at, once a stop was asked for.
+    pub(crate) stop: Option<u64>,
+    /// The end of the rows handed to the writer.
+    pub(crate) sent_end: u64,
+    /// Why reading failed.
+    pub(crate) failed: Option<String>,
+}
+
+/// A task on its way to a ring's feeder.
+#[derive(Debug)]
+pub(crate) struct Job {
+    /// The task, from the row to read first.
+    pub(crate) assignment: v1::TaskAssignment,
+    /// What the feeder shares with the main loop about it.
+    pub(crate) control: Arc<Mutex<Control>>,
+}
+
+/// The job's sources and how every task is shaped.
+#[derive(Debug)]
+pub(crate) struct Pipeline {
+    sources: Vec<Source>,
+    /// How every task is shaped.
+    pub(crate) shape: Shape,
+    /// The schema of the batches written to the rings: the first source's, after the transforms.
+    pub(crate) schema: arrow::datatypes::SchemaRef,
+    /// How busy the stages after fetch are.
+    pub(crate) stages: Arc<Stages>,
+    /// Where tasks are read and decoded.
+    decode: tokio::runtime::Handle,
+}
+
+impl Pipeline {
+    /// Every stage's figures so far, fetch included.
+    pub(crate) fn stage_stats(&self) -> Vec<v1::StageStats> {
+        let fetch_busy = self
+            .sources
+            .iter()
+            .map(|source| source.dataset.fetch_stats().busy())
+            .sum();
+        let fetch_bytes = self
+            .sources
+            .iter()
+            .map(|source| source.dataset.fetch_stats().bytes())
+            .sum();
+        self.stages.report(fetch_busy, fetch_bytes)
+    }
+}
+
+/// Locks a task's control, also after a thread panicked holding it.
+pub(crate) fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Control> {
+    control
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Reads the tasks given to one ring into its writer. Without a shuffle the tasks go one after the
+/// other; with one, up to the shuffle window of them are open at once and each next batch comes
+/// from one of them chosen by the epoch's seeded interleave. A task's batches keep their order, and
+/// the tasks of an epoch all end before the end-of-epoch record. `epoch` is the epoch of the ring's
+/// last batch when no end of epoch follows it (a daemon that took the ring over continues it): a
+/// task of another epoch ends that one.
+///
+/// Every open task is read on a task of its own, ahead of the writer (see [`Pump`]), and one more
+/// task of the epoch than the window is opened, so that reading and decoding the next task overlaps
+/// the end of the current one, on another core.
+pub(crate) async fn feed(
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    writer: mpsc::Sender<Write>,
+    pipeline: Arc<Pipeline>,
+    mut epoch: Option<u32>,
+) {
+    let window = pipeline.shape.window();
+    let seed = pipeline.shape.shuffle.map_or(0, |shuffle| shuffle.seed);
+    let mut interleave = Interleave::new(seed, epoch.unwrap_or(0));
+    let mut open: Vec<(Job, Pump)> = Vec::new();
+    let mut next_epoch: Option<Job> = None;
+    loop {
+        while open.len() <= window && next_epoch.is_none() {
+            let job = if open.is_empty() {
+                let idle = Instant::now();
+                let job = jobs.recv().await;
+                pipeline.stages.read.wait(idle.elapsed());
+                match job {
+                    Some(job) => job,
+                    None => return,
+                }
+            } else {
+                match jobs.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            };
+            let job_epoch = job.assignment.epoch;
+            if epoch != Some(job_epoch) {
+                if !open.is_empty() {
+                    next_epoch = Some(job);
+                    break;
+                }
+                if epoch.is_some() && writer.send(Write::EndOfEpoch).await.is_err() {
+                    return;
+                }
+                epoch = Some(job_epoch);
+                interleave = Interleave::new(seed, job_epoch);
+            }
+            let pump = Pump::start(job.assignment.clone(), pipeline.clone());
+            open.push((job, pump));
+        }
+        if open.is_empty() {
+            // Every task of the epoch ended: the next epoch's first task opens it.
+            if let Some(job) = next_epoch.take() {
+                if writer.send(Write::EndOfEpoch).await.is_err() {
+                    return;
+                }
+                epoch = Some(job.assignment.epoch);
+                interleave = Interleave::new(seed, job.assignment.epoch);
+                let pump = Pump::start(job.assignment.clone(), pipeline.clone());
+                open.push((job, pump));
+            }
+            continue;
+        }
+        let pick = interleave.pick(open.len().min(window));
+        let (job, task) = &mut open[pick];
+        match feed_task(
+            &job.assignment,
+            &job.control,
+            task,
+            &writer,
+            &pipeline.stages,
+        )
+        .await
+        {
+            Ok(Fed::More) => {}
+            Ok(Fed::Done) => {
+                open.remove(pick);
+            }
+            Err(reason) => {
+                fail(job, reason);
+                open.remove(pick);
+            }
+        }
+    }
+}
+
+/// The runtime tasks are read and decoded on: one worker per core, apart from the daemon's own.
+/// Stopped without waiting when dropped, which may happen on the daemon's runtime.
+pub(crate) struct DecodeRuntime(Option<tokio::runtime::Runtime>);
+
+impl DecodeRuntime {
+    /// Starts the runtime's threads.
+    pub(crate) fn start() -> Result<DecodeRuntime> {
+        let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores)
+            .thread_name("sluice-decode")
+            .enable_all()
+            .build()
+            .map(|runtime| DecodeRuntime(Some(runtime)))
+            .map_err(DaemonError::Threads)
+    }
+
+    /// Where to spawn on the runtime.
+    pub(crate) fn handle(&self) -> tokio::runtime::Handle {
+        self.0
+            .as_ref()
+            .expect("the runtime lives until dropped")
+            .handle()
+            .clone()
+    }
+}
+
+impl Drop for DecodeRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// How many batches a task's reader may hold ready ahead of the writer.
+const READ_AHEAD_BATCHES: usize = 4;
+
+/// A task read on a tokio task of its own: opened, read, permuted, transformed and batched ahead of
+/// the writer, its batches waiting in a bounded queue. Dropped, it stops reading.
+struct Pump {
+    batches: mpsc::Receiver<Result<SplitBatch, String>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Pump {
+    fn start(assignment: v1::TaskAssignment, pipeline: Arc<Pipeline>) -> Pump {
+        let (sender, batches) = mpsc::channel(READ_AHEAD_BATCHES);
+        let reader = pipeline.decode.clone().spawn(async move {
+            // Opening reads the footer, and with a shuffle the whole split.
+            let opening = Instant::now();
+            let opened = open_task(&assignment, &pipeline).await;
+            pipeline.stages.read.busy(opening.elapsed());
+            let mut task = match opened {
+                Ok(task) => task,
+                Err(reason) => {
+                    let _ = sender.send(Err(reason)).await;
+                    return;
+                }
+            };
+            loop {
+                let next = task.next(assignment.end, &pipeline.stages).await;
+                let last = !matches!(next, Ok(Some(_)));
+                let Some(item) = next.transpose() else {
+                    return;
+                };
+                if sender.send(item).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        Pump { batches, reader }
+    }
+}
+
+impl Drop for Pump {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl std::fmt::Debug for Pump {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Pump").finish_non_exhaustive()
+    }
+}
+
+/// Marks a task failed; the main loop reports it once its delivered rows are consumed.
+fn fail(job: &Job, reason: String) {
+    tracing::warn!(task = job.assignment.task_id, %reason, "task failed");
+    lock(&job.control).failed = Some(reason);
+}
+
+/// Opens the reading of one task.
+async fn open_task(
+    assignment: &v1::TaskAssignment,
+    pipeline: &Pipeline,
+) -> Result<TaskFeed, String> {
+    let split = assignment
+        .split
+        .as_ref()
+        .ok_or_else(|| format!("task {} came without its split", assignment.task_id))?;
+    let source = pipeline
+        .sources
+        .get(split.source_index as usize)
+        .ok_or_else(|| {
+            format!(
+                "task {} names unknown source {}",
+                assignment.task_id, split.source_index
+            )
+        })?;
+    TaskFeed::open(assignment, source, &pipeline.shape).await
+}
+
+/// Whether a task has more to give after a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fed {
+    More,
+    Done,
+}
+
+/// Hands the next batch of one task to the writer, cut at the task's stop row.
+///
+/// Every batch covers the task rows from the end of the one before, rows the filter or a deletion
+/// vector removed included, so the positions the writer records are exact: a stop at row k sends
+/// exactly the rows before k, and the daemon that is given `[k, end)` reads exactly the rest.
+async fn feed_task(
+    assignment: &v1::TaskAssignment,
+    control: &Mutex<Control>,
+    task: &mut Pump,
+    writer: &mpsc::Sender<Write>,
+    stages: &Stages,
+) -> Result<Fed, String> {
+    let Some(covered) = task.batches.recv().await.transpose()? else {
+        return Ok(Fed::Done);
+    };
+    let decided = {
+        let mut control = lock(control);
+        let limit = control.stop.unwrap_or(assignment.end);
+        if covered.first_row >= limit {
+            None
+        } else {
+            let covered = if covered.end() > limit {
+                covered
+                    .split_at_row(limit)
+                    .map_err(|error| error.to_string())?
+                    .0
+            } else {
+                covered
+            };
+            control.sent_end = covered.end();
+            Some((covered, limit))
+        }
+    };
+    let Some((covered, limit)) = decided else {
+        return Ok(Fed::Done);
+    };
+    let end = covered.end();
+    let write = Write::Batch {
+        task_id: assignment.task_id,
+        first_row: covered.first_row,
+        row_count: covered.row_count,
+        batch: covered.batch,
+    };
+    let blocked = Instant::now();
+    let sent = writer.send(write).await;
+    stages.transform.wait(blocked.elapsed());
+    if sent.is_err() {
+        return Err("the ring writer stopped".to_owned());
+    }
+    Ok(if end >= limit { Fed::Done } else { Fed::More })
+}
+
+/// Opens the job's sources and checks its transforms against the first source's schema.
+pub(crate) async fn open_pipeline(
+    data: &v1::JobData,
+    decode: tokio::runtime::Handle,
+) -> Result<Pipeline> {
+    let sources = open_sources(data).await?;
+    let shape = Shape::from_job(data).map_err(DaemonError::Transform)?;
+    let first = sources.first().ok_or(DaemonError::NoSources)?;
+    let schema = shape
+        .transforms
+        .output_schema(&first.schema)
+        .map_err(DaemonError::Transform)?;
+    Ok(Pipeline {
+        sources,
+        shape,
+        schema,
+        stages: Arc::default(),
+        decode,
+    })
+}

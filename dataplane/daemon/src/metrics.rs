@@ -1,0 +1,73 @@
+//! The daemon's Prometheus endpoint: `/metrics` with every stage's figures and the figures of the
+//! rings of the registration being served.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{DaemonError, Result};
+use crate::feeder::Pipeline;
+use crate::rings::ring_stats;
+use crate::stats;
+use crate::writer::RingState;
+
+/// A ring's rank and state.
+type RankState = (u32, Arc<RingState>);
+
+/// The rings the metrics endpoint reports: those of the registration being served.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ServedRings(Arc<Mutex<Vec<RankState>>>);
+
+impl ServedRings {
+    /// Reports these rings, by rank, from now on.
+    pub(crate) fn set(&self, rings: Vec<RankState>) {
+        *self.lock() = rings;
+    }
+
+    /// Reports no ring from now on.
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RankState>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Serves `/metrics` on `address` for as long as the daemon runs; prints the address it got.
+pub(crate) async fn serve_metrics(
+    address: std::net::SocketAddr,
+    node: u64,
+    pipeline: Arc<Pipeline>,
+    rings: ServedRings,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|error| DaemonError::MetricsBind { address, error })?;
+    let bound = listener.local_addr().map_err(DaemonError::MetricsAddress)?;
+    let metrics = move || {
+        let rings = ring_stats(
+            rings
+                .lock()
+                .iter()
+                .map(|(rank, state)| (*rank, state.as_ref())),
+        );
+        let text = stats::prometheus(node, &pipeline.stage_stats(), &rings);
+        async move {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4",
+                )],
+                text,
+            )
+        }
+    };
+    let router = axum::Router::new().route("/metrics", axum::routing::get(metrics));
+    println!("sluice daemon: node {node} metrics on http://{bound}/metrics");
+    Ok(tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::warn!(%error, "the metrics server stopped");
+        }
+    }))
+}

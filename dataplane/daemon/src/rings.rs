@@ -1,0 +1,395 @@
+//! The rings a daemon owns, one per trainer rank it feeds: opened or taken over from their ledgers
+//! after a restart, written by their writers and fed by their feeders, surveyed for the counts the
+//! daemon reports, stopped, and given back.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use sluice_proto::v1;
+use sluice_ring::ledger::{EpochMark, LEDGER_EXTENSION, Ledger, LedgerTask};
+use sluice_ring::{RING_EXTENSION, Ring, RingOptions};
+use tokio::sync::mpsc;
+
+use crate::book::{Counts, Freed, LedgerWrite};
+use crate::error::{DaemonError, Result};
+use crate::feeder::{Job, Pipeline, feed};
+use crate::writer::{self, Attached, RingState, Write};
+
+/// One rank's ring: its feeder's queue, the writer's state and thread.
+#[derive(Debug)]
+struct RankRing {
+    rank: u32,
+    queue: mpsc::UnboundedSender<Job>,
+    /// The writer's queue, for surveys.
+    writer: mpsc::Sender<Write>,
+    state: Arc<RingState>,
+    /// The read cursor at the last survey sent to the writer.
+    surveyed_read: u64,
+    feeder: tokio::task::JoinHandle<()>,
+    writer_thread: std::thread::JoinHandle<()>,
+}
+
+/// The rings of the ranks a registration names, in the order of the ranks: a ring's index is its
+/// place in that order.
+#[derive(Debug)]
+pub(crate) struct Rings {
+    rings: Vec<RankRing>,
+}
+
+impl Rings {
+    /// Opens the ring of every rank under `job_dir`, taking over the ones `recovered` holds, and
+    /// starts its writer and feeder.
+    pub(crate) fn open(
+        job_dir: &Path,
+        ranks: &[u32],
+        ring_size: u64,
+        node: u64,
+        recovered: &mut Recovered,
+        pipeline: &Arc<Pipeline>,
+    ) -> Result<Rings> {
+        let mut rings = Vec::new();
+        for rank in ranks {
+            let attached = match recovered.rings.remove(rank) {
+                Some(attached) => attached,
+                None => {
+                    let (ring, ledger) = open_ring(job_dir, *rank, ring_size, node)?;
+                    writer::attach(ring, ledger).map_err(DaemonError::Writer)?
+                }
+            };
+            let epoch = match attached.mark {
+                EpochMark::Batch { epoch } => Some(epoch),
+                EpochMark::Start | EpochMark::EndOfEpoch => None,
+            };
+            let started = writer::start(
+                attached,
+                pipeline.schema.clone(),
+                *rank,
+                pipeline.stages.clone(),
+            )
+            .map_err(DaemonError::Writer)?;
+            let (queue, jobs) = mpsc::unbounded_channel();
+            let feeder = tokio::spawn(feed(jobs, started.sender.clone(), pipeline.clone(), epoch));
+            rings.push(RankRing {
+                rank: *rank,
+                queue,
+                writer: started.sender,
+                state: started.state,
+                surveyed_read: 0,
+                feeder,
+                writer_thread: started.thread,
+            });
+        }
+        Ok(Rings { rings })
+    }
+
+    /// The ranks, by ring index.
+    pub(crate) fn ranks(&self) -> Vec<u32> {
+        self.rings.iter().map(|ring| ring.rank).collect()
+    }
+
+    /// Every ring's rank and state, for the metrics endpoint.
+    pub(crate) fn states(&self) -> Vec<(u32, Arc<RingState>)> {
+        self.rings
+            .iter()
+            .map(|ring| (ring.rank, ring.state.clone()))
+            .collect()
+    }
+
+    /// The ring whose ledger holds task `task_id`, and the task's slot.
+    pub(crate) fn bound(&self, task_id: u64) -> Option<(usize, LedgerTask)> {
+        self.rings.iter().enumerate().find_map(|(index, ring)| {
+            ring.state
+                .ledger()
+                .task(task_id)
+                .map(|entry| (index, entry))
+        })
+    }
+
+    /// Writes a task's binding or its new end into the ledger of ring `ring`.
+    pub(crate) fn write_ledger(&self, ring: usize, task_id: u64, write: LedgerWrite) -> Result<()> {
+        let ledger = self.rings[ring].state.ledger();
+        match write {
+            LedgerWrite::Bind(entry) => ledger.bind(&entry).map_err(DaemonError::Ledger),
+            LedgerWrite::SetEnd(end) => {
+                ledger.set_end(task_id, end);
+                Ok(())
+            }
+        }
+    }
+
+    /// Moves task `task_id`'s end in the ledger of ring `ring` to `end`.
+    pub(crate) fn set_end(&self, ring: usize, task_id: u64, end: u64) {
+        self.rings[ring].state.ledger().set_end(task_id, end);
+    }
+
+    /// Hands a task to the feeder of ring `ring`.
+    pub(crate) fn feed(&self, ring: usize, job: Job) {
+        // A feeder ends only when its queue is dropped, so the send cannot fail while the ring is
+        // served.
+        let _ = self.rings[ring].queue.send(job);
+    }
+
+    /// Frees the ledger slot of a task let go.
+    pub(crate) fn free(&self, freed: Freed) {
+        self.rings[freed.ring].state.ledger().free(freed.task_id);
+    }
+
+    /// Frees the ledger slot of every task bound to a ring that `holds` says this daemon does not
+    /// hold.
+    pub(crate) fn free_unheld(&self, holds: impl Fn(u64) -> bool) {
+        for ring in &self.rings {
+            let ledger = ring.state.ledger();
+            let Ok(tasks) = ledger.tasks() else {
+                continue;
+            };
+            for task in tasks {
+                if !holds(task.task_id) {
+                    if task.enqueued_end > task.consumed_end {
+                        tracing::warn!(
+                            task = task.task_id,
+                            rows = task.enqueued_end - task.consumed_end,
+                            "the AM did not give back a task with rows still in the ring: the trainer reads them anyway"
+                        );
+                    }
+                    ledger.free(task.task_id);
+                }
+            }
+        }
+    }
+
+    /// Asks the writers to survey their rings (fold what their trainers released into the ledgers):
+    /// every ring when `due`, otherwise the rings whose trainers released more since their last
+    /// survey. A writer busy with a full queue surveys later, and a full ring folds meanwhile.
+    pub(crate) fn survey(&mut self, due: bool) {
+        for ring in &mut self.rings {
+            let read = ring.state.read_cursor();
+            if (due || read != ring.surveyed_read) && ring.writer.try_send(Write::Survey).is_ok() {
+                ring.surveyed_read = read;
+            }
+        }
+    }
+
+    /// What the ledgers say of the tasks `placed` names, each with the index of its ring.
+    pub(crate) fn counts(&self, placed: impl Iterator<Item = (u64, usize)>) -> Vec<Counts> {
+        placed
+            .filter_map(|(task_id, ring)| self.rings[ring].state.ledger().task(task_id))
+            .map(Counts::from)
+            .collect()
+    }
+
+    /// Every ring's occupancy and waits.
+    pub(crate) fn stats(&self) -> Vec<v1::RingStats> {
+        ring_stats(
+            self.rings
+                .iter()
+                .map(|ring| (ring.rank, ring.state.as_ref())),
+        )
+    }
+
+    /// The first ring writer's failure, if one failed.
+    pub(crate) fn failure(&self) -> Option<DaemonError> {
+        self.rings
+            .iter()
+            .find_map(|ring| ring.state.take_failure())
+            .map(DaemonError::Writer)
+    }
+
+    /// Stops every ring's feeder and writer, which closes the ring; returns the rings' states, by
+    /// ring index.
+    pub(crate) async fn stop(self) -> Result<Vec<Arc<RingState>>> {
+        let mut states = Vec::with_capacity(self.rings.len());
+        for ring in self.rings {
+            ring.feeder.abort();
+            drop(ring.queue);
+            drop(ring.writer);
+            let _ = ring.feeder.await;
+            let rank = ring.rank;
+            tokio::task::spawn_blocking(move || ring.writer_thread.join())
+                .await
+                .map_err(|error| DaemonError::WriterJoin { rank, error })?
+                .map_err(|_| DaemonError::WriterPanicked { rank })?;
+            states.push(ring.state);
+        }
+        Ok(states)
+    }
+
+    /// Stops every ring's writer for a scale: what it was asked to write is dropped, and it
+    /// surveys its ring a last time (no trainer reads it any more, so the read cursor is final).
+    /// Returns the rings' states, by ring index, for their final counts and then [`remove`].
+    pub(crate) async fn give_back(self) -> Result<Vec<Arc<RingState>>> {
+        for ring in &self.rings {
+            ring.state.give_back();
+        }
+        self.stop().await
+    }
+}
+
+/// Removes the files of rings given back, with the rows still unread.
+pub(crate) fn remove(states: Vec<Arc<RingState>>) -> Result<()> {
+    for state in states {
+        for file in state.files() {
+            match std::fs::remove_file(&file) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(DaemonError::RemoveRing { file, error }),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each ring's occupancy and waits, by rank.
+pub(crate) fn ring_stats<'a>(
+    rings: impl IntoIterator<Item = (u32, &'a RingState)>,
+) -> Vec<v1::RingStats> {
+    rings
+        .into_iter()
+        .map(|(rank, state)| {
+            let (used, capacity) = state.occupancy();
+            let (trainer_wait, daemon_wait) = state.waits();
+            v1::RingStats {
+                rank,
+                used_bytes: used,
+                capacity_bytes: capacity,
+                trainer_wait_ns: u64::try_from(trainer_wait.as_nanos()).unwrap_or(u64::MAX),
+                daemon_wait_ns: u64::try_from(daemon_wait.as_nanos()).unwrap_or(u64::MAX),
+            }
+        })
+        .collect()
+}
+
+/// Rings of an earlier run of this node that it takes over, by rank.
+#[derive(Debug, Default)]
+pub(crate) struct Recovered {
+    rings: BTreeMap<u32, Attached>,
+}
+
+impl Recovered {
+    /// Takes over the rings under `job_dir` whose ledgers belong to `node`. A ring its producer
+    /// closed (the job ended) holds nothing to take over.
+    pub(crate) fn take_over(job_dir: &Path, node: u64) -> Result<Recovered> {
+        let mut recovered = Recovered::default();
+        let entries = match std::fs::read_dir(job_dir) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(recovered),
+            Err(error) => {
+                return Err(DaemonError::ListRingDir {
+                    dir: job_dir.to_path_buf(),
+                    error,
+                });
+            }
+        };
+        for entry in entries {
+            let path = entry
+                .map_err(|error| DaemonError::ListRingEntry {
+                    dir: job_dir.to_path_buf(),
+                    error,
+                })?
+                .path();
+            let rank = path
+                .file_stem()
+                .and_then(|stem| stem.to_str())
+                .and_then(|stem| stem.parse::<u32>().ok());
+            let (Some(rank), Some(LEDGER_EXTENSION)) = (
+                rank,
+                path.extension().and_then(|extension| extension.to_str()),
+            ) else {
+                continue;
+            };
+            let ledger = Ledger::open(&path).map_err(DaemonError::Ledger)?;
+            let ring_path = path.with_extension(RING_EXTENSION);
+            if ledger.owner() != node || !ring_path.exists() {
+                continue;
+            }
+            let ring = Ring::open(&ring_path).map_err(DaemonError::RingOpen)?;
+            if ring.is_closed() {
+                continue;
+            }
+            let attached = writer::attach(ring, ledger).map_err(DaemonError::Writer)?;
+            tracing::info!(
+                rank,
+                ring = %ring_path.display(),
+                tasks = attached.state.ledger().tasks().map_or(0, |tasks| tasks.len()),
+                "took over a ring this node fed before it restarted"
+            );
+            recovered.rings.insert(rank, attached);
+        }
+        Ok(recovered)
+    }
+
+    /// Whether no ring was taken over.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.rings.is_empty()
+    }
+
+    /// The tasks the ledgers of the rings taken over hold, with their counts.
+    pub(crate) fn held(&self) -> Result<Vec<v1::TaskProgress>> {
+        let mut held = Vec::new();
+        for attached in self.rings.values() {
+            let tasks = attached
+                .state
+                .ledger()
+                .tasks()
+                .map_err(DaemonError::Ledger)?;
+            held.extend(tasks.iter().map(|task| v1::TaskProgress {
+                task_id: task.task_id,
+                enqueued: task.enqueued_end.saturating_sub(task.start),
+                consumed: task.consumed_end.saturating_sub(task.start),
+            }));
+        }
+        Ok(held)
+    }
+
+    /// Empties the ledgers of the rings taken over: the AM fenced this node and queued its tasks
+    /// again from their last reported counts. The rings keep the rows still in them, which the
+    /// trainers will see twice.
+    pub(crate) fn forget_tasks(&self) {
+        for attached in self.rings.values() {
+            let ledger = attached.state.ledger();
+            tracing::warn!(ledger = %ledger.path().display(), tasks = ledger.tasks().map_or(0, |tasks| tasks.len()), "the AM fenced this node: its ledger is emptied");
+            ledger.clear();
+        }
+    }
+
+    /// Leaves the rings taken over that are not among the ranks served, as they are.
+    pub(crate) fn leave_unserved(&mut self) {
+        for (rank, attached) in std::mem::take(&mut self.rings) {
+            tracing::warn!(rank, ring = %attached.state.ledger().path().display(), "a ring this node fed is no longer one of its ranks: left as it is");
+        }
+    }
+}
+
+/// Creates the ring of `rank`, or opens the one a previous daemon left without a ledger of this
+/// node, and gives it an empty ledger owned by `node`.
+fn open_ring(job_dir: &Path, rank: u32, size: u64, node: u64) -> Result<(Ring, Ledger)> {
+    let path = job_dir.join(format!("{rank}.{RING_EXTENSION}"));
+    let ring = if path.exists() {
+        Ring::open(&path).map_err(DaemonError::RingOpen)?
+    } else {
+        RingOptions::new(&path)
+            .capacity(size)
+            .create()
+            .map_err(DaemonError::RingCreate)?
+    };
+    let ledger = Ledger::create(Ledger::path_beside(&path), node).map_err(DaemonError::Ledger)?;
+    Ok((ring, ledger))
+}
+
+/// Prepares the job's ring directory: removes the rings of an earlier run that no process uses any
+/// more (they hold nothing anyone will read; a ring a trainer still reads is kept, and so is one
+/// taken over), and creates the directory.
+pub(crate) fn prepare_dir(job_dir: &Path) -> Result<()> {
+    let collected =
+        sluice_ring::gc::collect(job_dir).map_err(|error| DaemonError::CollectRings {
+            dir: job_dir.to_path_buf(),
+            error,
+        })?;
+    for removed in &collected.removed {
+        tracing::info!(ring = %removed.display(), "removed a dead ring of an earlier run");
+    }
+    std::fs::create_dir_all(job_dir).map_err(|error| DaemonError::CreateRingDir {
+        dir: job_dir.to_path_buf(),
+        error,
+    })
+}

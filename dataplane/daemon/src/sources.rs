@@ -1,0 +1,60 @@
+//! The job's sources, opened through the formats layer with their columns, filter and options.
+
+use sluice_formats::{Dataset, Expr, OpenOptions, ReadOptions};
+use sluice_proto::v1;
+
+use crate::error::{DaemonError, Result};
+
+/// One source of the job, opened.
+#[derive(Debug)]
+pub(crate) struct Source {
+    /// The dataset.
+    pub(crate) dataset: Dataset,
+    /// How its tasks are read.
+    pub(crate) options: ReadOptions,
+    /// The schema of the batches the reader gives, before the transforms.
+    pub(crate) schema: arrow::datatypes::SchemaRef,
+}
+
+/// Opens every source of the job.
+pub(crate) async fn open_sources(data: &v1::JobData) -> Result<Vec<Source>> {
+    let mut sources = Vec::new();
+    for source in &data.sources {
+        let source_error = |error| DaemonError::Source {
+            uri: source.uri.clone(),
+            source: error,
+        };
+        let format = sluice_formats::FormatKind::parse(&source.format).map_err(source_error)?;
+        let open = OpenOptions {
+            storage_options: source
+                .storage_options
+                .iter()
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect(),
+            format: Some(format),
+            version: source.version,
+            ..OpenOptions::default()
+        };
+        let dataset = Dataset::open(&source.uri, &open)
+            .await
+            .map_err(source_error)?;
+        let filter = source
+            .filter
+            .as_deref()
+            .map(Expr::parse)
+            .transpose()
+            .map_err(source_error)?;
+        let options = ReadOptions {
+            columns: (!source.columns.is_empty()).then(|| source.columns.clone()),
+            filter,
+            batch_rows: data.batch_size.max(1) as usize,
+        };
+        let schema = dataset.output_schema(&options).map_err(source_error)?;
+        sources.push(Source {
+            dataset,
+            options,
+            schema,
+        });
+    }
+    Ok(sources)
+}
