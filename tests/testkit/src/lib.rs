@@ -3,6 +3,12 @@
 //! [`start_seaweed`] runs a real S3 server (SeaweedFS, `weed mini`) on 127.0.0.1 for the length of a
 //! test. The server listens on fixed ports, so the servers of one test binary take turns: a second
 //! [`start_seaweed`] in the same process waits until the first server is dropped.
+//!
+//! [`job`] reads what a job run on this machine leaves behind: the trainers' ids files, the
+//! executors' logs and the processes still naming its directories. `sluice-bench chaos` checks its
+//! runs with it too.
+
+pub mod job;
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;
