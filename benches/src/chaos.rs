@@ -1,4 +1,4 @@
-//! `sluice bench chaos`: a job whose node daemons and AM are killed with `kill -9` at random moments,
+//! `sluice-bench chaos`: a job whose node daemons and AM are killed with `kill -9` at random moments,
 //! and started again as an operator (or the launcher) would; every id must still reach the trainers
 //! exactly once.
 //!
@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+use sluice_testkit::job::{logs, processes_naming, read_ids};
 
 use crate::error::{BenchError, Result};
 
@@ -372,7 +373,8 @@ checkpoint: {{ uri: "file://{journal}" }}
             program: self.sluice.display().to_string(),
             purpose: "running the chaos job".to_owned(),
             reason: source.to_string(),
-            fix: "build sluice-cli and run `sluice bench chaos` from it".to_owned(),
+            fix: "build it with `cargo build --release -p sluice-cli`, beside sluice-bench"
+                .to_owned(),
         })?;
         let mut output = child.stdout.take().ok_or_else(|| BenchError::Chaos {
             reason: "sluice run has no stdout pipe".to_owned(),
@@ -501,69 +503,6 @@ checkpoint: {{ uri: "file://{journal}" }}
     }
 }
 
-/// The live processes other than this one with an argument starting with `path`, and with
-/// `subcommand` as their first argument when given (so `daemon` finds `sluice daemon ...`, not the
-/// launcher's shim running it).
-pub fn processes_naming(path: &Path, subcommand: Option<&str>) -> Vec<u32> {
-    let path = path.to_string_lossy().into_owned();
-    let own = std::process::id();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(std::result::Result::ok)
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| *pid != own)
-        .filter(|pid| {
-            let Ok(command_line) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                return false;
-            };
-            let arguments: Vec<&[u8]> = command_line.split(|byte| *byte == 0).collect();
-            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let zombie = state
-                .rsplit(')')
-                .next()
-                .is_some_and(|rest| rest.trim_start().starts_with('Z'));
-            !zombie
-                && subcommand.is_none_or(|name| arguments.get(1) == Some(&name.as_bytes()))
-                && arguments
-                    .iter()
-                    .any(|argument| argument.starts_with(path.as_bytes()))
-        })
-        .collect()
-}
-
-/// The ids a trainer wrote: little-endian int64s.
-pub fn read_ids(path: &Path) -> Vec<i64> {
-    std::fs::read(path)
-        .unwrap_or_default()
-        .chunks_exact(8)
-        .map(|chunk| {
-            let mut bytes = [0; 8];
-            bytes.copy_from_slice(chunk);
-            i64::from_le_bytes(bytes)
-        })
-        .collect()
-}
-
-/// Every log the executors left in a state directory, each under its path.
-pub fn logs(state: &Path) -> String {
-    std::fs::read_dir(state)
-        .map(|entries| {
-            entries
-                .filter_map(std::result::Result::ok)
-                .map(|entry| {
-                    format!(
-                        "--- {}\n{}",
-                        entry.path().display(),
-                        std::fs::read_to_string(entry.path()).unwrap_or_default()
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn setup(operation: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
     let operation = operation.into();
     move |source| BenchError::Setup { operation, source }
@@ -614,18 +553,5 @@ mod tests {
                 .contains("every id exactly once")
         );
         assert!(report(true, 0, 1).render().contains("FAILED"));
-    }
-
-    #[test]
-    fn ids_are_little_endian_int64s() {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let path = directory.path().join("ids.bin");
-        let bytes: Vec<u8> = [3_i64, -1, 1 << 40]
-            .iter()
-            .flat_map(|id| id.to_le_bytes())
-            .chain([7])
-            .collect();
-        std::fs::write(&path, bytes).expect("write");
-        assert_eq!(read_ids(&path), vec![3, -1, 1 << 40]);
     }
 }

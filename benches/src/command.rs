@@ -3,6 +3,7 @@
 
 use std::ffi::OsStr;
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -19,6 +20,31 @@ pub struct TimedRun {
     pub elapsed: Duration,
     /// Everything it printed on stdout.
     pub stdout: String,
+}
+
+/// The `sluice` binary beside the running executable (`sluice-bench`): the drivers run it for the
+/// jobs, reads and plans they measure.
+///
+/// # Errors
+///
+/// [`BenchError::SluiceMissing`], naming the path and the build command, when there is none; a
+/// [`BenchError::Setup`] when the running executable cannot be located.
+pub fn sluice_beside_current_exe() -> Result<PathBuf> {
+    let executable = std::env::current_exe().map_err(|source| BenchError::Setup {
+        operation: "locating the running sluice-bench".to_owned(),
+        source,
+    })?;
+    sluice_beside(&executable)
+}
+
+/// The `sluice` binary in the directory of `executable`.
+fn sluice_beside(executable: &Path) -> Result<PathBuf> {
+    let path = executable.with_file_name("sluice");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(BenchError::SluiceMissing { path })
+    }
 }
 
 /// The command line as a person would type it, for messages.
@@ -283,6 +309,22 @@ mod tests {
             missing.to_string().contains("sluice-no-such-program"),
             "{missing}"
         );
+    }
+
+    #[test]
+    fn sluice_is_found_beside_the_executable_or_named_with_its_build_command() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let executable = directory.path().join("sluice-bench");
+        let error = sluice_beside(&executable).expect_err("no sluice yet");
+        let message = error.to_string();
+        let expected = directory.path().join("sluice");
+        assert!(
+            message.contains(&expected.display().to_string())
+                && message.contains("cargo build --release -p sluice-cli"),
+            "{message}"
+        );
+        std::fs::write(&expected, b"").expect("write sluice");
+        assert_eq!(sluice_beside(&executable).expect("sluice"), expected);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `sluice bench decode`: Parquet decode on one core, Sluice against pyarrow, and Sluice on two cores.
+//! `sluice-bench decode`: Parquet decode on one core, Sluice against pyarrow, and Sluice on two cores.
 //!
 //! The file is the training-like file of [`crate::training_data`], about 1 GiB once decoded, written once
 //! with snappy and once with zstd into a cache directory and reused by later runs. For each codec the
@@ -292,7 +292,7 @@ pub struct CodecReport {
     pub two_cores_over_side_by_side: f64,
 }
 
-/// Everything one `sluice bench decode` run measured.
+/// Everything one `sluice-bench decode` run measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DecodeBenchReport {
     /// Rounds per codec.

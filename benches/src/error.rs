@@ -125,7 +125,7 @@ pub enum BenchError {
         /// Which thread.
         role: &'static str,
     },
-    /// `sluice bench am` or one of its hidden processes was given arguments it cannot use.
+    /// `sluice-bench am` or one of its hidden processes was given arguments it cannot use.
     #[error("bench am: {reason}")]
     InvalidAmArgs {
         /// What is wrong with the arguments, and the fix.
@@ -179,6 +179,16 @@ pub enum BenchError {
         reason: String,
         /// Every log the executors left.
         logs: String,
+    },
+    /// The `sluice` binary the drivers run is not beside `sluice-bench`.
+    #[error(
+        "no sluice binary at {}: sluice-bench runs the sluice beside it; build it with \
+         `cargo build --release -p sluice-cli` (`cargo build -p sluice-cli` beside a debug sluice-bench)",
+        path.display()
+    )]
+    SluiceMissing {
+        /// Where it was looked for.
+        path: PathBuf,
     },
     #[error("{program} is needed for {purpose} and did not run ({reason}); {fix}")]
     ToolMissing {
@@ -237,7 +247,7 @@ pub enum BenchError {
         /// What is wrong with it and what to give instead.
         reason: String,
     },
-    /// The chart of `sluice bench suite --png` could not be drawn.
+    /// The chart of `sluice-bench suite --png` could not be drawn.
     #[error("chart: {reason}")]
     Chart {
         /// What went wrong, and the fix.

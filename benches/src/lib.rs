@@ -1,14 +1,16 @@
-//! Drivers of the `sluice bench` suite.
+//! Drivers of the benchmark suite, run by the `sluice-bench` binary (its command line is in `main.rs`;
+//! `sluice bench ...` runs it when it is installed beside `sluice`). The suite is a binary of its own so
+//! that `sluice` links none of the benchmarks' dependencies.
 //!
-//! - `sluice bench ring`: the ring against other transports (below);
-//! - `sluice bench decode` ([`decode`]): Parquet decode of a training-like file, Sluice against pyarrow on
+//! - `sluice-bench ring`: the ring against other transports (below);
+//! - `sluice-bench decode` ([`decode`]): Parquet decode of a training-like file, Sluice against pyarrow on
 //!   one core, and Sluice on two cores;
-//! - `sluice bench local-io` ([`local_io`]): local byte-range reads through io_uring against `pread`;
-//! - `sluice bench plan` ([`plan`]): planning a Delta table of 1,000 files, Sluice against pyarrow;
-//! - `sluice bench pipeline` ([`pipeline`]): rows/s delivered to one trainer through the AM, a node daemon
+//! - `sluice-bench local-io` ([`local_io`]): local byte-range reads through io_uring against `pread`;
+//! - `sluice-bench plan` ([`plan`]): planning a Delta table of 1,000 files, Sluice against pyarrow;
+//! - `sluice-bench pipeline` ([`pipeline`]): rows/s delivered to one trainer through the AM, a node daemon
 //!   and a ring, against a pyarrow scan in the trainer's process.
 //!
-//! `sluice bench ring` moves records of each size from a producer to a consumer over the Sluice ring and
+//! `sluice-bench ring` moves records of each size from a producer to a consumer over the Sluice ring and
 //! over the transports a user would otherwise pick, one after the other in the same run, and compares
 //! them with the single-thread memcpy bandwidth of the machine:
 //!
@@ -19,10 +21,10 @@
 //! - `iceoryx2`: iceoryx2 publish-subscribe of byte slices, between two processes.
 //!
 //! Every transport runs the same workload (see [`workload`]) with the producer and the consumer pinned to
-//! the same two cores. Two-process runs re-execute the `sluice` binary as the producer (see [`peer`]).
+//! the same two cores. Two-process runs re-execute `sluice-bench` as the producer (see [`peer`]).
 //! Each run is sized to last about a second (a tenth in quick mode), from a short pilot run.
 //!
-//! `sluice bench am` (see [`am`]) puts the application master, alone on one core, under thousands of
+//! `sluice-bench am` (see [`am`]) puts the application master, alone on one core, under thousands of
 //! simulated node daemons speaking the real protocol, and measures heartbeat latency, the AM's CPU
 //! and memory, its recovery time after a SIGKILL, and its memory for a job of ten million tasks.
 
@@ -61,7 +63,7 @@ const MAX_COUNT: u64 = 1 << 32;
 /// The most pilot runs before a count is accepted.
 const MAX_CALIBRATION_ROUNDS: usize = 5;
 
-/// What `sluice bench ring` runs.
+/// What `sluice-bench ring` runs.
 #[derive(Debug, Clone)]
 pub struct RingBenchOptions {
     /// The record sizes, in bytes.
@@ -132,7 +134,7 @@ pub fn run_ring_bench(
     })
 }
 
-/// Calibrated runs of one transport at one record size, on the cores `sluice bench ring` uses, with the
+/// Calibrated runs of one transport at one record size, on the cores `sluice-bench ring` uses, with the
 /// memcpy bandwidth of the consumer's core beside them.
 #[derive(Debug)]
 pub struct TransportBench<'a> {

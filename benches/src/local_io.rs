@@ -1,4 +1,4 @@
-//! `sluice bench local-io`: byte-range reads of a local file through io_uring and through `pread`, the two
+//! `sluice-bench local-io`: byte-range reads of a local file through io_uring and through `pread`, the two
 //! paths of [`sluice_formats::uring::LocalReader`].
 //!
 //! The file (1 GiB, 64 MiB in quick mode) lives in the cache directory, on a real file system rather than
@@ -45,7 +45,7 @@ pub const DEFAULT_IN_FLIGHT: usize = 8;
 /// Bytes written to the file per call while it is created.
 const WRITE_CHUNK_BYTES: usize = 4 << 20;
 
-/// What `sluice bench local-io` runs.
+/// What `sluice-bench local-io` runs.
 #[derive(Debug, Clone)]
 pub struct LocalIoBenchOptions {
     /// Where the file is written and reused from; not tmpfs, or "cold" means nothing.
@@ -94,7 +94,7 @@ pub struct LocalIoCase {
     pub ratio: f64,
 }
 
-/// Everything one `sluice bench local-io` run measured.
+/// Everything one `sluice-bench local-io` run measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LocalIoBenchReport {
     /// The file read.

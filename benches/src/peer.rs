@@ -4,7 +4,7 @@
 //!
 //! The driver starts a consumer thread, pinned to the consumer core, that sets up its end of the
 //! transport (binds the socket, creates the ring or the iceoryx2 subscriber) and then says it is ready.
-//! Only then does the driver start the peer process (`sluice bench ring-peer ...`), so the producer never
+//! Only then does the driver start the peer process (`sluice-bench ring-peer ...`), so the producer never
 //! waits for the consumer to appear. The peer pins itself to the producer core, reads the system-wide
 //! monotonic clock just before its first record, produces every record, and prints that start time as one
 //! JSON line. The consumer thread reads the same clock after its last record; the difference is the run's
@@ -46,16 +46,16 @@ pub(crate) const STALL_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct PeerCommand {
     /// The executable to run.
     pub program: PathBuf,
-    /// The arguments before the peer's own, e.g. `["bench", "ring-peer"]`.
+    /// The arguments before the peer's own, e.g. `["ring-peer"]`.
     pub leading_args: Vec<OsString>,
 }
 
 impl PeerCommand {
-    /// Runs the current executable as `sluice bench ring-peer ...`.
+    /// Runs the current executable, `sluice-bench`, as `sluice-bench ring-peer ...`.
     pub fn current_exe() -> io::Result<PeerCommand> {
         Ok(PeerCommand {
             program: std::env::current_exe()?,
-            leading_args: vec!["bench".into(), "ring-peer".into()],
+            leading_args: vec!["ring-peer".into()],
         })
     }
 }
@@ -100,7 +100,7 @@ struct PeerReport {
     start_ns: u64,
 }
 
-/// Runs the producer side of a two-process run: the body of `sluice bench ring-peer`.
+/// Runs the producer side of a two-process run: the body of `sluice-bench ring-peer`.
 pub fn peer_main(args: &PeerArgs) -> Result<()> {
     if !(MIN_RECORD_SIZE..=MAX_RECORD_SIZE).contains(&args.size) {
         return Err(BenchError::InvalidPeerArgs {

@@ -1,8 +1,8 @@
-//! `sluice bench pipeline`: rows per second delivered to one trainer by the whole Sluice pipeline, against
+//! `sluice-bench pipeline`: rows per second delivered to one trainer by the whole Sluice pipeline, against
 //! a bare pyarrow scan of the same file in the trainer's own process.
 //!
 //! The file is the training-like, snappy-compressed file of [`crate::training_data`] (the one
-//! `sluice bench decode` uses). The two sides take turns, in an order that rotates from one round to the
+//! `sluice-bench decode` uses). The two sides take turns, in an order that rotates from one round to the
 //! next:
 //!
 //! - `sluice`: `sluice run JOB` with the AM, one node daemon and one reference trainer
@@ -147,7 +147,7 @@ fn run_pyarrow(options: &PyarrowComparison, file: &Path) -> Result<Delivered> {
     })
 }
 
-/// Everything one `sluice bench pipeline` run measured.
+/// Everything one `sluice-bench pipeline` run measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PipelineBenchReport {
     /// The file both sides read.

@@ -1,4 +1,4 @@
-//! `sluice bench plan`: planning a Delta table of 1,000 files, `sluice plan` against pyarrow.
+//! `sluice-bench plan`: planning a Delta table of 1,000 files, `sluice plan` against pyarrow.
 //!
 //! The table is written once by `sluice gen`'s generator into the cache directory and reused. Each round
 //! runs, in turns whose order swaps from one round to the next:
@@ -81,7 +81,7 @@ seconds = time.perf_counter() - start
 print(json.dumps({"files": len(live), "rows": sum(s[2] for s in splits), "seconds": seconds}))
 "#;
 
-/// What `sluice bench plan` runs.
+/// What `sluice-bench plan` runs.
 #[derive(Debug, Clone)]
 pub struct PlanBenchOptions {
     /// The `sluice` executable whose `plan` is measured.
@@ -96,7 +96,7 @@ pub struct PlanBenchOptions {
     pub rounds: usize,
 }
 
-/// Everything one `sluice bench plan` run measured.
+/// Everything one `sluice-bench plan` run measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlanBenchReport {
     /// The table planned.

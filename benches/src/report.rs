@@ -1,4 +1,4 @@
-//! The figures of a `sluice bench ring` run, as one JSON object or as tables for people.
+//! The figures of a `sluice-bench ring` run, as one JSON object or as tables for people.
 
 use std::fmt::Write as _;
 
@@ -51,7 +51,7 @@ pub struct SizeReport {
     pub baselines: Baselines,
 }
 
-/// Everything one `sluice bench ring` run measured.
+/// Everything one `sluice-bench ring` run measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RingBenchReport {
     /// Single-thread memcpy bandwidth between two 256 MiB buffers, GB/s.

@@ -92,8 +92,8 @@ pub const QUICK_FILE: TrainingFile = TrainingFile {
     row_group_rows: 1 << 16,
 };
 
-/// What a benchmark of Sluice against pyarrow on the training file runs (`sluice bench decode` and
-/// `sluice bench pipeline`).
+/// What a benchmark of Sluice against pyarrow on the training file runs (`sluice-bench decode` and
+/// `sluice-bench pipeline`).
 #[derive(Debug, Clone)]
 pub struct PyarrowComparison {
     /// The `sluice` executable under test.

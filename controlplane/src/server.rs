@@ -262,6 +262,27 @@ impl AmServer {
     }
 }
 
+/// Worker threads of the AM's runtime: two, or one when the AM may run on one CPU only. Two
+/// workers sharing one CPU wait for each other: under `sluice-bench am`, with the AM pinned to one
+/// core, one worker cut the heartbeat p99 from about a second to about 0.1 s (see BENCHMARKS.md).
+pub fn worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |cpus| cpus.get().min(2))
+}
+
+/// The runtime an AM is served on, with [`worker_threads`] workers: the one of `sluice am` and
+/// `sluice run`, and of the AM `sluice-bench am` measures, so that the AM measured is the one users
+/// run.
+///
+/// # Errors
+///
+/// Returns the error of the runtime's builder when its threads cannot be started.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads())
+        .enable_all()
+        .build()
+}
+
 /// The address executors on this machine reach a listener at: an unspecified address (`0.0.0.0`)
 /// becomes loopback.
 fn reachable(bound: SocketAddr) -> SocketAddr {

@@ -14,6 +14,7 @@
 //! A planner lists splits; a reader turns byte ranges into record batches; the caller decides prefetch and
 //! concurrency.
 
+pub mod allocator;
 pub mod coverage;
 pub mod dataset;
 pub mod delta;

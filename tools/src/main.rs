@@ -21,6 +21,8 @@ enum Command {
     /// Removes the rings under a directory whose producer, consumer and creator are all gone.
     Gc(cmd::gc::GcArgs),
     /// Benchmarks: the ring against other transports, Parquet decode against pyarrow, and more.
+    ///
+    /// Runs `sluice-bench`, installed beside `sluice` by `cargo build --release -p sluice-bench`.
     Bench(cmd::bench::BenchArgs),
     /// Reads a source (Parquet, Delta, Arrow IPC, CSV, JSON lines, TFRecord) and prints its rows or stats.
     Read(cmd::read::ReadArgs),
@@ -49,30 +51,8 @@ enum Command {
     Shim(cmd::shim::ShimArgs),
 }
 
-/// Allocations up to this size come from glibc's heap instead of fresh mappings (its largest setting).
-#[cfg(target_env = "gnu")]
-const MMAP_THRESHOLD_BYTES: libc::c_int = 32 << 20;
-/// Free memory at the top of glibc's heap that is kept rather than returned to the kernel.
-#[cfg(target_env = "gnu")]
-const TRIM_THRESHOLD_BYTES: libc::c_int = 1 << 30;
-
-/// Keeps freed buffers of up to 32 MiB in the process. Decoding and local reads allocate and free buffers of
-/// megabytes for every batch and range; by default glibc maps the larger ones fresh each time and returns
-/// freed memory at the top of the heap to the kernel, so each buffer costs page faults and zeroing of every
-/// page again.
-#[cfg(target_env = "gnu")]
-fn keep_freed_buffers() {
-    // SAFETY: mallopt only sets two of glibc's allocator parameters; it runs first in main, before this
-    // process starts another thread.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES);
-    }
-}
-
 fn main() -> ExitCode {
-    #[cfg(target_env = "gnu")]
-    keep_freed_buffers();
+    sluice_formats::allocator::keep_freed_buffers();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::sluice;
-use sluice_bench::chaos::read_ids;
+use sluice_testkit::job::read_ids;
 
 const ROWS: i64 = 40_000;
 
@@ -118,7 +118,7 @@ fn run_job(root: &Path, spec: &Path, job: &str, expected: &[i64]) {
             .arg(root.join("state")),
     );
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let logs = sluice_bench::chaos::logs(&root.join("state"));
+    let logs = sluice_testkit::job::logs(&root.join("state"));
     assert!(
         output.status.success(),
         "{job}: sluice run failed:\n{stdout}\n{}\n{logs}",

@@ -9,9 +9,9 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::sluice;
-use sluice_bench::chaos::read_ids;
 use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_client::CheckpointServiceClient;
+use sluice_testkit::job::read_ids;
 
 const ROWS: i64 = 20_000;
 const TASK_ROWS: u64 = 5000;
@@ -72,7 +72,7 @@ fn start_run(spec: &Path, root: &Path, arguments: &[&str]) -> (Child, String) {
 
 /// Every log the executors left in the state directory.
 fn logs(root: &Path) -> String {
-    sluice_bench::chaos::logs(&root.join("state"))
+    sluice_testkit::job::logs(&root.join("state"))
 }
 
 fn finish(mut run: Child, root: &Path) -> bool {

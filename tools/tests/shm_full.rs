@@ -12,7 +12,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::sluice;
-use sluice_bench::chaos::{logs, processes_naming, read_ids};
+use sluice_testkit::job::{logs, processes_naming, read_ids};
 
 const RING_SIZE: u64 = 4 << 20;
 

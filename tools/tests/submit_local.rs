@@ -13,7 +13,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::sluice;
-use sluice_bench::chaos::read_ids;
+use sluice_testkit::job::read_ids;
 
 /// The whole of a test's job must end within this (deadlock watchdog).
 const WATCHDOG: Duration = Duration::from_secs(240);
@@ -108,7 +108,7 @@ impl Submitted {
 
     /// Every log the AM and the executors left.
     fn logs(&self) -> String {
-        sluice_bench::chaos::logs(&self.state_dir())
+        sluice_testkit::job::logs(&self.state_dir())
     }
 
     /// Polls `sluice status --json` until `done` holds of it; panics past the watchdog.

@@ -44,7 +44,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Latencies are recorded in microseconds, up to this bound.
 const MAX_LATENCY_US: u64 = 60_000_000;
 
-/// The arguments of `sluice bench am-client`.
+/// The arguments of `sluice-bench am-client`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmClientArgs {
     /// The AM's gRPC address, `host:port`.
@@ -458,7 +458,7 @@ async fn run_daemon(mut daemon: Daemon, first_beat: tokio::time::Instant) {
     }
 }
 
-/// Runs `sluice bench am-client`: the daemons of one process, steered through stdin and stdout.
+/// Runs `sluice-bench am-client`: the daemons of one process, steered through stdin and stdout.
 pub fn client_main(args: &AmClientArgs) -> Result<()> {
     if args.nodes == 0 || args.channels == 0 || args.first_node + args.nodes > args.total_nodes {
         return Err(BenchError::InvalidAmArgs {

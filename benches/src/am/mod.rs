@@ -1,12 +1,12 @@
-//! `sluice bench am`: the application master under many simulated node daemons, its recovery
+//! `sluice-bench am`: the application master under many simulated node daemons, its recovery
 //! time, and its memory for a large job.
 //!
 //! # Implementation
-//! The driver re-executes the `sluice` binary for every process it needs:
-//! - the AM (`sluice bench am-server`, see [`server`]), pinned with `taskset` to the first core this
+//! The driver re-executes itself (`sluice-bench`) for every process it needs:
+//! - the AM (`sluice-bench am-server`, see [`server`]), pinned with `taskset` to the first core this
 //!   process may use. It serves a job of `--tasks` tasks through the real `AmServer`, with its
 //!   journal in a scratch directory on the temp dir's file system;
-//! - client processes (`sluice bench am-client`, see [`client`]), pinned to the second core, that
+//! - client processes (`sluice-bench am-client`, see [`client`]), pinned to the second core, that
 //!   run the `--executors` daemons between them.
 //!
 //! One run measures, in order:
@@ -65,15 +65,15 @@ const REPORT_TIMEOUT: Duration = Duration::from_secs(60);
 const STDERR_TAIL_BYTES: u64 = 2000;
 
 /// How to start the benchmark's processes: an executable with the hidden subcommands
-/// `bench am-server` and `bench am-client`.
+/// `am-server` and `am-client`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmPeers {
-    /// The `sluice` executable.
+    /// The `sluice-bench` executable.
     pub program: PathBuf,
 }
 
 impl AmPeers {
-    /// Runs the current executable.
+    /// Runs the current executable, `sluice-bench`.
     pub fn current_exe() -> std::io::Result<AmPeers> {
         Ok(AmPeers {
             program: std::env::current_exe()?,
@@ -81,7 +81,7 @@ impl AmPeers {
     }
 }
 
-/// What `sluice bench am` runs.
+/// What `sluice-bench am` runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmBenchOptions {
     /// Simulated node daemons.
@@ -129,7 +129,7 @@ impl AmBenchOptions {
     }
 }
 
-/// Runs `sluice bench am`; `progress` receives a line per step.
+/// Runs `sluice-bench am`; `progress` receives a line per step.
 pub fn run_am_bench(
     options: &AmBenchOptions,
     progress: &mut dyn FnMut(&str),
@@ -327,7 +327,6 @@ impl Bench<'_> {
         journal: Option<&Path>,
     ) -> Result<(Process, SocketAddr)> {
         let mut args: Vec<OsString> = vec![
-            "bench".into(),
             "am-server".into(),
             "--tasks".into(),
             tasks.to_string().into(),
@@ -410,7 +409,6 @@ impl Bench<'_> {
             let first_node = executors * index / processes;
             let nodes = executors * (index + 1) / processes - first_node;
             let args: Vec<OsString> = vec![
-                "bench".into(),
                 "am-client".into(),
                 "--am".into(),
                 address.to_string().into(),

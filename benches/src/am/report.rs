@@ -1,4 +1,4 @@
-//! The figures of a `sluice bench am` run, as one JSON object or as a table for people.
+//! The figures of a `sluice-bench am` run, as one JSON object or as a table for people.
 
 use std::fmt::Write as _;
 
@@ -30,7 +30,7 @@ pub struct WindowFigures {
     pub am_hwm_bytes: u64,
 }
 
-/// Everything one `sluice bench am` run measured. The top-level window figures are those of the
+/// Everything one `sluice-bench am` run measured. The top-level window figures are those of the
 /// journaled AM, the one under test; `baseline_no_journal` is the same AM and load without a
 /// journal, measured in the same run.
 #[derive(Debug, Clone, PartialEq, Serialize)]

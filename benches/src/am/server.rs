@@ -22,7 +22,7 @@ const MAX_SPLITS: u64 = 1000;
 /// The heartbeat interval the job asks of its daemons.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 1000;
 
-/// The arguments of `sluice bench am-server`.
+/// The arguments of `sluice-bench am-server`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmServerArgs {
     /// Tasks in the job.

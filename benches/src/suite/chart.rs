@@ -1,4 +1,4 @@
-//! The PNG of `sluice bench suite --png`: a bar chart of rows/s per system, on a log scale.
+//! The PNG of `sluice-bench suite --png`: a bar chart of rows/s per system, on a log scale.
 
 use std::path::Path;
 use std::sync::OnceLock;

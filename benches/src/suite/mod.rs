@@ -1,4 +1,4 @@
-//! `sluice bench suite`: Sluice against what users feed their trainers with today, side by side, in one
+//! `sluice-bench suite`: Sluice against what users feed their trainers with today, side by side, in one
 //! run, on the same data.
 //!
 //! The data is generated once by `sluice gen` into the cache directory (or is the user's, with
@@ -71,7 +71,7 @@ pub const BATCH_ROWS: usize = 4096;
 pub const DATALOADER_WORKERS: [u32; 3] = [0, 1, 2];
 /// The longest one run of a system may take before it is killed.
 const RUN_TIMEOUT: Duration = Duration::from_secs(900);
-/// The trainer loop, embedded so that the `sluice` binary runs the suite from anywhere.
+/// The trainer loop, embedded so that the `sluice-bench` binary runs the suite from anywhere.
 const TRAINER_SCRIPT: &str = include_str!("../../python/suite_trainer.py");
 /// The trainer script's file name in the run's work directory.
 const TRAINER_FILE: &str = "suite_trainer.py";
@@ -150,7 +150,7 @@ impl SuiteData {
     }
 }
 
-/// What `sluice bench suite` runs.
+/// What `sluice-bench suite` runs.
 #[derive(Debug, Clone)]
 pub struct SuiteOptions {
     /// The `sluice` executable under test.
@@ -308,7 +308,7 @@ impl Targets {
     const STALL_PERCENT: f64 = 1.0;
 }
 
-/// Everything one `sluice bench suite` run measured.
+/// Everything one `sluice-bench suite` run measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SuiteReport {
     /// The data every system read.

@@ -4,12 +4,18 @@
 //! test. The server listens on fixed ports, so the servers of one test binary take turns: a second
 //! [`start_seaweed`] in the same process waits until the first server is dropped.
 //!
+//! [`job`] reads what a job run on this machine leaves behind: the trainers' ids files, the
+//! executors' logs and the processes still naming its directories. `sluice-bench chaos` checks its
+//! runs with it too.
+//!
 //! # Prerequisites
 //!
 //! A test never passes by skipping. What a test needs beyond the toolchain (the shared conformance
 //! data, `weed`, Python packages, Chromium) is installed by the README's test command,
 //! `./scripts/test.sh`; where it is missing, the helpers here fail the test with a message that names
 //! what is missing and how to get it ([`testdata`], [`require_python_modules`], [`require_program`]).
+
+pub mod job;
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;

@@ -16,13 +16,6 @@ use tonic::transport::Channel;
 
 use crate::cmd::read::runtime;
 
-/// Worker threads of the AM's runtime: two, or one when the AM may run on one CPU only. Two
-/// workers sharing one CPU wait for each other: under `sluice bench am`, with the AM pinned to one
-/// core, one worker cut the heartbeat p99 from about a second to about 0.1 s (see BENCHMARKS.md).
-pub fn am_worker_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |cpus| cpus.get().min(2))
-}
-
 /// The address the AM listens on when none is given.
 pub const DEFAULT_AM_ADDRESS: &str = "127.0.0.1:7070";
 
@@ -58,14 +51,9 @@ pub fn run(args: AmArgs) -> anyhow::Result<()> {
         resume_from: args.resume_from,
         launch: None,
     };
-    runtime(am_worker_threads())?.block_on(serve_job(
-        "sluice am",
-        spec,
-        options,
-        args.http,
-        &[],
-        false,
-    ))
+    sluice_am::server::runtime()
+        .context("starting the AM's runtime")?
+        .block_on(serve_job("sluice am", spec, options, args.http, &[], false))
 }
 
 /// Serves a job's AM (and its status page when `http` is set) until the job is over, printing

@@ -12,8 +12,7 @@ use sluice_am::launcher::local::{LAUNCH_MARK, LocalLauncher};
 use sluice_am::server::{AmOptions, LaunchOptions};
 use sluice_am::spec::{JobSpec, LauncherKind};
 
-use crate::cmd::am::{am_worker_threads, serve_job};
-use crate::cmd::read::runtime;
+use crate::cmd::am::serve_job;
 
 /// Arguments of `sluice run`.
 #[derive(Debug, clap::Args)]
@@ -116,14 +115,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }),
     };
     let notes = [format!("executor logs in {}", state_dir.display())];
-    let served = runtime(am_worker_threads())?.block_on(serve_job(
-        "sluice run",
-        spec,
-        options,
-        Some(args.options.http),
-        &notes,
-        true,
-    ));
+    let served = sluice_am::server::runtime()
+        .context("starting the AM's runtime")?
+        .block_on(serve_job(
+            "sluice run",
+            spec,
+            options,
+            Some(args.options.http),
+            &notes,
+            true,
+        ));
     served.map_err(|error| {
         let mut message = format!("{error:#}");
         for (executor, last_error) in executor_errors(&message, &state_dir) {

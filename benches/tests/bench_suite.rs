@@ -1,5 +1,7 @@
-//! `sluice bench suite --quick --json OUT --png PNG`, end to end: every system runs for real on the same
+//! `sluice-bench suite --quick --json OUT --png PNG`, end to end: every system runs for real on the same
 //! data, the JSON holds finite figures for each, and the chart is a PNG. Speed is not asserted.
+
+mod common;
 
 use std::process::Command;
 
@@ -36,7 +38,7 @@ fn require_torch() {
         .expect("run python3");
     assert!(
         output.status.success(),
-        "sluice bench suite needs python3 with torch, pyarrow and the sluice package \
+        "sluice-bench suite needs python3 with torch, pyarrow and the sluice package \
          (pip install torch -r scripts/requirements.txt; pip install ./dataplane/python): {}",
         String::from_utf8_lossy(&output.stderr)
     );
@@ -44,23 +46,24 @@ fn require_torch() {
 
 #[test]
 fn suite_quick_measures_every_system_on_the_same_rows_and_draws_the_chart() {
+    common::sluice();
     require_torch();
     let directory = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let json_path = directory.path().join("suite.json");
     let png_path = directory.path().join("suite.png");
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["bench", "suite", "--quick", "--json"])
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+        .args(["suite", "--quick", "--json"])
         .arg(&json_path)
         .arg("--png")
         .arg(&png_path)
         .arg("--cache-dir")
         .arg(directory.path().join("cache"))
         .output()
-        .expect("run sluice bench suite");
+        .expect("run sluice-bench suite");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "sluice bench suite failed: {}\n{stdout}",
+        "sluice-bench suite failed: {}\n{stdout}",
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("targets: "), "no targets line: {stdout}");

@@ -1,4 +1,4 @@
-//! Chaos: `sluice bench chaos` at its default size, two million rows with two node daemons and four
+//! Chaos: `sluice-bench chaos` at its default size, two million rows with two node daemons and four
 //! trainers, three daemons and two AMs killed with `kill -9` at random moments. The launcher starts
 //! each daemon again, which takes its rings over from their ledgers; the AM is started again as an
 //! operator would, replays its journal and adopts the executors. The trainers, which live through it
@@ -7,8 +7,9 @@
 
 mod common;
 
-use common::sluice;
-use sluice_bench::chaos::{logs, read_ids};
+use std::process::Command;
+
+use sluice_testkit::job::{logs, read_ids};
 
 const ROWS: i64 = 2_000_000;
 
@@ -16,18 +17,19 @@ const ROWS: i64 = 2_000_000;
 fn daemons_and_the_am_killed_at_random_moments_lose_and_repeat_no_row() {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
-    let output = sluice()
-        .args(["bench", "chaos", "--json", "--rows", &ROWS.to_string()])
+    common::sluice();
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+        .args(["chaos", "--json", "--rows", &ROWS.to_string()])
         .args(["--daemon-kills", "3", "--am-kills", "2", "--dir"])
         .arg(root)
         .output()
-        .expect("run sluice bench chaos");
+        .expect("run sluice-bench chaos");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     eprintln!("{stdout}");
     assert!(
         output.status.success(),
-        "sluice bench chaos failed:\n{stdout}\n{stderr}\n{}",
+        "sluice-bench chaos failed:\n{stdout}\n{stderr}\n{}",
         logs(&root.join("state"))
     );
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");

@@ -1,4 +1,4 @@
-//! `sluice bench ring --quick --json` end to end: every transport runs for real, between processes
+//! `sluice-bench ring --quick --json` end to end: every transport runs for real, between processes
 //! where it should, and the JSON holds a finite, positive figure for each. Speed is not asserted.
 
 use std::process::Command;
@@ -32,15 +32,15 @@ fn keys(value: &Value, path: &str) -> Vec<String> {
 
 #[test]
 fn quick_json_run_reports_every_size_and_transport() {
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["bench", "ring", "--quick", "--json"])
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+        .args(["ring", "--quick", "--json"])
         .output()
-        .expect("run sluice");
+        .expect("run sluice-bench");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "sluice bench ring failed: {stderr}"
+        "sluice-bench ring failed: {stderr}"
     );
     assert_eq!(
         stdout.trim().lines().count(),
@@ -98,10 +98,10 @@ fn bytes_of(size: &Value) -> f64 {
 
 #[test]
 fn bad_sizes_are_rejected_with_the_fix() {
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["bench", "ring", "--quick", "--sizes", "64,3"])
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+        .args(["ring", "--quick", "--sizes", "64,3"])
         .output()
-        .expect("run sluice");
+        .expect("run sluice-bench");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "--sizes 64,3 was accepted");
     assert!(

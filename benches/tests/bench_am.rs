@@ -1,4 +1,4 @@
-//! `sluice bench am` end to end at a tiny scale: a real AM process, real daemon processes speaking
+//! `sluice-bench am` end to end at a tiny scale: a real AM process, real daemon processes speaking
 //! gRPC, a SIGKILL and a recovery, and the JSON holds a finite, positive figure for each key. Speed is
 //! not asserted.
 
@@ -37,9 +37,8 @@ fn figure(report: &Value, path: &str) -> f64 {
 
 #[test]
 fn a_tiny_json_run_reports_every_figure() {
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
         .args([
-            "bench",
             "am",
             "--executors",
             "50",
@@ -52,10 +51,10 @@ fn a_tiny_json_run_reports_every_figure() {
             "--json",
         ])
         .output()
-        .expect("run sluice");
+        .expect("run sluice-bench");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "sluice bench am failed: {stderr}");
+    assert!(output.status.success(), "sluice-bench am failed: {stderr}");
     assert_eq!(
         stdout.trim().lines().count(),
         1,
@@ -84,9 +83,8 @@ fn a_tiny_json_run_reports_every_figure() {
 
 #[test]
 fn a_job_too_small_for_the_window_is_refused_with_the_fix() {
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
         .args([
-            "bench",
             "am",
             "--executors",
             "20",
@@ -98,7 +96,7 @@ fn a_job_too_small_for_the_window_is_refused_with_the_fix() {
             "100",
         ])
         .output()
-        .expect("run sluice");
+        .expect("run sluice-bench");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "a 30-task job outlasted the run");
     assert!(stderr.contains("raise --tasks"), "{stderr}");
@@ -106,10 +104,10 @@ fn a_job_too_small_for_the_window_is_refused_with_the_fix() {
 
 #[test]
 fn zero_executors_are_rejected_before_anything_starts() {
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["bench", "am", "--executors", "0"])
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+        .args(["am", "--executors", "0"])
         .output()
-        .expect("run sluice");
+        .expect("run sluice-bench");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "--executors 0 was accepted");
     assert!(stderr.contains("--executors"), "{stderr}");

@@ -1,5 +1,7 @@
-//! `sluice bench local-io`, `plan`, `decode` and `pipeline` with `--quick --json`, end to end: every side
+//! `sluice-bench local-io`, `plan`, `decode` and `pipeline` with `--quick --json`, end to end: every side
 //! runs for real and the JSON holds a finite, positive figure for each. Speed is not asserted.
+
+mod common;
 
 use std::path::Path;
 use std::process::Command;
@@ -30,17 +32,16 @@ fn spread(value: &Value, path: &str) {
 }
 
 fn bench(arguments: &[&str], cache: &Path) -> Value {
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("bench")
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
         .args(arguments)
         .args(["--quick", "--json", "--cache-dir"])
         .arg(cache)
         .output()
-        .expect("run sluice");
+        .expect("run sluice-bench");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "sluice bench {arguments:?} failed: {}",
+        "sluice-bench {arguments:?} failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     assert_eq!(
@@ -81,6 +82,7 @@ fn local_io_quick_json_reports_both_paths_cold_and_warm() {
 
 #[test]
 fn plan_quick_json_plans_every_row_of_the_table() {
+    common::sluice();
     if !pyarrow_available("plan_quick_json_plans_every_row_of_the_table") {
         return;
     }
@@ -100,6 +102,7 @@ fn plan_quick_json_plans_every_row_of_the_table() {
 
 #[test]
 fn decode_quick_json_compares_both_codecs_with_pyarrow() {
+    common::sluice();
     if !pyarrow_available("decode_quick_json_compares_both_codecs_with_pyarrow") {
         return;
     }
@@ -158,6 +161,7 @@ fn decode_quick_json_compares_both_codecs_with_pyarrow() {
 
 #[test]
 fn pipeline_quick_json_delivers_the_file_to_a_trainer_beside_pyarrow() {
+    common::sluice();
     if !pyarrow_available("pipeline_quick_json_delivers_the_file_to_a_trainer_beside_pyarrow") {
         return;
     }

@@ -1,0 +1,496 @@
+//! The command line of `sluice-bench`: one subcommand a benchmark, and the hidden ones of the
+//! processes the benchmarks start (`ring-peer`, `am-server`, `am-client`), which re-execute
+//! `sluice-bench` itself. Benchmarks that run `sluice` take the one beside `sluice-bench`.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use sluice_bench::am::{
+    AmBenchOptions, AmClientArgs, AmPeers, AmServerArgs, client_main, run_am_bench,
+    serve_synthetic_am,
+};
+use sluice_bench::chaos::{ChaosOptions, run_chaos_bench};
+use sluice_bench::command::sluice_beside_current_exe;
+use sluice_bench::decode::run_decode_bench;
+use sluice_bench::local_io::{
+    DEFAULT_IN_FLIGHT, DEFAULT_RANGE_SIZES, LocalIoBenchOptions, run_local_io_bench,
+};
+use sluice_bench::pipeline::run_pipeline_bench;
+use sluice_bench::plan::{PlanBenchOptions, run_plan_bench};
+use sluice_bench::suite::chart::draw_rows_per_s;
+use sluice_bench::suite::{SuiteOptions, run_suite_bench};
+use sluice_bench::training_data::PyarrowComparison;
+use sluice_bench::workload::parse_sizes;
+use sluice_bench::{PeerArgs, PeerCommand, RingBenchOptions, Transport, peer_main, run_ring_bench};
+
+/// The benchmarks of Sluice: the ring against other transports, Parquet decode against pyarrow, and
+/// more. `sluice bench ...` runs this binary when it is installed beside `sluice`.
+#[derive(Debug, Parser)]
+#[command(name = "sluice-bench", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Ring throughput per record size, beside memcpy, a Unix socket, a crossbeam channel and iceoryx2.
+    Ring(RingArgs),
+    /// The producer process of a two-process run; `sluice-bench ring` starts it.
+    #[command(hide = true)]
+    RingPeer(RingPeerArgs),
+    /// Parquet decode of a training-like file: `sluice read --stats` against pyarrow, both on one core.
+    Decode(VsPyarrowArgs),
+    /// Rows/s delivered to one trainer by AM + daemon + ring, against a pyarrow scan in process.
+    Pipeline(VsPyarrowArgs),
+    /// Sluice (Reader and torch Dataset) against a PyTorch DataLoader, pyarrow, the ring and memcpy, on the
+    /// same data: rows/s, GB/s, CPU per row, trainer stall and peak RSS.
+    Suite(SuiteArgs),
+    /// Local byte-range reads through io_uring against pread, cold and warm.
+    LocalIo(LocalIoArgs),
+    /// A job whose daemons and AM are killed with `kill -9` at random moments: every id exactly once.
+    Chaos(ChaosArgs),
+    /// Planning a Delta table of 1,000 files: `sluice plan` against a pyarrow planner.
+    Plan(PlanArgs),
+    /// The AM on one core under simulated executors: heartbeat latency, cpu, memory, recovery time.
+    Am(AmArgs),
+    /// The AM process of `sluice-bench am`: a synthetic job served through the real AM.
+    #[command(hide = true)]
+    AmServer(AmServerCliArgs),
+    /// A process of simulated daemons of `sluice-bench am`.
+    #[command(hide = true)]
+    AmClient(AmClientCliArgs),
+}
+
+#[derive(Debug, Args)]
+struct AmArgs {
+    /// Simulated node daemons, each heartbeating once a second.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    executors: u32,
+    /// Tasks in the job.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=u64::from(u32::MAX)))]
+    tasks: u64,
+    /// Seconds in the measurement window.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    seconds: u64,
+    /// Tasks in the job whose AM memory is measured.
+    #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..=u64::from(u32::MAX)))]
+    memory_tasks: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ChaosArgs {
+    /// Rows of the generated dataset.
+    #[arg(long, default_value_t = 2_000_000, value_parser = clap::value_parser!(u64).range(100_000..))]
+    rows: u64,
+    /// Node daemons killed.
+    #[arg(long, default_value_t = 3)]
+    daemon_kills: usize,
+    /// AM processes killed.
+    #[arg(long, default_value_t = 2)]
+    am_kills: usize,
+    /// Rows per second each of the four trainers takes at most, standing for its compute.
+    #[arg(long, default_value_t = 25_000, value_parser = clap::value_parser!(u64).range(1..))]
+    trainer_rows_per_s: u64,
+    /// The seed of the kill schedule (default: from the clock; the report gives it).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Keep the data, ids files, journal and logs in this directory (default: a temporary one).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Seconds after which the run is declared hung and everything is killed (default: the time the
+    /// trainers need for the rows, plus four minutes).
+    #[arg(long)]
+    watchdog_s: Option<u64>,
+    /// Print one JSON object instead of a report.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct AmServerCliArgs {
+    #[arg(long)]
+    tasks: u64,
+    #[arg(long)]
+    executors: u32,
+    #[arg(long)]
+    listen: SocketAddr,
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct AmClientCliArgs {
+    #[arg(long)]
+    am: String,
+    #[arg(long)]
+    first_node: u64,
+    #[arg(long)]
+    nodes: u64,
+    #[arg(long)]
+    total_nodes: u64,
+    #[arg(long)]
+    channels: usize,
+}
+
+#[derive(Debug, Args)]
+struct LocalIoArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// A 64 MiB file instead of 1 GiB, and one round.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds; the two paths take turns in each.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Reads in flight at once.
+    #[arg(long, default_value_t = DEFAULT_IN_FLIGHT)]
+    in_flight: usize,
+    /// Range sizes, comma-separated, in bytes or with KiB/MiB (default 64KiB,512KiB,1MiB,8MiB).
+    #[arg(long, value_name = "SIZES")]
+    sizes: Option<String>,
+    /// Where the file is written once and then reused; not tmpfs [default: ~/.cache/sluice/bench].
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct PlanArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// A table of 100 files instead of 1,000, and one round.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds; the two planners take turns in each.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Where the table is written once and then reused [default: ~/.cache/sluice/bench].
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// The Python interpreter that has pyarrow.
+    #[arg(long, default_value = "python3")]
+    python: OsString,
+}
+
+/// The options of the benchmarks that compare Sluice with pyarrow on the training-like file.
+#[derive(Debug, Args)]
+struct VsPyarrowArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// A file of 175,000 rows instead of 2.8 million, and one round.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds of the sides, which take turns.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Where the Parquet files are written once and then reused [default: ~/.cache/sluice/bench].
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// The Python interpreter that has pyarrow.
+    #[arg(long, default_value = "python3")]
+    python: OsString,
+}
+
+#[derive(Debug, Args)]
+struct SuiteArgs {
+    /// 120,000 rows instead of 2 million, and one round.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds of each phase; the order of the systems rotates from one to the next.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Write the report as one JSON object to this file.
+    #[arg(long, value_name = "OUT")]
+    json: Option<PathBuf>,
+    /// Draw rows/s per system as a bar chart to this PNG file.
+    #[arg(long, value_name = "OUT")]
+    png: Option<PathBuf>,
+    /// Read this dataset (a Parquet file or directory, or a URI) instead of generated data.
+    #[arg(long, value_name = "URI")]
+    source: Option<String>,
+    /// The trainer's work per batch in the stall phase, in µs [default: the daemon's CPU per batch].
+    #[arg(long, value_name = "US")]
+    work_us: Option<f64>,
+    /// Where the generated data is written once and then reused [default: ~/.cache/sluice/bench].
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// The Python interpreter with pyarrow, torch and the sluice package.
+    #[arg(long, default_value = "python3")]
+    python: OsString,
+}
+
+#[derive(Debug, Args)]
+struct RingArgs {
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Run each size for about 0.1 s instead of 1 s.
+    #[arg(long)]
+    quick: bool,
+    /// Record sizes, comma-separated, in bytes or with KiB/MiB (default 64,4KiB,64KiB,1MiB).
+    #[arg(long, value_name = "SIZES")]
+    sizes: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct RingPeerArgs {
+    #[arg(long)]
+    transport: Transport,
+    #[arg(long)]
+    size: usize,
+    #[arg(long)]
+    count: u64,
+    #[arg(long)]
+    path: String,
+    #[arg(long)]
+    cpu: Option<usize>,
+}
+
+/// Runs `sluice-bench ...`.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        BenchCommand::Ring(ring) => run_ring(ring),
+        BenchCommand::RingPeer(peer) => Ok(peer_main(&PeerArgs {
+            transport: peer.transport,
+            size: peer.size,
+            count: peer.count,
+            path: peer.path,
+            cpu: peer.cpu,
+        })?),
+        BenchCommand::Decode(decode) => run_decode(decode),
+        BenchCommand::Pipeline(pipeline) => run_pipeline(pipeline),
+        BenchCommand::Suite(suite) => run_suite(suite),
+        BenchCommand::LocalIo(local_io) => run_local_io(local_io),
+        BenchCommand::Chaos(chaos) => run_chaos(chaos),
+        BenchCommand::Plan(plan) => run_plan(plan),
+        BenchCommand::Am(am) => run_am(am),
+        BenchCommand::AmServer(server) => {
+            let args = AmServerArgs {
+                tasks: server.tasks,
+                executors: server.executors,
+                listen: server.listen,
+                checkpoint: server.checkpoint,
+            };
+            // The same runtime as `sluice am`, so that the AM under test is the one users run.
+            Ok(sluice_am::server::runtime()
+                .context("starting the AM's runtime")?
+                .block_on(serve_synthetic_am(&args))?)
+        }
+        BenchCommand::AmClient(client) => Ok(client_main(&AmClientArgs {
+            am: client.am,
+            first_node: client.first_node,
+            nodes: client.nodes,
+            total_nodes: client.total_nodes,
+            channels: client.channels,
+        })?),
+    }
+}
+
+/// The cache of benchmark files: `$XDG_CACHE_HOME/sluice/bench`, `~/.cache/sluice/bench`, or under the
+/// temporary directory when neither is set.
+fn default_cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .filter(|value| !value.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|value| !value.is_empty())
+                .map(|home| PathBuf::from(home).join(".cache"))
+        })
+        .unwrap_or_else(std::env::temp_dir)
+        .join("sluice")
+        .join("bench")
+}
+
+/// Runs a benchmark with its progress on stderr (unless `json`), then prints its report: one JSON
+/// object with `json`, its tables otherwise.
+fn print_report<R, E>(
+    json: bool,
+    run: impl FnOnce(&mut dyn FnMut(&str)) -> Result<R, E>,
+    to_json: impl FnOnce(&R) -> serde_json::Result<String>,
+    render: impl FnOnce(&R) -> String,
+) -> anyhow::Result<()>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let report = run(&mut |line| {
+        if !json {
+            eprintln!("{line}");
+        }
+    })?;
+    if json {
+        println!("{}", to_json(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(())
+}
+
+/// The options of a comparison with pyarrow on the training file, for the `sluice` beside
+/// `sluice-bench`.
+fn comparison(args: VsPyarrowArgs) -> anyhow::Result<PyarrowComparison> {
+    Ok(PyarrowComparison {
+        sluice: sluice_beside_current_exe()?,
+        python: args.python,
+        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        quick: args.quick,
+        rounds: args.rounds,
+    })
+}
+
+fn run_decode(args: VsPyarrowArgs) -> anyhow::Result<()> {
+    let json = args.json;
+    let options = comparison(args)?;
+    print_report(
+        json,
+        |progress| run_decode_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
+}
+
+fn run_pipeline(args: VsPyarrowArgs) -> anyhow::Result<()> {
+    let json = args.json;
+    let options = comparison(args)?;
+    print_report(
+        json,
+        |progress| run_pipeline_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
+}
+
+fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
+    let paced_s = args.rows / (args.trainer_rows_per_s * 4) + 1;
+    let options = ChaosOptions {
+        sluice: sluice_beside_current_exe()?,
+        rows: args.rows,
+        daemon_kills: args.daemon_kills,
+        am_kills: args.am_kills,
+        trainer_rows_per_s: args.trainer_rows_per_s,
+        seed: args.seed,
+        directory: args.dir,
+        watchdog: Duration::from_secs(args.watchdog_s.unwrap_or(paced_s + 240)),
+    };
+    let report = run_chaos_bench(&options)?;
+    if args.json {
+        println!("{}", report.to_json()?);
+    } else {
+        print!("{}", report.render());
+    }
+    anyhow::ensure!(
+        report.exactly_once(),
+        "bench chaos: the job {}; {} ids repeated, {} missing (seed {}; rerun with --seed {} --dir DIR to keep its logs)",
+        if report.job_succeeded {
+            "succeeded"
+        } else {
+            "failed"
+        },
+        report.duplicates,
+        report.missing,
+        report.seed,
+        report.seed
+    );
+    Ok(())
+}
+
+fn run_suite(args: SuiteArgs) -> anyhow::Result<()> {
+    let options = SuiteOptions {
+        sluice: sluice_beside_current_exe()?,
+        python: args.python,
+        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        quick: args.quick,
+        rounds: args.rounds,
+        source: args.source,
+        work_us: args.work_us,
+        peer: PeerCommand::current_exe()
+            .context("locating sluice-bench, which runs the ring's producer process")?,
+    };
+    let report = run_suite_bench(&options, &mut |line| eprintln!("{line}"))?;
+    print!("{}", report.render_table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, report.to_json()?)
+            .with_context(|| format!("writing the report to {}", path.display()))?;
+    }
+    if let Some(path) = &args.png {
+        draw_rows_per_s(path, &report.chart_title(), &report.chart_bars())?;
+    }
+    Ok(())
+}
+
+fn run_am(args: AmArgs) -> anyhow::Result<()> {
+    let peers = AmPeers::current_exe()
+        .context("locating sluice-bench, which runs the AM and the daemons")?;
+    let mut options = AmBenchOptions::new(peers);
+    options.executors = args.executors;
+    options.tasks = args.tasks;
+    options.seconds = args.seconds;
+    options.memory_tasks = args.memory_tasks;
+    print_report(
+        args.json,
+        |progress| run_am_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
+}
+
+fn run_ring(args: RingArgs) -> anyhow::Result<()> {
+    let peer = PeerCommand::current_exe()
+        .context("locating sluice-bench, which runs the producer process")?;
+    let mut options = RingBenchOptions::new(peer);
+    options.quick = args.quick;
+    if let Some(sizes) = &args.sizes {
+        options.sizes = parse_sizes(sizes)?;
+    }
+    print_report(
+        args.json,
+        |progress| run_ring_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_tables(),
+    )
+}
+
+fn run_local_io(args: LocalIoArgs) -> anyhow::Result<()> {
+    let options = LocalIoBenchOptions {
+        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        quick: args.quick,
+        rounds: args.rounds,
+        in_flight: args.in_flight,
+        range_sizes: match &args.sizes {
+            Some(sizes) => parse_sizes(sizes)?,
+            None => DEFAULT_RANGE_SIZES.to_vec(),
+        },
+    };
+    print_report(
+        args.json,
+        |progress| run_local_io_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
+}
+
+fn run_plan(args: PlanArgs) -> anyhow::Result<()> {
+    let options = PlanBenchOptions {
+        sluice: sluice_beside_current_exe()?,
+        python: args.python,
+        cache_dir: args.cache_dir.unwrap_or_else(default_cache_dir),
+        quick: args.quick,
+        rounds: args.rounds,
+    };
+    print_report(
+        args.json,
+        |progress| run_plan_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
+}
