@@ -52,19 +52,6 @@ fn bench(arguments: &[&str], cache: &Path) -> Value {
     serde_json::from_str(stdout.trim()).expect("stdout is one JSON object")
 }
 
-fn pyarrow_available(test: &str) -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import pyarrow"])
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !ok {
-        eprintln!(
-            "skipped: {test}: python3 with pyarrow is not installed (pip install -r scripts/requirements.txt)"
-        );
-    }
-    ok
-}
-
 #[test]
 fn local_io_quick_json_reports_both_paths_cold_and_warm() {
     let cache = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("cache dir");
@@ -83,9 +70,7 @@ fn local_io_quick_json_reports_both_paths_cold_and_warm() {
 #[test]
 fn plan_quick_json_plans_every_row_of_the_table() {
     common::sluice();
-    if !pyarrow_available("plan_quick_json_plans_every_row_of_the_table") {
-        return;
-    }
+    sluice_testkit::require_python_modules("pyarrow");
     let cache = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("cache dir");
     let report = bench(&["plan"], cache.path());
     assert_eq!(report["files"], 100);
@@ -103,9 +88,7 @@ fn plan_quick_json_plans_every_row_of_the_table() {
 #[test]
 fn decode_quick_json_compares_both_codecs_with_pyarrow() {
     common::sluice();
-    if !pyarrow_available("decode_quick_json_compares_both_codecs_with_pyarrow") {
-        return;
-    }
+    sluice_testkit::require_python_modules("pyarrow");
     let cache = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("cache dir");
     let report = bench(&["decode"], cache.path());
     let codecs = report["codecs"].as_array().expect("codecs");
@@ -162,9 +145,7 @@ fn decode_quick_json_compares_both_codecs_with_pyarrow() {
 #[test]
 fn pipeline_quick_json_delivers_the_file_to_a_trainer_beside_pyarrow() {
     common::sluice();
-    if !pyarrow_available("pipeline_quick_json_delivers_the_file_to_a_trainer_beside_pyarrow") {
-        return;
-    }
+    sluice_testkit::require_python_modules("pyarrow");
     let cache = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("cache dir");
     let report = bench(&["pipeline"], cache.path());
     assert_eq!(report["rows"], 175_000, "{report}");

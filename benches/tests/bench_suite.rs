@@ -30,24 +30,10 @@ fn positive(system: &Value, name: &str, key: &str) -> f64 {
     number
 }
 
-/// The suite needs torch for its DataLoader rows: without it the test fails, naming the fix.
-fn require_torch() {
-    let output = Command::new("python3")
-        .args(["-c", "import torch, pyarrow, sluice"])
-        .output()
-        .expect("run python3");
-    assert!(
-        output.status.success(),
-        "sluice-bench suite needs python3 with torch, pyarrow and the sluice package \
-         (pip install torch -r scripts/requirements.txt; pip install ./dataplane/python): {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 #[test]
 fn suite_quick_measures_every_system_on_the_same_rows_and_draws_the_chart() {
     common::sluice();
-    require_torch();
+    sluice_testkit::require_python_modules("torch, pyarrow, sluice");
     let directory = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let json_path = directory.path().join("suite.json");
     let png_path = directory.path().join("suite.png");
