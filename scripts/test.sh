@@ -26,7 +26,7 @@ echo "== loom models of the ring protocol"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target/loom" \
     cargo test -p sluice-ring --test loom --release
 
-echo "== the ring under Miri"
+echo "== the ring, the process identity and the local IO engine under Miri"
 if ! cargo +nightly miri --version >/dev/null 2>&1; then
     if rustup toolchain list | grep -q '^nightly'; then
         rustup component add --toolchain nightly miri rust-src || true
@@ -36,7 +36,7 @@ if ! cargo +nightly miri --version >/dev/null 2>&1; then
 fi
 if cargo +nightly miri --version >/dev/null 2>&1; then
     MIRIFLAGS="-Zmiri-disable-isolation" CARGO_TARGET_DIR="$target/miri" \
-        cargo +nightly miri test -p sluice-ring --lib
+        cargo +nightly miri test -p sluice-ring -p sluice-process -p sluice-io --lib
 else
     echo "miri: SKIPPED: no nightly toolchain with the miri component could be installed" >&2
 fi
