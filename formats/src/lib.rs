@@ -14,6 +14,8 @@
 //! A planner lists splits; a reader turns byte ranges into record batches; the caller decides prefetch and
 //! concurrency.
 
+#![forbid(unsafe_code)]
+
 pub mod coverage;
 pub mod dataset;
 pub mod delta;

@@ -4,6 +4,8 @@
 //! test. The server listens on fixed ports, so the servers of one test binary take turns: a second
 //! [`start_seaweed`] in the same process waits until the first server is dropped.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
