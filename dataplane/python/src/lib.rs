@@ -9,6 +9,8 @@
 //!
 //! It also commits and restores data checkpoints on the AM over gRPC.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
