@@ -63,6 +63,6 @@ echo "== loom models of the ring protocol"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target/loom" \
     cargo test -p sluice-ring --test loom --release
 
-echo "== the ring under Miri"
+echo "== the ring, the process identity and the local IO engine under Miri"
 MIRIFLAGS="-Zmiri-disable-isolation" CARGO_TARGET_DIR="$target/miri" \
-    cargo +nightly miri test -p sluice-ring --lib
+    cargo +nightly miri test -p sluice-ring -p sluice-process -p sluice-io --lib

@@ -42,8 +42,8 @@ impl CheckpointStore {
     }
 
     /// Keeps checkpoints under the location `uri`.
-    pub fn at(uri: &str, options: &sluice_formats::StorageOptions) -> Result<CheckpointStore> {
-        let location = sluice_formats::store::open_location(uri, options)
+    pub fn at(uri: &str, options: &sluice_store::StorageOptions) -> Result<CheckpointStore> {
+        let location = sluice_store::open_location(uri, options)
             .map_err(|source| AmError::InvalidRequest(format!("checkpoint.uri {uri}: {source}")))?;
         Ok(CheckpointStore::Object {
             store: location.store,

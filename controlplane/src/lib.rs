@@ -18,6 +18,8 @@
 //! by its author in 2024, and `serde_yml` is deprecated by its own author. `serde_norway` keeps the
 //! `serde_yaml` API and its YAML 1.2 behaviour (`no` is a string, not `false`), and gets fixes.
 
+#![forbid(unsafe_code)]
+
 pub mod checkpoint_store;
 pub mod decide;
 pub mod error;

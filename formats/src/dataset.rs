@@ -16,7 +16,7 @@ use crate::plan::{Split, cut};
 use crate::read::{PartitionStatistics, ReadOptions, ReadPlan};
 use crate::store::{Location, StorageOptions, open_location};
 use crate::text::RowFileFormat;
-use crate::uring::{LocalIo, LocalReader};
+use sluice_io::{LocalIo, LocalReader};
 
 /// The default task size of `sluice plan`: about a million rows.
 pub const DEFAULT_TASK_ROWS: u64 = 1 << 20;

@@ -133,6 +133,19 @@ pub enum FormatError {
     },
 }
 
+impl From<sluice_store::LocationError> for FormatError {
+    fn from(error: sluice_store::LocationError) -> Self {
+        match error {
+            sluice_store::LocationError::SourceUri { uri, reason } => {
+                Self::SourceUri { uri, reason }
+            }
+            sluice_store::LocationError::StorageOption { uri, key, reason } => {
+                Self::StorageOption { uri, key, reason }
+            }
+        }
+    }
+}
+
 impl FormatError {
     /// Wraps an object store error with what was being done.
     pub fn store(context: impl Into<String>, source: object_store::Error) -> Self {

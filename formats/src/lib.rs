@@ -14,7 +14,9 @@
 //! A planner lists splits; a reader turns byte ranges into record batches; the caller decides prefetch and
 //! concurrency.
 
-pub mod allocator;
+#![forbid(unsafe_code)]
+
+pub use sluice_io::allocator;
 pub mod coverage;
 pub mod dataset;
 pub mod delta;
@@ -23,14 +25,15 @@ pub mod fetch;
 pub mod filter;
 pub mod follow;
 pub mod generate;
-mod mapped;
+mod local;
 mod parquet;
 pub mod plan;
 pub mod read;
 pub mod store;
 pub mod text;
 pub mod types;
-pub mod uring;
+/// Local byte-range reads through io_uring or `pread`, from the local IO engine.
+pub use sluice_io::uring;
 
 pub use coverage::SplitBatch;
 pub use dataset::{Dataset, FormatKind, OpenOptions};

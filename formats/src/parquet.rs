@@ -48,9 +48,9 @@ use crate::coverage::{Coverage, SplitBatch, covered_stream};
 use crate::error::{FormatError, Result};
 use crate::fetch::{FetchStats, Measured};
 use crate::filter::{CompareOp, Expr, Literal, PruningStatistics};
-use crate::mapped::LazyMapping;
+use crate::local::{LocalFileReader, Settle};
 use crate::read::ReadPlan;
-use crate::uring::{LocalFileReader, LocalReader};
+use sluice_io::{LazyMapping, LocalReader};
 
 /// How many bytes at the end of a file are fetched at first, to read a footer in one request.
 const FOOTER_PREFETCH_BYTES: usize = 64 * 1024;
@@ -161,7 +161,7 @@ impl FileAccess {
     }
 
     /// Opens a file for reads. Batches decoded from its column chunks must go through the mapping's
-    /// `settle` before they leave (see [`crate::mapped`]).
+    /// `settle` before they leave (see [`crate::local`]).
     pub(crate) async fn open(&self, path: &Path, uri: &str, size: u64) -> Result<OpenFile> {
         let mut mapping = LazyMapping::default();
         let reader: Box<dyn AsyncFileReader> = match &self.route {

@@ -5,6 +5,8 @@
 //! there as plain fields (`task_id: u64`, `node_id: u64`, `job_id: String`); [`TaskId`], [`NodeId`]
 //! and [`JobId`] give them types, and convert to and from those fields.
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 
 /// The generated `sluice.v1` messages, clients and servers.

@@ -5,6 +5,8 @@
 //! (the latest snapshot `s` then exactly `s, s + 1, ...`), prints `recovered <next number>`, and goes
 //! on from there. Every `SNAPSHOT_EVERY` numbers it snapshots the next number. It runs until killed.
 
+#![forbid(unsafe_code)]
+
 use std::collections::VecDeque;
 use std::io::Write;
 use std::process::ExitCode;

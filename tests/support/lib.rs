@@ -5,6 +5,8 @@
 //! hold `n`, the next 8 a checksum of the rest, so the reader checks each record's identity, order and
 //! bytes without any shared state.
 
+#![forbid(unsafe_code)]
+
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 

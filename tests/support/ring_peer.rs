@@ -9,6 +9,8 @@
 //! `ring-peer consume PATH COUNT SEED` attaches as the consumer, checks every record, and prints
 //! `ok COUNT` when the stream ends with exactly COUNT records. Any error prints a message and exits 1.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,7 @@
 //! The `sluice` command.
 
+#![forbid(unsafe_code)]
+
 mod cmd;
 
 use std::process::ExitCode;

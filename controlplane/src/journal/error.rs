@@ -17,7 +17,7 @@ pub enum JournalError {
         uri: String,
         /// Why the store cannot be built.
         #[source]
-        source: Arc<sluice_formats::FormatError>,
+        source: Arc<sluice_store::LocationError>,
     },
     /// The URI names something a journal cannot live in.
     #[error("journal {uri}: {reason}")]

@@ -55,7 +55,7 @@ mod writer;
 mod tests;
 
 pub use error::{JournalError, Result};
-pub use sluice_formats::StorageOptions;
+pub use sluice_store::StorageOptions;
 pub use writer::{Durable, JournalStats};
 
 use std::fmt;

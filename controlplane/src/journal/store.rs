@@ -16,7 +16,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
-use sluice_formats::StorageOptions;
+use sluice_store::StorageOptions;
 
 use super::error::{JournalError, Result};
 
@@ -99,12 +99,11 @@ pub(super) enum Store {
 impl Store {
     /// Builds the store a journal URI names.
     pub fn open(uri: &str, options: &StorageOptions) -> Result<Store> {
-        let location = sluice_formats::store::open_location(uri, options).map_err(|source| {
-            JournalError::Location {
+        let location =
+            sluice_store::open_location(uri, options).map_err(|source| JournalError::Location {
                 uri: uri.to_string(),
                 source: Arc::new(source),
-            }
-        })?;
+            })?;
         if location.glob.is_some() {
             return Err(JournalError::Unsupported {
                 uri: uri.to_string(),

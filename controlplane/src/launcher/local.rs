@@ -13,7 +13,7 @@
 
 use super::{ExecutorId, Exit, LaunchSpec, Launcher, Observation};
 use crate::error::{AmError, Result};
-use sluice_ring::ProcessId;
+use sluice_process::ProcessId;
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::os::unix::process::CommandExt;
@@ -193,11 +193,9 @@ impl LocalLauncher {
         if let Some(shim) = self.shim_process(id)
             && shim.is_alive()
         {
-            // SAFETY: `killpg` has no memory-safety obligations; the group is the shim's own,
-            // whose identity was just checked against its start time.
-            let result = unsafe { libc::killpg(shim.pid as libc::pid_t, signal) };
-            if result != 0 {
-                tracing::warn!(executor = %id, signal, error = %std::io::Error::last_os_error(), "signalling the executor failed");
+            // The group is the shim's own, whose identity was just checked against its start time.
+            if let Err(error) = shim.signal_group(signal) {
+                tracing::warn!(executor = %id, signal, %error, "signalling the executor failed");
             }
         }
     }

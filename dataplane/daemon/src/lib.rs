@@ -54,6 +54,8 @@
 //! again from their consumed counts. The registration's answer names the ranks to open rings for
 //! (none while other daemons still give theirs back; a later `Release` then brings them).
 
+#![forbid(unsafe_code)]
+
 mod book;
 mod error;
 #[cfg(test)]

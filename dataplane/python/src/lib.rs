@@ -10,6 +10,8 @@
 //! The module links the ring alone: the package's pure-Python half commits and restores data
 //! checkpoints on the AM, as JSON over HTTP with Python's standard library.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

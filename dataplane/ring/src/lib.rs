@@ -224,13 +224,11 @@ fn initialise(
         operation: "mmap",
         source,
     })?;
-    let creator = ProcessId::current()
-        .map_err(|source| RingCreateError::Io {
-            path: path.to_path_buf(),
-            operation: "read own identity",
-            source,
-        })?
-        .pack();
+    let creator = process::pack(&ProcessId::current().map_err(|source| RingCreateError::Io {
+        path: path.to_path_buf(),
+        operation: "read own identity",
+        source,
+    })?);
     let header = mapping.as_mut_ptr().cast::<RingHeader>();
     // SAFETY: the mapping is `needed` >= HEADER_LEN bytes long, page aligned (so aligned for RingHeader),
     // zero-filled by posix_fallocate, and not yet visible to any other process (it has a temporary name),

@@ -3,16 +3,15 @@
 use std::path::Path;
 
 use crate::error::{AttachError, Role};
-use crate::process::{PeerState, ProcessId};
+use crate::process::{self, PeerState, ProcessId};
 use crate::sync::{AtomicU64, Ordering};
 
 /// Claims the role whose holder is stored in `holder`, for the calling process.
 ///
 /// Succeeds when the role is free or its holder is dead; returns the packed identity now stored.
 pub(crate) fn claim(holder: &AtomicU64, role: Role, path: &Path) -> Result<u64, AttachError> {
-    let me = ProcessId::current()
-        .map_err(|source| AttachError::Identity { source })?
-        .pack();
+    let me =
+        process::pack(&ProcessId::current().map_err(|source| AttachError::Identity { source })?);
     let mut current = holder.load(Ordering::Acquire);
     loop {
         if let PeerState::Alive(process) = PeerState::of_word(current) {

@@ -17,6 +17,8 @@
 
 pub mod job;
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::net::TcpStream;
 use std::path::{Path as FsPath, PathBuf};

@@ -2,13 +2,12 @@
 //!
 //! # Implementation
 //!
-//! The Parquet decoder takes the column chunks that the page cache holds in full straight from a mapping
-//! of the file, with no copy at all (see `mapped.rs`, which also covers files that shrink while mapped).
-//! Footers, page indexes and bloom filters, which outlive the decode in caches, and chunks the page cache
-//! lacks are read.
+//! A caller may take the ranges that the page cache holds in full straight from a mapping of the file,
+//! with no copy at all (see [`crate::mapped`], which also covers files that shrink while mapped); the
+//! formats layer's Parquet reader does so for column chunks. Everything else is read here.
 //!
-//! [`LocalReader::read_cached_first`], the Parquet decoder's read, first copies what the page cache holds
-//! of its range on the caller's thread, with `preadv2(RWF_NOWAIT)`, which copies cached pages and answers
+//! [`LocalReader::read_cached_first`], the read for a caller that waits for its bytes (a decoder), first
+//! copies what the page cache holds of its range on the caller's thread, with `preadv2(RWF_NOWAIT)`, which copies cached pages and answers
 //! `EAGAIN` (or a short count) instead of waiting for the device: the system call exists for this, so that
 //! a thread-pool design hands only the reads that would block to its pool. The copy costs the same CPU on
 //! whichever thread makes it; made by a decoder that has nothing to do until its bytes arrive, it needs no
@@ -38,9 +37,9 @@
 //! A read's buffer comes from a small pool of the buffers of finished reads (see [`BufferPool`]), so that
 //! a long read fills pages already mapped instead of faulting in fresh ones.
 //!
-//! Registered buffers (`IORING_OP_READ_FIXED`) are not used: a read's bytes go to the Parquet decoder as
-//! they are and live until it has decoded the row group, so a fixed set of registered buffers would either
-//! be copied out of, or be held by the decoder for as long.
+//! Registered buffers (`IORING_OP_READ_FIXED`) are not used: a read's bytes go to the caller as they are
+//! and live as long as it needs them (a decoder: until it has decoded what they hold), so a fixed set of
+//! registered buffers would either be copied out of, or be held by the caller for as long.
 //!
 //! Where io_uring is refused (seccomp filters in containers, old kernels), [`LocalIo::Auto`] falls back to
 //! `pread` on tokio's blocking pool.
@@ -53,18 +52,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use futures::future::{BoxFuture, FutureExt};
-use parquet::arrow::arrow_reader::ArrowReaderOptions;
-use parquet::arrow::async_reader::AsyncFileReader;
-use parquet::file::metadata::ParquetMetaData;
-
-use crate::fetch::FetchStats;
-use crate::mapped::LazyMapping;
 
 /// Entries of the submission queue.
 const RING_ENTRIES: u32 = 128;
-/// Ranges closer than this are fetched as one read.
-const COALESCE_GAP_BYTES: u64 = 64 * 1024;
 
 /// How local files are read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -698,159 +688,10 @@ fn ring_thread(mut ring: io_uring::IoUring, receiver: &crossbeam_channel::Receiv
     }
 }
 
-/// Merges ranges whose gaps are under [`COALESCE_GAP_BYTES`]; returns the merged ranges and, for each input
-/// range, the merged range index that holds it.
-fn coalesce(ranges: &[Range<u64>]) -> (Vec<Range<u64>>, Vec<usize>) {
-    let mut order: Vec<usize> = (0..ranges.len()).collect();
-    order.sort_by_key(|index| ranges[*index].start);
-    let mut merged: Vec<Range<u64>> = Vec::new();
-    let mut owner = vec![0; ranges.len()];
-    for index in order {
-        let range = &ranges[index];
-        match merged.last_mut() {
-            Some(last) if range.start <= last.end + COALESCE_GAP_BYTES => {
-                last.end = last.end.max(range.end)
-            }
-            _ => merged.push(range.clone()),
-        }
-        owner[index] = merged.len() - 1;
-    }
-    (merged, owner)
-}
-
-/// An [`AsyncFileReader`] over one local file through a [`LocalReader`].
-#[derive(Debug, Clone)]
-pub(crate) struct LocalFileReader {
-    reader: LocalReader,
-    file: Arc<File>,
-    file_size: u64,
-    uri: String,
-    mapping: LazyMapping,
-    fetch: Arc<FetchStats>,
-}
-
-impl LocalFileReader {
-    /// Opens `path` on the blocking pool.
-    pub(crate) async fn open(
-        reader: LocalReader,
-        path: std::path::PathBuf,
-        file_size: u64,
-        uri: &str,
-        fetch: Arc<FetchStats>,
-    ) -> std::io::Result<Self> {
-        let file = tokio::task::spawn_blocking(move || File::open(path))
-            .await
-            .map_err(std::io::Error::other)??;
-        Ok(Self {
-            reader,
-            file: Arc::new(file),
-            file_size,
-            uri: uri.to_string(),
-            mapping: LazyMapping::default(),
-            fetch,
-        })
-    }
-
-    /// The mapping the column chunk reads use, for settling what is decoded from them.
-    pub(crate) fn mapping(&self) -> LazyMapping {
-        self.mapping.clone()
-    }
-
-    /// `range` straight from a mapping of the file when the page cache holds all of it. A page evicted
-    /// between this check and the decode is read back by a page fault on the decoder's thread.
-    fn mapped(&self, range: &Range<u64>) -> Option<Bytes> {
-        let mapping = self
-            .mapping
-            .get_or_map(&self.file, self.file_size, &self.uri)?;
-        let range = usize::try_from(range.start).ok()?..usize::try_from(range.end).ok()?;
-        if !mapping.resident(range.clone()) {
-            return None;
-        }
-        self.fetch.record_mapped(range.len() as u64);
-        Some(mapping.bytes().slice(range))
-    }
-
-    /// A column chunk range: from the mapping when it is cached, read otherwise.
-    async fn chunk(&self, range: Range<u64>) -> parquet::errors::Result<Bytes> {
-        match self.mapped(&range) {
-            Some(bytes) => Ok(bytes),
-            None => self.exact(range).await,
-        }
-    }
-
-    fn error(&self, error: std::io::Error) -> parquet::errors::ParquetError {
-        parquet::errors::ParquetError::External(Box::new(std::io::Error::new(
-            error.kind(),
-            format!("reading {}: {error}", self.uri),
-        )))
-    }
-
-    async fn exact(&self, range: Range<u64>) -> parquet::errors::Result<Bytes> {
-        let wanted = range.end.saturating_sub(range.start);
-        let bytes = self
-            .reader
-            .read_cached_first(&self.file, range.clone())
-            .await
-            .map_err(|error| self.error(error))?;
-        if (bytes.len() as u64) < wanted {
-            return Err(parquet::errors::ParquetError::EOF(format!(
-                "{}: range {}..{} runs past the end of the file ({} bytes)",
-                self.uri, range.start, range.end, self.file_size
-            )));
-        }
-        Ok(bytes)
-    }
-}
-
-impl AsyncFileReader for LocalFileReader {
-    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
-        async move { self.exact(range).await }.boxed()
-    }
-
-    fn get_byte_ranges(
-        &mut self,
-        ranges: Vec<Range<u64>>,
-    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
-        async move {
-            let (merged, owner) = coalesce(&ranges);
-            let fetched =
-                futures::future::try_join_all(merged.iter().map(|range| self.chunk(range.clone())))
-                    .await?;
-            Ok(ranges
-                .iter()
-                .zip(owner)
-                .map(|(range, index)| {
-                    let base = merged[index].start;
-                    let start = usize::try_from(range.start - base).unwrap_or(usize::MAX);
-                    let end = usize::try_from(range.end - base).unwrap_or(usize::MAX);
-                    fetched[index].slice(start..end)
-                })
-                .collect())
-        }
-        .boxed()
-    }
-
-    fn get_metadata<'a>(
-        &'a mut self,
-        options: Option<&'a ArrowReaderOptions>,
-    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
-        let file_size = self.file_size;
-        crate::parquet::load_metadata(self, file_size, options).boxed()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
-
-    #[test]
-    fn coalescing_merges_near_ranges_and_maps_each_back() {
-        let ranges = vec![200_000..200_010, 0..10, 20..30, 100_000..100_005];
-        let (merged, owner) = coalesce(&ranges);
-        assert_eq!(merged, vec![0..30, 100_000..100_005, 200_000..200_010]);
-        assert_eq!(owner, vec![2, 0, 0, 1]);
-    }
 
     fn pending(
         length: usize,
@@ -941,6 +782,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[cfg_attr(miri, ignore = "io_uring, which Miri cannot run")]
     async fn long_reads_come_back_whole_from_a_cold_and_a_warm_page_cache() {
         if LocalReader::new(LocalIo::Uring).is_err() {
             eprintln!(
@@ -1040,6 +882,10 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[cfg_attr(
+        miri,
+        ignore = "posix_fadvise, preadv2 and io_uring, which Miri cannot run"
+    )]
     async fn cached_pages_are_copied_first_and_the_backend_reads_the_rest() {
         let size = 4 * PIECE_BYTES + 12_345;
         let (_directory, file, content) = test_file(size);
@@ -1083,6 +929,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[cfg_attr(miri, ignore = "io_uring, which Miri cannot run")]
     async fn the_backends_read_on_from_the_bytes_a_buffer_already_holds() {
         let size = 3 * PIECE_BYTES + 777;
         let (_directory, file, content) = test_file(size);
@@ -1119,6 +966,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[cfg_attr(miri, ignore = "io_uring, which Miri cannot run")]
     async fn reads_in_reused_buffers_hold_their_own_bytes() {
         let (_directory, file, content) = test_file(5 << 20);
         let mut readers = vec![LocalReader::new(LocalIo::Pread).expect("pread")];
@@ -1135,6 +983,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[cfg_attr(miri, ignore = "io_uring, which Miri cannot run")]
     async fn many_reads_in_flight_over_the_shared_queue_each_get_their_bytes() {
         let (_directory, file, content) = test_file(6 << 20);
         let Ok(reader) = LocalReader::new(LocalIo::Uring) else {
@@ -1162,6 +1011,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[cfg_attr(miri, ignore = "io_uring, which Miri cannot run")]
     async fn uring_and_pread_read_the_same_bytes() {
         let (_directory, file, content) = test_file(300_000);
         let pread = LocalReader::new(LocalIo::Pread).expect("pread");

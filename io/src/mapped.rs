@@ -1,18 +1,19 @@
 //! Zero-copy reads of local files from a read-only shared mapping, safe against files that shrink while
 //! they are mapped.
 //!
-//! The Parquet decoder reads the column chunks whose pages the page cache already holds straight from a
-//! mapping of the file ([`Mapping`]): a read copies every byte once from the page cache into a buffer, and
-//! with two decoders those copies compete for the memory bandwidth the decoders need themselves.
+//! A decoder can read the ranges of a file whose pages the page cache already holds straight from a
+//! mapping of the file ([`Mapping`]; the formats layer does so for Parquet column chunks): a read copies
+//! every byte once from the page cache into a buffer, and with two decoders those copies compete for the
+//! memory bandwidth the decoders need themselves.
 //!
 //! A mapping has one hazard a read has not: when the file is truncated while it is mapped, an access to a
 //! page past the new end raises `SIGBUS`, which ends the process. The handler this module installs takes
 //! the faults inside the mappings it registered: it maps a page of zeros over the page that faulted,
 //! marks the mapping as faulted, and lets the access go on. Any other `SIGBUS` goes to the handler
 //! that was there before, or to the default action, which ends the process as it would have without
-//! this module. A user of a mapping calls [`Mapping::settle`] on what it decoded before it hands it on:
-//! arrays that still point into the mapping are copied out of it, and a mapping that faulted is an
-//! error, so bytes of zeros never reach a reader as data.
+//! this module. A user of a mapping settles what it decoded before it hands it on: it copies out of the
+//! mapping whatever still points into it ([`Mapping::overlaps`] tells), then calls [`Mapping::check`],
+//! for which a mapping that faulted is an error, so bytes of zeros never reach a reader as data.
 //!
 //! The handler finds the mapping of an address in a fixed table of slots that it reads without blocking:
 //! each slot's range sits behind a sequence number that is odd while the range changes. A mapping takes
@@ -24,9 +25,6 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use arrow::array::{ArrayData, RecordBatch, RecordBatchOptions, make_array};
-use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
-use arrow::error::ArrowError;
 use bytes::Bytes;
 
 /// Mappings registered at once; a file opened while every slot is taken is read by copy.
@@ -187,7 +185,7 @@ fn install() -> bool {
 }
 
 /// A read-only shared mapping of a local file, registered with the `SIGBUS` handler.
-pub(crate) struct Mapping {
+pub struct Mapping {
     map: memmap2::Mmap,
     slot: &'static Slot,
 }
@@ -205,7 +203,7 @@ impl std::fmt::Debug for Mapping {
 impl Mapping {
     /// Maps the first `length` bytes of `file`. `None` when there is nothing to map, when the handler could
     /// not be installed, or when every slot is taken: the caller then reads by copy.
-    pub(crate) fn new(file: &File, length: u64) -> std::io::Result<Option<Arc<Mapping>>> {
+    pub fn new(file: &File, length: u64) -> std::io::Result<Option<Arc<Mapping>>> {
         let Ok(length) = usize::try_from(length) else {
             return Ok(None);
         };
@@ -222,7 +220,8 @@ impl Mapping {
         };
         // SAFETY: the mapping is read-only and shared, and read only through `Bytes` from
         // `Mapping::bytes`. A file truncated while mapped raises SIGBUS on the pages past its end, which the
-        // handler turns into pages of zeros and a fault that `settle` reports before any decoded array leaves.
+        // handler turns into pages of zeros and a fault that `check` reports, which the user of the mapping
+        // calls before anything decoded from it leaves.
         let map = match unsafe { memmap2::MmapOptions::new().len(length).map(file) } {
             Ok(map) => map,
             Err(error) => {
@@ -239,13 +238,13 @@ impl Mapping {
     }
 
     /// The whole file as `Bytes` that keep the mapping alive; slices of it are zero-copy reads.
-    pub(crate) fn bytes(self: &Arc<Self>) -> Bytes {
+    pub fn bytes(self: &Arc<Self>) -> Bytes {
         Bytes::from_owner(Owner(Arc::clone(self)))
     }
 
     /// Whether the page cache holds every page of `range` (`mincore`), so that reading it from the mapping
     /// does not wait for the device.
-    pub(crate) fn resident(&self, range: Range<usize>) -> bool {
+    pub fn resident(&self, range: Range<usize>) -> bool {
         let page = PAGE_BYTES.load(Ordering::Relaxed);
         if range.start >= range.end || range.end > self.map.len() {
             return false;
@@ -266,14 +265,14 @@ impl Mapping {
     }
 
     /// Whether an access to the mapping faulted: the file shrank while it was mapped.
-    pub(crate) fn faulted(&self) -> bool {
+    pub fn faulted(&self) -> bool {
         // SeqCst: pairs with the handler's store.
         self.slot.faulted.load(Ordering::SeqCst)
     }
 
     /// An error (`UnexpectedEof`) when an access to the mapping faulted: whatever was decoded since may
     /// hold zeros, and an error the decoder raised may come from them.
-    pub(crate) fn check(&self) -> std::io::Result<()> {
+    pub fn check(&self) -> std::io::Result<()> {
         if self.faulted() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
@@ -283,75 +282,12 @@ impl Mapping {
         Ok(())
     }
 
-    /// Whether `buffer` points into the mapping.
-    fn holds(&self, buffer: &Buffer) -> bool {
+    /// Whether `memory` overlaps the mapping: a slice of it, or a value built on one, keeps the mapping's
+    /// pages in use and must be copied out before the mapping may fault unseen.
+    pub fn overlaps(&self, memory: &[u8]) -> bool {
         let start = self.map.as_ptr() as usize;
-        let pointer = buffer.as_ptr() as usize;
-        pointer < start + self.map.len() && start < pointer + buffer.len()
-    }
-
-    /// Makes a decoded batch safe to hand on: columns that point into the mapping are copied out of it,
-    /// then a fault anywhere in the mapping is an error (`UnexpectedEof`).
-    pub(crate) fn settle(&self, batch: RecordBatch) -> std::io::Result<RecordBatch> {
-        let batch = if batch
-            .columns()
-            .iter()
-            .any(|column| self.aliases(&column.to_data()))
-        {
-            batch
-                .columns()
-                .iter()
-                .map(|column| self.copied(column.to_data()).map(make_array))
-                .collect::<Result<Vec<_>, _>>()
-                .and_then(|columns| {
-                    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-                    RecordBatch::try_new_with_options(batch.schema(), columns, &options)
-                })
-                .map_err(|error| {
-                    std::io::Error::other(format!(
-                        "copying decoded arrays out of the file's mapping: {error}"
-                    ))
-                })?
-        } else {
-            batch
-        };
-        self.check()?;
-        Ok(batch)
-    }
-
-    fn aliases(&self, data: &ArrayData) -> bool {
-        data.buffers().iter().any(|buffer| self.holds(buffer))
-            || data.nulls().is_some_and(|nulls| self.holds(nulls.buffer()))
-            || data.child_data().iter().any(|child| self.aliases(child))
-    }
-
-    /// `data` with every buffer that points into the mapping copied out of it.
-    fn copied(&self, data: ArrayData) -> Result<ArrayData, ArrowError> {
-        let own = |buffer: &Buffer| {
-            if self.holds(buffer) {
-                Buffer::from_slice_ref(buffer.as_slice())
-            } else {
-                buffer.clone()
-            }
-        };
-        let buffers = data.buffers().iter().map(own).collect();
-        let nulls = data.nulls().map(|nulls| {
-            NullBuffer::new(BooleanBuffer::new(
-                own(nulls.buffer()),
-                nulls.offset(),
-                nulls.len(),
-            ))
-        });
-        let children = data
-            .child_data()
-            .iter()
-            .map(|child| self.copied(child.clone()))
-            .collect::<Result<Vec<_>, _>>()?;
-        data.into_builder()
-            .buffers(buffers)
-            .nulls(nulls)
-            .child_data(children)
-            .build()
+        let pointer = memory.as_ptr() as usize;
+        pointer < start + self.map.len() && start < pointer + memory.len()
     }
 }
 
@@ -378,14 +314,14 @@ impl AsRef<[u8]> for Owner {
 const SHRANK: &str = "the file shrank while it was read, so rows decoded from it may hold zeros in \
     place of its bytes; a data file must not be rewritten in place: write a new file instead";
 
-/// The mapping a local file reader makes on its first zero-copy read, shared with the stream that
-/// settles the batches decoded from it. Empty for files that are not mapped.
+/// The mapping a local file reader makes on its first zero-copy read, shared with whatever settles what
+/// is decoded from it. Empty for files that are not mapped.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct LazyMapping(Arc<OnceLock<Option<Arc<Mapping>>>>);
+pub struct LazyMapping(Arc<OnceLock<Option<Arc<Mapping>>>>);
 
 impl LazyMapping {
     /// The mapping of `file`, made on the first call; `None` when it cannot be mapped.
-    pub(crate) fn get_or_map(&self, file: &File, length: u64, uri: &str) -> Option<&Arc<Mapping>> {
+    pub fn get_or_map(&self, file: &File, length: u64, uri: &str) -> Option<&Arc<Mapping>> {
         self.0
             .get_or_init(|| match Mapping::new(file, length) {
                 Ok(mapping) => mapping,
@@ -398,19 +334,13 @@ impl LazyMapping {
     }
 
     /// [`Mapping::check`] when the file was mapped.
-    pub(crate) fn check(&self) -> std::io::Result<()> {
-        match self.0.get() {
-            Some(Some(mapping)) => mapping.check(),
-            _ => Ok(()),
-        }
+    pub fn check(&self) -> std::io::Result<()> {
+        self.get().map_or(Ok(()), |mapping| mapping.check())
     }
 
-    /// [`Mapping::settle`] when the file was mapped; the batch as it is otherwise.
-    pub(crate) fn settle(&self, batch: RecordBatch) -> std::io::Result<RecordBatch> {
-        match self.0.get() {
-            Some(Some(mapping)) => mapping.settle(batch),
-            _ => Ok(batch),
-        }
+    /// The mapping, when one was made.
+    pub fn get(&self) -> Option<&Arc<Mapping>> {
+        self.0.get().and_then(Option::as_ref)
     }
 }
 
@@ -419,8 +349,6 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::os::fd::AsRawFd;
-
-    use arrow::array::{Array, Int32Array};
 
     const CHILD: &str = "SLUICE_MAPPED_SIGBUS_CHILD";
 
@@ -447,6 +375,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "mmap, mincore and a SIGBUS handler, which Miri cannot run"
+    )]
     fn a_mapping_reads_the_file_and_knows_which_pages_are_cached() {
         let (file, content) = paged_file(4);
         // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is open. The file was
@@ -469,7 +401,11 @@ mod tests {
     }
 
     #[test]
-    fn an_access_past_the_end_of_a_shrunk_file_reads_zeros_and_fails_the_batch() {
+    #[cfg_attr(
+        miri,
+        ignore = "mmap, mincore and a SIGBUS handler, which Miri cannot run"
+    )]
+    fn an_access_past_the_end_of_a_shrunk_file_reads_zeros_and_fails_the_check() {
         let (file, content) = paged_file(3);
         let sut = mapped(&file, content.len());
         let (other_file, other_content) = paged_file(1);
@@ -486,45 +422,30 @@ mod tests {
         assert!(sut.faulted());
         assert!(!other.faulted(), "only the mapping that faulted is flagged");
         assert_eq!(other.bytes()[0], 1);
-        let column = Int32Array::from(vec![1, 2, 3]);
-        let batch = RecordBatch::try_from_iter([("value", Arc::new(column) as _)]).expect("batch");
-        let error = sut.settle(batch).expect_err("a faulted mapping fails");
+        let error = sut.check().expect_err("a faulted mapping fails");
         assert_eq!(error.kind(), std::io::ErrorKind::UnexpectedEof);
         assert!(error.to_string().contains("shrank while it was read"));
     }
 
     #[test]
-    fn arrays_that_point_into_the_mapping_are_copied_out_of_it() {
+    #[cfg_attr(
+        miri,
+        ignore = "mmap, mincore and a SIGBUS handler, which Miri cannot run"
+    )]
+    fn a_slice_overlaps_the_mapping_it_points_into_and_no_other() {
         let (file, content) = paged_file(2);
         let sut = mapped(&file, content.len());
-        let values = Buffer::from(sut.bytes().slice(page()..page() + 16));
-        let column = Int32Array::new(values.into(), None);
-        let kept = Int32Array::from(vec![7, 8, 9, 10]);
-        let batch = RecordBatch::try_from_iter([
-            ("mapped", Arc::new(column.clone()) as _),
-            ("kept", Arc::new(kept.clone()) as _),
-        ])
-        .expect("batch");
-        let settled = sut.settle(batch).expect("settles");
-        assert!(sut.aliases(&column.to_data()));
-        assert!(!sut.aliases(&settled.column(0).to_data()));
-        assert!(
-            settled.column(1).to_data().buffers()[0].ptr_eq(&kept.to_data().buffers()[0]),
-            "arrays outside the mapping are kept as they are"
-        );
-        file.as_file().set_len(0).expect("truncate");
-        assert_eq!(
-            settled.column(0).as_ref(),
-            &Int32Array::from(vec![0x0202_0202; 4]) as &dyn Array,
-            "the copy holds the file's bytes after the file is gone"
-        );
-        assert!(
-            !sut.faulted(),
-            "nothing read the mapping after the truncation"
-        );
+        let (other_file, other_content) = paged_file(1);
+        let other = mapped(&other_file, other_content.len());
+        let bytes = sut.bytes();
+        assert!(sut.overlaps(&bytes[page()..page() + 16]));
+        assert!(sut.overlaps(&bytes[content.len() - 1..]));
+        assert!(!other.overlaps(&bytes[..16]));
+        assert!(!sut.overlaps(&content[..16]), "a copy is not the mapping");
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "spawns a process, which Miri cannot")]
     fn a_sigbus_outside_the_mappings_still_ends_the_process() {
         let child = std::process::Command::new(std::env::current_exe().expect("test binary"))
             .args([

@@ -1,0 +1,167 @@
+//! The identity of a process, its liveness, and signals to its process group.
+//!
+//! A pid alone is not an identity: Linux reuses pids. A [`ProcessId`] is a pid together with the
+//! process's start time (field 22 of `/proc/<pid>/stat`, in clock ticks since boot), which together never
+//! repeat. The shared-memory ring stores one in its header for each role, and the application master
+//! records one for each executor it launches, so that either can tell a live holder from a dead one
+//! whose pid was given to another process.
+
+use std::fmt;
+use std::fs;
+
+/// The identity of a process: its pid and its start time, which together never repeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProcessId {
+    /// The process id.
+    pub pid: u32,
+    /// The start time of the process, in clock ticks since boot.
+    pub start_ticks: u64,
+}
+
+impl ProcessId {
+    /// Returns the identity of the calling process.
+    ///
+    /// # Errors
+    ///
+    /// Returns the error of reading `/proc/self/stat`.
+    pub fn current() -> std::io::Result<Self> {
+        let pid = std::process::id();
+        let start_ticks = start_ticks_of("self")?;
+        Ok(ProcessId { pid, start_ticks })
+    }
+
+    /// Tells whether this process is still running (and not a zombie).
+    pub fn is_alive(&self) -> bool {
+        matches!(stat_of(&self.pid.to_string()), Ok(stat) if stat.start_ticks == self.start_ticks && stat.state != 'Z' && stat.state != 'X')
+    }
+
+    /// Sends `signal` to the process group whose leader is this process, as `killpg` does.
+    ///
+    /// The caller checks [`ProcessId::is_alive`] first: a group id is a pid, and the kernel may have given
+    /// it to another process once this one and its group are gone.
+    ///
+    /// # Errors
+    ///
+    /// Returns the OS error: `ESRCH` when no process is in the group, `EPERM` when the caller may not
+    /// signal it, `EINVAL` for a signal that does not exist.
+    pub fn signal_group(&self, signal: libc::c_int) -> std::io::Result<()> {
+        let group = libc::pid_t::try_from(self.pid).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("pid {} is not a process group id", self.pid),
+            )
+        })?;
+        // SAFETY: `killpg` takes two integers and touches no memory of this process.
+        let result = unsafe { libc::killpg(group, signal) };
+        if result != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ProcessId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "pid {}", self.pid)
+    }
+}
+
+struct Stat {
+    state: char,
+    start_ticks: u64,
+}
+
+fn start_ticks_of(pid: &str) -> std::io::Result<u64> {
+    stat_of(pid).map(|stat| stat.start_ticks)
+}
+
+fn stat_of(pid: &str) -> std::io::Result<Stat> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(&text).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("/proc/{pid}/stat: unexpected format"),
+        )
+    })
+}
+
+/// Parses the state and start time out of a `/proc/<pid>/stat` line. The command name (field 2) may
+/// hold spaces and parentheses, so the fields are counted from the last `)`.
+fn parse_stat(text: &str) -> Option<Stat> {
+    let after_command = &text[text.rfind(')')? + 1..];
+    let mut fields = after_command.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Fields 4..=21 lie between the state (field 3) and the start time (field 22).
+    let start_ticks = fields.nth(18)?.parse().ok()?;
+    Some(Stat { state, start_ticks })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_awkward_command_names() {
+        let line =
+            "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 150 0 0 0 3 1 0 0 20 0 1 0 987654 1000 10";
+        let stat = parse_stat(line).expect("parses");
+        assert_eq!(stat.state, 'S');
+        assert_eq!(stat.start_ticks, 987654);
+        assert!(parse_stat("garbage").is_none());
+        assert!(parse_stat("1 (x) R 1 2").is_none());
+    }
+
+    #[test]
+    fn the_current_process_is_alive_and_another_start_time_is_another_process() {
+        let sut = ProcessId::current().expect("own identity");
+        assert_eq!(sut.pid, std::process::id());
+        assert!(sut.is_alive());
+        let reused_pid = ProcessId {
+            pid: sut.pid,
+            start_ticks: sut.start_ticks + 1,
+        };
+        assert!(
+            !reused_pid.is_alive(),
+            "a different start time is a different process"
+        );
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "spawns a process, which Miri cannot")]
+    fn killed_child_is_dead_after_being_alive() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let sut = ProcessId {
+            pid: child.id(),
+            start_ticks: start_ticks_of(&child.id().to_string()).expect("child stat"),
+        };
+        assert!(sut.is_alive());
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+        assert!(!sut.is_alive());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "spawns a process and calls killpg, which Miri cannot")]
+    fn a_signal_reaches_the_group_a_process_leads() {
+        use std::os::unix::process::{CommandExt, ExitStatusExt};
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .expect("spawn sleep");
+        let sut = ProcessId {
+            pid: child.id(),
+            start_ticks: start_ticks_of(&child.id().to_string()).expect("child stat"),
+        };
+        sut.signal_group(libc::SIGKILL).expect("signals the group");
+        let status = child.wait().expect("wait");
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        let error = sut
+            .signal_group(libc::SIGKILL)
+            .expect_err("the group is gone");
+        assert_eq!(error.raw_os_error(), Some(libc::ESRCH));
+    }
+}
