@@ -19,6 +19,7 @@
 //! `serde_yaml` API and its YAML 1.2 behaviour (`no` is a string, not `false`), and gets fixes.
 
 pub mod checkpoint_store;
+pub mod clock;
 pub mod decide;
 pub mod error;
 pub mod follow;

@@ -236,6 +236,21 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// When the AM received the event, for the events that carry a time.
+    pub fn now_ms(&self) -> Option<u64> {
+        match self {
+            Event::Register { now_ms, .. }
+            | Event::Heartbeat { now_ms, .. }
+            | Event::Acquire { now_ms, .. }
+            | Event::StopAck { now_ms, .. }
+            | Event::Report { now_ms, .. }
+            | Event::Tick { now_ms } => Some(*now_ms),
+            Event::SplitsAdded { .. } | Event::FollowEnded | Event::FollowFailed { .. } => None,
+        }
+    }
+}
+
 /// One task handed to a daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {

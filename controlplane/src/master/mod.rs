@@ -385,6 +385,9 @@ pub struct Master {
     role_sizes: Vec<u32>,
     rescale: Option<Rescale>,
     restored: Option<RestoredAt>,
+    /// The latest time of a change applied, journaled or replayed: the time a new AM's clock
+    /// continues from, so that the journal's times never go back.
+    latest_ms: u64,
 }
 
 /// The trainer ranks node `node` of `nodes` feeds when the roles have `sizes` trainers: the ranks
@@ -440,6 +443,7 @@ impl Master {
             added_files: Vec::new(),
             added_splits: Vec::new(),
             restored: None,
+            latest_ms: 0,
         })
     }
 
@@ -751,6 +755,12 @@ impl Master {
         }
     }
 
+    /// The latest time of the changes applied so far, journaled or replayed, on the AM's clock
+    /// (see [`crate::clock`]): an AM that takes the job over continues its clock from there.
+    pub fn latest_ms(&self) -> u64 {
+        self.latest_ms
+    }
+
     /// Applies a journal entry during recovery; commands it would send are dropped, since the
     /// daemons they were meant for ask again.
     pub fn replay(&mut self, entry: Entry) -> Result<()> {
@@ -862,6 +872,7 @@ impl Master {
             RestoreMode::Resume { now_ms: 0 },
         )?;
         for (node, last_seen_ms) in snapshot.last_seen_ms {
+            self.latest_ms = self.latest_ms.max(last_seen_ms);
             if let Some(entry) = table.nodes.get_mut(&node) {
                 entry.last_seen_ms = last_seen_ms;
             }
@@ -1389,6 +1400,7 @@ impl Master {
 
     /// Resets the task table to `position`, restarts the trainers and takes the rings back.
     fn apply_restore(&mut self, token: String, position: DataPosition, now_ms: u64) -> Result<()> {
+        self.latest_ms = self.latest_ms.max(now_ms);
         self.reset_to(position, now_ms)?;
         if let Some(executors) = &mut self.executors {
             executors.restart_trainers();
@@ -1471,6 +1483,9 @@ impl Master {
 
     /// Applies an event; returns the commands for `caller`, queueing those for other nodes.
     fn apply_event(&mut self, caller: Option<NodeId>, event: Event) -> Vec<v1::Command> {
+        if let Some(now_ms) = event.now_ms() {
+            self.latest_ms = self.latest_ms.max(now_ms);
+        }
         let registration = match &event {
             Event::Register { node, held, .. } => Some((*node, held.is_empty())),
             _ => None,
