@@ -58,7 +58,7 @@ mod proptests;
 mod tests;
 
 pub use position::{DataPosition, NodeRecord, RestoreError, RestoreMode, TaskRecord, TaskStatus};
-pub use state::{JobState, NodeStatus, PlanError, TaskCounts};
+pub use state::{JobState, NodeStatus, NodeView, PlanError, TaskCounts, TaskInFlight, TaskSpan};
 
 use crate::spec::JobSpec;
 use serde::{Deserialize, Serialize};
