@@ -14,9 +14,10 @@
 //! be listed) is retried the same way, up to [`POLL_ATTEMPTS`] polls in a row. A Delta commit
 //! that removes data fails the job at once: that is not a passing state.
 
+use crate::clock::wall_ms;
 use crate::master::FollowTarget;
 use crate::plan::{JobPlan, open_options};
-use crate::service::{Am, now_ms};
+use crate::service::Am;
 use crate::spec::{JobSpec, SourceFormat, SourceSpec};
 use sluice_formats::follow::delta_commits;
 use sluice_formats::{Dataset, FormatError, OpenOptions};
@@ -163,7 +164,7 @@ impl Follower {
         let ending = target
             .spec
             .until_timestamp_ms
-            .is_some_and(|until| now_ms() as i64 >= until);
+            .is_some_and(|until| wall_ms() as i64 >= until);
         let uri = self.source_spec().uri.clone();
         if self.dataset.is_none() {
             let dataset = Dataset::open(&uri, &open_options(self.source_spec()))
@@ -248,7 +249,7 @@ impl Follower {
                 .end(format!("follow.until_version {until} planned"))
                 .await;
         }
-        let now = now_ms() as i64;
+        let now = wall_ms() as i64;
         let options = open_options(&source);
         let commits = delta_commits(&source.uri, &options, last_planned, follow.until_version)
             .await

@@ -6,6 +6,8 @@
 //!   `decide(state, event) -> actions`: no network, no file, no clock. Time enters as a field of the
 //!   events. The gRPC service, the journal and the launchers wrap these functions.
 //! - [`plan`] opens the job's sources through the formats layer and plans them into splits once.
+//! - [`clock`] gives the AM its time: a monotonic clock for liveness, continued across AM
+//!   restarts from the journal's latest time, and the wall clock only for dates.
 //! - [`master`] keeps the task table with what the AM tracks beside it (commands waiting for a
 //!   node, pipeline statistics, data checkpoints), still without IO.
 //! - [`service`] and [`server`] serve the `sluice.v1` gRPC API over it.
@@ -21,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod checkpoint_store;
+pub mod clock;
 pub mod decide;
 pub mod error;
 pub mod follow;

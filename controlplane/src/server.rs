@@ -101,7 +101,7 @@ impl AmServer {
         if options.launch.is_some() {
             master.launch_executors();
         }
-        let persist = match &spec.checkpoint {
+        let (persist, resumed) = match &spec.checkpoint {
             Some(checkpoint) => {
                 let config = JournalConfig::new(journal_identity(&spec))
                     .writer(format!("sluice am on {}", options.listen));
@@ -116,8 +116,6 @@ impl AmServer {
                     master.replay(entry)?;
                 }
                 if resumed {
-                    master.grant_grace(crate::service::now_ms());
-                    master.resume_commands();
                     tracing::info!(
                         uri = checkpoint.uri,
                         entries,
@@ -125,11 +123,17 @@ impl AmServer {
                         "job taken over from its journal"
                     );
                 }
-                Persist::journal(journal, Duration::from_secs(checkpoint.interval_s))
+                (
+                    Persist::journal(journal, Duration::from_secs(checkpoint.interval_s)),
+                    resumed,
+                )
             }
-            None => Persist::in_memory(),
+            None => (Persist::in_memory(), false),
         };
         let am = Arc::new(Am::new(master, persist, checkpoints));
+        if resumed {
+            am.take_over();
+        }
         if let Some(token) = &options.resume_from {
             let reply = am.restore(token).await?;
             tracing::info!(
@@ -252,12 +256,11 @@ impl AmServer {
             let executors = executors.clone();
             let _ = tokio::task::spawn_blocking(move || am.kill_executors(&executors)).await;
         }
-        let master = self.am.master();
-        let status = master.status(crate::service::now_ms());
+        let status = self.am.status();
         Ok(JobEnd {
             state: v1::JobState::try_from(status.state).unwrap_or(v1::JobState::Unspecified),
             failure_reason: status.failure_reason,
-            rows_consumed: master.rows_consumed_total(),
+            rows_consumed: self.am.master().rows_consumed_total(),
         })
     }
 }

@@ -8,6 +8,7 @@
 //! group commit; only then does the call answer.
 
 use crate::checkpoint_store::CheckpointStore;
+use crate::clock::{AmClock, Clock, SystemClock};
 use crate::error::AmError;
 use crate::launcher::{
     ExecutorId, ExecutorState, Exit, LaunchAction, LaunchSpec, Launcher, Observation,
@@ -20,17 +21,9 @@ use sluice_proto::v1::control_service_server::ControlService;
 use sluice_proto::v1::daemon_service_server::DaemonService;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 use tonic::{Request, Response, Status};
-
-/// Milliseconds since the Unix epoch: one clock that keeps running across AM restarts, so that
-/// journaled times stay comparable with the new AM's.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as u64)
-}
 
 /// How long a trainer a scale stops has, from its SIGTERM, to finish the batch it holds and exit
 /// before it is killed.
@@ -44,17 +37,53 @@ pub struct Am {
     checkpoints: CheckpointStore,
     /// When each retiring trainer was asked to end.
     stopping: Mutex<BTreeMap<ExecutorId, Instant>>,
+    /// The time the master is handed, continued from the latest time of its journal.
+    clock: AmClock,
 }
 
 impl Am {
-    /// Wraps a master, where its changes go, and where data checkpoints are stored.
+    /// Wraps a master, where its changes go, and where data checkpoints are stored, on the host's
+    /// clocks.
     pub fn new(master: Master, persist: Persist, checkpoints: CheckpointStore) -> Am {
+        Am::with_clock(master, persist, checkpoints, Arc::new(SystemClock::new()))
+    }
+
+    /// Wraps a master as [`Am::new`] does, reading the time from `clock`. The AM's time continues
+    /// from the latest time of the changes the master applied, those it replayed included.
+    pub fn with_clock(
+        master: Master,
+        persist: Persist,
+        checkpoints: CheckpointStore,
+        clock: Arc<dyn Clock>,
+    ) -> Am {
+        let clock = AmClock::continuing_from(clock, master.latest_ms());
         Am {
             master: Mutex::new(master),
             persist,
             checkpoints,
             stopping: Mutex::new(BTreeMap::new()),
+            clock,
         }
+    }
+
+    /// The AM's time now, in milliseconds on its monotonic clock: the time liveness is decided
+    /// on, and the only time the master is handed.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The job's status now, for `sluice status`, the status page and the progress line.
+    pub fn status(&self) -> v1::StatusReply {
+        let master = self.master();
+        master.status(self.now_ms())
+    }
+
+    /// Takes over the job the master replayed from its journal: gives every live node a full
+    /// heartbeat timeout from now to report to this AM, and queues again the stops still due.
+    pub fn take_over(&self) {
+        let mut master = self.master();
+        master.grant_grace(self.now_ms());
+        master.resume_commands();
     }
 
     /// Locks the master. A panic while it was held leaves the state as the last complete call
@@ -90,7 +119,7 @@ impl Am {
 
     /// Declares silent nodes lost and samples the throughput; called periodically.
     pub async fn tick(&self) -> Result<(), AmError> {
-        self.apply(|master| Ok(master.tick(now_ms()))).await
+        self.apply(|master| Ok(master.tick(self.now_ms()))).await
     }
 
     /// Records one rank's data position at a step; once every rank of the step has reported,
@@ -128,7 +157,7 @@ impl Am {
     pub async fn restore(&self, token: &str) -> Result<v1::RestoreDataCheckpointReply, AmError> {
         let position = self.checkpoints.get(token).await?;
         let token = token.to_owned();
-        self.apply(|master| master.restore(token, position, now_ms()))
+        self.apply(|master| master.restore(token, position, self.now_ms()))
             .await
     }
 
@@ -290,7 +319,7 @@ impl DaemonService for AmService {
         let request = request.into_inner();
         let reply = self
             .am
-            .apply(|master| master.register(request, now_ms()))
+            .apply(|master| master.register(request, self.am.now_ms()))
             .await?;
         Ok(Response::new(reply))
     }
@@ -302,7 +331,7 @@ impl DaemonService for AmService {
         let request = request.into_inner();
         let reply = self
             .am
-            .apply(|master| Ok(master.heartbeat(request, now_ms())))
+            .apply(|master| Ok(master.heartbeat(request, self.am.now_ms())))
             .await?;
         Ok(Response::new(reply))
     }
@@ -314,7 +343,7 @@ impl DaemonService for AmService {
         let request = request.into_inner();
         let reply = self
             .am
-            .apply(|master| Ok(master.acquire(request, now_ms())))
+            .apply(|master| Ok(master.acquire(request, self.am.now_ms())))
             .await?;
         Ok(Response::new(reply))
     }
@@ -326,7 +355,7 @@ impl DaemonService for AmService {
         let request = request.into_inner();
         let reply = self
             .am
-            .apply(|master| master.report(request, now_ms()))
+            .apply(|master| master.report(request, self.am.now_ms()))
             .await?;
         Ok(Response::new(reply))
     }
@@ -338,7 +367,7 @@ impl DaemonService for AmService {
         let request = request.into_inner();
         let reply = self
             .am
-            .apply(|master| Ok(master.ack_stop(request, now_ms())))
+            .apply(|master| Ok(master.ack_stop(request, self.am.now_ms())))
             .await?;
         Ok(Response::new(reply))
     }
@@ -369,7 +398,7 @@ impl ControlService for AmService {
         &self,
         _request: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusReply>, Status> {
-        Ok(Response::new(self.am.master().status(now_ms())))
+        Ok(Response::new(self.am.status()))
     }
 
     async fn scale_role(
@@ -531,6 +560,7 @@ fn trainer_command(command: &[String], rank: u32, sluice: &std::path::Path) -> V
 mod tests {
     use super::*;
     use crate::checkpoint_store::CheckpointStore;
+    use crate::clock::simulated::SimulatedClock;
     use crate::plan::JobPlan;
     use crate::spec::{Format, JobSpec};
     use std::collections::BTreeMap;
@@ -752,6 +782,193 @@ failover: { max_failures: 1 }
         assert!(
             scripted.killed.lock().expect("lock").contains(&trainer(1)),
             "the other trainer is stopped"
+        );
+    }
+
+    /// Two nodes and no executors; a node silent for a second is lost.
+    fn two_node_master() -> Master {
+        let text = r#"
+name: clock
+data: { sources: [{ uri: "file:///d", format: parquet }], task_rows: 10 }
+nodes: 2
+roles:
+  - { name: worker, num: 2, command: [train] }
+failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
+"#;
+        let spec = Arc::new(JobSpec::parse(text, Format::Yaml).expect("spec"));
+        let mut plan = JobPlan::default();
+        plan.extend(
+            0,
+            vec![sluice_formats::Split {
+                task_id: 0,
+                uri: "file:///d/a.parquet".into(),
+                file_size: 1,
+                first_row: 0,
+                row_count: 20,
+                partition_values: Vec::new(),
+                delta: None,
+            }],
+        );
+        Master::new(spec, Arc::new(plan)).expect("master")
+    }
+
+    const HOUR_MS: u64 = 3_600_000;
+
+    async fn register_node(service: &AmService, node: u64) {
+        service
+            .register(Request::new(v1::RegisterRequest {
+                node_id: node,
+                job_id: "clock".into(),
+                ..v1::RegisterRequest::default()
+            }))
+            .await
+            .expect("registered");
+    }
+
+    async fn heartbeat_node(service: &AmService, node: u64) {
+        service
+            .heartbeat(Request::new(v1::HeartbeatRequest {
+                node_id: node,
+                ..v1::HeartbeatRequest::default()
+            }))
+            .await
+            .expect("heartbeat");
+    }
+
+    fn node_states(am: &Am) -> Vec<v1::NodeState> {
+        am.status()
+            .nodes
+            .iter()
+            .map(|node| v1::NodeState::try_from(node.state).expect("a node state"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_step_of_the_wall_clock_expires_no_node_and_a_silent_node_is_still_lost() {
+        let clock = Arc::new(SimulatedClock::at_wall(400_000 * HOUR_MS));
+        let am = Arc::new(Am::with_clock(
+            two_node_master(),
+            Persist::in_memory(),
+            CheckpointStore::in_memory(),
+            clock.clone(),
+        ));
+        let sut = AmService::new(am.clone());
+        register_node(&sut, 0).await;
+        register_node(&sut, 1).await;
+        let alive = [v1::NodeState::Alive, v1::NodeState::Alive];
+        // Each step: the nodes heartbeat, the wall clock is set, then the AM ticks.
+        let steps = [
+            ("forward by six hours", 400_006 * HOUR_MS),
+            ("back by nine hours", 399_997 * HOUR_MS),
+            ("forward by a day", 400_021 * HOUR_MS),
+            ("back to the epoch", 0),
+        ];
+        for (step, wall_ms) in steps {
+            clock.advance(Duration::from_millis(300));
+            heartbeat_node(&sut, 0).await;
+            heartbeat_node(&sut, 1).await;
+            clock.set_wall(wall_ms);
+            am.tick().await.expect("tick");
+            assert_eq!(node_states(&am), alive, "wall clock {step}");
+        }
+        // Node 1 stops; the wall clock steps back by an hour at every tick, so that on the wall
+        // clock it would never be silent for long.
+        for _ in 0..5 {
+            clock.advance(Duration::from_millis(300));
+            heartbeat_node(&sut, 0).await;
+            clock.set_wall(clock.wall_ms().saturating_sub(HOUR_MS));
+            am.tick().await.expect("tick");
+        }
+        assert_eq!(
+            node_states(&am),
+            [v1::NodeState::Alive, v1::NodeState::Lost],
+            "a node silent for 1.5 s of a 1 s timeout is lost"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_am_taking_a_job_over_continues_the_journals_clock_so_a_later_am_replays_its_decisions()
+     {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let uri = directory.path().display().to_string();
+        let options = crate::journal::StorageOptions::default();
+        let open = || {
+            crate::journal::open::<crate::master::Entry, crate::master::Snapshot>(
+                &uri,
+                &options,
+                crate::journal::JournalConfig::new("clock"),
+            )
+        };
+        let interval = Duration::from_secs(3600);
+
+        // The first AM has run for five hours when the nodes register.
+        let (journal, _) = open().await.expect("open the journal");
+        let first_clock = Arc::new(SimulatedClock::at_wall(0));
+        let first = Arc::new(Am::with_clock(
+            two_node_master(),
+            Persist::journal(journal, interval),
+            CheckpointStore::in_memory(),
+            first_clock.clone(),
+        ));
+        first_clock.advance(Duration::from_secs(5 * 3600));
+        register_node(&AmService::new(first.clone()), 0).await;
+        register_node(&AmService::new(first.clone()), 1).await;
+        drop(first);
+
+        // The second AM's monotonic clock starts from zero; it takes the job over, and node 1
+        // never reports to it.
+        let (journal, recovered) = open().await.expect("reopen the journal");
+        let mut master = two_node_master();
+        for entry in recovered.entries {
+            master.replay(entry).expect("replay");
+        }
+        let second_clock = Arc::new(SimulatedClock::at_wall(0));
+        let second = Arc::new(Am::with_clock(
+            master,
+            Persist::journal(journal, interval),
+            CheckpointStore::in_memory(),
+            second_clock.clone(),
+        ));
+        second.take_over();
+        assert!(
+            second.now_ms() >= 5 * HOUR_MS,
+            "the clock continues from the journal's latest time: {}",
+            second.now_ms()
+        );
+        let service = AmService::new(second.clone());
+        second_clock.advance(Duration::from_millis(900));
+        heartbeat_node(&service, 0).await;
+        second.tick().await.expect("tick");
+        assert_eq!(
+            node_states(&second),
+            [v1::NodeState::Alive, v1::NodeState::Alive],
+            "a node gets a full timeout to report to a new AM"
+        );
+        for _ in 0..3 {
+            second_clock.advance(Duration::from_millis(300));
+            heartbeat_node(&service, 0).await;
+            second.tick().await.expect("tick");
+        }
+        assert_eq!(
+            node_states(&second),
+            [v1::NodeState::Alive, v1::NodeState::Lost]
+        );
+        drop(service);
+        drop(second);
+
+        let (_, recovered) = open().await.expect("reopen the journal again");
+        let mut third = two_node_master();
+        for entry in recovered.entries {
+            third.replay(entry).expect("replay");
+        }
+        assert_eq!(
+            third.table().node_status(crate::decide::NodeId(1)),
+            Some(crate::decide::NodeStatus::Lost),
+            "the loss the second AM decided replays"
+        );
+        assert_eq!(
+            third.table().node_status(crate::decide::NodeId(0)),
+            Some(crate::decide::NodeStatus::Alive)
         );
     }
 

@@ -58,7 +58,7 @@ mod proptests;
 mod tests;
 
 pub use position::{DataPosition, NodeRecord, RestoreError, RestoreMode, TaskRecord, TaskStatus};
-pub use state::{JobState, NodeStatus, PlanError, TaskCounts};
+pub use state::{JobState, NodeStatus, NodeView, PlanError, TaskCounts, TaskInFlight, TaskSpan};
 
 use crate::spec::JobSpec;
 use serde::{Deserialize, Serialize};
@@ -234,6 +234,21 @@ pub enum Event {
         /// What went wrong, naming the source and the fix.
         reason: String,
     },
+}
+
+impl Event {
+    /// When the AM received the event, for the events that carry a time.
+    pub fn now_ms(&self) -> Option<u64> {
+        match self {
+            Event::Register { now_ms, .. }
+            | Event::Heartbeat { now_ms, .. }
+            | Event::Acquire { now_ms, .. }
+            | Event::StopAck { now_ms, .. }
+            | Event::Report { now_ms, .. }
+            | Event::Tick { now_ms } => Some(*now_ms),
+            Event::SplitsAdded { .. } | Event::FollowEnded | Event::FollowFailed { .. } => None,
+        }
+    }
 }
 
 /// One task handed to a daemon.

@@ -65,7 +65,7 @@ pub struct TaskCounts {
 /// The lifecycle of one task slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub(crate) enum SlotState {
+pub(super) enum SlotState {
     Pending,
     InFlight,
     Done,
@@ -74,23 +74,23 @@ pub(crate) enum SlotState {
 
 /// One task of the current epoch; 24 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TaskSlot {
+pub(super) struct TaskSlot {
     /// First row not yet consumed by anyone before the current assignment.
-    pub(crate) start: u64,
-    pub(crate) end: u64,
-    pub(crate) split: u32,
-    pub(crate) failures: u16,
-    pub(crate) state: SlotState,
+    pub(super) start: u64,
+    pub(super) end: u64,
+    pub(super) split: u32,
+    pub(super) failures: u16,
+    pub(super) state: SlotState,
 }
 
 /// What the AM knows of a task in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct InFlight {
-    pub(crate) node: NodeId,
-    pub(crate) enqueued: u64,
-    pub(crate) consumed: u64,
+pub(super) struct InFlight {
+    pub(super) node: NodeId,
+    pub(super) enqueued: u64,
+    pub(super) consumed: u64,
     /// The stop row asked of the holder and not yet acknowledged.
-    pub(crate) stop_at: Option<u64>,
+    pub(super) stop_at: Option<u64>,
 }
 
 /// The liveness of a node.
@@ -105,34 +105,76 @@ pub enum NodeStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NodeEntry {
-    pub(crate) status: NodeStatus,
-    pub(crate) last_seen_ms: u64,
-    pub(crate) failures: u32,
+pub(super) struct NodeEntry {
+    pub(super) status: NodeStatus,
+    pub(super) last_seen_ms: u64,
+    pub(super) failures: u32,
     /// Slots in flight on this node.
-    pub(crate) held: BTreeSet<u32>,
+    pub(super) held: BTreeSet<u32>,
+}
+
+/// What the task table knows of one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeView {
+    /// The node's standing.
+    pub status: NodeStatus,
+    /// When the AM last heard from it, on the AM's clock.
+    pub last_seen_ms: u64,
+    /// Its task failures so far.
+    pub failures: u32,
+    /// The tasks it holds.
+    pub tasks_held: u32,
+}
+
+/// Where a task of the current epoch stands in its split: its rows `[start, end)`, from the first
+/// row not consumed before its current assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskSpan {
+    /// The index of its split in the job's split list.
+    pub split: u32,
+    /// First row, inclusive.
+    pub start: u64,
+    /// Last row, exclusive.
+    pub end: u64,
+}
+
+/// A task held by a node, with the counts the node last reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskInFlight {
+    /// The task.
+    pub task: TaskId,
+    /// Its rows.
+    pub span: TaskSpan,
+    /// The node that holds it.
+    pub node: NodeId,
+    /// Rows written into the node's rings, relative to the span's start.
+    pub enqueued: u64,
+    /// Rows the node's trainers released, relative to the span's start.
+    pub consumed: u64,
+    /// The stop row asked of the holder and not yet acknowledged.
+    pub stop_at: Option<u64>,
 }
 
 /// The AM's task table: the current epoch's tasks, the nodes, and the job's counters.
 #[derive(Debug, Clone)]
 pub struct JobState {
-    pub(crate) config: DecideConfig,
-    pub(crate) split_rows: Vec<u64>,
-    pub(crate) epoch: u32,
-    pub(crate) first_task_id: u64,
-    pub(crate) epoch_rows: u64,
-    pub(crate) slots: Vec<TaskSlot>,
-    pub(crate) order: Vec<u32>,
-    pub(crate) cursor: usize,
-    pub(crate) requeued: VecDeque<u32>,
-    pub(crate) in_flight: HashMap<u32, InFlight>,
-    pub(crate) nodes: BTreeMap<NodeId, NodeEntry>,
-    pub(crate) done_rows: u64,
-    pub(crate) failed_rows: u64,
-    pub(crate) total_failures: u32,
-    pub(crate) outcome: Option<JobOutcome>,
+    pub(super) config: DecideConfig,
+    pub(super) split_rows: Vec<u64>,
+    pub(super) epoch: u32,
+    pub(super) first_task_id: u64,
+    pub(super) epoch_rows: u64,
+    pub(super) slots: Vec<TaskSlot>,
+    pub(super) order: Vec<u32>,
+    pub(super) cursor: usize,
+    pub(super) requeued: VecDeque<u32>,
+    pub(super) in_flight: HashMap<u32, InFlight>,
+    pub(super) nodes: BTreeMap<NodeId, NodeEntry>,
+    pub(super) done_rows: u64,
+    pub(super) failed_rows: u64,
+    pub(super) total_failures: u32,
+    pub(super) outcome: Option<JobOutcome>,
     /// Whether splits may still be added; the job does not succeed while they may.
-    pub(crate) following: bool,
+    pub(super) following: bool,
 }
 
 /// The largest number of slots in one epoch, so that a slot index fits in `u32`.
@@ -264,6 +306,78 @@ impl JobState {
         self.in_flight.len()
     }
 
+    /// The id of the current epoch's first task; the epoch's tasks are numbered on from it.
+    pub fn first_task_id(&self) -> u64 {
+        self.first_task_id
+    }
+
+    /// The rows of the task at `index` of the current epoch (its id minus
+    /// [`JobState::first_task_id`]), if the epoch has that many tasks.
+    pub fn task_span(&self, index: u32) -> Option<TaskSpan> {
+        self.slots.get(index as usize).map(|task_slot| TaskSpan {
+            split: task_slot.split,
+            start: task_slot.start,
+            end: task_slot.end,
+        })
+    }
+
+    /// The split of every task of the current epoch, in task order.
+    pub fn task_splits(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slots.iter().map(|task_slot| task_slot.split)
+    }
+
+    /// Every node that ever registered, in node order.
+    pub fn nodes(&self) -> impl Iterator<Item = (NodeId, NodeView)> + '_ {
+        self.nodes.iter().map(|(node, entry)| {
+            (
+                *node,
+                NodeView {
+                    status: entry.status,
+                    last_seen_ms: entry.last_seen_ms,
+                    failures: entry.failures,
+                    tasks_held: entry.held.len() as u32,
+                },
+            )
+        })
+    }
+
+    /// The nodes alive now, in node order.
+    pub fn alive_nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes
+            .iter()
+            .filter(|(_, entry)| entry.status == NodeStatus::Alive)
+            .map(|(node, _)| *node)
+    }
+
+    /// The tasks in flight, in no particular order.
+    pub fn tasks_in_flight(&self) -> impl Iterator<Item = TaskInFlight> + '_ {
+        self.in_flight.iter().map(|(slot, flight)| {
+            let task_slot = &self.slots[*slot as usize];
+            TaskInFlight {
+                task: self.task_id(*slot),
+                span: TaskSpan {
+                    split: task_slot.split,
+                    start: task_slot.start,
+                    end: task_slot.end,
+                },
+                node: flight.node,
+                enqueued: flight.enqueued,
+                consumed: flight.consumed,
+                stop_at: flight.stop_at,
+            }
+        })
+    }
+
+    /// Sets when the AM last heard from each node listed that the table knows, as a snapshot
+    /// recorded it; nodes it does not list keep their time.
+    pub fn restore_last_seen(&mut self, last_seen_ms: &BTreeMap<NodeId, u64>) {
+        for (node, seen_ms) in last_seen_ms {
+            if let Some(entry) = self.nodes.get_mut(node) {
+                entry.last_seen_ms = *seen_ms;
+            }
+        }
+    }
+
     /// How many tasks of the current epoch are in each state, counted without copying the table.
     pub fn task_counts(&self) -> TaskCounts {
         let mut counts = TaskCounts::default();
@@ -299,7 +413,7 @@ impl JobState {
             + self.in_flight.len() * held_entry
     }
 
-    pub(crate) fn task_id(&self, slot: u32) -> TaskId {
+    pub(super) fn task_id(&self, slot: u32) -> TaskId {
         TaskId(self.first_task_id + u64::from(slot))
     }
 
@@ -315,7 +429,7 @@ impl JobState {
         }
     }
 
-    pub(crate) fn slot_of(&self, task: TaskId) -> Option<u32> {
+    pub(super) fn slot_of(&self, task: TaskId) -> Option<u32> {
         let slot = task.0.checked_sub(self.first_task_id)?;
         (slot < self.slots.len() as u64).then_some(slot as u32)
     }
@@ -353,7 +467,7 @@ impl JobState {
         }
     }
 
-    pub(crate) fn on_register(
+    pub(super) fn on_register(
         &mut self,
         node: NodeId,
         now_ms: u64,
@@ -471,7 +585,7 @@ impl JobState {
         }
     }
 
-    pub(crate) fn on_heartbeat(
+    pub(super) fn on_heartbeat(
         &mut self,
         node: NodeId,
         now_ms: u64,
@@ -607,7 +721,7 @@ impl JobState {
         Some(slot)
     }
 
-    pub(crate) fn on_acquire(
+    pub(super) fn on_acquire(
         &mut self,
         node: NodeId,
         now_ms: u64,
@@ -695,7 +809,7 @@ impl JobState {
         });
     }
 
-    pub(crate) fn on_stop_ack(
+    pub(super) fn on_stop_ack(
         &mut self,
         node: NodeId,
         now_ms: u64,
@@ -757,7 +871,7 @@ impl JobState {
         self.check_outcome(actions);
     }
 
-    pub(crate) fn on_report(
+    pub(super) fn on_report(
         &mut self,
         node: NodeId,
         now_ms: u64,
@@ -902,7 +1016,7 @@ impl JobState {
             .map(|(node, _)| *node)
     }
 
-    pub(crate) fn on_tick(&mut self, now_ms: u64, actions: &mut Vec<Action>) {
+    pub(super) fn on_tick(&mut self, now_ms: u64, actions: &mut Vec<Action>) {
         let expired: Vec<NodeId> = self.expired_nodes(now_ms).collect();
         for node in expired {
             self.total_failures = self.total_failures.saturating_add(1);
@@ -911,7 +1025,7 @@ impl JobState {
         self.check_outcome(actions);
     }
 
-    pub(crate) fn on_splits_added(&mut self, split_rows: Vec<u64>, actions: &mut Vec<Action>) {
+    pub(super) fn on_splits_added(&mut self, split_rows: Vec<u64>, actions: &mut Vec<Action>) {
         if self.outcome.is_some() {
             return;
         }
@@ -952,7 +1066,7 @@ impl JobState {
 
     /// Appends splits and their pending tasks, in a seeded order of their own after every task
     /// already queued; returns how many tasks were added. The caller checks the table's limits.
-    pub(crate) fn append_splits(&mut self, split_rows: Vec<u64>) -> u32 {
+    pub(super) fn append_splits(&mut self, split_rows: Vec<u64>) -> u32 {
         let task_rows = self.config.task_rows.max(1);
         let first_slot = self.slots.len() as u32;
         for rows in split_rows {
@@ -982,12 +1096,12 @@ impl JobState {
         added
     }
 
-    pub(crate) fn on_follow_ended(&mut self, actions: &mut Vec<Action>) {
+    pub(super) fn on_follow_ended(&mut self, actions: &mut Vec<Action>) {
         self.following = false;
         self.check_outcome(actions);
     }
 
-    pub(crate) fn on_follow_failed(&mut self, reason: String, actions: &mut Vec<Action>) {
+    pub(super) fn on_follow_failed(&mut self, reason: String, actions: &mut Vec<Action>) {
         if self.outcome.is_none() {
             self.finish(JobOutcome::Failed { reason }, actions);
         }
@@ -1053,7 +1167,7 @@ impl JobState {
     /// failed and open rows add up to the epoch's rows; the queues and the in-flight map agree with
     /// the slots' states, and each node holds exactly its in-flight slots.
     #[cfg(test)]
-    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+    pub(super) fn check_invariants(&self) -> Result<(), String> {
         let mut open_rows = 0;
         let mut open_ranges: Vec<(u32, u64, u64)> = Vec::new();
         for (index, task_slot) in self.slots.iter().enumerate() {

@@ -1173,3 +1173,83 @@ fn a_position_taken_before_splits_were_added_restores_them_as_pending() {
         }
     );
 }
+
+#[test]
+fn the_read_accessors_show_the_tasks_in_flight_and_the_nodes_as_the_table_has_them() {
+    let mut sut = new_state(config(), vec![25, 10]);
+    assert_eq!(
+        sut.task_splits().collect::<Vec<_>>(),
+        vec![0, 0, 0, 1],
+        "the split of each task, in task order"
+    );
+    assert_eq!(
+        sut.task_span(2),
+        Some(TaskSpan {
+            split: 0,
+            start: 20,
+            end: 25
+        })
+    );
+    assert_eq!(sut.task_span(4), None, "the epoch has four tasks");
+    register(&mut sut, NODE_A, 10);
+    register(&mut sut, NODE_B, 20);
+    let task = assigned(&acquire(&mut sut, NODE_A, 30, 1), NODE_A)[0];
+    heartbeat(&mut sut, NODE_A, 40, &[progress(task.task, 4, 3)]);
+    let in_flight: Vec<TaskInFlight> = sut.tasks_in_flight().collect();
+    assert_eq!(
+        in_flight,
+        vec![TaskInFlight {
+            task: task.task,
+            span: TaskSpan {
+                split: task.split,
+                start: task.start,
+                end: task.end
+            },
+            node: NODE_A,
+            enqueued: 4,
+            consumed: 3,
+            stop_at: None,
+        }]
+    );
+    let nodes: Vec<(NodeId, NodeView)> = sut.nodes().collect();
+    assert_eq!(
+        nodes,
+        vec![
+            (
+                NODE_A,
+                NodeView {
+                    status: NodeStatus::Alive,
+                    last_seen_ms: 40,
+                    failures: 0,
+                    tasks_held: 1
+                }
+            ),
+            (
+                NODE_B,
+                NodeView {
+                    status: NodeStatus::Alive,
+                    last_seen_ms: 20,
+                    failures: 0,
+                    tasks_held: 0
+                }
+            ),
+        ]
+    );
+    run(&mut sut, Event::Tick { now_ms: 1030 });
+    assert_eq!(
+        sut.alive_nodes().collect::<Vec<_>>(),
+        vec![NODE_A],
+        "node B, silent past the timeout, is lost"
+    );
+    sut.restore_last_seen(&std::collections::BTreeMap::from([
+        (NODE_A, 7),
+        (NodeId(9), 8),
+    ]));
+    assert_eq!(
+        sut.nodes()
+            .map(|(_, view)| view.last_seen_ms)
+            .collect::<Vec<_>>(),
+        vec![7, 20],
+        "a node the table does not know is ignored"
+    );
+}

@@ -24,8 +24,9 @@ mod metrics;
 #[cfg(test)]
 mod tests;
 
+use crate::clock::wall_ms;
 use crate::error::{AmError, Result};
-use crate::service::{Am, TokenCheck, now_ms};
+use crate::service::{Am, TokenCheck};
 use crate::status::status_json;
 use axum::Router;
 use axum::extract::{Query, Request, State};
@@ -135,9 +136,8 @@ async fn sample(state: HttpState) -> Infallible {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         ticker.tick().await;
-        let now = now_ms();
-        let status = state.am.master().status(now);
-        state.history().record(Sample::of(now, &status));
+        let status = state.am.status();
+        state.history().record(Sample::of(wall_ms(), &status));
     }
 }
 
@@ -163,7 +163,7 @@ async fn page() -> impl IntoResponse {
 }
 
 async fn api_status(State(state): State<HttpState>) -> impl IntoResponse {
-    let status = state.am.master().status(now_ms());
+    let status = state.am.status();
     let mut body = status_json(&status);
     let history =
         serde_json::to_value(state.history().samples()).expect("history samples serialize to JSON");
@@ -176,7 +176,7 @@ async fn api_tasks(State(state): State<HttpState>) -> impl IntoResponse {
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
-    let status = state.am.master().status(now_ms());
+    let status = state.am.status();
     (
         [(
             header::CONTENT_TYPE,

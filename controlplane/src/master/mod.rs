@@ -246,8 +246,8 @@ impl TaskOrigins {
         self.first_slot.truncate(first_split);
         let splits = table.split_count();
         let mut first = vec![u32::MAX; splits.saturating_sub(first_split)];
-        for (slot, task_slot) in table.slots.iter().enumerate().skip(self.planned as usize) {
-            let split = task_slot.split as usize;
+        for (slot, split) in table.task_splits().enumerate().skip(self.planned as usize) {
+            let split = split as usize;
             if split >= first_split {
                 let entry = &mut first[split - first_split];
                 *entry = (*entry).min(slot as u32);
@@ -274,11 +274,15 @@ impl TaskOrigins {
 
     /// The split row where the task in `slot` of the current epoch began.
     fn origin(&self, table: &JobState, slot: u32) -> u64 {
-        let split = table.slots[slot as usize].split as usize;
+        let Some(span) = table.task_span(slot) else {
+            debug_assert!(false, "slot {slot} is a task of the current epoch");
+            return 0;
+        };
+        let split = span.split as usize;
         if slot < self.planned {
             return u64::from(slot - self.first_slot[split]) * self.task_rows;
         }
-        let task = TaskId(table.first_task_id + u64::from(slot));
+        let task = TaskId(table.first_task_id() + u64::from(slot));
         if let Some(origin) = self.pieces.get(&task) {
             return *origin;
         }
@@ -288,9 +292,7 @@ impl TaskOrigins {
             first.is_some_and(|first| first <= slot),
             "every slot past the planned ones is a re-split piece or an added split's task"
         );
-        first.map_or(table.slots[slot as usize].start, |first| {
-            u64::from(slot - first) * self.task_rows
-        })
+        first.map_or(span.start, |first| u64::from(slot - first) * self.task_rows)
     }
 }
 
@@ -385,6 +387,9 @@ pub struct Master {
     role_sizes: Vec<u32>,
     rescale: Option<Rescale>,
     restored: Option<RestoredAt>,
+    /// The latest time of a change applied, journaled or replayed: the time a new AM's clock
+    /// continues from, so that the journal's times never go back.
+    latest_ms: u64,
 }
 
 /// The trainer ranks node `node` of `nodes` feeds when the roles have `sizes` trainers: the ranks
@@ -440,6 +445,7 @@ impl Master {
             added_files: Vec::new(),
             added_splits: Vec::new(),
             restored: None,
+            latest_ms: 0,
         })
     }
 
@@ -657,13 +663,7 @@ impl Master {
     /// Starts taking every live node's rings back once the retiring trainers are gone. The rings
     /// the nodes hold are ranked over `previous_sizes`.
     fn take_rings_back(&mut self, previous_sizes: Vec<u32>, restore: bool) {
-        let releasing = self
-            .table
-            .nodes
-            .iter()
-            .filter(|(_, entry)| entry.status == NodeStatus::Alive)
-            .map(|(node, _)| *node)
-            .collect();
+        let releasing = self.table.alive_nodes().collect();
         self.rescale = Some(Rescale {
             previous_sizes,
             releasing,
@@ -751,6 +751,12 @@ impl Master {
         }
     }
 
+    /// The latest time of the changes applied so far, journaled or replayed, on the AM's clock
+    /// (see [`crate::clock`]): an AM that takes the job over continues its clock from there.
+    pub fn latest_ms(&self) -> u64 {
+        self.latest_ms
+    }
+
     /// Applies a journal entry during recovery; commands it would send are dropped, since the
     /// daemons they were meant for ask again.
     pub fn replay(&mut self, entry: Entry) -> Result<()> {
@@ -819,9 +825,8 @@ impl Master {
             position: self.table.position(),
             last_seen_ms: self
                 .table
-                .nodes
-                .iter()
-                .map(|(node, entry)| (*node, entry.last_seen_ms))
+                .nodes()
+                .map(|(node, view)| (node, view.last_seen_ms))
                 .collect(),
             pieces: self.origins.pieces.clone(),
             checkpoints: self.checkpoints.clone(),
@@ -861,11 +866,9 @@ impl Master {
             snapshot.position,
             RestoreMode::Resume { now_ms: 0 },
         )?;
-        for (node, last_seen_ms) in snapshot.last_seen_ms {
-            if let Some(entry) = table.nodes.get_mut(&node) {
-                entry.last_seen_ms = last_seen_ms;
-            }
-        }
+        table.restore_last_seen(&snapshot.last_seen_ms);
+        let latest_seen_ms = snapshot.last_seen_ms.values().copied().max();
+        self.latest_ms = self.latest_ms.max(latest_seen_ms.unwrap_or(0));
         self.table = table;
         self.origins.pieces = snapshot.pieces;
         self.origins.place_added(&self.table, planned_splits);
@@ -892,11 +895,8 @@ impl Master {
     pub fn resume_commands(&mut self) {
         let mut stops: Vec<(TaskId, NodeId, u64)> = self
             .table
-            .in_flight
-            .iter()
-            .filter_map(|(slot, flight)| {
-                Some((self.table.task_id(*slot), flight.node, flight.stop_at?))
-            })
+            .tasks_in_flight()
+            .filter_map(|flight| Some((flight.task, flight.node, flight.stop_at?)))
             .collect();
         stops.sort_unstable();
         for (task, node, row) in stops {
@@ -1389,6 +1389,7 @@ impl Master {
 
     /// Resets the task table to `position`, restarts the trainers and takes the rings back.
     fn apply_restore(&mut self, token: String, position: DataPosition, now_ms: u64) -> Result<()> {
+        self.latest_ms = self.latest_ms.max(now_ms);
         self.reset_to(position, now_ms)?;
         if let Some(executors) = &mut self.executors {
             executors.restart_trainers();
@@ -1408,20 +1409,19 @@ impl Master {
     /// Resets the task table to `position`. The executors that ended for good are launched again,
     /// since the job runs again from there: a finished job's daemons and trainers run the rows
     /// after the checkpoint.
-    fn reset_to(&mut self, position: DataPosition, now_ms: u64) -> Result<()> {
+    fn reset_to(&mut self, mut position: DataPosition, now_ms: u64) -> Result<()> {
         let mut pieces = self.pieces_of(&position);
         // Ids past the position's tasks name the tasks of splits added after it, not pieces.
         let covered = position.first_task_id + position.tasks.len() as u64;
         pieces.retain(|task, _| task.0 < covered);
         // Following is where the sources stand, not where the trainers do: it is kept.
-        let following = self.table.following();
+        position.following = self.table.following();
         self.table = JobState::restore(
             self.config,
             self.plan.split_rows(),
             position,
             RestoreMode::Requeue { now_ms },
         )?;
-        self.table.following = following;
         self.origins.pieces = pieces;
         let planned_splits = self.plan.splits.len() - self.added_splits.len();
         self.origins.place_added(&self.table, planned_splits);
@@ -1438,7 +1438,7 @@ impl Master {
     /// current table when it is in that epoch.
     fn pieces_of(&self, position: &DataPosition) -> BTreeMap<TaskId, u64> {
         if position.epoch == self.table.epoch()
-            && position.first_task_id == self.table.first_task_id
+            && position.first_task_id == self.table.first_task_id()
         {
             self.origins.pieces.clone()
         } else {
@@ -1471,6 +1471,9 @@ impl Master {
 
     /// Applies an event; returns the commands for `caller`, queueing those for other nodes.
     fn apply_event(&mut self, caller: Option<NodeId>, event: Event) -> Vec<v1::Command> {
+        if let Some(now_ms) = event.now_ms() {
+            self.latest_ms = self.latest_ms.max(now_ms);
+        }
         let registration = match &event {
             Event::Register { node, held, .. } => Some((*node, held.is_empty())),
             _ => None,
@@ -1632,34 +1635,25 @@ impl Master {
 
     fn all_shut_down(&self) -> bool {
         self.table
-            .nodes
-            .iter()
-            .filter(|(_, entry)| entry.status == NodeStatus::Alive)
-            .all(|(node, _)| self.shut_down.contains(node))
+            .alive_nodes()
+            .all(|node| self.shut_down.contains(&node))
     }
 
     /// The job's status, for `sluice status` and the status page.
     pub fn status(&self, now_ms: u64) -> v1::StatusReply {
         let counts = self.table.task_counts();
-        let held = |node: NodeId| {
-            self.table
-                .nodes
-                .get(&node)
-                .map_or(0, |entry| entry.held.len() as u32)
-        };
         let nodes = self
             .table
-            .nodes
-            .iter()
-            .map(|(node, entry)| {
-                let info = self.nodes.get(node).cloned().unwrap_or_default();
+            .nodes()
+            .map(|(node, view)| {
+                let info = self.nodes.get(&node).cloned().unwrap_or_default();
                 v1::NodeStatus {
                     node_id: node.0,
                     hostname: info.hostname,
-                    state: convert::node_state(entry.status) as i32,
+                    state: convert::node_state(view.status) as i32,
                     since_last_heartbeat_ms: now_ms.saturating_sub(info.last_heard_ms),
-                    tasks_held: held(*node),
-                    task_failures: entry.failures,
+                    tasks_held: view.tasks_held,
+                    task_failures: view.failures,
                     stages: info.stages,
                     rings: info.rings,
                 }
@@ -1776,17 +1770,16 @@ impl Master {
         let counts = self.table.task_counts();
         let mut in_flight: Vec<InFlightTask> = self
             .table
-            .in_flight
-            .iter()
-            .map(|(slot, flight)| {
-                let task_slot = &self.table.slots[*slot as usize];
-                let split = self.plan.splits[task_slot.split as usize];
+            .tasks_in_flight()
+            .map(|flight| {
+                let span = flight.span;
+                let split = self.plan.splits[span.split as usize];
                 InFlightTask {
-                    task_id: self.table.first_task_id + u64::from(*slot),
+                    task_id: flight.task.0,
                     node_id: flight.node.0,
                     uri: self.plan.files[split.file as usize].uri.clone(),
-                    first_row: split.first_row + task_slot.start,
-                    rows: task_slot.end - task_slot.start,
+                    first_row: split.first_row + span.start,
+                    rows: span.end - span.start,
                     enqueued: flight.enqueued,
                     consumed: flight.consumed,
                 }

@@ -6,7 +6,7 @@ use std::io::{IsTerminal, Write as _};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_am::service::{Am, now_ms};
+use sluice_am::service::Am;
 use sluice_proto::v1;
 
 /// The AM's status at one moment.
@@ -20,7 +20,7 @@ impl Sample {
     fn take(am: &Am) -> Sample {
         Sample {
             at: Instant::now(),
-            status: am.master().status(now_ms()),
+            status: am.status(),
         }
     }
 }
