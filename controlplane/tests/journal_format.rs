@@ -10,8 +10,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use sluice_am::AmServer;
-use sluice_am::server::AmOptions;
+use sluice_am::server::{AmOptions, AmServer};
 use sluice_am::spec::JobSpec;
 use sluice_proto::v1;
 

@@ -15,9 +15,9 @@
 //! `./scripts/test.sh`; where it is missing, the helpers here fail the test with a message that names
 //! what is missing and how to get it ([`testdata`], [`require_python_modules`], [`require_program`]).
 
-pub mod job;
-
 #![forbid(unsafe_code)]
+
+pub mod job;
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;
