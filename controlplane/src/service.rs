@@ -621,6 +621,13 @@ roles:
   - { name: worker, num: 2, command: [train, "--out", "/tmp/ids-{rank}"], env: { MODE: fast } }
 failover: { max_failures: 1 }
 "#;
+        let mut master = one_file_master(text);
+        master.launch_executors();
+        master
+    }
+
+    /// A master of the job spec `text` over one file of 20 rows.
+    fn one_file_master(text: &str) -> Master {
         let spec = Arc::new(JobSpec::parse(text, Format::Yaml).expect("spec"));
         let mut plan = JobPlan::default();
         plan.extend(
@@ -635,9 +642,7 @@ failover: { max_failures: 1 }
                 delta: None,
             }],
         );
-        let mut master = Master::new(spec, Arc::new(plan)).expect("master");
-        master.launch_executors();
-        master
+        Master::new(spec, Arc::new(plan)).expect("master")
     }
 
     fn launcher(scripted: &Arc<ScriptedLauncher>) -> ExecutorLauncher {
@@ -795,21 +800,7 @@ roles:
   - { name: worker, num: 2, command: [train] }
 failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
 "#;
-        let spec = Arc::new(JobSpec::parse(text, Format::Yaml).expect("spec"));
-        let mut plan = JobPlan::default();
-        plan.extend(
-            0,
-            vec![sluice_formats::Split {
-                task_id: 0,
-                uri: "file:///d/a.parquet".into(),
-                file_size: 1,
-                first_row: 0,
-                row_count: 20,
-                partition_values: Vec::new(),
-                delta: None,
-            }],
-        );
-        Master::new(spec, Arc::new(plan)).expect("master")
+        one_file_master(text)
     }
 
     const HOUR_MS: u64 = 3_600_000;

@@ -67,18 +67,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn current_process_is_alive_and_packs_round_trip() {
+    fn a_process_identity_packs_into_one_word_and_back() {
         let sut = ProcessId::current().expect("own identity");
-        assert!(sut.is_alive());
         assert_eq!(unpack(pack(&sut)), Some(sut));
-        assert_eq!(unpack(0), None);
-        let reused_pid = ProcessId {
-            pid: sut.pid,
-            start_ticks: sut.start_ticks + 1,
-        };
-        assert!(
-            !reused_pid.is_alive(),
-            "a different start time is a different process"
-        );
+        assert_eq!(unpack(0), None, "zero is no holder");
     }
 }
