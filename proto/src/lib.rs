@@ -3,10 +3,14 @@
 //!
 //! [`v1`] holds the messages and tonic services generated from `sluice/v1/sluice.proto`. Ids travel
 //! there as plain fields (`task_id: u64`, `node_id: u64`, `job_id: String`); [`TaskId`], [`NodeId`]
-//! and [`JobId`] give them types, and convert to and from those fields.
+//! and [`JobId`] give them types, and convert to and from those fields at the edge. They are the
+//! only id types of the project: the AM's decisions, its journal and the daemon's task book use
+//! them too, and they serialize as the plain value they wrap, so the journal's encoding is that of
+//! the wire's fields.
 
 #![forbid(unsafe_code)]
 
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// The generated `sluice.v1` messages, clients and servers.
@@ -15,7 +19,7 @@ pub mod v1 {
 }
 
 /// A task's identity, unique across all epochs of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TaskId(pub u64);
 
 impl fmt::Display for TaskId {
@@ -37,7 +41,7 @@ impl From<TaskId> for u64 {
 }
 
 /// A node daemon's identity, stable across its restarts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u64);
 
 impl fmt::Display for NodeId {
@@ -59,7 +63,7 @@ impl From<NodeId> for u64 {
 }
 
 /// A job's identity, the name it is known by to the AM and its executors.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct JobId(pub String);
 
 impl fmt::Display for JobId {

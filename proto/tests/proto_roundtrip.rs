@@ -3,7 +3,7 @@
 use prost::Message;
 use sluice_proto::v1::{
     AssignTasks, Blacklisted, Command, CountOutOfRange, DeletionVector, DeltaSplitInfo,
-    DoneBeforeEnd, Drain, Fence, HeartbeatReply, HeartbeatRequest, NoStopRequested, NotHeld,
+    DoneBeforeEnd, Fence, HeartbeatReply, HeartbeatRequest, NoStopRequested, NotHeld,
     PartitionValue, Refusal, Refuse, Release, RingStats, Shutdown, Split, StageStats,
     StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command,
     refusal,
@@ -130,9 +130,6 @@ fn heartbeat_reply_with_every_command() -> HeartbeatReply {
             })),
         },
         Command {
-            command: Some(command::Command::Drain(Drain {})),
-        },
-        Command {
             command: Some(command::Command::Shutdown(Shutdown {})),
         },
         Command {
@@ -178,7 +175,6 @@ fn command_kind(command: &command::Command) -> &'static str {
     match command {
         command::Command::Assign(_) => "assign",
         command::Command::Stop(_) => "stop",
-        command::Command::Drain(_) => "drain",
         command::Command::Shutdown(_) => "shutdown",
         command::Command::Fence(_) => "fence",
         command::Command::Refuse(_) => "refuse",
@@ -229,9 +225,7 @@ fn heartbeat_reply_with_every_command_kind_survives_encode_and_decode() {
         .collect();
     assert_eq!(
         command_kinds,
-        BTreeSet::from([
-            "assign", "stop", "drain", "shutdown", "fence", "refuse", "release"
-        ])
+        BTreeSet::from(["assign", "stop", "shutdown", "fence", "refuse", "release"])
     );
     let refusal_kinds: BTreeSet<&str> = commands
         .iter()

@@ -151,7 +151,7 @@ impl Daemon {
                 }
                 Some(Cmd::Fence(_) | Cmd::Release(_)) => self.held.clear(),
                 Some(Cmd::Shutdown(_)) => over = true,
-                Some(Cmd::Drain(_)) | Some(Cmd::Refuse(_)) | None => {}
+                Some(Cmd::Refuse(_)) | None => {}
             }
         }
         over

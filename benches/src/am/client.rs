@@ -227,7 +227,6 @@ struct Daemon {
     client: DaemonServiceClient<Channel>,
     shared: Arc<Shared>,
     held: Vec<HeldTask>,
-    draining: bool,
 }
 
 impl Daemon {
@@ -248,7 +247,7 @@ impl Daemon {
 
     /// Acquires tasks when the daemon holds fewer than [`HELD_TASKS`].
     async fn acquire_if_low(&mut self) -> Flow {
-        if self.draining || self.held.len() >= HELD_TASKS {
+        if self.held.len() >= HELD_TASKS {
             return Flow::Continue;
         }
         let request = v1::AcquireTasksRequest {
@@ -384,7 +383,6 @@ impl Daemon {
                         Err(status) => self.shared.stats().failed("ack stop", self.node, &status),
                     }
                 }
-                Some(Cmd::Drain(_)) => self.draining = true,
                 Some(Cmd::Shutdown(_)) => {
                     self.shared.stats().shutdowns += 1;
                     return Flow::Shutdown;
@@ -516,7 +514,6 @@ async fn run_clients(args: &AmClientArgs) -> Result<()> {
             client: DaemonServiceClient::new(channels[node as usize % channels.len()].clone()),
             shared: Arc::clone(&shared),
             held: Vec::new(),
-            draining: false,
         };
         daemons.spawn(run_daemon(daemon, origin + phase));
     }

@@ -62,27 +62,7 @@ pub use state::{JobState, NodeStatus, NodeView, PlanError, TaskCounts, TaskInFli
 
 use crate::spec::JobSpec;
 use serde::{Deserialize, Serialize};
-use std::fmt;
-
-/// A node daemon's identity, stable across its restarts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct NodeId(pub u64);
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(formatter, "node-{}", self.0)
-    }
-}
-
-/// A task's identity, unique across all epochs of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct TaskId(pub u64);
-
-impl fmt::Display for TaskId {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(formatter, "task-{}", self.0)
-    }
-}
+pub use sluice_proto::{NodeId, TaskId};
 
 /// The settings the decisions need, taken from the job spec.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sluice_proto::v1;
+use sluice_proto::{NodeId, TaskId, v1};
 use sluice_ring::ledger::LedgerTask;
 
 use crate::error::{DaemonError, Result};
@@ -28,7 +28,7 @@ use crate::error::{DaemonError, Result};
 /// The tasks a daemon holds, over its rings; see the [module documentation](self).
 #[derive(Debug)]
 pub(crate) struct TaskBook {
-    node: u64,
+    node: NodeId,
     /// The rank of each ring, by the ring's index.
     ranks: Vec<u32>,
     /// Per ring, the tasks given to it that are not consumed to their end yet.
@@ -36,9 +36,9 @@ pub(crate) struct TaskBook {
     /// How many tasks a ring interleaves.
     window: usize,
     heartbeat_interval: Duration,
-    tasks: BTreeMap<u64, HeldTask>,
+    tasks: BTreeMap<TaskId, HeldTask>,
     /// Stops applied and not yet acknowledged to the AM: task and stop row.
-    acks: Vec<(u64, u64)>,
+    acks: Vec<(TaskId, u64)>,
 }
 
 /// A task the daemon holds.
@@ -95,7 +95,7 @@ pub(crate) struct Stopped {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Counts {
     /// The task.
-    pub(crate) task_id: u64,
+    pub(crate) task_id: TaskId,
     /// The end of its rows published into the ring.
     pub(crate) enqueued_end: u64,
     /// The end of its rows the trainer released.
@@ -105,7 +105,7 @@ pub(crate) struct Counts {
 impl From<LedgerTask> for Counts {
     fn from(entry: LedgerTask) -> Self {
         Counts {
-            task_id: entry.task_id,
+            task_id: TaskId(entry.task_id),
             enqueued_end: entry.enqueued_end,
             consumed_end: entry.consumed_end,
         }
@@ -116,7 +116,7 @@ impl From<LedgerTask> for Counts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FailedTask {
     /// The task.
-    pub(crate) task_id: u64,
+    pub(crate) task_id: TaskId,
     /// Why it failed.
     pub(crate) reason: String,
     /// Its rows the trainer consumed, from its start.
@@ -129,14 +129,14 @@ pub(crate) struct Freed {
     /// The index of the task's ring.
     pub(crate) ring: usize,
     /// The task.
-    pub(crate) task_id: u64,
+    pub(crate) task_id: TaskId,
 }
 
 impl TaskBook {
     /// An empty book for node `node` feeding the rings of `ranks`, each of which interleaves
     /// `window` tasks, heartbeating every `heartbeat_interval`.
     pub(crate) fn new(
-        node: u64,
+        node: NodeId,
         ranks: Vec<u32>,
         window: usize,
         heartbeat_interval: Duration,
@@ -161,7 +161,7 @@ impl TaskBook {
         assignment: &v1::TaskAssignment,
         bound: Option<(usize, LedgerTask)>,
     ) -> Result<Placement> {
-        let task_id = assignment.task_id;
+        let task_id = TaskId(assignment.task_id);
         let (ring, entry, ledger) = match bound {
             Some((ring, entry)) => {
                 if entry.start != assignment.start || entry.enqueued_end > assignment.end {
@@ -185,7 +185,7 @@ impl TaskBook {
                     .min_by_key(|index| self.queued[*index])
                     .ok_or(DaemonError::NoRanks { node: self.node })?;
                 let entry = LedgerTask {
-                    task_id,
+                    task_id: task_id.0,
                     epoch: assignment.epoch,
                     start: assignment.start,
                     end: assignment.end,
@@ -221,7 +221,7 @@ impl TaskBook {
     /// Applies the AM's request that task `task_id` stop at `row`, given `sent_end`, the end of what
     /// its feeder has handed to the writer (held still while the caller applies the stop). Returns
     /// where the task now ends, also queued to acknowledge; `None` for a task the book does not hold.
-    pub(crate) fn stop(&mut self, task_id: u64, row: u64, sent_end: u64) -> Option<Stopped> {
+    pub(crate) fn stop(&mut self, task_id: TaskId, row: u64, sent_end: u64) -> Option<Stopped> {
         let task = self.tasks.get_mut(&task_id)?;
         let at = row.max(sent_end).min(task.end);
         task.end = at;
@@ -233,7 +233,7 @@ impl TaskBook {
     }
 
     /// The stops to acknowledge to the AM, task and stop row, in the order they were applied.
-    pub(crate) fn take_acks(&mut self) -> Vec<(u64, u64)> {
+    pub(crate) fn take_acks(&mut self) -> Vec<(TaskId, u64)> {
         std::mem::take(&mut self.acks)
     }
 
@@ -245,7 +245,7 @@ impl TaskBook {
     }
 
     /// Every task held, with the index of its ring: where to look for its counts.
-    pub(crate) fn placed(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+    pub(crate) fn placed(&self) -> impl Iterator<Item = (TaskId, usize)> + '_ {
         self.tasks
             .iter()
             .map(|(task_id, task)| (*task_id, task.ring))
@@ -270,7 +270,7 @@ impl TaskBook {
 
     /// Takes a feeder's failure of task `task_id`, after it handed the writer rows up to
     /// `sent_end`. The first failure of a task counts; one of a task not held is ignored.
-    pub(crate) fn fail(&mut self, task_id: u64, reason: &str, sent_end: u64) {
+    pub(crate) fn fail(&mut self, task_id: TaskId, reason: &str, sent_end: u64) {
         if let Some(task) = self.tasks.get_mut(&task_id)
             && task.failure.is_none()
         {
@@ -282,7 +282,7 @@ impl TaskBook {
     }
 
     /// Whether the task `task_id` is held and its failure known.
-    pub(crate) fn failed(&self, task_id: u64) -> bool {
+    pub(crate) fn failed(&self, task_id: TaskId) -> bool {
         self.tasks
             .get(&task_id)
             .is_some_and(|task| task.failure.is_some())
@@ -304,7 +304,7 @@ impl TaskBook {
         self.tasks
             .iter()
             .map(|(task_id, task)| v1::TaskProgress {
-                task_id: *task_id,
+                task_id: task_id.0,
                 enqueued: task.enqueued_end.saturating_sub(task.start),
                 consumed: task.consumed_end.saturating_sub(task.start),
             })
@@ -317,7 +317,7 @@ impl TaskBook {
         self.tasks
             .iter()
             .map(|(task_id, task)| v1::TaskProgress {
-                task_id: *task_id,
+                task_id: task_id.0,
                 enqueued: task
                     .enqueued_end
                     .max(task.consumed_end)
@@ -345,7 +345,7 @@ impl TaskBook {
     /// The AM answered a heartbeat: it has acknowledged every task consumed to its end finished,
     /// and the book lets them go.
     pub(crate) fn heartbeat_answered(&mut self) -> Vec<Freed> {
-        let finished: Vec<u64> = self
+        let finished: Vec<TaskId> = self
             .tasks
             .iter()
             .filter(|(_, task)| task.consumed_end >= task.end)
@@ -358,11 +358,11 @@ impl TaskBook {
     }
 
     /// The AM took the failure of task `task_id`: the book lets it go, if it still holds it.
-    pub(crate) fn failure_reported(&mut self, task_id: u64) -> Option<Freed> {
+    pub(crate) fn failure_reported(&mut self, task_id: TaskId) -> Option<Freed> {
         self.release(task_id)
     }
 
-    fn release(&mut self, task_id: u64) -> Option<Freed> {
+    fn release(&mut self, task_id: TaskId) -> Option<Freed> {
         self.tasks.remove(&task_id).map(|task| Freed {
             ring: task.ring,
             task_id,
@@ -370,7 +370,7 @@ impl TaskBook {
     }
 
     /// Whether the book holds task `task_id`.
-    pub(crate) fn holds(&self, task_id: u64) -> bool {
+    pub(crate) fn holds(&self, task_id: TaskId) -> bool {
         self.tasks.contains_key(&task_id)
     }
 
@@ -400,14 +400,14 @@ mod tests {
 
     fn counts(task_id: u64, enqueued_end: u64, consumed_end: u64) -> Counts {
         Counts {
-            task_id,
+            task_id: TaskId(task_id),
             enqueued_end,
             consumed_end,
         }
     }
 
     fn book(rings: u32, window: usize) -> TaskBook {
-        TaskBook::new(7, (0..rings).collect(), window, INTERVAL)
+        TaskBook::new(NodeId(7), (0..rings).collect(), window, INTERVAL)
     }
 
     #[test]
@@ -494,7 +494,7 @@ mod tests {
             .expect_err("refused");
         assert_eq!(
             moved.to_string(),
-            "the AM refused this daemon: the AM gives back task 4 as rows 0..100, but ring 1 holds it from row 10 with rows up to 40 enqueued; the ring and the AM disagree"
+            "the AM refused this daemon: the AM gives back task-4 as rows 0..100, but ring 1 holds it from row 10 with rows up to 40 enqueued; the ring and the AM disagree"
         );
         let short = sut
             .assign(&assignment(4, 10, 30), Some((0, bound)))
@@ -503,7 +503,7 @@ mod tests {
             short.to_string().contains("rows up to 40 enqueued"),
             "{short}"
         );
-        assert!(!sut.holds(4));
+        assert!(!sut.holds(TaskId(4)));
     }
 
     #[test]
@@ -512,7 +512,7 @@ mod tests {
         let error = sut
             .assign(&assignment(1, 0, 10), None)
             .expect_err("refused");
-        assert!(error.to_string().contains("node 7 feeds no trainer rank"));
+        assert!(error.to_string().contains("node-7 feeds no trainer rank"));
         assert_eq!(sut.wanted(), 0);
     }
 
@@ -520,9 +520,9 @@ mod tests {
     fn a_stop_beyond_what_was_sent_ends_the_task_there() {
         let mut sut = book(1, 1);
         sut.assign(&assignment(1, 0, 100), None).expect("assigns");
-        let stopped = sut.stop(1, 60, 30).expect("held");
+        let stopped = sut.stop(TaskId(1), 60, 30).expect("held");
         assert_eq!(stopped, Stopped { ring: 0, at: 60 });
-        assert_eq!(sut.take_acks(), vec![(1, 60)]);
+        assert_eq!(sut.take_acks(), vec![(TaskId(1), 60)]);
         assert!(sut.take_acks().is_empty(), "acknowledged once");
     }
 
@@ -530,33 +530,51 @@ mod tests {
     fn a_stop_at_what_was_sent_ends_the_task_there() {
         let mut sut = book(1, 1);
         sut.assign(&assignment(1, 0, 100), None).expect("assigns");
-        assert_eq!(sut.stop(1, 30, 30).map(|stopped| stopped.at), Some(30));
-        assert_eq!(sut.take_acks(), vec![(1, 30)]);
+        assert_eq!(
+            sut.stop(TaskId(1), 30, 30).map(|stopped| stopped.at),
+            Some(30)
+        );
+        assert_eq!(sut.take_acks(), vec![(TaskId(1), 30)]);
     }
 
     #[test]
     fn a_stop_before_what_was_sent_ends_the_task_after_the_rows_sent() {
         let mut sut = book(1, 1);
         sut.assign(&assignment(1, 0, 100), None).expect("assigns");
-        assert_eq!(sut.stop(1, 10, 45).map(|stopped| stopped.at), Some(45));
-        assert_eq!(sut.take_acks(), vec![(1, 45)]);
+        assert_eq!(
+            sut.stop(TaskId(1), 10, 45).map(|stopped| stopped.at),
+            Some(45)
+        );
+        assert_eq!(sut.take_acks(), vec![(TaskId(1), 45)]);
     }
 
     #[test]
     fn a_stop_past_the_end_or_after_another_stop_never_extends_the_task() {
         let mut sut = book(1, 1);
         sut.assign(&assignment(1, 0, 100), None).expect("assigns");
-        assert_eq!(sut.stop(1, 500, 0).map(|stopped| stopped.at), Some(100));
-        assert_eq!(sut.stop(1, 40, 0).map(|stopped| stopped.at), Some(40));
-        assert_eq!(sut.stop(1, 90, 0).map(|stopped| stopped.at), Some(40));
-        assert_eq!(sut.take_acks(), vec![(1, 100), (1, 40), (1, 40)]);
+        assert_eq!(
+            sut.stop(TaskId(1), 500, 0).map(|stopped| stopped.at),
+            Some(100)
+        );
+        assert_eq!(
+            sut.stop(TaskId(1), 40, 0).map(|stopped| stopped.at),
+            Some(40)
+        );
+        assert_eq!(
+            sut.stop(TaskId(1), 90, 0).map(|stopped| stopped.at),
+            Some(40)
+        );
+        assert_eq!(
+            sut.take_acks(),
+            vec![(TaskId(1), 100), (TaskId(1), 40), (TaskId(1), 40)]
+        );
     }
 
     #[test]
     fn a_stop_for_a_task_not_held_is_ignored() {
         let mut sut = book(1, 1);
         sut.assign(&assignment(1, 0, 100), None).expect("assigns");
-        assert_eq!(sut.stop(2, 10, 0), None);
+        assert_eq!(sut.stop(TaskId(2), 10, 0), None);
         assert!(sut.take_acks().is_empty());
         assert_eq!(sut.progress().len(), 1);
     }
@@ -565,7 +583,7 @@ mod tests {
     fn a_stopped_task_finishes_when_consumed_to_its_stop_row() {
         let mut sut = book(1, 1);
         sut.assign(&assignment(1, 0, 100), None).expect("assigns");
-        sut.stop(1, 40, 20).expect("held");
+        sut.stop(TaskId(1), 40, 20).expect("held");
         sut.record([counts(1, 40, 39)]);
         assert!(!sut.heartbeat_due(Duration::ZERO));
         assert!(sut.heartbeat_answered().is_empty());
@@ -578,10 +596,10 @@ mod tests {
             sut.heartbeat_answered(),
             vec![Freed {
                 ring: 0,
-                task_id: 1
+                task_id: TaskId(1)
             }]
         );
-        assert!(!sut.holds(1));
+        assert!(!sut.holds(TaskId(1)));
         assert_eq!(sut.wanted(), 2);
     }
 
@@ -608,7 +626,7 @@ mod tests {
         sut.record([counts(1, 50, 30)]);
         assert!(!sut.heartbeat_due(INTERVAL / 2));
         assert!(sut.heartbeat_due(INTERVAL));
-        sut.fail(1, "decoding failed", 50);
+        sut.fail(TaskId(1), "decoding failed", 50);
         assert!(
             sut.heartbeat_due(Duration::ZERO),
             "a failure is told at once"
@@ -619,11 +637,11 @@ mod tests {
     fn a_failure_is_reported_once_the_rows_sent_are_consumed() {
         let mut sut = book(1, 1);
         sut.assign(&assignment(1, 10, 100), None).expect("assigns");
-        sut.fail(1, "decoding failed", 50);
-        sut.fail(1, "a later failure", 60);
-        sut.fail(2, "not held", 0);
-        assert!(sut.failed(1));
-        assert!(!sut.failed(2));
+        sut.fail(TaskId(1), "decoding failed", 50);
+        sut.fail(TaskId(1), "a later failure", 60);
+        sut.fail(TaskId(2), "not held", 0);
+        assert!(sut.failed(TaskId(1)));
+        assert!(!sut.failed(TaskId(2)));
         sut.record([counts(1, 50, 49)]);
         assert!(
             sut.failures().is_empty(),
@@ -633,20 +651,20 @@ mod tests {
         assert_eq!(
             sut.failures(),
             vec![FailedTask {
-                task_id: 1,
+                task_id: TaskId(1),
                 reason: "decoding failed".to_owned(),
                 consumed: 40,
             }]
         );
         assert!(sut.heartbeat_answered().is_empty(), "not finished");
         assert_eq!(
-            sut.failure_reported(1),
+            sut.failure_reported(TaskId(1)),
             Some(Freed {
                 ring: 0,
-                task_id: 1
+                task_id: TaskId(1)
             })
         );
-        assert_eq!(sut.failure_reported(1), None);
+        assert_eq!(sut.failure_reported(TaskId(1)), None);
     }
 
     #[test]
@@ -772,8 +790,8 @@ mod tests {
                     }
                     Step::Stop { task, row } => {
                         let Some(task) = model.get_mut(task) else { continue };
-                        let held = sut.holds(task.task_id);
-                        let stopped = sut.stop(task.task_id, task.start + row, task.sent_end);
+                        let held = sut.holds(TaskId(task.task_id));
+                        let stopped = sut.stop(TaskId(task.task_id), task.start + row, task.sent_end);
                         prop_assert_eq!(stopped.is_some(), held, "a stop applies to held tasks only");
                         if let Some(stopped) = stopped {
                             prop_assert!(stopped.at >= task.sent_end, "no row sent is cut off");
@@ -783,12 +801,12 @@ mod tests {
                                 prop_assert_eq!(stopped.at, task.start + row);
                             }
                             task.limit = stopped.at;
-                            prop_assert_eq!(sut.take_acks(), vec![(task.task_id, stopped.at)]);
+                            prop_assert_eq!(sut.take_acks(), vec![(TaskId(task.task_id), stopped.at)]);
                         }
                     }
                     Step::Heartbeat => {
                         let progress = sut.progress();
-                        let held: Vec<u64> = sut.placed().map(|(task_id, _)| task_id).collect();
+                        let held: Vec<u64> = sut.placed().map(|(task_id, _)| task_id.0).collect();
                         let told: Vec<u64> = progress.iter().map(|task| task.task_id).collect();
                         prop_assert_eq!(told, held, "every held task is told once");
                         for told in &progress {
@@ -803,12 +821,12 @@ mod tests {
                         }
                         let freed = sut.heartbeat_answered();
                         for freed in freed {
-                            let task = model[freed.task_id as usize];
+                            let task = model[freed.task_id.0 as usize];
                             prop_assert_eq!(task.consumed_end, task.limit, "let go once consumed to its end");
                             prop_assert!(!sut.holds(freed.task_id));
                         }
                         for task in &model {
-                            if sut.holds(task.task_id) {
+                            if sut.holds(TaskId(task.task_id)) {
                                 prop_assert!(task.consumed_end < task.limit, "a finished task is let go");
                             }
                         }

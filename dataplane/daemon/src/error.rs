@@ -8,6 +8,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use sluice_proto::{NodeId, TaskId};
 use sluice_ring::ledger::LedgerError;
 use sluice_ring::{RingCreateError, RingOpenError};
 use tonic::codegen::http::uri::InvalidUri;
@@ -56,19 +57,19 @@ pub enum DaemonError {
     NoSources,
     /// The AM gave this daemon tasks while it feeds no ring.
     #[error(
-        "the AM refused this daemon: node {node} feeds no trainer rank; raise the roles' `num` or lower `nodes`"
+        "the AM refused this daemon: {node} feeds no trainer rank; raise the roles' `num` or lower `nodes`"
     )]
     NoRanks {
         /// This node.
-        node: u64,
+        node: NodeId,
     },
     /// The AM gave back a task that a ring taken over holds otherwise.
     #[error(
-        "the AM refused this daemon: the AM gives back task {task_id} as rows {start}..{end}, but ring {rank} holds it from row {bound_start} with rows up to {enqueued_end} enqueued; the ring and the AM disagree"
+        "the AM refused this daemon: the AM gives back {task_id} as rows {start}..{end}, but ring {rank} holds it from row {bound_start} with rows up to {enqueued_end} enqueued; the ring and the AM disagree"
     )]
     Disagreement {
         /// The task.
-        task_id: u64,
+        task_id: TaskId,
         /// The first row the AM gives.
         start: u64,
         /// The end the AM gives.

@@ -76,8 +76,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_proto::v1;
 use sluice_proto::v1::command::Command as Cmd;
+use sluice_proto::{NodeId, TaskId, v1};
 
 use book::TaskBook;
 use feeder::{Control, DecodeRuntime, Job, Pipeline, lock, open_pipeline};
@@ -96,7 +96,7 @@ pub struct DaemonOptions {
     /// The AM's gRPC address.
     pub am: String,
     /// This node's id in the job.
-    pub node_id: u64,
+    pub node_id: NodeId,
     /// Rings are created under `<ring_dir>/<job>/<rank>.ring`.
     pub ring_dir: PathBuf,
     /// The size of each ring's data region.
@@ -154,7 +154,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
         )?;
         recovered.leave_unserved();
         served.set(rings.states());
-        tracing::info!(node = options.node_id, job = reply.job_id, ranks = ?reply.ranks, "daemon registered");
+        tracing::info!(node = options.node_id.0, job = reply.job_id, ranks = ?reply.ranks, "daemon registered");
         let ended = serve(&options, &session, &pipeline, rings, reply).await;
         served.clear();
         match ended? {
@@ -167,7 +167,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
     if let Some(metrics) = metrics {
         metrics.abort();
     }
-    tracing::info!(node = options.node_id, "daemon shut down");
+    tracing::info!(node = options.node_id.0, "daemon shut down");
     Ok(())
 }
 
@@ -198,7 +198,7 @@ async fn serve(
         interval,
     );
     // What each held task's feeder shares with this loop.
-    let mut controls: BTreeMap<u64, Arc<Mutex<Control>>> = BTreeMap::new();
+    let mut controls: BTreeMap<TaskId, Arc<Mutex<Control>>> = BTreeMap::new();
     let mut pending = reply.commands;
     let mut registering = true;
     loop {
@@ -211,12 +211,13 @@ async fn serve(
                     }
                 }
                 Some(Cmd::Stop(stop)) => {
-                    if let Some(control) = controls.get(&stop.task_id) {
+                    let task_id = TaskId(stop.task_id);
+                    if let Some(control) = controls.get(&task_id) {
                         // Held while the stop applies, so that the feeder hands out nothing more.
                         let mut control = lock(control);
-                        if let Some(stopped) = book.stop(stop.task_id, stop.row, control.sent_end) {
+                        if let Some(stopped) = book.stop(task_id, stop.row, control.sent_end) {
                             control.stop = Some(stopped.at);
-                            rings.set_end(stopped.ring, stop.task_id, stopped.at);
+                            rings.set_end(stopped.ring, task_id, stopped.at);
                         }
                     }
                 }
@@ -230,7 +231,7 @@ async fn serve(
                 Some(Cmd::Refuse(refuse)) => {
                     tracing::warn!(message = refuse.message, "the AM refused part of a request")
                 }
-                Some(Cmd::Drain(_)) | None => {}
+                None => {}
             }
         }
         match ended {
@@ -316,9 +317,9 @@ fn take_task(
     assignment: v1::TaskAssignment,
     rings: &Rings,
     book: &mut TaskBook,
-    controls: &mut BTreeMap<u64, Arc<Mutex<Control>>>,
+    controls: &mut BTreeMap<TaskId, Arc<Mutex<Control>>>,
 ) -> Result<()> {
-    let task_id = assignment.task_id;
+    let task_id = TaskId(assignment.task_id);
     let placement = book.assign(&assignment, rings.bound(task_id))?;
     rings.write_ledger(placement.ring, task_id, placement.ledger)?;
     let control = Arc::new(Mutex::new(Control {
@@ -355,7 +356,7 @@ async fn give_back(
     let states = rings.give_back().await?;
     let last = book
         .placed()
-        .filter_map(|(task_id, ring)| states[ring].ledger().task(task_id))
+        .filter_map(|(task_id, ring)| states[ring].ledger().task(task_id.0))
         .map(book::Counts::from)
         .collect::<Vec<_>>();
     book.record(last);
@@ -366,7 +367,7 @@ async fn give_back(
         .await?;
     rings::remove(states)?;
     tracing::info!(
-        node = options.node_id,
+        node = options.node_id.0,
         tasks = book.len(),
         consumed,
         "gave every task and ring back"

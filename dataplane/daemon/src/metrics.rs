@@ -3,6 +3,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use sluice_proto::NodeId;
+
 use crate::error::{DaemonError, Result};
 use crate::feeder::Pipeline;
 use crate::rings::ring_stats;
@@ -37,7 +39,7 @@ impl ServedRings {
 /// Serves `/metrics` on `address` for as long as the daemon runs; prints the address it got.
 pub(crate) async fn serve_metrics(
     address: std::net::SocketAddr,
-    node: u64,
+    node: NodeId,
     pipeline: Arc<Pipeline>,
     rings: ServedRings,
 ) -> Result<tokio::task::JoinHandle<()>> {
@@ -52,7 +54,7 @@ pub(crate) async fn serve_metrics(
                 .iter()
                 .map(|(rank, state)| (*rank, state.as_ref())),
         );
-        let text = stats::prometheus(node, &pipeline.stage_stats(), &rings);
+        let text = stats::prometheus(node.0, &pipeline.stage_stats(), &rings);
         async move {
             (
                 [(
@@ -64,7 +66,7 @@ pub(crate) async fn serve_metrics(
         }
     };
     let router = axum::Router::new().route("/metrics", axum::routing::get(metrics));
-    println!("sluice daemon: node {node} metrics on http://{bound}/metrics");
+    println!("sluice daemon: {node} metrics on http://{bound}/metrics");
     Ok(tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, router).await {
             tracing::warn!(%error, "the metrics server stopped");

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice_proto::v1;
+use sluice_proto::{NodeId, TaskId, v1};
 use sluice_ring::ledger::{EpochMark, LEDGER_EXTENSION, Ledger, LedgerTask};
 use sluice_ring::{RING_EXTENSION, Ring, RingOptions};
 use tokio::sync::mpsc;
@@ -44,7 +44,7 @@ impl Rings {
         job_dir: &Path,
         ranks: &[u32],
         ring_size: u64,
-        node: u64,
+        node: NodeId,
         recovered: &mut Recovered,
         pipeline: &Arc<Pipeline>,
     ) -> Result<Rings> {
@@ -53,7 +53,7 @@ impl Rings {
             let attached = match recovered.rings.remove(rank) {
                 Some(attached) => attached,
                 None => {
-                    let (ring, ledger) = open_ring(job_dir, *rank, ring_size, node)?;
+                    let (ring, ledger) = open_ring(job_dir, *rank, ring_size, node.0)?;
                     writer::attach(ring, ledger).map_err(DaemonError::Writer)?
                 }
             };
@@ -97,30 +97,35 @@ impl Rings {
     }
 
     /// The ring whose ledger holds task `task_id`, and the task's slot.
-    pub(crate) fn bound(&self, task_id: u64) -> Option<(usize, LedgerTask)> {
+    pub(crate) fn bound(&self, task_id: TaskId) -> Option<(usize, LedgerTask)> {
         self.rings.iter().enumerate().find_map(|(index, ring)| {
             ring.state
                 .ledger()
-                .task(task_id)
+                .task(task_id.0)
                 .map(|entry| (index, entry))
         })
     }
 
     /// Writes a task's binding or its new end into the ledger of ring `ring`.
-    pub(crate) fn write_ledger(&self, ring: usize, task_id: u64, write: LedgerWrite) -> Result<()> {
+    pub(crate) fn write_ledger(
+        &self,
+        ring: usize,
+        task_id: TaskId,
+        write: LedgerWrite,
+    ) -> Result<()> {
         let ledger = self.rings[ring].state.ledger();
         match write {
             LedgerWrite::Bind(entry) => ledger.bind(&entry).map_err(DaemonError::Ledger),
             LedgerWrite::SetEnd(end) => {
-                ledger.set_end(task_id, end);
+                ledger.set_end(task_id.0, end);
                 Ok(())
             }
         }
     }
 
     /// Moves task `task_id`'s end in the ledger of ring `ring` to `end`.
-    pub(crate) fn set_end(&self, ring: usize, task_id: u64, end: u64) {
-        self.rings[ring].state.ledger().set_end(task_id, end);
+    pub(crate) fn set_end(&self, ring: usize, task_id: TaskId, end: u64) {
+        self.rings[ring].state.ledger().set_end(task_id.0, end);
     }
 
     /// Hands a task to the feeder of ring `ring`.
@@ -132,19 +137,19 @@ impl Rings {
 
     /// Frees the ledger slot of a task let go.
     pub(crate) fn free(&self, freed: Freed) {
-        self.rings[freed.ring].state.ledger().free(freed.task_id);
+        self.rings[freed.ring].state.ledger().free(freed.task_id.0);
     }
 
     /// Frees the ledger slot of every task bound to a ring that `holds` says this daemon does not
     /// hold.
-    pub(crate) fn free_unheld(&self, holds: impl Fn(u64) -> bool) {
+    pub(crate) fn free_unheld(&self, holds: impl Fn(TaskId) -> bool) {
         for ring in &self.rings {
             let ledger = ring.state.ledger();
             let Ok(tasks) = ledger.tasks() else {
                 continue;
             };
             for task in tasks {
-                if !holds(task.task_id) {
+                if !holds(TaskId(task.task_id)) {
                     if task.enqueued_end > task.consumed_end {
                         tracing::warn!(
                             task = task.task_id,
@@ -171,9 +176,9 @@ impl Rings {
     }
 
     /// What the ledgers say of the tasks `placed` names, each with the index of its ring.
-    pub(crate) fn counts(&self, placed: impl Iterator<Item = (u64, usize)>) -> Vec<Counts> {
+    pub(crate) fn counts(&self, placed: impl Iterator<Item = (TaskId, usize)>) -> Vec<Counts> {
         placed
-            .filter_map(|(task_id, ring)| self.rings[ring].state.ledger().task(task_id))
+            .filter_map(|(task_id, ring)| self.rings[ring].state.ledger().task(task_id.0))
             .map(Counts::from)
             .collect()
     }
@@ -268,7 +273,7 @@ pub(crate) struct Recovered {
 impl Recovered {
     /// Takes over the rings under `job_dir` whose ledgers belong to `node`. A ring its producer
     /// closed (the job ended) holds nothing to take over.
-    pub(crate) fn take_over(job_dir: &Path, node: u64) -> Result<Recovered> {
+    pub(crate) fn take_over(job_dir: &Path, node: NodeId) -> Result<Recovered> {
         let mut recovered = Recovered::default();
         let entries = match std::fs::read_dir(job_dir) {
             Ok(entries) => entries,
@@ -299,7 +304,7 @@ impl Recovered {
             };
             let ledger = Ledger::open(&path).map_err(DaemonError::Ledger)?;
             let ring_path = path.with_extension(RING_EXTENSION);
-            if ledger.owner() != node || !ring_path.exists() {
+            if ledger.owner() != node.0 || !ring_path.exists() {
                 continue;
             }
             let ring = Ring::open(&ring_path).map_err(DaemonError::RingOpen)?;

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use sluice_proto::BearerToken;
-use sluice_proto::v1;
 use sluice_proto::v1::daemon_service_client::DaemonServiceClient;
+use sluice_proto::{NodeId, TaskId, v1};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -20,7 +20,7 @@ type AmClient = DaemonServiceClient<InterceptedService<Channel, BearerToken>>;
 #[derive(Debug)]
 pub(crate) struct Session {
     client: AmClient,
-    node_id: u64,
+    node_id: NodeId,
     am_timeout: Duration,
 }
 
@@ -81,7 +81,7 @@ impl Session {
             .unwrap_or_default();
         self.call(|mut client| {
             let request = v1::RegisterRequest {
-                node_id: self.node_id,
+                node_id: self.node_id.into(),
                 job_id: job_id.to_owned(),
                 hostname: hostname.clone(),
                 held: held.clone(),
@@ -92,12 +92,16 @@ impl Session {
     }
 
     /// Tells the AM that task `task_id` stops at `stop_row`; returns the AM's commands.
-    pub(crate) async fn ack_stop(&self, task_id: u64, stop_row: u64) -> Result<Vec<v1::Command>> {
+    pub(crate) async fn ack_stop(
+        &self,
+        task_id: TaskId,
+        stop_row: u64,
+    ) -> Result<Vec<v1::Command>> {
         let reply = self
             .call(|mut client| {
                 let request = v1::AckStopRequest {
-                    node_id: self.node_id,
-                    task_id,
+                    node_id: self.node_id.into(),
+                    task_id: task_id.into(),
                     stop_row,
                 };
                 async move { client.ack_stop(request).await }
@@ -111,7 +115,7 @@ impl Session {
         let reply = self
             .call(|mut client| {
                 let request = v1::AcquireTasksRequest {
-                    node_id: self.node_id,
+                    node_id: self.node_id.into(),
                     max_tasks,
                 };
                 async move { client.acquire_tasks(request).await }
@@ -130,7 +134,7 @@ impl Session {
         let reply = self
             .call(|mut client| {
                 let request = v1::HeartbeatRequest {
-                    node_id: self.node_id,
+                    node_id: self.node_id.into(),
                     progress: progress.clone(),
                     stages: stages.clone(),
                     rings: rings.clone(),
@@ -145,15 +149,15 @@ impl Session {
     /// the AM's commands.
     pub(crate) async fn report_failed(
         &self,
-        task_id: u64,
+        task_id: TaskId,
         consumed: u64,
         reason: &str,
     ) -> Result<Vec<v1::Command>> {
         let reply = self
             .call(|mut client| {
                 let request = v1::ReportTaskRequest {
-                    node_id: self.node_id,
-                    task_id,
+                    node_id: self.node_id.into(),
+                    task_id: task_id.into(),
                     consumed,
                     outcome: Some(v1::report_task_request::Outcome::Failed(v1::TaskFailed {
                         reason: reason.to_owned(),

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sluice_daemon::DaemonOptions;
+use sluice_proto::NodeId;
 
 use crate::cmd::read::runtime;
 
@@ -42,7 +43,7 @@ pub struct DaemonArgs {
 pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let options = DaemonOptions {
         am: args.am,
-        node_id: args.node_id,
+        node_id: NodeId(args.node_id),
         ring_dir: args.ring_dir,
         ring_size: args.ring_size,
         token: args.token,
