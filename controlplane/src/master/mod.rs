@@ -50,6 +50,7 @@
 
 pub mod checkpoint;
 mod convert;
+mod rescale;
 
 #[cfg(test)]
 mod tests;
@@ -63,6 +64,7 @@ use crate::launcher::{ExecutorId, ExecutorState, Executors, Exit, LaunchAction};
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
 use crate::spec::{FollowSpec, JobSpec};
 use checkpoint::RankPositions;
+use rescale::{Rescale, RescaleEvent};
 use serde::{Deserialize, Serialize};
 use sluice_proto::v1;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -172,19 +174,6 @@ struct RestoredAt {
     token: String,
     /// [`Master::rows_consumed_total`] right after the reset.
     rows_consumed: u64,
-}
-
-/// A scale under way: who still has to give rings back and who waits for ranks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Rescale {
-    /// The role sizes before the scale, over which the releasing nodes' rings are ranked.
-    previous_sizes: Vec<u32>,
-    /// Live nodes that still feed rings of the previous ranks.
-    releasing: BTreeSet<NodeId>,
-    /// Nodes that hold no ring and wait for their new ranks.
-    waiting: BTreeSet<NodeId>,
-    /// Whether a restore to a data checkpoint started it: no task is handed out until it ends.
-    restore: bool,
 }
 
 /// Where following a source stands.
@@ -505,7 +494,8 @@ impl Master {
         if let Some(executors) = &mut self.executors {
             executors.exited(&id, exit);
         }
-        self.settle_rescale();
+        let retiring = self.trainers_retiring();
+        self.rescale_step(RescaleEvent::Executors { retiring });
         Applied {
             reply: (),
             entries: vec![Entry::ExecutorExited { id, exit }],
@@ -536,13 +526,12 @@ impl Master {
     /// scale, none for a node waiting for its new ranks, and the previous ones for a node that
     /// still feeds rings of them.
     fn ranks_told(&self, node: NodeId) -> (Vec<u32>, u32) {
-        match &self.rescale {
-            Some(rescale) if rescale.waiting.contains(&node) => (Vec::new(), self.world_size()),
-            Some(rescale) if rescale.releasing.contains(&node) => (
-                ranks_over(&rescale.previous_sizes, self.spec.nodes, node),
-                rescale.previous_sizes.iter().sum(),
-            ),
-            _ => (self.ranks_of(node), self.world_size()),
+        match self.rescale.as_ref().map(|rescale| rescale.sizes_for(node)) {
+            Some(None) => (Vec::new(), self.world_size()),
+            Some(Some(Some(sizes))) => {
+                (ranks_over(sizes, self.spec.nodes, node), sizes.iter().sum())
+            }
+            None | Some(Some(None)) => (self.ranks_of(node), self.world_size()),
         }
     }
 
@@ -663,15 +652,14 @@ impl Master {
     /// Starts taking every live node's rings back once the retiring trainers are gone. The rings
     /// the nodes hold are ranked over `previous_sizes`.
     fn take_rings_back(&mut self, previous_sizes: Vec<u32>, restore: bool) {
-        let releasing = self.table.alive_nodes().collect();
-        self.rescale = Some(Rescale {
-            previous_sizes,
-            releasing,
-            waiting: BTreeSet::new(),
-            restore,
-        });
         self.checkpoints.clear();
-        self.settle_rescale();
+        let event = RescaleEvent::Started {
+            previous_sizes,
+            live: self.table.alive_nodes().collect(),
+            restore,
+            retiring: self.trainers_retiring(),
+        };
+        self.rescale_step(event);
     }
 
     /// Whether a trainer the scale replaced still runs.
@@ -681,73 +669,28 @@ impl Master {
             .is_some_and(|executors| executors.retiring().next().is_some())
     }
 
-    /// Whether `node` is due a [`v1::Release`]: it feeds rings of the previous ranks and no trainer
-    /// reads them any more, or it waits for its new ranks and no node feeds rings of the previous
-    /// ones.
+    /// Whether `node` is due a [`v1::Release`] (see [`Rescale::release_due`]).
     fn release_due(&self, node: NodeId) -> bool {
-        let Some(rescale) = &self.rescale else {
-            return false;
-        };
-        !self.trainers_retiring()
-            && (rescale.releasing.contains(&node)
-                || (rescale.releasing.is_empty() && rescale.waiting.contains(&node)))
+        self.rescale
+            .as_ref()
+            .is_some_and(|rescale| rescale.release_due(node, self.trainers_retiring()))
     }
 
-    /// Follows a scale through a registration: a node that gave its rings back waits for its new
-    /// ranks while others still feed rings of the previous ones, and gets them otherwise.
-    fn note_registration(&mut self, node: NodeId, held_nothing: bool) {
-        let retiring = self.trainers_retiring();
-        let alive = self.table.node_status(node) == Some(NodeStatus::Alive);
-        let Some(rescale) = &mut self.rescale else {
+    /// Applies `event` to the rescale under way; once it ends, the trainers may be launched.
+    fn rescale_step(&mut self, event: RescaleEvent) {
+        let Some(ended) = rescale::decide(&mut self.rescale, event) else {
             return;
         };
-        if !alive {
-            return;
-        }
-        if rescale.releasing.contains(&node) {
-            if !held_nothing {
-                return;
-            }
-            rescale.releasing.remove(&node);
-        }
-        if retiring || !rescale.releasing.is_empty() {
-            rescale.waiting.insert(node);
+        if ended.restore {
+            tracing::info!(
+                world_size = self.world_size(),
+                "rings taken back after a restore: the trainers launch again"
+            );
         } else {
-            rescale.waiting.remove(&node);
-        }
-        self.settle_rescale();
-    }
-
-    /// A lost or blacklisted node takes no part in a scale any more.
-    fn forget_in_rescale(&mut self, node: NodeId) {
-        if let Some(rescale) = &mut self.rescale {
-            rescale.releasing.remove(&node);
-            rescale.waiting.remove(&node);
-        }
-        self.settle_rescale();
-    }
-
-    /// Ends the scale once no trainer of the previous ranks runs and every live node has its new
-    /// ranks: the trainers may then be launched.
-    fn settle_rescale(&mut self) {
-        let retiring = self.trainers_retiring();
-        let Some(rescale) = &self.rescale else {
-            return;
-        };
-        if !retiring && rescale.releasing.is_empty() && rescale.waiting.is_empty() {
-            let restore = rescale.restore;
-            self.rescale = None;
-            if restore {
-                tracing::info!(
-                    world_size = self.world_size(),
-                    "rings taken back after a restore: the trainers launch again"
-                );
-            } else {
-                tracing::info!(
-                    world_size = self.world_size(),
-                    "scale done: the trainers launch over the new ranks"
-                );
-            }
+            tracing::info!(
+                world_size = self.world_size(),
+                "scale done: the trainers launch over the new ranks"
+            );
         }
     }
 
@@ -1479,8 +1422,15 @@ impl Master {
             _ => None,
         };
         let actions = decide(&mut self.table, event);
-        if let Some((node, held_nothing)) = registration {
-            self.note_registration(node, held_nothing);
+        if let Some((node, held_nothing)) = registration
+            && self.table.node_status(node) == Some(NodeStatus::Alive)
+        {
+            let retiring = self.trainers_retiring();
+            self.rescale_step(RescaleEvent::Registered {
+                node,
+                held_nothing,
+                retiring,
+            });
         }
         let mut mine = caller
             .and_then(|node| self.outbox.remove(&node))
@@ -1535,11 +1485,13 @@ impl Master {
             },
             Action::NodeLost { node, requeued } => {
                 tracing::warn!(%node, requeued, "node lost: no heartbeat within the timeout");
-                self.forget_in_rescale(node);
+                let retiring = self.trainers_retiring();
+                self.rescale_step(RescaleEvent::Gone { node, retiring });
             }
             Action::NodeBlacklisted { node, requeued } => {
                 tracing::warn!(%node, requeued, "node blacklisted after repeated task failures");
-                self.forget_in_rescale(node);
+                let retiring = self.trainers_retiring();
+                self.rescale_step(RescaleEvent::Gone { node, retiring });
             }
             Action::TaskFailed {
                 task,
