@@ -3,7 +3,7 @@
 //! # Implementation
 //! One task per followed source polls it every `follow.interval_ms`, with the master unlocked:
 //! listing a store and reading footers or commits is IO. What a poll finds is applied to the
-//! master and journaled through [`Am::apply`] before any of it can be handed out: the new splits'
+//! master and journaled through `Am::apply` before any of it can be handed out: the new splits'
 //! tasks enter the table under the master's lock, and any acquire that could take them is
 //! journaled after them. A source stops being polled when following ends (an `until_*` reached,
 //! `sluice stop`), when the job ends, or when following fails the job.

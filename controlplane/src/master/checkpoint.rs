@@ -1,4 +1,6 @@
-//! Data checkpoints: the task table as it stood at a trainer step.
+//! Data checkpoints: the task table as it stood at a trainer step; the master's calls that commit
+//! them rank by rank, store them, and restore the table to one (see the
+//! [master's documentation](super#restoring-a-data-checkpoint)).
 //!
 //! # Implementation
 //! Every rank of a step reports, for each task of its epoch it has read rows of, the split row up to
@@ -12,10 +14,56 @@
 //! the checkpoint: a cut after the step leaves both pieces in the table, and the counts fall in the
 //! parent piece.
 
-use super::TaskOrigins;
-use crate::decide::{DataPosition, JobState, TaskId, TaskRecord, TaskStatus};
+use super::{Applied, Entry, Master, TaskOrigins};
+use crate::decide::{DataPosition, JobState, RestoreMode, TaskId, TaskRecord, TaskStatus};
 use crate::error::{AmError, Result};
+use serde::{Deserialize, Serialize};
+use sluice_proto::v1;
 use std::collections::BTreeMap;
+
+/// The data checkpoint the task table was last reset to, and the rows consumed right after.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct RestoredAt {
+    token: String,
+    /// [`Master::rows_consumed_total`] right after the reset.
+    rows_consumed: u64,
+}
+
+/// A step's data checkpoint while ranks are still reporting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct PendingCheckpoint {
+    world_size: u32,
+    epoch: u32,
+    ranks: BTreeMap<u32, RankPositions>,
+}
+
+/// A data checkpoint whose ranks have all reported: the service stores `position` under `token`,
+/// journals [`Entry::CheckpointStored`], then answers with the token.
+#[derive(Debug, Clone)]
+pub struct ReadyCheckpoint {
+    /// The trainer's step.
+    pub step: u64,
+    /// The token that names it.
+    pub token: String,
+    /// The position at the step.
+    pub position: DataPosition,
+}
+
+/// The outcome of a rank's commit.
+#[derive(Debug, Clone)]
+pub enum CommitOutcome {
+    /// Other ranks of the step have not reported yet.
+    Pending {
+        /// Ranks reported so far.
+        reported: u32,
+        /// Ranks that must report.
+        world_size: u32,
+    },
+    /// The step's checkpoint was stored earlier under this token.
+    Stored(String),
+    /// Every rank has reported: store it.
+    Ready(ReadyCheckpoint),
+}
 
 /// One rank's report for a step: the split row up to which it consumed each task it read.
 pub type RankPositions = BTreeMap<TaskId, u64>;
@@ -109,4 +157,220 @@ pub fn position_at_step(
         splits: current.splits,
         following: current.following,
     })
+}
+
+impl Master {
+    /// Records one rank's data position at a step.
+    pub fn commit_checkpoint(
+        &mut self,
+        request: v1::CommitDataCheckpointRequest,
+    ) -> Result<Applied<CommitOutcome>> {
+        let v1::CommitDataCheckpointRequest {
+            step,
+            rank,
+            world_size,
+            positions,
+            epoch,
+        } = request;
+        if let Some(token) = self.stored.get(&step) {
+            return Ok(Applied {
+                reply: CommitOutcome::Stored(token.clone()),
+                entries: Vec::new(),
+            });
+        }
+        let positions: RankPositions = positions
+            .iter()
+            .map(|position| (TaskId(position.task_id), position.end_row))
+            .collect();
+        let entry = Entry::RankCommitted {
+            step,
+            rank,
+            world_size,
+            epoch,
+            positions: positions.clone(),
+        };
+        let outcome = self.record_rank(step, rank, world_size, epoch, positions)?;
+        Ok(Applied {
+            reply: outcome,
+            entries: vec![entry],
+        })
+    }
+
+    /// Makes the position of a step whose every rank reported, and names it.
+    pub(super) fn record_rank(
+        &mut self,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        epoch: u32,
+        positions: RankPositions,
+    ) -> Result<CommitOutcome> {
+        if world_size == 0 || rank >= world_size {
+            return Err(AmError::InvalidRequest(format!(
+                "data checkpoint of step {step}: rank {rank} is not below world size {world_size}; pass SLUICE_RANK and SLUICE_WORLD_SIZE as the AM set them"
+            )));
+        }
+        let pending = self
+            .checkpoints
+            .entry(step)
+            .or_insert_with(|| PendingCheckpoint {
+                world_size,
+                epoch,
+                ranks: BTreeMap::new(),
+            });
+        if pending.world_size != world_size || pending.epoch != epoch {
+            return Err(AmError::InvalidRequest(format!(
+                "data checkpoint of step {step}: rank {rank} reports world size {world_size} in epoch {epoch}, but other ranks reported world size {} in epoch {}; every rank must checkpoint the same step",
+                pending.world_size, pending.epoch
+            )));
+        }
+        pending.ranks.insert(rank, positions);
+        if pending.ranks.len() < world_size as usize {
+            return Ok(CommitOutcome::Pending {
+                reported: pending.ranks.len() as u32,
+                world_size,
+            });
+        }
+        let position = position_at_step(&self.table, &self.origins, epoch, &pending.ranks)?;
+        let digest = crc32c::crc32c(
+            &serde_json::to_vec(&position).expect("a data position serializes to JSON"),
+        );
+        Ok(CommitOutcome::Ready(ReadyCheckpoint {
+            step,
+            token: format!("{}-step{step}-{digest:08x}", self.spec.name),
+            position,
+        }))
+    }
+
+    /// Records that the checkpoint of `step` was stored under `token`.
+    pub fn checkpoint_stored(&mut self, step: u64, token: String) -> Applied<()> {
+        self.checkpoints.remove(&step);
+        self.stored.insert(step, token.clone());
+        Applied {
+            reply: (),
+            entries: vec![Entry::CheckpointStored { step, token }],
+        }
+    }
+
+    /// Resets the task table to a stored data checkpoint and restarts the trainers from there
+    /// (see "Restoring a data checkpoint" in the module's documentation). A restore to the
+    /// checkpoint the job already stands at, with no row consumed since, changes nothing; one to
+    /// another checkpoint then is refused.
+    pub fn restore(
+        &mut self,
+        token: String,
+        position: DataPosition,
+        now_ms: u64,
+    ) -> Result<Applied<v1::RestoreDataCheckpointReply>> {
+        let step = self
+            .stored
+            .iter()
+            .find(|(_, stored)| **stored == token)
+            .map_or(0, |(step, _)| *step);
+        let mut reply = v1::RestoreDataCheckpointReply {
+            step,
+            epoch: position.epoch,
+            effect: self.restore_effect() as i32,
+        };
+        if let Some(at) = &self.restored
+            && at.rows_consumed == self.rows_consumed_total()
+        {
+            if at.token != token {
+                return Err(AmError::FailedPrecondition(format!(
+                    "data checkpoint {token}: the job was restored to data checkpoint {} and no row was consumed since, so the ranks loaded different checkpoints ({} and {token}); load the states that every rank saved at the same step",
+                    at.token, at.token
+                )));
+            }
+            if self.rescale.is_none() {
+                reply.effect = v1::RestoreEffect::AlreadyThere as i32;
+            }
+            return Ok(Applied {
+                reply,
+                entries: Vec::new(),
+            });
+        }
+        self.apply_restore(token.clone(), position.clone(), now_ms)?;
+        tracing::info!(%token, step, "job reset to a data checkpoint: the trainers restart");
+        Ok(Applied {
+            reply,
+            entries: vec![Entry::Restored {
+                token,
+                position,
+                now_ms,
+            }],
+        })
+    }
+
+    /// What a restore that changes the job does beside the task table.
+    pub(super) fn restore_effect(&self) -> v1::RestoreEffect {
+        if self.executors.is_some() {
+            v1::RestoreEffect::TrainersRestart
+        } else {
+            v1::RestoreEffect::RingsReplaced
+        }
+    }
+
+    /// Resets the task table to `position`, restarts the trainers and takes the rings back.
+    pub(super) fn apply_restore(
+        &mut self,
+        token: String,
+        position: DataPosition,
+        now_ms: u64,
+    ) -> Result<()> {
+        self.latest_ms = self.latest_ms.max(now_ms);
+        self.reset_to(position, now_ms)?;
+        if let Some(executors) = &mut self.executors {
+            executors.restart_trainers();
+        }
+        let previous_sizes = self.rescale.as_ref().map_or_else(
+            || self.role_sizes.clone(),
+            |rescale| rescale.previous_sizes.clone(),
+        );
+        self.take_rings_back(previous_sizes, true);
+        self.restored = Some(RestoredAt {
+            token,
+            rows_consumed: self.rows_consumed_total(),
+        });
+        Ok(())
+    }
+
+    /// Resets the task table to `position`. The executors that ended for good are launched again,
+    /// since the job runs again from there: a finished job's daemons and trainers run the rows
+    /// after the checkpoint.
+    pub(super) fn reset_to(&mut self, mut position: DataPosition, now_ms: u64) -> Result<()> {
+        let mut pieces = self.pieces_of(&position);
+        // Ids past the position's tasks name the tasks of splits added after it, not pieces.
+        let covered = position.first_task_id + position.tasks.len() as u64;
+        pieces.retain(|task, _| task.0 < covered);
+        // Following is where the sources stand, not where the trainers do: it is kept.
+        position.following = self.table.following();
+        self.table = JobState::restore(
+            self.config,
+            self.plan.split_rows(),
+            position,
+            RestoreMode::Requeue { now_ms },
+        )?;
+        self.origins.pieces = pieces;
+        let planned_splits = self.plan.splits.len() - self.added_splits.len();
+        self.origins.place_added(&self.table, planned_splits);
+        self.checkpoints.clear();
+        self.stop_reason = None;
+        self.last_task_failure = None;
+        if let Some(executors) = &mut self.executors {
+            executors.restart_ended();
+        }
+        Ok(())
+    }
+
+    /// The origins of the re-split pieces of a position over the same epoch's tasks, kept from the
+    /// current table when it is in that epoch.
+    pub(super) fn pieces_of(&self, position: &DataPosition) -> BTreeMap<TaskId, u64> {
+        if position.epoch == self.table.epoch()
+            && position.first_task_id == self.table.first_task_id()
+        {
+            self.origins.pieces.clone()
+        } else {
+            BTreeMap::new()
+        }
+    }
 }

@@ -1,0 +1,273 @@
+//! The master's journal: the [`Entry`] each change of state is recorded as, the [`Snapshot`] a
+//! journal is compacted into, and how a new AM rebuilds the state from both.
+//!
+//! Their encoding is the journal's format: a variant or field is added only at the end, and a
+//! change that an older AM could not read raises the plan or layout version (see
+//! [`crate::checkpoint_store`] and the golden journal of `tests/journal_format.rs`).
+
+use super::checkpoint::{PendingCheckpoint, RankPositions, RestoredAt};
+use super::rescale::Rescale;
+use super::{Master, SourceFollow, convert};
+use crate::decide::{DataPosition, Event, JobState, NodeId, RestoreMode, TaskId};
+use crate::error::{AmError, Result};
+use crate::launcher::{ExecutorId, Executors, Exit};
+use crate::plan::{PlannedFile, PlannedSplit};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One change of the AM's state, in journal order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Entry {
+    /// An event applied to the task table.
+    Event(Event),
+    /// A rank reported its data position at a step.
+    RankCommitted {
+        /// The trainer's step.
+        step: u64,
+        /// The rank.
+        rank: u32,
+        /// Ranks that report for the step.
+        world_size: u32,
+        /// The rank's epoch.
+        epoch: u32,
+        /// Split row up to which the rank consumed each task it read.
+        positions: RankPositions,
+    },
+    /// Every rank of a step reported and the checkpoint was stored under `token`.
+    CheckpointStored {
+        /// The trainer's step.
+        step: u64,
+        /// The token that names the stored position.
+        token: String,
+    },
+    /// The task table was reset to a stored data checkpoint.
+    Restored {
+        /// The checkpoint's token.
+        token: String,
+        /// The position it holds.
+        position: DataPosition,
+        /// When the AM reset the table.
+        now_ms: u64,
+    },
+    /// A role's size changed.
+    RoleScaled {
+        /// The role.
+        role: String,
+        /// Its new number of trainers.
+        num: u32,
+    },
+    /// A stop of the job was requested.
+    StopRequested {
+        /// Why, for logs and status.
+        reason: String,
+    },
+    /// A followed source grew: its new files and splits join the plan, and their tasks the
+    /// current epoch.
+    SplitsAdded {
+        /// The index of the source in the spec.
+        source: u32,
+        /// For a Delta table, the version planned up to, this one included.
+        version: Option<u64>,
+        /// The new files.
+        files: Vec<PlannedFile>,
+        /// Their splits, with file indices counted from the first of `files`.
+        splits: Vec<PlannedSplit>,
+    },
+    /// A source is no longer followed.
+    FollowEnded {
+        /// The index of the source in the spec.
+        source: u32,
+        /// Why, for logs and status.
+        reason: String,
+    },
+    /// The AM started an executor.
+    ExecutorLaunched {
+        /// The executor.
+        id: ExecutorId,
+    },
+    /// An executor ended.
+    ExecutorExited {
+        /// The executor.
+        id: ExecutorId,
+        /// How.
+        exit: Exit,
+    },
+}
+
+/// The AM's state at one point of its journal, from which the entries after it replay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub(super) position: DataPosition,
+    pub(super) last_seen_ms: BTreeMap<NodeId, u64>,
+    pub(super) pieces: BTreeMap<TaskId, u64>,
+    pub(super) checkpoints: BTreeMap<u64, PendingCheckpoint>,
+    pub(super) stored: BTreeMap<u64, String>,
+    pub(super) stop_reason: Option<String>,
+    pub(super) executors: Option<Executors>,
+    pub(super) last_task_failure: Option<String>,
+    pub(super) role_sizes: Vec<u32>,
+    pub(super) rescale: Option<Rescale>,
+    pub(super) follows: Vec<Option<SourceFollow>>,
+    pub(super) added_files: Vec<PlannedFile>,
+    pub(super) added_splits: Vec<PlannedSplit>,
+    pub(super) restored: Option<RestoredAt>,
+}
+
+impl Master {
+    /// The latest time of the changes applied so far, journaled or replayed, on the AM's clock
+    /// (see [`crate::clock`]): an AM that takes the job over continues its clock from there.
+    pub fn latest_ms(&self) -> u64 {
+        self.latest_ms
+    }
+
+    /// Applies a journal entry during recovery; commands it would send are dropped, since the
+    /// daemons they were meant for ask again.
+    pub fn replay(&mut self, entry: Entry) -> Result<()> {
+        match entry {
+            Entry::Event(event) => {
+                // The event's commands (assignments, stops, fences) stay out of the outbox: a
+                // daemon holds what it was assigned, and [`Master::resume_commands`] asks again
+                // for the stops still due.
+                let outbox = std::mem::take(&mut self.outbox);
+                self.apply_event(None, event);
+                self.outbox = outbox;
+            }
+            Entry::RankCommitted {
+                step,
+                rank,
+                world_size,
+                epoch,
+                positions,
+            } => {
+                self.record_rank(step, rank, world_size, epoch, positions)?;
+            }
+            Entry::CheckpointStored { step, token } => {
+                self.checkpoints.remove(&step);
+                self.stored.insert(step, token);
+            }
+            Entry::Restored {
+                token,
+                position,
+                now_ms,
+            } => self.apply_restore(token, position, now_ms)?,
+            Entry::RoleScaled { role, num } => {
+                let index = self
+                    .spec
+                    .roles
+                    .iter()
+                    .position(|found| found.name == role)
+                    .ok_or_else(|| {
+                        AmError::FailedPrecondition(format!(
+                            "the journal scales role {role:?}, which the job spec does not have; start the AM with the spec the job was run with"
+                        ))
+                    })?;
+                self.apply_scale(index, num);
+            }
+            Entry::StopRequested { reason } => self.stop_reason = Some(reason),
+            Entry::SplitsAdded {
+                source,
+                version,
+                files,
+                splits,
+            } => self.apply_added(source, version, files, splits),
+            Entry::FollowEnded { source, reason } => self.apply_follow_ended(source, reason),
+            Entry::ExecutorLaunched { id } => {
+                self.executor_launched(id);
+            }
+            Entry::ExecutorExited { id, exit } => {
+                self.executor_exited(id, exit);
+            }
+        }
+        Ok(())
+    }
+
+    /// The state to write as a snapshot: replaying the entries journaled after it over
+    /// [`Master::restore_snapshot`] gives the state this master will then have.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            position: self.table.position(),
+            last_seen_ms: self
+                .table
+                .nodes()
+                .map(|(node, view)| (node, view.last_seen_ms))
+                .collect(),
+            pieces: self.origins.pieces.clone(),
+            checkpoints: self.checkpoints.clone(),
+            stored: self.stored.clone(),
+            stop_reason: self.stop_reason.clone(),
+            executors: self.executors.clone(),
+            last_task_failure: self.last_task_failure.clone(),
+            role_sizes: self.role_sizes.clone(),
+            rescale: self.rescale.clone(),
+            follows: self.follows.clone(),
+            added_files: self.added_files.clone(),
+            added_splits: self.added_splits.clone(),
+            restored: self.restored.clone(),
+        }
+    }
+
+    /// Replaces this master's state with a snapshot of the same job.
+    pub fn restore_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
+        let planned_splits = self.plan.splits.len() - self.added_splits.len();
+        let plan = Arc::make_mut(&mut self.plan);
+        plan.files
+            .truncate(plan.files.len() - self.added_files.len());
+        plan.splits.truncate(planned_splits);
+        let first_file = plan.files.len() as u32;
+        plan.files.extend_from_slice(&snapshot.added_files);
+        plan.splits
+            .extend(snapshot.added_splits.iter().map(|split| PlannedSplit {
+                file: first_file + split.file,
+                ..*split
+            }));
+        self.added_files = snapshot.added_files;
+        self.added_splits = snapshot.added_splits;
+        self.follows = snapshot.follows;
+        let mut table = JobState::restore(
+            self.config,
+            self.plan.split_rows(),
+            snapshot.position,
+            RestoreMode::Resume { now_ms: 0 },
+        )?;
+        table.restore_last_seen(&snapshot.last_seen_ms);
+        let latest_seen_ms = snapshot.last_seen_ms.values().copied().max();
+        self.latest_ms = self.latest_ms.max(latest_seen_ms.unwrap_or(0));
+        self.table = table;
+        self.origins.pieces = snapshot.pieces;
+        self.origins.place_added(&self.table, planned_splits);
+        self.checkpoints = snapshot.checkpoints;
+        self.stored = snapshot.stored;
+        self.stop_reason = snapshot.stop_reason;
+        self.last_task_failure = snapshot.last_task_failure;
+        if snapshot.executors.is_some() {
+            self.executors = snapshot.executors;
+        }
+        if snapshot.role_sizes.len() == self.role_sizes.len() {
+            self.role_sizes = snapshot.role_sizes;
+        }
+        self.rescale = snapshot.rescale;
+        self.restored = snapshot.restored;
+        Ok(())
+    }
+
+    /// Queues again the commands the table implies after a recovery: a stop request for every
+    /// task whose stop is not yet acknowledged.
+    ///
+    /// Reads only the tasks in flight: copying the whole table into a position here would make a
+    /// new AM of a ten-million-task job hold it twice while it takes the job over.
+    pub fn resume_commands(&mut self) {
+        let mut stops: Vec<(TaskId, NodeId, u64)> = self
+            .table
+            .tasks_in_flight()
+            .filter_map(|flight| Some((flight.task, flight.node, flight.stop_at?)))
+            .collect();
+        stops.sort_unstable();
+        for (task, node, row) in stops {
+            self.outbox
+                .entry(node)
+                .or_default()
+                .push(convert::stop_command(task, row));
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! What the master shows of the job: the status that `sluice status`, the status page and the
+//! progress line read, and the task table's view. Reads only.
+
+use super::{Master, convert};
+use crate::launcher::{ExecutorId, ExecutorState, Executors};
+use sluice_proto::v1;
+
+impl Master {
+    /// The job's status, for `sluice status` and the status page.
+    pub fn status(&self, now_ms: u64) -> v1::StatusReply {
+        let counts = self.table.task_counts();
+        let nodes = self
+            .table
+            .nodes()
+            .map(|(node, view)| {
+                let info = self.nodes.get(&node).cloned().unwrap_or_default();
+                v1::NodeStatus {
+                    node_id: node.0,
+                    hostname: info.hostname,
+                    state: convert::node_state(view.status) as i32,
+                    since_last_heartbeat_ms: now_ms.saturating_sub(info.last_heard_ms),
+                    tasks_held: view.tasks_held,
+                    task_failures: view.failures,
+                    stages: info.stages,
+                    rings: info.rings,
+                }
+            })
+            .collect();
+        let failure_reason = self.failure_reason();
+        v1::StatusReply {
+            job_id: self.spec.name.clone(),
+            state: self.job_state() as i32,
+            failure_reason,
+            epoch: self.table.epoch(),
+            epochs: self.spec.data.epochs,
+            roles: self.role_statuses(),
+            nodes,
+            trainers: self.trainer_statuses(),
+            tasks: Some(v1::TaskCounts {
+                pending: counts.pending,
+                in_flight: counts.in_flight,
+                done: counts.done,
+                failed: counts.failed,
+                rows_total: self.table.epoch_rows(),
+                rows_consumed: self.table.done_rows(),
+                rows_failed: self.table.failed_rows(),
+            }),
+            rows_per_second: self.throughput.rows_per_second(),
+            scaling: self.rescale.is_some(),
+            sources: self.source_statuses(),
+        }
+    }
+
+    pub(super) fn source_statuses(&self) -> Vec<v1::SourceStatus> {
+        self.spec
+            .data
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(index, source)| {
+                let follow = self.follows.get(index).and_then(Option::as_ref);
+                v1::SourceStatus {
+                    uri: source.uri.clone(),
+                    followed: follow.is_some(),
+                    following: follow.is_some_and(|follow| follow.following),
+                    planned_version: follow.and_then(|follow| follow.version).or(self
+                        .plan
+                        .versions
+                        .get(index)
+                        .copied()
+                        .flatten()),
+                    planned_files: self
+                        .plan
+                        .files
+                        .iter()
+                        .filter(|file| file.source as usize == index)
+                        .count() as u64,
+                    follow_ended: follow.and_then(|follow| follow.ended.clone()),
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn role_statuses(&self) -> Vec<v1::RoleStatus> {
+        self.spec
+            .roles
+            .iter()
+            .zip(&self.role_sizes)
+            .map(|(role, size)| {
+                let mut status = v1::RoleStatus {
+                    name: role.name.clone(),
+                    num: *size,
+                    ..v1::RoleStatus::default()
+                };
+                let records = self.executors.iter().flat_map(Executors::records);
+                for (id, record) in records {
+                    if matches!(id, ExecutorId::Trainer { role: name, .. } if *name == role.name) {
+                        status.running += u32::from(record.state == ExecutorState::Running);
+                        status.succeeded += u32::from(record.state == ExecutorState::Succeeded);
+                        status.failures += record.failures;
+                    }
+                }
+                status
+            })
+            .collect()
+    }
+
+    pub(super) fn trainer_statuses(&self) -> Vec<v1::TrainerStatus> {
+        let nodes = u64::from(self.spec.nodes.max(1));
+        let world = u64::from(self.world_size().max(1));
+        self.executors
+            .iter()
+            .flat_map(Executors::records)
+            .filter_map(|(id, record)| match id {
+                ExecutorId::Trainer { role, rank } => Some(v1::TrainerStatus {
+                    role: role.clone(),
+                    rank: *rank,
+                    node_id: u64::from(*rank) * nodes / world,
+                    state: match record.state {
+                        ExecutorState::Pending => v1::TrainerState::Pending,
+                        ExecutorState::Running => v1::TrainerState::Running,
+                        ExecutorState::Succeeded => v1::TrainerState::Succeeded,
+                        ExecutorState::Failed => v1::TrainerState::Failed,
+                    } as i32,
+                    exit_code: record.exit_code,
+                    restarts: record.restarts,
+                }),
+                ExecutorId::Daemon(_) => None,
+            })
+            .collect()
+    }
+
+    /// The current epoch's task table for the status page: the tasks in flight, in task order,
+    /// with their progress, and the count of tasks in each state.
+    pub fn task_table(&self) -> crate::status::TaskTable {
+        use crate::status::{InFlightTask, TaskStateCounts, TaskTable};
+        let counts = self.table.task_counts();
+        let mut in_flight: Vec<InFlightTask> = self
+            .table
+            .tasks_in_flight()
+            .map(|flight| {
+                let span = flight.span;
+                let split = self.plan.splits[span.split as usize];
+                InFlightTask {
+                    task_id: flight.task.0,
+                    node_id: flight.node.0,
+                    uri: self.plan.files[split.file as usize].uri.clone(),
+                    first_row: split.first_row + span.start,
+                    rows: span.end - span.start,
+                    enqueued: flight.enqueued,
+                    consumed: flight.consumed,
+                }
+            })
+            .collect();
+        in_flight.sort_unstable_by_key(|task| task.task_id);
+        TaskTable {
+            epoch: self.table.epoch(),
+            counts: TaskStateCounts {
+                pending: counts.pending,
+                in_flight: counts.in_flight,
+                done: counts.done,
+                failed: counts.failed,
+            },
+            in_flight,
+        }
+    }
+}
