@@ -8,7 +8,7 @@ use crate::checkpoint_store::CheckpointStore;
 use crate::error::{AmError, Result};
 use crate::http::checkpoints;
 use crate::journal::{self, JournalConfig};
-use crate::launcher::Launcher;
+use crate::launcher::{ExecutorEvent, Launcher};
 use crate::master::Master;
 use crate::persist::Persist;
 use crate::plan::JobPlan;
@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 
@@ -59,7 +60,8 @@ pub struct AmServer {
     listener: TcpListener,
     token: Option<String>,
     tick_interval: Duration,
-    executors: Option<ExecutorLauncher>,
+    /// The launcher, and the stream of its executors' events.
+    executors: Option<(ExecutorLauncher, mpsc::UnboundedReceiver<ExecutorEvent>)>,
 }
 
 /// The state a job ended in, as the AM saw it.
@@ -164,6 +166,18 @@ impl AmServer {
             am_address: reachable(bound).to_string(),
             token: options.token.clone(),
         });
+        let executors = match executors {
+            Some(executors) => {
+                let events = executors.launcher.events().ok_or_else(|| {
+                    AmError::FailedPrecondition(
+                        "the launcher's executor events were already taken by another AM in this process; give each AM a launcher of its own".to_owned(),
+                    )
+                })?;
+                am.adopt_executors(&executors);
+                Some((executors, events))
+            }
+            None => None,
+        };
         Ok(AmServer {
             am,
             listener,
@@ -198,19 +212,37 @@ impl AmServer {
             source,
         })?;
         let tick_interval = self.tick_interval;
-        let executors = self.executors.clone();
+        let (executors, mut events) = self.executors.unzip();
+        let launcher = executors.clone();
         let finished = async move {
             let mut ticker = tokio::time::interval(tick_interval);
             loop {
-                ticker.tick().await;
+                // An executor's end is acted on at once; the rest waits for the next tick.
+                let mut ended = Vec::new();
+                match &mut events {
+                    Some(events) => tokio::select! {
+                        _ = ticker.tick() => {}
+                        Some(event) = events.recv() => ended.push(event),
+                    },
+                    None => {
+                        ticker.tick().await;
+                    }
+                }
+                if let Some(events) = &mut events {
+                    while let Ok(event) = events.try_recv() {
+                        ended.push(event);
+                    }
+                }
                 if let Err(error) = am.tick().await {
                     tracing::error!(%error, "journaling a tick failed");
                 }
-                if let Some(executors) = &executors {
+                if let Some(executors) = &launcher {
                     let supervising = am.clone();
                     let launcher = executors.clone();
-                    let durable =
-                        tokio::task::spawn_blocking(move || supervising.supervise(&launcher)).await;
+                    let durable = tokio::task::spawn_blocking(move || {
+                        supervising.supervise(&launcher, ended)
+                    })
+                    .await;
                     match durable {
                         Ok(durable) => {
                             if let Err(error) = durable.await {
@@ -251,7 +283,7 @@ impl AmServer {
                 address: address.to_string(),
                 source: std::io::Error::other(error),
             })?;
-        if let Some(executors) = &self.executors {
+        if let Some(executors) = &executors {
             let am = self.am.clone();
             let executors = executors.clone();
             let _ = tokio::task::spawn_blocking(move || am.kill_executors(&executors)).await;

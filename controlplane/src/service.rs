@@ -11,7 +11,7 @@ use crate::checkpoint_store::CheckpointStore;
 use crate::clock::{AmClock, Clock, SystemClock};
 use crate::error::AmError;
 use crate::launcher::{
-    ExecutorId, ExecutorState, Exit, LaunchAction, LaunchSpec, Launcher, Observation,
+    ExecutorEvent, ExecutorId, ExecutorState, Exit, LaunchAction, LaunchSpec, Launcher,
 };
 use crate::master::{Applied, CommitOutcome, Master};
 use crate::persist::{Durable, Persist};
@@ -166,18 +166,21 @@ impl Am {
         self.master().finished()
     }
 
-    /// Follows the executors: records the ones that ended, stops the trainers a scale retired,
-    /// launches the ones the failover rules want running, and kills the trainers that still run
-    /// once the job is over. Blocks on process and file operations, so it runs on a blocking thread.
-    pub fn supervise(&self, executors: &ExecutorLauncher) -> Durable {
+    /// Has the launcher follow the executors the journal says run: those an earlier AM of the job
+    /// launched, which this AM takes over. Their ends then come as events like the others'.
+    pub fn adopt_executors(&self, executors: &ExecutorLauncher) {
+        for id in self.running_executors(|_| true) {
+            executors.launcher.adopt(&id);
+        }
+    }
+
+    /// Follows the executors: records the ones that `ended` (the launcher's events since the last
+    /// call), stops the trainers a scale retired, launches the ones the failover rules want
+    /// running, and kills the trainers that still run once the job is over. Blocks on process and
+    /// file operations, so it runs on a blocking thread.
+    pub fn supervise(&self, executors: &ExecutorLauncher, ended: Vec<ExecutorEvent>) -> Durable {
         let mut durables = Vec::new();
-        let running = self.running_executors(|_| true);
-        for id in running {
-            let exit = match executors.launcher.observe(&id) {
-                Observation::Running => continue,
-                Observation::Exited(exit) => exit,
-                Observation::Unknown => Exit::Killed,
-            };
+        for ExecutorEvent::Exited { id, exit } in ended {
             tracing::info!(executor = %id, ?exit, "executor ended");
             self.stopping().remove(&id);
             durables.push(self.record_change(|master| master.executor_exited(id, exit)));
@@ -561,18 +564,40 @@ mod tests {
     use super::*;
     use crate::checkpoint_store::CheckpointStore;
     use crate::clock::simulated::SimulatedClock;
+    use crate::launcher::EventChannel;
     use crate::plan::JobPlan;
     use crate::spec::{Format, JobSpec};
-    use std::collections::BTreeMap;
+    use tokio::sync::mpsc;
 
     /// A launcher whose executors end when the test says so.
     #[derive(Debug, Default)]
     struct ScriptedLauncher {
         refused: Mutex<Vec<ExecutorId>>,
         launched: Mutex<Vec<LaunchSpec>>,
-        exits: Mutex<BTreeMap<ExecutorId, Exit>>,
+        adopted: Mutex<Vec<ExecutorId>>,
         killed: Mutex<Vec<ExecutorId>>,
         terminated: Mutex<Vec<ExecutorId>>,
+        events: EventChannel,
+    }
+
+    impl ScriptedLauncher {
+        /// Executor `id` ends with `exit`.
+        fn end(&self, id: ExecutorId, exit: Exit) {
+            self.events.send(ExecutorEvent::Exited { id, exit });
+        }
+    }
+
+    /// One pass of the AM's supervision with the launcher's events so far, as its loop runs it.
+    async fn supervise(
+        sut: &Am,
+        executors: &ExecutorLauncher,
+        events: &mut mpsc::UnboundedReceiver<ExecutorEvent>,
+    ) {
+        let mut ended = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            ended.push(event);
+        }
+        sut.supervise(executors, ended).await.expect("durable");
     }
 
     impl Launcher for ScriptedLauncher {
@@ -583,16 +608,12 @@ mod tests {
                     spec.id
                 )));
             }
-            self.exits.lock().expect("lock").remove(&spec.id);
             self.launched.lock().expect("lock").push(spec.clone());
             Ok(())
         }
 
-        fn observe(&self, id: &ExecutorId) -> Observation {
-            match self.exits.lock().expect("lock").get(id) {
-                Some(exit) => Observation::Exited(*exit),
-                None => Observation::Running,
-            }
+        fn adopt(&self, id: &ExecutorId) {
+            self.adopted.lock().expect("lock").push(id.clone());
         }
 
         fn terminate(&self, id: &ExecutorId) {
@@ -601,10 +622,11 @@ mod tests {
 
         fn kill(&self, id: &ExecutorId) {
             self.killed.lock().expect("lock").push(id.clone());
-            self.exits
-                .lock()
-                .expect("lock")
-                .insert(id.clone(), Exit::Killed);
+            self.end(id.clone(), Exit::Killed);
+        }
+
+        fn events(&self) -> Option<mpsc::UnboundedReceiver<ExecutorEvent>> {
+            self.events.take()
         }
     }
 
@@ -689,7 +711,8 @@ failover: { max_failures: 1 }
     async fn executors_are_launched_with_their_commands_and_environment() {
         let sut = am();
         let scripted = Arc::new(ScriptedLauncher::default());
-        sut.supervise(&launcher(&scripted)).await.expect("durable");
+        let mut events = scripted.events.take().expect("events");
+        supervise(&sut, &launcher(&scripted), &mut events).await;
         let launched = scripted.launched.lock().expect("lock").clone();
         assert_eq!(launched.len(), 3);
         let daemon = &launched[0];
@@ -728,13 +751,10 @@ failover: { max_failures: 1 }
         let sut = am();
         let scripted = Arc::new(ScriptedLauncher::default());
         let executors = launcher(&scripted);
-        sut.supervise(&executors).await.expect("durable");
-        scripted
-            .exits
-            .lock()
-            .expect("lock")
-            .insert(trainer(0), Exit::Code(5));
-        sut.supervise(&executors).await.expect("durable");
+        let mut events = scripted.events.take().expect("events");
+        supervise(&sut, &executors, &mut events).await;
+        scripted.end(trainer(0), Exit::Code(5));
+        supervise(&sut, &executors, &mut events).await;
         assert_eq!(
             scripted.launched.lock().expect("lock").len(),
             4,
@@ -744,13 +764,9 @@ failover: { max_failures: 1 }
         assert_eq!(status.trainers[0].restarts, 1);
         assert_eq!(status.trainers[0].exit_code, Some(5));
         for rank in [0, 1] {
-            scripted
-                .exits
-                .lock()
-                .expect("lock")
-                .insert(trainer(rank), Exit::Code(0));
+            scripted.end(trainer(rank), Exit::Code(0));
         }
-        sut.supervise(&executors).await.expect("durable");
+        supervise(&sut, &executors, &mut events).await;
         assert_eq!(sut.master().outcome(), Some(v1::JobState::Succeeded));
         assert!(
             sut.finished(),
@@ -765,18 +781,41 @@ failover: { max_failures: 1 }
     }
 
     #[tokio::test]
+    async fn an_am_taking_the_job_over_adopts_the_executors_that_still_run() {
+        let first = am();
+        let scripted = Arc::new(ScriptedLauncher::default());
+        let executors = launcher(&scripted);
+        let mut events = scripted.events.take().expect("events");
+        supervise(&first, &executors, &mut events).await;
+        scripted.end(trainer(0), Exit::Code(0));
+        supervise(&first, &executors, &mut events).await;
+
+        let mut master = master();
+        master.launch_executors();
+        master
+            .restore_snapshot(first.master().snapshot())
+            .expect("restore");
+        let second = Am::new(master, Persist::in_memory(), CheckpointStore::in_memory());
+        let adopting = Arc::new(ScriptedLauncher::default());
+        second.adopt_executors(&launcher(&adopting));
+        assert_eq!(
+            *adopting.adopted.lock().expect("lock"),
+            vec![ExecutorId::Daemon(0), trainer(1)],
+            "the trainer that succeeded is not followed again"
+        );
+        assert!(adopting.launched.lock().expect("lock").is_empty());
+    }
+
+    #[tokio::test]
     async fn a_trainer_past_max_failures_fails_the_job_and_the_others_are_stopped() {
         let sut = am();
         let scripted = Arc::new(ScriptedLauncher::default());
         let executors = launcher(&scripted);
-        sut.supervise(&executors).await.expect("durable");
+        let mut events = scripted.events.take().expect("events");
+        supervise(&sut, &executors, &mut events).await;
         for _ in 0..2 {
-            scripted
-                .exits
-                .lock()
-                .expect("lock")
-                .insert(trainer(0), Exit::Code(1));
-            sut.supervise(&executors).await.expect("durable");
+            scripted.end(trainer(0), Exit::Code(1));
+            supervise(&sut, &executors, &mut events).await;
         }
         assert_eq!(sut.master().outcome(), Some(v1::JobState::Failed));
         let reason = sut.master().failure_reason().expect("a reason");
@@ -984,13 +1023,10 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
         let scripted = Arc::new(ScriptedLauncher::default());
         scripted.refused.lock().expect("lock").push(trainer(1));
         let executors = launcher(&scripted);
-        sut.supervise(&executors).await.expect("durable");
-        scripted
-            .exits
-            .lock()
-            .expect("lock")
-            .insert(trainer(0), Exit::Code(4));
-        sut.supervise(&executors).await.expect("durable");
+        let mut events = scripted.events.take().expect("events");
+        supervise(&sut, &executors, &mut events).await;
+        scripted.end(trainer(0), Exit::Code(4));
+        supervise(&sut, &executors, &mut events).await;
 
         let (_, recovered) = open().await.expect("reopen the journal");
         let mut replayed = master();

@@ -1,11 +1,12 @@
-//! The local launcher over real processes: exit codes, kills, and a second launcher (a new AM)
-//! adopting executors the first one started.
+//! The local launcher over real processes: exit codes and kills as events, and a second launcher
+//! (a new AM) adopting executors the first one started.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use sluice_am::launcher::local::{LAUNCH_MARK, LocalLauncher};
-use sluice_am::launcher::{ExecutorId, Exit, LaunchSpec, Launcher, Observation};
+use sluice_am::launcher::local::{LAUNCH_MARK, LocalLauncher, WATCH_INTERVAL};
+use sluice_am::launcher::{ExecutorEvent, ExecutorId, Exit, LaunchSpec, Launcher};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 fn trainer(rank: u32) -> ExecutorId {
     ExecutorId::Trainer {
@@ -22,37 +23,42 @@ fn spec(id: ExecutorId, script: &str) -> LaunchSpec {
     }
 }
 
-/// Observes `id` until it is no longer running, failing after 10 s.
-fn wait_exit(launcher: &dyn Launcher, id: &ExecutorId) -> Observation {
+/// Waits for the next event, which must be the end of `id`, failing after 10 s.
+fn wait_exit(events: &mut UnboundedReceiver<ExecutorEvent>, id: &ExecutorId) -> Exit {
     let started = Instant::now();
     loop {
-        let observation = launcher.observe(id);
-        if observation != Observation::Running {
-            return observation;
+        if let Ok(ExecutorEvent::Exited { id: ended, exit }) = events.try_recv() {
+            assert_eq!(&ended, id, "the end of another executor came first");
+            return exit;
         }
         assert!(
             started.elapsed() < Duration::from_secs(10),
-            "{id} still runs after 10 s (deadlock watchdog)"
+            "no end of {id} after 10 s (deadlock watchdog)"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
-fn launcher(directory: &std::path::Path) -> LocalLauncher {
-    LocalLauncher::new(directory, env!("CARGO_BIN_EXE_sluice")).expect("launcher")
+fn launcher(directory: &std::path::Path) -> (LocalLauncher, UnboundedReceiver<ExecutorEvent>) {
+    let launcher = LocalLauncher::new(directory, env!("CARGO_BIN_EXE_sluice")).expect("launcher");
+    let events = launcher.events().expect("the events, taken once");
+    assert!(launcher.events().is_none(), "the events are taken once");
+    (launcher, events)
 }
 
 #[test]
 fn exit_codes_and_the_environment_reach_the_launcher() {
     let directory = tempfile::tempdir().expect("tempdir");
-    let sut = launcher(directory.path());
-    assert_eq!(sut.observe(&trainer(0)), Observation::Unknown);
+    let (sut, mut events) = launcher(directory.path());
+    sut.adopt(&trainer(4));
+    assert_eq!(
+        wait_exit(&mut events, &trainer(4)),
+        Exit::Killed,
+        "an executor this launcher cannot find is reported ended"
+    );
     sut.launch(&spec(trainer(0), "echo rank $SLUICE_RANK; exit 3"))
         .expect("launch");
-    assert_eq!(
-        wait_exit(&sut, &trainer(0)),
-        Observation::Exited(Exit::Code(3))
-    );
+    assert_eq!(wait_exit(&mut events, &trainer(0)), Exit::Code(3));
     let log = std::fs::read_to_string(sut.log_file(&trainer(0))).expect("log");
     let lines: Vec<&str> = log.lines().collect();
     assert!(
@@ -62,8 +68,8 @@ fn exit_codes_and_the_environment_reach_the_launcher() {
     sut.launch(&spec(trainer(0), "exit 0"))
         .expect("launch again");
     assert_eq!(
-        wait_exit(&sut, &trainer(0)),
-        Observation::Exited(Exit::Code(0)),
+        wait_exit(&mut events, &trainer(0)),
+        Exit::Code(0),
         "a relaunch forgets the previous exit"
     );
     let log = std::fs::read_to_string(sut.log_file(&trainer(0))).expect("log");
@@ -78,40 +84,36 @@ fn exit_codes_and_the_environment_reach_the_launcher() {
 #[test]
 fn a_new_launcher_adopts_running_executors_and_can_kill_them() {
     let directory = tempfile::tempdir().expect("tempdir");
-    let first = launcher(directory.path());
+    let (first, mut first_events) = launcher(directory.path());
     first.launch(&spec(trainer(1), "sleep 60")).expect("launch");
     let started = Instant::now();
     while !directory.path().join("trainer-worker-1.pid").exists() {
         assert!(started.elapsed() < Duration::from_secs(10), "no pid file");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let second = launcher(directory.path());
-    assert_eq!(second.observe(&trainer(1)), Observation::Running);
+    let (second, mut second_events) = launcher(directory.path());
+    second.adopt(&trainer(1));
+    std::thread::sleep(WATCH_INTERVAL * 5);
+    assert!(
+        second_events.try_recv().is_err(),
+        "an adopted executor that runs is not reported ended"
+    );
     second.kill(&trainer(1));
-    assert_eq!(
-        wait_exit(&second, &trainer(1)),
-        Observation::Exited(Exit::Killed)
-    );
-    assert_eq!(
-        wait_exit(&first, &trainer(1)),
-        Observation::Exited(Exit::Killed)
-    );
+    assert_eq!(wait_exit(&mut second_events, &trainer(1)), Exit::Killed);
+    assert_eq!(wait_exit(&mut first_events, &trainer(1)), Exit::Killed);
 }
 
 #[test]
 fn a_missing_program_is_exit_code_127_with_a_message() {
     let directory = tempfile::tempdir().expect("tempdir");
-    let sut = launcher(directory.path());
+    let (sut, mut events) = launcher(directory.path());
     sut.launch(&LaunchSpec {
         id: trainer(2),
         command: vec!["/nonexistent/trainer".into()],
         env: BTreeMap::new(),
     })
     .expect("the shim starts");
-    assert_eq!(
-        wait_exit(&sut, &trainer(2)),
-        Observation::Exited(Exit::Code(127))
-    );
+    assert_eq!(wait_exit(&mut events, &trainer(2)), Exit::Code(127));
     let log = std::fs::read_to_string(sut.log_file(&trainer(2))).expect("log");
     assert!(log.contains("cannot start /nonexistent/trainer"), "{log}");
 }

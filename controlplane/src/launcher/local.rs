@@ -10,26 +10,61 @@
 //! to `<state>/<executor>.log`, appended by every launch after a line of its own.
 //! [`Launcher::terminate`] sends SIGTERM to the group: `sluice shim` outlives it and records how its
 //! command ended, so a command that handles SIGTERM ends in its own time.
+//!
+//! A watcher thread looks at the executors launched or adopted every [`WATCH_INTERVAL`] and sends
+//! one [`ExecutorEvent::Exited`] for each that ended. It holds the launcher weakly and ends with
+//! it.
 
-use super::{ExecutorId, Exit, LaunchSpec, Launcher, Observation};
+use super::{EventChannel, ExecutorEvent, ExecutorId, Exit, LaunchSpec, Launcher};
 use crate::error::{AmError, Result};
 use sluice_process::ProcessId;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+use tokio::sync::mpsc;
 
 /// The start of the line a launch writes to its executor's log before the executor's own output.
 pub const LAUNCH_MARK: &str = "==> sluice: launching ";
 
+/// How often the watcher looks at the executors it follows.
+pub const WATCH_INTERVAL: Duration = Duration::from_millis(50);
+
 /// Runs executors as local processes under `sluice shim`.
 #[derive(Debug)]
 pub struct LocalLauncher {
+    local: Arc<Local>,
+}
+
+/// What the launcher and its watcher share.
+#[derive(Debug)]
+struct Local {
     state_dir: PathBuf,
     shim: PathBuf,
     children: Mutex<BTreeMap<ExecutorId, Child>>,
+    /// The executors launched or adopted whose end is not yet told.
+    followed: Mutex<BTreeSet<ExecutorId>>,
+    events: EventChannel,
+}
+
+/// What the watcher sees of an executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Observation {
+    /// No process of it ever ran here, as far as the state directory tells.
+    Unknown,
+    /// It runs.
+    Running,
+    /// It ended.
+    Exited(Exit),
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl LocalLauncher {
@@ -43,21 +78,60 @@ impl LocalLauncher {
                 state_dir.display()
             ))
         })?;
-        Ok(LocalLauncher {
+        let local = Arc::new(Local {
             state_dir,
             shim: shim.into(),
             children: Mutex::new(BTreeMap::new()),
-        })
-    }
-
-    fn file(&self, id: &ExecutorId, extension: &str) -> PathBuf {
-        self.state_dir.join(format!("{id}.{extension}"))
+            followed: Mutex::new(BTreeSet::new()),
+            events: EventChannel::default(),
+        });
+        let watched = Arc::downgrade(&local);
+        std::thread::Builder::new()
+            .name("sluice-executors".to_owned())
+            .spawn(move || watch(&watched))
+            .map_err(|error| {
+                AmError::FailedPrecondition(format!(
+                    "cannot start the thread that follows the executors: {error}"
+                ))
+            })?;
+        Ok(LocalLauncher { local })
     }
 
     /// The executor's output file: the output of every launch of it, each after a line that starts
     /// with [`LAUNCH_MARK`].
     pub fn log_file(&self, id: &ExecutorId) -> PathBuf {
-        self.file(id, "log")
+        self.local.file(id, "log")
+    }
+}
+
+/// Looks at the followed executors until the launcher is dropped.
+fn watch(local: &Weak<Local>) {
+    loop {
+        std::thread::sleep(WATCH_INTERVAL);
+        let Some(local) = local.upgrade() else {
+            return;
+        };
+        local.look();
+    }
+}
+
+impl Local {
+    /// Tells the end of every followed executor that ended.
+    fn look(&self) {
+        let followed: Vec<ExecutorId> = lock(&self.followed).iter().cloned().collect();
+        for id in followed {
+            let exit = match self.observe(&id) {
+                Observation::Running => continue,
+                Observation::Exited(exit) => exit,
+                Observation::Unknown => Exit::Killed,
+            };
+            lock(&self.followed).remove(&id);
+            self.events.send(ExecutorEvent::Exited { id, exit });
+        }
+    }
+
+    fn file(&self, id: &ExecutorId, extension: &str) -> PathBuf {
+        self.state_dir.join(format!("{id}.{extension}"))
     }
 
     fn shim_process(&self, id: &ExecutorId) -> Option<ProcessId> {
@@ -71,10 +145,7 @@ impl LocalLauncher {
 
     /// Reaps a shim this AM started once it has exited, so it leaves no zombie.
     fn reap(&self, id: &ExecutorId) -> bool {
-        let mut children = self
-            .children
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut children = lock(&self.children);
         match children.get_mut(id).map(Child::try_wait) {
             Some(Ok(Some(_)) | Err(_)) => {
                 children.remove(id);
@@ -84,9 +155,7 @@ impl LocalLauncher {
             None => true,
         }
     }
-}
 
-impl Launcher for LocalLauncher {
     fn launch(&self, spec: &LaunchSpec) -> Result<()> {
         let exit_file = self.file(&spec.id, "exit");
         let pid_file = self.file(&spec.id, "pid");
@@ -115,7 +184,7 @@ impl Launcher for LocalLauncher {
         let mut log = std::fs::File::options()
             .create(true)
             .append(true)
-            .open(self.log_file(&spec.id))
+            .open(self.file(&spec.id, "log"))
             .map_err(log_error)?;
         let since_epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -151,10 +220,8 @@ impl Launcher for LocalLauncher {
                 self.shim.display()
             ))
         })?;
-        self.children
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(spec.id.clone(), child);
+        lock(&self.children).insert(spec.id.clone(), child);
+        lock(&self.followed).insert(spec.id.clone());
         tracing::info!(executor = %spec.id, command = ?spec.command, "executor launched");
         Ok(())
     }
@@ -177,17 +244,6 @@ impl Launcher for LocalLauncher {
         }
     }
 
-    fn terminate(&self, id: &ExecutorId) {
-        self.signal(id, libc::SIGTERM);
-    }
-
-    fn kill(&self, id: &ExecutorId) {
-        self.signal(id, libc::SIGKILL);
-        self.reap(id);
-    }
-}
-
-impl LocalLauncher {
     /// Sends `signal` to the process group of a live executor's shim.
     fn signal(&self, id: &ExecutorId, signal: libc::c_int) {
         if let Some(shim) = self.shim_process(id)
@@ -198,6 +254,29 @@ impl LocalLauncher {
                 tracing::warn!(executor = %id, signal, %error, "signalling the executor failed");
             }
         }
+    }
+}
+
+impl Launcher for LocalLauncher {
+    fn launch(&self, spec: &LaunchSpec) -> Result<()> {
+        self.local.launch(spec)
+    }
+
+    fn adopt(&self, id: &ExecutorId) {
+        lock(&self.local.followed).insert(id.clone());
+    }
+
+    fn terminate(&self, id: &ExecutorId) {
+        self.local.signal(id, libc::SIGTERM);
+    }
+
+    fn kill(&self, id: &ExecutorId) {
+        self.local.signal(id, libc::SIGKILL);
+        self.local.reap(id);
+    }
+
+    fn events(&self) -> Option<mpsc::UnboundedReceiver<ExecutorEvent>> {
+        self.local.events.take()
     }
 }
 

@@ -1,9 +1,10 @@
 //! Launching the job's executors (node daemons and trainers) and following them.
 //!
-//! A [`Launcher`] starts processes and tells how they ended; [`supervise`] decides, as pure
-//! functions, what to launch again under the job's failover rules. [`local`] runs executors as
-//! processes on this machine, each under a small supervisor (`sluice shim`) in its own session, so
-//! they outlive an AM that is killed, and a new AM of the same job adopts them.
+//! A [`Launcher`] starts processes and tells, as a stream of [`ExecutorEvent`]s, how they ended;
+//! [`supervise`] decides, as pure functions, what to launch again under the job's failover rules.
+//! [`local`] runs executors as processes on this machine, each under a small supervisor (`sluice
+//! shim`) in its own session, so they outlive an AM that is killed, and a new AM of the same job
+//! adopts them.
 
 pub mod local;
 pub mod supervise;
@@ -12,6 +13,8 @@ use crate::error::Result;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Mutex;
+use tokio::sync::mpsc;
 
 pub use supervise::{ExecutorRecord, ExecutorState, Executors, Exit, LaunchAction};
 
@@ -49,26 +52,68 @@ pub struct LaunchSpec {
     pub env: BTreeMap<String, String>,
 }
 
-/// What a launcher sees of an executor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Observation {
-    /// The launcher never started it, or forgot it.
-    Unknown,
-    /// It runs.
-    Running,
-    /// It ended.
-    Exited(Exit),
+/// What a launcher saw happen to an executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecutorEvent {
+    /// The executor ended. Every executor launched or adopted ends with exactly one such event.
+    Exited {
+        /// The executor.
+        id: ExecutorId,
+        /// How it ended; an executor the launcher knows nothing of counts as killed.
+        exit: Exit,
+    },
 }
 
-/// Starts executors and tells how they are doing.
+/// The stream of a launcher's [`ExecutorEvent`]s: the launcher sends, and the AM that supervises
+/// the executors takes the receiving end once.
+#[derive(Debug)]
+pub struct EventChannel {
+    sender: mpsc::UnboundedSender<ExecutorEvent>,
+    receiver: Mutex<Option<mpsc::UnboundedReceiver<ExecutorEvent>>>,
+}
+
+impl Default for EventChannel {
+    fn default() -> EventChannel {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        EventChannel {
+            sender,
+            receiver: Mutex::new(Some(receiver)),
+        }
+    }
+}
+
+impl EventChannel {
+    /// Sends an event; it is kept until the AM takes it.
+    pub fn send(&self, event: ExecutorEvent) {
+        // The receiver lives as long as the channel unless the AM dropped it, when no one is left
+        // to tell.
+        let _ = self.sender.send(event);
+    }
+
+    /// The receiving end, the first time only.
+    pub fn take(&self) -> Option<mpsc::UnboundedReceiver<ExecutorEvent>> {
+        self.receiver
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+    }
+}
+
+/// Starts executors, stops them, and tells as events how they end: the AM never asks a launcher
+/// how an executor is doing, so that a launcher backed by a cluster's own watch (Slurm's steps,
+/// Kubernetes' pods) plugs in as it is.
 pub trait Launcher: Send + Sync + fmt::Debug {
-    /// Starts an executor; an earlier process of the same executor must have ended.
+    /// Starts an executor; an earlier process of the same executor must have ended. Its end comes
+    /// as an [`ExecutorEvent::Exited`].
     fn launch(&self, spec: &LaunchSpec) -> Result<()>;
-    /// Tells how an executor is doing.
-    fn observe(&self, id: &ExecutorId) -> Observation;
+    /// Follows an executor that an earlier AM of the job launched and the journal says runs, so
+    /// that its end comes as an event too; one the launcher cannot find is reported ended at once.
+    fn adopt(&self, id: &ExecutorId);
     /// Asks an executor to end (SIGTERM to it and everything it started): it may finish what it
     /// is doing first; [`Launcher::kill`] ends it for good.
     fn terminate(&self, id: &ExecutorId);
     /// Stops an executor and everything it started.
     fn kill(&self, id: &ExecutorId);
+    /// The executors' events, to the first caller only.
+    fn events(&self) -> Option<mpsc::UnboundedReceiver<ExecutorEvent>>;
 }
