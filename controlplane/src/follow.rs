@@ -98,6 +98,7 @@ async fn follow_source(am: Arc<Am>, spec: Arc<JobSpec>, source: u32) {
         };
         let interval = Duration::from_millis(target.spec.interval_ms);
         let result = follower.poll(target).await;
+        follower.am.master().source_polled(source);
         match result {
             Ok(()) => failed_polls = 0,
             Err(PollError::Retry(reason)) => {

@@ -83,6 +83,7 @@ pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
             "planned_version": source.planned_version,
             "planned_files": source.planned_files,
             "follow_ended": source.follow_ended,
+            "polls": source.polls,
         })).collect::<Vec<_>>(),
     })
 }

@@ -280,9 +280,18 @@ checkpoint: {{ uri: "file://{}" }}
     let am = common::AmProcess::start(&spec, "127.0.0.1:0", &[]);
     let after = common::status_json(&am.address);
     assert_eq!(after["tasks"], before["tasks"], "the same task table");
-    assert_eq!(after["sources"], before["sources"]);
-    // Several polls later, the file is still planned once.
-    std::thread::sleep(Duration::from_millis(500));
+    let polls = |status: &serde_json::Value| status["sources"][0]["polls"].as_u64().expect("polls");
+    let mut sources = after["sources"].clone();
+    sources[0]["polls"] = before["sources"][0]["polls"].clone();
+    assert_eq!(
+        sources, before["sources"],
+        "the same sources, but for this AM's polls"
+    );
+    // Three polls of this AM later, the file is still planned once.
+    let first = polls(&after);
+    wait_for(&am.address, "three more polls of the source", |status| {
+        polls(status) >= first + 3
+    });
     let later = common::status_json(&am.address);
     assert_eq!(later["tasks"], before["tasks"], "{later}");
     assert_eq!(later["sources"][0]["planned_files"], 5);

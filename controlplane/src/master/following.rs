@@ -72,6 +72,15 @@ impl Master {
         })
     }
 
+    /// The follower finished a poll of source `source`, whatever it found.
+    pub fn source_polled(&mut self, source: u32) {
+        let index = source as usize;
+        if self.polls.len() <= index {
+            self.polls.resize(index + 1, 0);
+        }
+        self.polls[index] += 1;
+    }
+
     /// Where following each source stands, `None` for a source not followed.
     pub fn follows(&self) -> &[Option<SourceFollow>] {
         &self.follows

@@ -219,6 +219,8 @@ pub struct Master {
     executors: Option<Executors>,
     /// Where following each source stands; `None` for a source not followed.
     follows: Vec<Option<SourceFollow>>,
+    /// Polls of each source this AM finished: a statistic, not journaled.
+    polls: Vec<u64>,
     /// The files and splits followed sources added after the stored plan, as journaled.
     added_files: Vec<PlannedFile>,
     added_splits: Vec<PlannedSplit>,
@@ -281,6 +283,7 @@ impl Master {
             role_sizes,
             rescale: None,
             follows,
+            polls: Vec::new(),
             added_files: Vec::new(),
             added_splits: Vec::new(),
             restored: None,

@@ -76,6 +76,7 @@ impl Master {
                         .filter(|file| file.source as usize == index)
                         .count() as u64,
                     follow_ended: follow.and_then(|follow| follow.ended.clone()),
+                    polls: self.polls.get(index).copied().unwrap_or(0),
                 }
             })
             .collect()
