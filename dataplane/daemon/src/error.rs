@@ -1,4 +1,5 @@
-//! Why the daemon stops: one error type for the crate, each message naming the thing and the fix.
+//! Why the daemon stops ([`DaemonError`]) and why it fails a task ([`FeedError`]), each message
+//! naming the thing and the fix.
 //!
 //! The errors a variant wraps are written into its message and are not its [`source`], so that a
 //! caller printing the whole chain (`{error:#}`) shows every cause once.
@@ -8,11 +9,14 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use arrow::error::ArrowError;
+use sluice_formats::FormatError;
 use sluice_proto::{NodeId, TaskId};
 use sluice_ring::ledger::LedgerError;
 use sluice_ring::{RingCreateError, RingOpenError};
 use tonic::codegen::http::uri::InvalidUri;
 
+use crate::transform::TransformError;
 use crate::writer::WriterError;
 
 /// The daemon's results.
@@ -149,7 +153,7 @@ pub enum DaemonError {
     },
     /// The job's transforms cannot run on its sources' batches.
     #[error("the job's data.transforms: {0}")]
-    Transform(String),
+    Transform(TransformError),
     /// The threads that read and decode tasks could not be started.
     #[error("starting the decode threads: {0}; check the process's thread limit (ulimit -u)")]
     Threads(std::io::Error),
@@ -174,4 +178,68 @@ pub enum DaemonError {
         /// The formats layer's error.
         source: sluice_formats::FormatError,
     },
+}
+
+/// Why a task's rows cannot be fed to its ring; the daemon reports the task failed for it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FeedError {
+    /// A transform failed on the task's batches.
+    #[error(transparent)]
+    Transform(#[from] TransformError),
+    /// Reading or decoding the task's split failed.
+    #[error(transparent)]
+    Read(#[from] FormatError),
+    /// The AM assigned a task without its split.
+    #[error("task {task_id} came without its split")]
+    NoSplit {
+        /// The task.
+        task_id: u64,
+    },
+    /// The AM assigned a task of a source the job does not have.
+    #[error("task {task_id} names unknown source {source_index}")]
+    UnknownSource {
+        /// The task.
+        task_id: u64,
+        /// The source's index.
+        source_index: u32,
+    },
+    /// The AM assigned rows outside the task's split.
+    #[error("task {task_id} has rows [{start}, {end}) of a split of {rows} rows")]
+    RowsOutsideSplit {
+        /// The task.
+        task_id: u64,
+        /// The first row.
+        start: u64,
+        /// The end row.
+        end: u64,
+        /// The split's rows.
+        rows: u64,
+    },
+    /// A split too large for the shuffle's row numbers.
+    #[error(
+        "task {task_id}: a split of {rows} rows is too large to shuffle within; lower data.task_rows"
+    )]
+    TooLargeToShuffle {
+        /// The task.
+        task_id: u64,
+        /// The split's rows.
+        rows: u64,
+    },
+    /// The reader returned a row outside the split.
+    #[error("the read returned split row {row} of a split of {rows} rows")]
+    RowOutsideSplit {
+        /// The row.
+        row: u64,
+        /// The split's rows.
+        rows: usize,
+    },
+    /// The split's batches could not be joined for the shuffle.
+    #[error("joining the split's batches: {0}")]
+    Join(ArrowError),
+    /// The split's rows could not be put in their shuffled order.
+    #[error("ordering the split's rows: {0}")]
+    Order(ArrowError),
+    /// The ring's writer ended before the task did.
+    #[error("the ring writer stopped")]
+    WriterStopped,
 }

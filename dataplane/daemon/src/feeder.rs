@@ -9,7 +9,7 @@ use sluice_formats::SplitBatch;
 use sluice_proto::v1;
 use tokio::sync::mpsc;
 
-use crate::error::{DaemonError, Result};
+use crate::error::{DaemonError, FeedError, Result};
 use crate::pipeline::{Shape, TaskFeed};
 use crate::shuffle::Interleave;
 use crate::sources::{Source, open_sources};
@@ -154,8 +154,8 @@ pub(crate) async fn feed(
             Ok(Fed::Done) => {
                 open.remove(pick);
             }
-            Err(reason) => {
-                fail(job, reason);
+            Err(error) => {
+                fail(job, &error);
                 open.remove(pick);
             }
         }
@@ -203,7 +203,7 @@ const READ_AHEAD_BATCHES: usize = 4;
 /// A task read on a tokio task of its own: opened, read, permuted, transformed and batched ahead of
 /// the writer, its batches waiting in a bounded queue. Dropped, it stops reading.
 struct Pump {
-    batches: mpsc::Receiver<Result<SplitBatch, String>>,
+    batches: mpsc::Receiver<Result<SplitBatch, FeedError>>,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -250,7 +250,8 @@ impl std::fmt::Debug for Pump {
 }
 
 /// Marks a task failed; the main loop reports it once its delivered rows are consumed.
-fn fail(job: &Job, reason: String) {
+fn fail(job: &Job, error: &FeedError) {
+    let reason = error.to_string();
     tracing::warn!(task = job.assignment.task_id, %reason, "task failed");
     lock(&job.control).failed = Some(reason);
 }
@@ -259,20 +260,18 @@ fn fail(job: &Job, reason: String) {
 async fn open_task(
     assignment: &v1::TaskAssignment,
     pipeline: &Pipeline,
-) -> Result<TaskFeed, String> {
-    let split = assignment
-        .split
-        .as_ref()
-        .ok_or_else(|| format!("task {} came without its split", assignment.task_id))?;
-    let source = pipeline
-        .sources
-        .get(split.source_index as usize)
-        .ok_or_else(|| {
-            format!(
-                "task {} names unknown source {}",
-                assignment.task_id, split.source_index
-            )
-        })?;
+) -> Result<TaskFeed, FeedError> {
+    let split = assignment.split.as_ref().ok_or(FeedError::NoSplit {
+        task_id: assignment.task_id,
+    })?;
+    let source =
+        pipeline
+            .sources
+            .get(split.source_index as usize)
+            .ok_or(FeedError::UnknownSource {
+                task_id: assignment.task_id,
+                source_index: split.source_index,
+            })?;
     TaskFeed::open(assignment, source, &pipeline.shape).await
 }
 
@@ -294,7 +293,7 @@ async fn feed_task(
     task: &mut Pump,
     writer: &mpsc::Sender<Write>,
     stages: &Stages,
-) -> Result<Fed, String> {
+) -> Result<Fed, FeedError> {
     let Some(covered) = task.batches.recv().await.transpose()? else {
         return Ok(Fed::Done);
     };
@@ -305,10 +304,7 @@ async fn feed_task(
             None
         } else {
             let covered = if covered.end() > limit {
-                covered
-                    .split_at_row(limit)
-                    .map_err(|error| error.to_string())?
-                    .0
+                covered.split_at_row(limit)?.0
             } else {
                 covered
             };
@@ -330,7 +326,7 @@ async fn feed_task(
     let sent = writer.send(write).await;
     stages.transform.wait(blocked.elapsed());
     if sent.is_err() {
-        return Err("the ring writer stopped".to_owned());
+        return Err(FeedError::WriterStopped);
     }
     Ok(if end >= limit { Fed::Done } else { Fed::More })
 }

@@ -86,6 +86,7 @@ use rings::{Recovered, Rings};
 use session::Session;
 
 pub use error::{DaemonError, Result};
+pub use transform::{StepError, TransformError};
 
 /// How often the daemon looks at its rings' read cursors between heartbeats.
 const PROGRESS_POLL: Duration = Duration::from_millis(5);

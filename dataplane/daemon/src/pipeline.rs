@@ -16,10 +16,11 @@ use futures::stream::{self, BoxStream};
 use sluice_formats::SplitBatch;
 use sluice_proto::v1;
 
+use crate::error::FeedError;
 use crate::shuffle::{permute, split_order};
 use crate::sources::Source;
 use crate::stats::Stages;
-use crate::transform::Transforms;
+use crate::transform::{TransformError, Transforms};
 
 /// How the job shapes every task: from `JobData`.
 #[derive(Debug, Clone)]
@@ -45,7 +46,7 @@ pub(crate) struct ShuffleOptions {
 
 impl Shape {
     /// The shape of the job's data.
-    pub(crate) fn from_job(data: &v1::JobData) -> Result<Self, String> {
+    pub(crate) fn from_job(data: &v1::JobData) -> Result<Self, TransformError> {
         Ok(Self {
             batch_rows: data.batch_size.max(1) as usize,
             fixed_batch_size: data.fixed_batch_size,
@@ -121,7 +122,7 @@ impl Batcher {
     }
 
     /// Takes a batch that follows the previous one; returns the batches that are ready.
-    pub(crate) fn push(&mut self, covered: SplitBatch) -> Result<Vec<SplitBatch>, String> {
+    pub(crate) fn push(&mut self, covered: SplitBatch) -> Result<Vec<SplitBatch>, FeedError> {
         self.pending_rows += covered.batch.num_rows();
         self.pending.push(covered);
         let mut ready = Vec::new();
@@ -133,9 +134,7 @@ impl Batcher {
                     let Some(joined) = self.take_pending()? else {
                         break;
                     };
-                    let (head, tail) = joined
-                        .split_at_rows(rows)
-                        .map_err(|error| error.to_string())?;
+                    let (head, tail) = joined.split_at_rows(rows)?;
                     ready.push(head);
                     if tail.row_count > 0 {
                         self.pending_rows = tail.batch.num_rows();
@@ -148,25 +147,23 @@ impl Batcher {
     }
 
     /// The last batch: whatever is pending, once the input ended.
-    pub(crate) fn finish(&mut self) -> Result<Option<SplitBatch>, String> {
+    pub(crate) fn finish(&mut self) -> Result<Option<SplitBatch>, FeedError> {
         self.take_pending()
     }
 
-    fn take_pending(&mut self) -> Result<Option<SplitBatch>, String> {
+    fn take_pending(&mut self) -> Result<Option<SplitBatch>, FeedError> {
         self.pending_rows = 0;
         let parts = std::mem::take(&mut self.pending);
         if parts.is_empty() {
             return Ok(None);
         }
-        SplitBatch::concat(&parts)
-            .map(Some)
-            .map_err(|error| error.to_string())
+        Ok(Some(SplitBatch::concat(&parts)?))
     }
 }
 
 /// One task's batches, ready for the ring: read, permuted, transformed and batched.
 pub(crate) struct TaskFeed {
-    batches: BoxStream<'static, Result<SplitBatch, String>>,
+    batches: BoxStream<'static, Result<SplitBatch, FeedError>>,
     transforms: Transforms,
     batcher: Batcher,
     ready: VecDeque<SplitBatch>,
@@ -190,17 +187,18 @@ impl TaskFeed {
         assignment: &v1::TaskAssignment,
         source: &Source,
         shape: &Shape,
-    ) -> Result<Self, String> {
-        let split = assignment
-            .split
-            .as_ref()
-            .ok_or_else(|| format!("task {} came without its split", assignment.task_id))?;
+    ) -> Result<Self, FeedError> {
+        let split = assignment.split.as_ref().ok_or(FeedError::NoSplit {
+            task_id: assignment.task_id,
+        })?;
         let (start, end) = (assignment.start, assignment.end);
         if start > end || end > split.row_count {
-            return Err(format!(
-                "task {} has rows [{start}, {end}) of a split of {} rows",
-                assignment.task_id, split.row_count
-            ));
+            return Err(FeedError::RowsOutsideSplit {
+                task_id: assignment.task_id,
+                start,
+                end,
+                rows: split.row_count,
+            });
         }
         let batches = match shape.shuffle {
             None => {
@@ -208,29 +206,26 @@ impl TaskFeed {
                 source
                     .dataset
                     .read_split_covered(&read, &source.options)
-                    .await
-                    .map_err(|error| error.to_string())?
+                    .await?
                     .map(move |covered| {
-                        let mut covered = covered.map_err(|error| error.to_string())?;
+                        let mut covered = covered?;
                         covered.first_row += start;
                         Ok(covered)
                     })
                     .boxed()
             }
             Some(shuffle) => {
-                let rows = u32::try_from(split.row_count).map_err(|_| {
-                    format!(
-                        "task {}: a split of {} rows is too large to shuffle within; lower data.task_rows",
-                        assignment.task_id, split.row_count
-                    )
-                })?;
+                let rows =
+                    u32::try_from(split.row_count).map_err(|_| FeedError::TooLargeToShuffle {
+                        task_id: assignment.task_id,
+                        rows: split.row_count,
+                    })?;
                 let read = read_split(assignment, split, split.first_row, split.row_count);
                 let whole: Vec<SplitBatch> = source
                     .dataset
                     .read_split_covered(&read, &source.options)
-                    .await
-                    .map_err(|error| error.to_string())?
-                    .map(|covered| covered.map_err(|error| error.to_string()))
+                    .await?
+                    .map(|covered| covered.map_err(FeedError::Read))
                     .collect::<Vec<_>>()
                     .await
                     .into_iter()
@@ -257,7 +252,7 @@ impl TaskFeed {
         &mut self,
         limit: u64,
         stages: &Stages,
-    ) -> Result<Option<SplitBatch>, String> {
+    ) -> Result<Option<SplitBatch>, FeedError> {
         loop {
             if let Some(ready) = self.ready.pop_front() {
                 stages
@@ -288,9 +283,7 @@ impl TaskFeed {
                 covered
             } else {
                 let transformed = self.transforms.apply(covered.batch.clone())?;
-                covered
-                    .with_batch(transformed)
-                    .map_err(|error| error.to_string())?
+                covered.with_batch(transformed)?
             };
             let reached = covered.end() >= limit;
             self.ready.extend(self.batcher.push(covered)?);

@@ -24,6 +24,8 @@ use arrow::compute::{concat_batches, take_record_batch};
 use arrow::datatypes::SchemaRef;
 use sluice_formats::SplitBatch;
 
+use crate::error::FeedError;
+
 /// SplitMix64: a small, fast generator whose output for a seed is fixed forever.
 #[derive(Debug, Clone)]
 pub(crate) struct SplitMix64 {
@@ -78,7 +80,7 @@ pub(crate) fn permute(
     end: u64,
     batch_rows: usize,
     schema: &SchemaRef,
-) -> Result<Vec<SplitBatch>, String> {
+) -> Result<Vec<SplitBatch>, FeedError> {
     let mut position_of_row = vec![0u32; order.len()];
     for (position, row) in order.iter().enumerate() {
         position_of_row[*row as usize] = position as u32;
@@ -87,12 +89,13 @@ pub(crate) fn permute(
     let mut row_index = 0u32;
     for covered in read {
         for split_row in covered.positions() {
-            let position = *position_of_row.get(split_row as usize).ok_or_else(|| {
-                format!(
-                    "the read returned split row {split_row} of a split of {} rows",
-                    order.len()
-                )
-            })?;
+            let position =
+                *position_of_row
+                    .get(split_row as usize)
+                    .ok_or(FeedError::RowOutsideSplit {
+                        row: split_row,
+                        rows: order.len(),
+                    })?;
             if (start..end).contains(&u64::from(position)) {
                 keyed.push((position, row_index));
             }
@@ -101,7 +104,7 @@ pub(crate) fn permute(
     }
     keyed.sort_unstable();
     let rows = concat_batches(schema, read.iter().map(|covered| &covered.batch))
-        .map_err(|error| format!("joining the split's batches: {error}"))?;
+        .map_err(FeedError::Join)?;
     let mut output = Vec::new();
     let mut covered_end = start;
     let chunks: Vec<&[(u32, u32)]> = keyed.chunks(batch_rows.max(1)).collect();
@@ -115,8 +118,7 @@ pub(crate) fn permute(
                 .map_or(covered_end, |(position, _)| u64::from(*position) + 1)
         };
         let indices = UInt32Array::from_iter_values(chunk.iter().map(|(_, row)| *row));
-        let batch = take_record_batch(&rows, &indices)
-            .map_err(|error| format!("ordering the split's rows: {error}"))?;
+        let batch = take_record_batch(&rows, &indices).map_err(FeedError::Order)?;
         let mut present = vec![false; (chunk_end - covered_end) as usize];
         for (position, _) in chunk.iter() {
             present[(u64::from(*position) - covered_end) as usize] = true;
@@ -126,8 +128,7 @@ pub(crate) fn permute(
             covered_end,
             chunk_end - covered_end,
             Some(BooleanBuffer::from(present)),
-        )
-        .map_err(|error| error.to_string())?;
+        )?;
         output.push(covered);
         covered_end = chunk_end;
     }

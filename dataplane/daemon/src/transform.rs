@@ -12,6 +12,7 @@ use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, Scalar, St
 use arrow::compute::kernels::{numeric, zip::zip};
 use arrow::compute::{CastOptions, cast, cast_with_options, is_not_null};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
+use arrow::error::ArrowError;
 use sluice_proto::v1;
 use sluice_proto::v1::transform::Kind;
 
@@ -42,6 +43,141 @@ pub(crate) enum Step {
 }
 
 /// The steps of a job, in order.
+/// Why the job's transforms cannot be set up, or a step cannot run on a batch.
+#[derive(Debug, thiserror::Error)]
+pub enum TransformError {
+    /// A transform the AM sent has no step.
+    #[error("data.transforms[{index}] has no step; the AM sent an empty transform")]
+    NoStep {
+        /// The transform's index in the spec.
+        index: usize,
+    },
+    /// A cast names a type this build does not know.
+    #[error(
+        "data.transforms[{index}].cast.to: unknown type {name:?}; use one of {}",
+        sluice_formats::types::DATA_TYPE_NAMES.join(", ")
+    )]
+    UnknownType {
+        /// The transform's index in the spec.
+        index: usize,
+        /// The type's name.
+        name: String,
+    },
+    /// A normalization whose mean or deviation cannot scale a value.
+    #[error(
+        "data.transforms[{index}].normalize: mean {mean} and std {std} must be finite and std positive"
+    )]
+    BadNormalize {
+        /// The transform's index in the spec.
+        index: usize,
+        /// The mean.
+        mean: f64,
+        /// The standard deviation.
+        std: f64,
+    },
+    /// A hash into no bucket.
+    #[error("data.transforms[{index}].hash_bucket.buckets is 0; set it to 1 or more")]
+    NoBuckets {
+        /// The transform's index in the spec.
+        index: usize,
+    },
+    /// A step failed on a batch.
+    #[error("data.transforms[{index}]: {failure}")]
+    Step {
+        /// The transform's index in the spec.
+        index: usize,
+        /// Why.
+        failure: StepError,
+    },
+}
+
+/// Why one step cannot run on a batch.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The step's column is not in the batches.
+    #[error(
+        "{step}: no column {column:?} in the batches, which have {columns}; fix the column name or the source's columns"
+    )]
+    NoColumn {
+        /// The step.
+        step: &'static str,
+        /// The column it names.
+        column: String,
+        /// The batches' columns, comma-separated.
+        columns: String,
+    },
+    /// A cast of a column's values failed.
+    #[error("cast: column {column:?} from {from} to {to}: {error}")]
+    Cast {
+        /// The column.
+        column: String,
+        /// Its type.
+        from: DataType,
+        /// The type asked for.
+        to: DataType,
+        /// Why.
+        error: ArrowError,
+    },
+    /// A fill value is not a value of the column's type.
+    #[error(
+        "fill_null: value {value:?} as {data_type} (the type of column {column:?}): {error}; write a value of the column's type"
+    )]
+    FillValue {
+        /// The value.
+        value: String,
+        /// The column's type.
+        data_type: DataType,
+        /// The column.
+        column: String,
+        /// Why.
+        error: ArrowError,
+    },
+    /// A normalized column is not numeric.
+    #[error("normalize: column {column:?} is {data_type}, not a number; cast it first")]
+    NotNumeric {
+        /// The column.
+        column: String,
+        /// Its type.
+        data_type: DataType,
+    },
+    /// A hashed column is of a type the hash does not take.
+    #[error(
+        "hash_bucket: column {column:?}: is {data_type}; hash a string, binary or integer column (cast it first)"
+    )]
+    NotHashable {
+        /// The column.
+        column: String,
+        /// Its type.
+        data_type: DataType,
+    },
+    /// An Arrow kernel failed on a column.
+    #[error("{step}: column {column:?}: {error}")]
+    Kernel {
+        /// The step.
+        step: &'static str,
+        /// The column.
+        column: String,
+        /// Why.
+        error: ArrowError,
+    },
+    /// The hashed buckets could not be added as their output column.
+    #[error("hash_bucket: output {output:?}: {error}")]
+    Output {
+        /// The output column.
+        output: String,
+        /// Why.
+        error: ArrowError,
+    },
+    /// The batch could not be rebuilt with a step's column.
+    #[error("column {column:?}: {error}")]
+    Rebuild {
+        /// The column.
+        column: String,
+        /// Why.
+        error: ArrowError,
+    },
+}
+
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Transforms {
     steps: Vec<Step>,
@@ -49,56 +185,52 @@ pub(crate) struct Transforms {
 
 impl Transforms {
     /// The steps of the job's data, checked for what the wire cannot check.
-    pub(crate) fn from_job(transforms: &[v1::Transform]) -> Result<Self, String> {
+    pub(crate) fn from_job(transforms: &[v1::Transform]) -> Result<Self, TransformError> {
         let steps = transforms
             .iter()
             .enumerate()
-            .map(|(index, transform)| {
-                let at = format!("data.transforms[{index}]");
-                match &transform.kind {
-                    None => Err(format!("{at} has no step; the AM sent an empty transform")),
-                    Some(Kind::Cast(step)) => {
-                        let to = sluice_formats::types::data_type_by_name(&step.to).ok_or_else(
-                            || {
-                                format!(
-                                    "{at}.cast.to: unknown type {:?}; use one of {}",
-                                    step.to,
-                                    sluice_formats::types::DATA_TYPE_NAMES.join(", ")
-                                )
-                            },
-                        )?;
-                        Ok(Step::Cast {
-                            column: step.column.clone(),
-                            to,
-                        })
-                    }
-                    Some(Kind::FillNull(step)) => Ok(Step::FillNull {
+            .map(|(index, transform)| match &transform.kind {
+                None => Err(TransformError::NoStep { index }),
+                Some(Kind::Cast(step)) => {
+                    let to =
+                        sluice_formats::types::data_type_by_name(&step.to).ok_or_else(|| {
+                            TransformError::UnknownType {
+                                index,
+                                name: step.to.clone(),
+                            }
+                        })?;
+                    Ok(Step::Cast {
                         column: step.column.clone(),
-                        value: step.value.clone(),
-                    }),
-                    Some(Kind::Normalize(step)) => {
-                        if !(step.std.is_finite() && step.std > 0.0 && step.mean.is_finite()) {
-                            return Err(format!(
-                                "{at}.normalize: mean {} and std {} must be finite and std positive",
-                                step.mean, step.std
-                            ));
-                        }
-                        Ok(Step::Normalize {
-                            column: step.column.clone(),
+                        to,
+                    })
+                }
+                Some(Kind::FillNull(step)) => Ok(Step::FillNull {
+                    column: step.column.clone(),
+                    value: step.value.clone(),
+                }),
+                Some(Kind::Normalize(step)) => {
+                    if !(step.std.is_finite() && step.std > 0.0 && step.mean.is_finite()) {
+                        return Err(TransformError::BadNormalize {
+                            index,
                             mean: step.mean,
                             std: step.std,
-                        })
+                        });
                     }
-                    Some(Kind::HashBucket(step)) => {
-                        if step.buckets == 0 {
-                            return Err(format!("{at}.hash_bucket.buckets is 0; set it to 1 or more"));
-                        }
-                        Ok(Step::HashBucket {
-                            column: step.column.clone(),
-                            buckets: step.buckets,
-                            output: step.output.clone(),
-                        })
+                    Ok(Step::Normalize {
+                        column: step.column.clone(),
+                        mean: step.mean,
+                        std: step.std,
+                    })
+                }
+                Some(Kind::HashBucket(step)) => {
+                    if step.buckets == 0 {
+                        return Err(TransformError::NoBuckets { index });
                     }
+                    Ok(Step::HashBucket {
+                        column: step.column.clone(),
+                        buckets: step.buckets,
+                        output: step.output.clone(),
+                    })
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -111,25 +243,25 @@ impl Transforms {
     }
 
     /// The schema of batches of `input` once the steps ran, or why the steps cannot run on it.
-    pub(crate) fn output_schema(&self, input: &SchemaRef) -> Result<SchemaRef, String> {
+    pub(crate) fn output_schema(&self, input: &SchemaRef) -> Result<SchemaRef, TransformError> {
         Ok(self
             .apply(RecordBatch::new_empty(Arc::clone(input)))?
             .schema())
     }
 
     /// Runs every step on `batch`, in order.
-    pub(crate) fn apply(&self, mut batch: RecordBatch) -> Result<RecordBatch, String> {
+    pub(crate) fn apply(&self, mut batch: RecordBatch) -> Result<RecordBatch, TransformError> {
         for (index, step) in self.steps.iter().enumerate() {
             batch = step
                 .apply(&batch)
-                .map_err(|reason| format!("data.transforms[{index}]: {reason}"))?;
+                .map_err(|failure| TransformError::Step { index, failure })?;
         }
         Ok(batch)
     }
 }
 
 impl Step {
-    fn apply(&self, batch: &RecordBatch) -> Result<RecordBatch, String> {
+    fn apply(&self, batch: &RecordBatch) -> Result<RecordBatch, StepError> {
         match self {
             Step::Cast { column, to } => {
                 let (index, field, values) = column_of(batch, column, "cast")?;
@@ -137,12 +269,13 @@ impl Step {
                     safe: false,
                     ..CastOptions::default()
                 };
-                let cast_values = cast_with_options(values, to, &options).map_err(|error| {
-                    format!(
-                        "cast: column {column:?} from {} to {to}: {error}",
-                        field.data_type()
-                    )
-                })?;
+                let cast_values =
+                    cast_with_options(values, to, &options).map_err(|error| StepError::Cast {
+                        column: column.clone(),
+                        from: field.data_type().clone(),
+                        to: to.clone(),
+                        error,
+                    })?;
                 replace(
                     batch,
                     index,
@@ -157,19 +290,18 @@ impl Step {
                     ..CastOptions::default()
                 };
                 let text: ArrayRef = Arc::new(StringArray::from(vec![value.as_str()]));
-                let fill = cast_with_options(&text, field.data_type(), &options).map_err(
-                    |error| {
-                        format!(
-                            "fill_null: value {value:?} as {} (the type of column {column:?}): {error}; \
-                             write a value of the column's type",
-                            field.data_type()
-                        )
-                    },
-                )?;
-                let present = is_not_null(values)
-                    .map_err(|error| format!("fill_null: column {column:?}: {error}"))?;
-                let filled = zip(&present, values, &Scalar::new(fill))
-                    .map_err(|error| format!("fill_null: column {column:?}: {error}"))?;
+                let fill =
+                    cast_with_options(&text, field.data_type(), &options).map_err(|error| {
+                        StepError::FillValue {
+                            value: value.clone(),
+                            data_type: field.data_type().clone(),
+                            column: column.clone(),
+                            error,
+                        }
+                    })?;
+                let kernel = kernel("fill_null", column);
+                let present = is_not_null(values).map_err(kernel)?;
+                let filled = zip(&present, values, &Scalar::new(fill)).map_err(kernel)?;
                 replace(batch, index, field.clone().with_nullable(false), filled)
             }
             Step::Normalize { column, mean, std } => {
@@ -180,21 +312,19 @@ impl Step {
                     }
                     numeric_type if numeric_type.is_numeric() => DataType::Float64,
                     other => {
-                        return Err(format!(
-                            "normalize: column {column:?} is {other}, not a number; cast it first"
-                        ));
+                        return Err(StepError::NotNumeric {
+                            column: column.clone(),
+                            data_type: other.clone(),
+                        });
                     }
                 };
-                let as_float = cast(values, &DataType::Float64)
-                    .map_err(|error| format!("normalize: column {column:?}: {error}"))?;
+                let kernel = kernel("normalize", column);
+                let as_float = cast(values, &DataType::Float64).map_err(kernel)?;
                 let mean_scalar = Scalar::new(arrow::array::Float64Array::from(vec![*mean]));
                 let std_scalar = Scalar::new(arrow::array::Float64Array::from(vec![*std]));
-                let centred = numeric::sub(&as_float, &mean_scalar)
-                    .map_err(|error| format!("normalize: column {column:?}: {error}"))?;
-                let scaled = numeric::div(&centred, &std_scalar)
-                    .map_err(|error| format!("normalize: column {column:?}: {error}"))?;
-                let output = cast(&scaled, &output_type)
-                    .map_err(|error| format!("normalize: column {column:?}: {error}"))?;
+                let centred = numeric::sub(&as_float, &mean_scalar).map_err(kernel)?;
+                let scaled = numeric::div(&centred, &std_scalar).map_err(kernel)?;
+                let output = cast(&scaled, &output_type).map_err(kernel)?;
                 replace(
                     batch,
                     index,
@@ -208,8 +338,7 @@ impl Step {
                 output,
             } => {
                 let (_, field, values) = column_of(batch, column, "hash_bucket")?;
-                let bucketed = hash_buckets(values, *buckets)
-                    .map_err(|reason| format!("hash_bucket: column {column:?}: {reason}"))?;
+                let bucketed = hash_buckets(values, column, *buckets)?;
                 let output_field = Field::new(output, DataType::Int64, field.is_nullable());
                 match batch.schema().index_of(output) {
                     Ok(index) => replace(batch, index, output_field, Arc::new(bucketed)),
@@ -223,8 +352,12 @@ impl Step {
                         fields.push(output_field);
                         let mut columns = batch.columns().to_vec();
                         columns.push(Arc::new(bucketed));
-                        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-                            .map_err(|error| format!("hash_bucket: output {output:?}: {error}"))
+                        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(
+                            |error| StepError::Output {
+                                output: output.clone(),
+                                error,
+                            },
+                        )
                     }
                 }
             }
@@ -232,12 +365,21 @@ impl Step {
     }
 }
 
+/// Names a failure of an Arrow kernel in `step` on `column`.
+fn kernel<'a>(step: &'static str, column: &'a str) -> impl Fn(ArrowError) -> StepError + Copy + 'a {
+    move |error| StepError::Kernel {
+        step,
+        column: column.to_owned(),
+        error,
+    }
+}
+
 /// The position, field and values of `column`, or an error naming the columns there are.
 fn column_of<'a>(
     batch: &'a RecordBatch,
     column: &str,
-    step: &str,
-) -> Result<(usize, Field, &'a ArrayRef), String> {
+    step: &'static str,
+) -> Result<(usize, Field, &'a ArrayRef), StepError> {
     let schema = batch.schema();
     let index = schema.index_of(column).map_err(|_| {
         let names: Vec<&str> = schema
@@ -245,10 +387,11 @@ fn column_of<'a>(
             .iter()
             .map(|field| field.name().as_str())
             .collect();
-        format!(
-            "{step}: no column {column:?} in the batches, which have {}; fix the column name or the source's columns",
-            names.join(", ")
-        )
+        StepError::NoColumn {
+            step,
+            column: column.to_owned(),
+            columns: names.join(", "),
+        }
     })?;
     Ok((index, schema.field(index).clone(), batch.column(index)))
 }
@@ -259,7 +402,7 @@ fn replace(
     index: usize,
     field: Field,
     values: ArrayRef,
-) -> Result<RecordBatch, String> {
+) -> Result<RecordBatch, StepError> {
     let mut fields: Vec<Field> = batch
         .schema()
         .fields()
@@ -277,13 +420,16 @@ fn replace(
         )),
         columns,
     )
-    .map_err(|error| format!("column {name:?}: {error}"))
+    .map_err(|error| StepError::Rebuild {
+        column: name,
+        error,
+    })
 }
 
 /// The bucket `xxhash64(value) mod buckets` of every value: the UTF-8 bytes of a string, the bytes
 /// of a binary value, the little-endian 8 bytes of an integer widened to 64 bits (so a value has the
 /// same bucket whatever the width of its column). Nulls have a null bucket.
-fn hash_buckets(values: &ArrayRef, buckets: u64) -> Result<Int64Array, String> {
+fn hash_buckets(values: &ArrayRef, column: &str, buckets: u64) -> Result<Int64Array, StepError> {
     let bucket_of = |bytes: &[u8]| {
         let bucket = twox_hash::XxHash64::oneshot(HASH_SEED, bytes) % buckets;
         i64::try_from(bucket).unwrap_or(i64::MAX)
@@ -297,12 +443,13 @@ fn hash_buckets(values: &ArrayRef, buckets: u64) -> Result<Int64Array, String> {
             DataType::UInt64
         }
         other => {
-            return Err(format!(
-                "is {other}; hash a string, binary or integer column (cast it first)"
-            ));
+            return Err(StepError::NotHashable {
+                column: column.to_owned(),
+                data_type: other.clone(),
+            });
         }
     };
-    let widened = cast(values, &widest).map_err(|error| error.to_string())?;
+    let widened = cast(values, &widest).map_err(kernel("hash_bucket", column))?;
     Ok(match widest {
         DataType::LargeUtf8 => widened
             .as_string::<i64>()
@@ -471,7 +618,8 @@ mod tests {
             to: "int64".to_owned(),
         })])
         .output_schema(&input.schema())
-        .expect_err("no column y");
+        .expect_err("no column y")
+        .to_string();
         assert!(
             error.contains("data.transforms[0]")
                 && error.contains("no column \"y\"")
@@ -483,7 +631,8 @@ mod tests {
             to: "int8".to_owned(),
         })])
         .apply(input.clone())
-        .expect_err("300 does not fit int8");
+        .expect_err("300 does not fit int8")
+        .to_string();
         assert!(error.contains("cast") && error.contains("\"s\""), "{error}");
         let error = steps(vec![Kind::Normalize(v1::NormalizeTransform {
             column: "s".to_owned(),
@@ -491,14 +640,16 @@ mod tests {
             std: 1.0,
         })])
         .output_schema(&input.schema())
-        .expect_err("a string is not a number");
+        .expect_err("a string is not a number")
+        .to_string();
         assert!(error.contains("cast it first"), "{error}");
         let error = steps(vec![Kind::FillNull(v1::FillNullTransform {
             column: "x".to_owned(),
             value: "many".to_owned(),
         })])
         .output_schema(&input.schema())
-        .expect_err("not a float");
+        .expect_err("not a float")
+        .to_string();
         assert!(error.contains("value \"many\""), "{error}");
         let error = steps(vec![Kind::HashBucket(v1::HashBucketTransform {
             column: "x".to_owned(),
@@ -506,7 +657,8 @@ mod tests {
             output: "b".to_owned(),
         })])
         .output_schema(&input.schema())
-        .expect_err("floats are not hashed");
+        .expect_err("floats are not hashed")
+        .to_string();
         assert!(error.contains("cast it first"), "{error}");
         let unknown = Transforms::from_job(&[v1::Transform {
             kind: Some(Kind::Cast(v1::CastTransform {
@@ -514,7 +666,8 @@ mod tests {
                 to: "decimal".to_owned(),
             })),
         }])
-        .expect_err("unknown type");
+        .expect_err("unknown type")
+        .to_string();
         assert!(unknown.contains("float32"), "{unknown}");
     }
 }
