@@ -15,7 +15,9 @@
 //! parent piece.
 
 use super::{Applied, Entry, Master, TaskOrigins};
-use crate::decide::{DataPosition, JobState, RestoreMode, TaskId, TaskRecord, TaskStatus};
+use crate::decide::{
+    DataPosition, JobState, NodeRecord, RestoreMode, TaskId, TaskRecord, TaskStatus,
+};
 use crate::error::{AmError, Result};
 use serde::{Deserialize, Serialize};
 use sluice_proto::v1;
@@ -342,8 +344,19 @@ impl Master {
         // Ids past the position's tasks name the tasks of splits added after it, not pieces.
         let covered = position.first_task_id + position.tasks.len() as u64;
         pieces.retain(|task, _| task.0 < covered);
-        // Following is where the sources stand, not where the trainers do: it is kept.
+        // Following is where the sources stand, not where the trainers do: it is kept. So are the
+        // nodes, where the cluster stands: a node that registered after the checkpoint's step still
+        // runs, holds rings of the trainers being restarted, and must give them back.
         position.following = self.table.following();
+        position.nodes = self
+            .table
+            .nodes()
+            .map(|(node, view)| NodeRecord {
+                node,
+                status: view.status,
+                failures: view.failures,
+            })
+            .collect();
         self.table = JobState::restore(
             self.config,
             self.plan.split_rows(),

@@ -1114,6 +1114,50 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
 }
 
 #[test]
+fn a_restore_to_a_checkpoint_taken_before_a_node_registered_takes_that_nodes_rings_back_too() {
+    let mut journal = Vec::new();
+    let mut sut = master();
+    sut.launch_executors();
+    for LaunchAction::Launch(id) in sut.executors_to_launch() {
+        journal.extend(sut.executor_launched(id).entries);
+    }
+    journal.extend(register(&mut sut, 0, 0).entries);
+    let checkpoint = sut.table().position();
+    // Node 1 registers after the step and its trainers read a task.
+    journal.extend(register(&mut sut, 1, 1).entries);
+    let applied = acquire_applied(&mut sut, 1, 2, 1);
+    let task = assigned(&applied.reply.commands)[0].clone();
+    journal.extend(applied.entries);
+    consume(&mut sut, 1, 3, &task, 4);
+
+    let restored = sut
+        .restore("unit-step1-0".into(), checkpoint, 4)
+        .expect("restore");
+    journal.extend(restored.entries);
+    for rank in 0..4 {
+        journal.extend(sut.executor_exited(trainer(rank), Exit::Killed).entries);
+    }
+    assert!(
+        has_release(&heartbeat(&mut sut, 1, 5, &[(task.task_id, 6, 4)])),
+        "node 1 holds rings of the trainers that restart: it gives them back"
+    );
+    let ranks = give_rings_back(&mut sut, 6, &mut journal);
+    assert_eq!(ranks, vec![vec![0, 1], vec![2, 3]]);
+    let applied = acquire_applied(&mut sut, 0, 12, 8);
+    journal.extend(applied.entries);
+    let resumed = assigned(&applied.reply.commands);
+    let resumed = resumed
+        .iter()
+        .find(|assignment| assignment.task_id == task.task_id)
+        .expect("the task is handed out again");
+    assert_eq!(
+        resumed.start, task.start,
+        "no row of it was consumed at the step"
+    );
+    assert_eq!(replayed_from(journal).snapshot(), sut.snapshot());
+}
+
+#[test]
 fn an_am_taking_a_job_over_mid_restore_carries_on_where_it_stood() {
     let mut journal = Vec::new();
     let mut sut = launching_master(&mut journal);
