@@ -54,6 +54,9 @@ mod convert;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod proptests;
+
 use crate::decide::{
     Action, DataPosition, DecideConfig, Event, JobOutcome, JobState, NodeId, NodeStatus,
     RestoreMode, TaskId, decide,
