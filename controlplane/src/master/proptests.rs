@@ -61,7 +61,6 @@ use crate::decide::JobOutcome;
 use crate::launcher::{ExecutorId, Exit, LaunchAction};
 use crate::spec::Format;
 use proptest::prelude::*;
-use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sluice_formats::Split;
 use std::cell::RefCell;
@@ -71,23 +70,24 @@ use v1::command::Command as Cmd;
 /// The job's one role.
 const ROLE: &str = "worker";
 
-/// One step of the simulation. `pick` chooses among a node's tasks, or among candidates.
+/// One step of the simulation. `pick` chooses among a node's tasks, or among candidates, modulo
+/// their number (a plain number, so that a failing case can be pasted into a regression test).
 #[derive(Debug, Clone)]
 enum Op {
     /// The daemon asks for tasks (or does what its loop owes first).
     Acquire { node: usize },
     /// The daemon's feeders write rows of a task into its ring.
-    Produce { node: usize, pick: Index, rows: u64 },
+    Produce { node: usize, pick: u8, rows: u64 },
     /// The trainer reading a task's ring releases rows of it.
-    Consume { node: usize, pick: Index, rows: u64 },
+    Consume { node: usize, pick: u8, rows: u64 },
     /// The daemon heartbeats its counts (or does what its loop owes first).
     Heartbeat { node: usize },
     /// The daemon reports a task consumed to its end with `ReportTask` (or does what it owes).
-    ReportDone { node: usize, pick: Index },
+    ReportDone { node: usize, pick: u8 },
     /// The daemon restarts; its rings and trainers survive.
     DaemonRestart { node: usize },
     /// One trainer the AM retired ends.
-    TrainerExits { pick: Index },
+    TrainerExits { pick: u8 },
     /// The AM launches the executors it wants running.
     Launch,
     /// `sluice scale worker NUM`.
@@ -95,7 +95,7 @@ enum Op {
     /// Every rank commits a data checkpoint at the same step.
     Checkpoint,
     /// A stored data checkpoint is restored on the live job.
-    Restore { pick: Index },
+    Restore { pick: u8 },
     /// The followed source grows by splits of these row counts.
     AddSplits { rows: Vec<u64> },
     /// Following ends, as at `until_version` or `sluice stop`.
@@ -103,11 +103,50 @@ enum Op {
     /// The journal gets a snapshot of the master.
     Snapshot,
     /// A new AM takes the job over; `lose` picks how much of the losable tail is lost.
-    Takeover { lose: Index },
+    Takeover { lose: u8 },
+}
+
+impl Op {
+    /// The op with its node taken modulo `nodes`.
+    fn on_nodes(self, nodes: usize) -> Op {
+        match self {
+            Op::Acquire { node } => Op::Acquire { node: node % nodes },
+            Op::Produce { node, pick, rows } => Op::Produce {
+                node: node % nodes,
+                pick,
+                rows,
+            },
+            Op::Consume { node, pick, rows } => Op::Consume {
+                node: node % nodes,
+                pick,
+                rows,
+            },
+            Op::Heartbeat { node } => Op::Heartbeat { node: node % nodes },
+            Op::ReportDone { node, pick } => Op::ReportDone {
+                node: node % nodes,
+                pick,
+            },
+            Op::DaemonRestart { node } => Op::DaemonRestart { node: node % nodes },
+            other => other,
+        }
+    }
+}
+
+/// Paths of the model that lead to the findings below: off in the property test, on in the
+/// regression test of each finding.
+#[derive(Debug, Clone, Copy, Default)]
+struct Findings {
+    /// Data checkpoints may be committed before every node has registered (finding: a restore to
+    /// one forgets the nodes that registered after it).
+    checkpoint_before_every_node_registered: bool,
+    /// The final heartbeat of a give-back may be lost at a takeover (finding: its counts are lost
+    /// with the rings).
+    give_back_heartbeat_losable: bool,
 }
 
 #[derive(Debug, Clone)]
 struct Job {
+    findings: Findings,
     split_rows: Vec<u64>,
     task_rows: u64,
     epochs: u32,
@@ -170,6 +209,8 @@ impl SimTask {
 #[derive(Debug, Clone)]
 struct SimNode {
     phase: Phase,
+    /// Whether the node registered once in the job, in this life or an earlier one.
+    known: bool,
     ranks: Vec<u32>,
     tasks: Vec<SimTask>,
     /// Stops applied and not yet acknowledged: task and stop row.
@@ -180,6 +221,7 @@ impl SimNode {
     fn new() -> SimNode {
         SimNode {
             phase: Phase::Unregistered,
+            known: false,
             ranks: Vec::new(),
             tasks: Vec::new(),
             acks: Vec::new(),
@@ -223,6 +265,7 @@ struct Coverage {
 }
 
 struct Sim<'a> {
+    findings: Findings,
     spec: Arc<JobSpec>,
     plan: Arc<JobPlan>,
     sut: Master,
@@ -324,6 +367,7 @@ impl Sim<'_> {
         registering: bool,
     ) -> Result<(), TestCaseError> {
         let mut kept = BTreeSet::new();
+        let was_shut_down = self.nodes[node].phase == Phase::Shutdown;
         for command in commands {
             match command.command {
                 Some(Cmd::Assign(assign)) => {
@@ -363,6 +407,13 @@ impl Sim<'_> {
             self.nodes[node]
                 .tasks
                 .retain(|task| kept.contains(&task.task_id));
+        }
+        if !was_shut_down && self.nodes[node].phase == Phase::Shutdown {
+            // The daemon exits, and the launcher sees it.
+            let applied = self
+                .sut
+                .executor_exited(ExecutorId::Daemon(node as u32), Exit::Code(0));
+            self.journal(&applied, false);
         }
         Ok(())
     }
@@ -432,6 +483,7 @@ impl Sim<'_> {
         self.journal(&applied, false);
         let sim_node = &mut self.nodes[node];
         sim_node.phase = Phase::Serving;
+        sim_node.known = true;
         sim_node.ranks = applied.reply.ranks;
         sim_node.acks.clear();
         self.obey(node, applied.reply.commands, true)
@@ -489,7 +541,7 @@ impl Sim<'_> {
             },
             self.now_ms,
         );
-        self.journal(&applied, false);
+        self.journal(&applied, self.findings.give_back_heartbeat_losable);
         let sim_node = &mut self.nodes[node];
         sim_node.tasks.clear();
         sim_node.ranks.clear();
@@ -535,12 +587,12 @@ impl Sim<'_> {
         self.obey(node, applied.reply.commands, false)
     }
 
-    fn report_done(&mut self, node: usize, pick: Index) -> Result<(), TestCaseError> {
+    fn report_done(&mut self, node: usize, pick: u8) -> Result<(), TestCaseError> {
         let tasks = &self.nodes[node].tasks;
         if tasks.is_empty() {
             return Ok(());
         }
-        let task = tasks[pick.index(tasks.len())].clone();
+        let task = tasks[usize::from(pick) % tasks.len()].clone();
         if !task.finished() {
             return Ok(());
         }
@@ -564,10 +616,10 @@ impl Sim<'_> {
     }
 
     /// The index of the task `pick` chooses on a serving node.
-    fn pick_task(&self, node: usize, pick: Index) -> Option<usize> {
+    fn pick_task(&self, node: usize, pick: u8) -> Option<usize> {
         let sim_node = &self.nodes[node];
         (sim_node.phase == Phase::Serving && !sim_node.tasks.is_empty())
-            .then(|| pick.index(sim_node.tasks.len()))
+            .then(|| usize::from(pick) % sim_node.tasks.len())
     }
 
     fn produce(&mut self, node: usize, index: usize, rows: u64) {
@@ -613,9 +665,22 @@ impl Sim<'_> {
         for LaunchAction::Launch(id) in self.sut.executors_to_launch() {
             let applied = self.sut.executor_launched(id.clone());
             self.journal(&applied, false);
-            if matches!(id, ExecutorId::Trainer { .. }) {
-                self.trainers.insert(id.clone(), self.restores);
-                launched_trainers.push(id);
+            match id {
+                ExecutorId::Trainer { .. } => {
+                    self.trainers.insert(id.clone(), self.restores);
+                    launched_trainers.push(id);
+                }
+                ExecutorId::Daemon(node) => {
+                    // A daemon launched again starts from nothing: the one before it shut down.
+                    if let Some(sim_node) = self.nodes.get_mut(node as usize)
+                        && sim_node.phase == Phase::Shutdown
+                    {
+                        *sim_node = SimNode {
+                            known: true,
+                            ..SimNode::new()
+                        };
+                    }
+                }
             }
         }
         if launched_trainers.is_empty() {
@@ -678,7 +743,9 @@ impl Sim<'_> {
         let world = self.sut.world_size();
         let all_running = (0..world).all(|rank| self.reader(rank) == Some(true))
             && self.trainers.len() == world as usize;
-        if !all_running {
+        let all_known = self.nodes.iter().all(|sim_node| sim_node.known)
+            || self.findings.checkpoint_before_every_node_registered;
+        if !all_running || !all_known {
             return Ok(());
         }
         let epoch = self.sut.table().epoch();
@@ -726,11 +793,11 @@ impl Sim<'_> {
         Ok(())
     }
 
-    fn restore(&mut self, pick: Index) -> Result<(), TestCaseError> {
+    fn restore(&mut self, pick: u8) -> Result<(), TestCaseError> {
         if self.stored.is_empty() {
             return Ok(());
         }
-        let stored = self.stored[pick.index(self.stored.len())].clone();
+        let stored = self.stored[usize::from(pick) % self.stored.len()].clone();
         let Ok(applied) =
             self.sut
                 .restore(stored.token.clone(), stored.position.clone(), self.now_ms)
@@ -780,7 +847,7 @@ impl Sim<'_> {
     }
 
     /// A new AM takes the job over from the journal, which lost `lose` of its losable tail.
-    fn take_over(&mut self, lose: Index) -> Result<(), TestCaseError> {
+    fn take_over(&mut self, lose: u8) -> Result<(), TestCaseError> {
         let from = self.snapshot.as_ref().map_or(0, |(_, at)| *at);
         let losable = self.journal[from..]
             .iter()
@@ -788,7 +855,7 @@ impl Sim<'_> {
             .take_while(|(_, losable)| *losable)
             .count();
         // The lost tail comes in a later step.
-        let lost = 0 * lose.index(losable + 1);
+        let lost = 0 * (usize::from(lose) % (losable + 1));
         self.journal.truncate(self.journal.len() - lost);
         {
             let mut coverage = self.coverage.borrow_mut();
@@ -824,7 +891,8 @@ impl Sim<'_> {
 
     fn step(&mut self, op: Op) -> Result<(), TestCaseError> {
         self.tick();
-        match op {
+        let nodes = self.nodes.len();
+        match op.on_nodes(nodes) {
             Op::Acquire { node } => {
                 if !self.owed(node)? {
                     self.acquire(node)?;
@@ -857,7 +925,7 @@ impl Sim<'_> {
                     sim_node.phase = Phase::Unregistered;
                 }
             }
-            Op::TrainerExits { pick } => self.trainer_exits(|len| pick.index(len)),
+            Op::TrainerExits { pick } => self.trainer_exits(|len| usize::from(pick) % len),
             Op::Launch => self.launch()?,
             Op::Scale { num } => self.scale(num),
             Op::Checkpoint => self.checkpoint()?,
@@ -913,26 +981,32 @@ impl Sim<'_> {
     }
 }
 
-fn op_strategy(nodes: usize) -> impl Strategy<Value = Op> {
-    let node = 0..nodes;
+/// The most nodes a job has; an op's node is taken modulo the job's.
+const MAX_NODES: usize = 3;
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let node = 0..MAX_NODES;
     prop_oneof![
         6 => node.clone().prop_map(|node| Op::Acquire { node }),
-        8 => (node.clone(), any::<Index>(), 1..12u64)
+        8 => (node.clone(), any::<u8>(), 1..12u64)
             .prop_map(|(node, pick, rows)| Op::Produce { node, pick, rows }),
-        8 => (node.clone(), any::<Index>(), 1..12u64)
+        8 => (node.clone(), any::<u8>(), 1..12u64)
             .prop_map(|(node, pick, rows)| Op::Consume { node, pick, rows }),
         6 => node.clone().prop_map(|node| Op::Heartbeat { node }),
-        1 => (node.clone(), any::<Index>()).prop_map(|(node, pick)| Op::ReportDone { node, pick }),
+        1 => (node.clone(), any::<u8>()).prop_map(|(node, pick)| Op::ReportDone { node, pick }),
         1 => node.prop_map(|node| Op::DaemonRestart { node }),
-        3 => any::<Index>().prop_map(|pick| Op::TrainerExits { pick }),
+        3 => any::<u8>().prop_map(|pick| Op::TrainerExits { pick }),
         2 => Just(Op::Launch),
         1 => (1..5u32).prop_map(|num| Op::Scale { num }),
+        2 => Just(Op::Checkpoint),
+        1 => any::<u8>().prop_map(|pick| Op::Restore { pick }),
         1 => Just(Op::Snapshot),
-        2 => any::<Index>().prop_map(|lose| Op::Takeover { lose }),
+        2 => any::<u8>().prop_map(|lose| Op::Takeover { lose }),
     ]
 }
 
 fn job_strategy() -> impl Strategy<Value = Job> {
+    // No `prop_flat_map`, so that the ops shrink on their own.
     (
         prop::collection::vec(1..40u64, 1..4),
         1..12u64,
@@ -940,10 +1014,11 @@ fn job_strategy() -> impl Strategy<Value = Job> {
         any::<u64>(),
         0..4u64,
         1..4u64,
-        1..4u32,
+        1..=MAX_NODES as u32,
         1..5u32,
+        prop::collection::vec(op_strategy(), 0..150),
     )
-        .prop_flat_map(
+        .prop_map(
             |(
                 split_rows,
                 task_rows,
@@ -953,20 +1028,19 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                 resplit_min_rows,
                 nodes,
                 trainers,
-            )| {
-                let ops = prop::collection::vec(op_strategy(nodes as usize), 0..150);
-                ops.prop_map(move |ops| Job {
-                    split_rows: split_rows.clone(),
-                    task_rows,
-                    epochs,
-                    seed,
-                    resplit_margin_rows,
-                    resplit_min_rows,
-                    nodes,
-                    trainers,
-                    follow: false,
-                    ops,
-                })
+                ops,
+            )| Job {
+                findings: Findings::default(),
+                split_rows,
+                task_rows,
+                epochs,
+                seed,
+                resplit_margin_rows,
+                resplit_min_rows,
+                nodes,
+                trainers,
+                follow: false,
+                ops,
             },
         )
 }
@@ -992,6 +1066,7 @@ fn run_job(job: Job, coverage: &RefCell<Coverage>) -> Result<(), TestCaseError> 
         .map_err(|error| fail(format!("the master: {error}")))?;
     sut.launch_executors();
     let mut sim = Sim {
+        findings: job.findings,
         spec,
         plan,
         sut,
@@ -1076,7 +1151,54 @@ fn every_row_of_every_epoch_is_consumed_exactly_once_through_the_masters_process
     );
     assert!(coverage.resumed > 0, "no task given back: {coverage:?}");
     assert!(
+        coverage.restores > 0 && coverage.relaunch_restores > 0,
+        "no restore relaunched the trainers: {coverage:?}"
+    );
+    assert!(
+        coverage.takeovers_mid_restore > 0,
+        "no takeover mid-restore: {coverage:?}"
+    );
+    assert!(
         coverage.succeeded > 100,
         "too few jobs succeeded: {coverage:?}"
     );
+}
+
+/// Runs one case of the property test, as a regression test does.
+fn run_case(job: Job) {
+    let coverage = RefCell::new(Coverage::default());
+    if let Err(failure) = run_job(job, &coverage) {
+        panic!("{failure}");
+    }
+}
+
+/// Finding: the table a restore resets to knows only the nodes the checkpoint's position lists, so
+/// a daemon that registered after the checkpoint's step is unknown to it. It is not asked to give
+/// its rings back, the relaunched trainers read the rows left in them, and each call it makes is
+/// refused as a node that never registered, which the daemon only logs: the job never ends.
+#[test]
+#[ignore = "finding: a restore forgets the nodes that registered after the checkpoint's step"]
+fn a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node() {
+    use Op::*;
+    run_case(Job {
+        findings: Findings {
+            checkpoint_before_every_node_registered: true,
+            ..Findings::default()
+        },
+        split_rows: vec![1],
+        task_rows: 1,
+        epochs: 1,
+        seed: 0,
+        resplit_margin_rows: 0,
+        resplit_min_rows: 1,
+        nodes: 1,
+        trainers: 1,
+        follow: false,
+        ops: vec![
+            Checkpoint,
+            Heartbeat { node: 0 },
+            Acquire { node: 0 },
+            Restore { pick: 0 },
+        ],
+    });
 }
