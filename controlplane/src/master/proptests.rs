@@ -957,7 +957,14 @@ impl Sim<'_> {
             }
             self.launch()?;
             for node in 0..self.nodes.len() {
-                if self.owed(node)? {
+                // What the loop owes (a registration, a give-back, acknowledgements) comes first,
+                // then the loop reads, heartbeats and asks for more, as a daemon's does.
+                for _ in 0..4 {
+                    if !self.owed(node)? {
+                        break;
+                    }
+                }
+                if self.nodes[node].phase != Phase::Serving {
                     continue;
                 }
                 for index in 0..self.nodes[node].tasks.len() {
@@ -1000,6 +1007,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (1..5u32).prop_map(|num| Op::Scale { num }),
         2 => Just(Op::Checkpoint),
         1 => any::<u8>().prop_map(|pick| Op::Restore { pick }),
+        2 => prop::collection::vec(0..20u64, 1..3).prop_map(|rows| Op::AddSplits { rows }),
+        1 => Just(Op::EndFollow),
         1 => Just(Op::Snapshot),
         2 => any::<u8>().prop_map(|lose| Op::Takeover { lose }),
     ]
@@ -1016,6 +1025,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
         1..4u64,
         1..=MAX_NODES as u32,
         1..5u32,
+        any::<bool>(),
         prop::collection::vec(op_strategy(), 0..150),
     )
         .prop_map(
@@ -1028,18 +1038,20 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                 resplit_min_rows,
                 nodes,
                 trainers,
+                follow,
                 ops,
             )| Job {
                 findings: Findings::default(),
                 split_rows,
                 task_rows,
-                epochs,
+                // A followed source has no end at which a next epoch could begin.
+                epochs: if follow { 1 } else { epochs },
                 seed,
                 resplit_margin_rows,
                 resplit_min_rows,
                 nodes,
                 trainers,
-                follow: false,
+                follow,
                 ops,
             },
         )
@@ -1133,8 +1145,13 @@ fn run_job(job: Job, coverage: &RefCell<Coverage>) -> Result<(), TestCaseError> 
 #[test]
 fn every_row_of_every_epoch_is_consumed_exactly_once_through_the_masters_processes() {
     let coverage = RefCell::new(Coverage::default());
+    // `PROPTEST_CASES` runs more cases, to look for rarer failures.
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(256);
     let mut runner = TestRunner::new(Config {
-        cases: 256,
+        cases,
         failure_persistence: None,
         ..Config::default()
     });
@@ -1161,6 +1178,10 @@ fn every_row_of_every_epoch_is_consumed_exactly_once_through_the_masters_process
     assert!(
         coverage.succeeded > 100,
         "too few jobs succeeded: {coverage:?}"
+    );
+    assert!(
+        coverage.followed_grew_and_succeeded > 20,
+        "too few followed jobs grew and succeeded: {coverage:?}"
     );
 }
 
