@@ -48,9 +48,22 @@
 //!   followed by a kept one. A heartbeat's answer is acted on when it carries a command (an
 //!   `Assign`, `Stop`, `Release` or `Shutdown` out of the outbox or of the heartbeat itself)
 //!   or when, on it, the daemon lets go a task consumed to its end (the task book's
-//!   `heartbeat_answered`). The final heartbeat of a give-back is never lost in this model:
-//!   on its answer the daemon removes its rings, which hold the only other copy of its counts,
-//!   so a lost one loses rows (see `a_lost_give_back_heartbeat_loses_consumed_counts`).
+//!   `heartbeat_answered`). The final heartbeat of a give-back is never lost either: on its
+//!   answer the daemon removes its rings, which hold the only other copy of its counts. The
+//!   daemon does not register again after an AM restart (its session retries the call), so a
+//!   takeover alone does not make it report its counts; a daemon restart, at any point, does.
+//!
+//! # Findings
+//! Three paths of the model break exactly-once; [`Findings`] turns each on in an ignored
+//! regression test with a minimal case, and the property test leaves them off:
+//! - `a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node`: the table a
+//!   restore resets to knows only the nodes the checkpoint lists. The property test commits
+//!   checkpoints only once every node has registered.
+//! - `a_lost_give_back_heartbeat_loses_consumed_counts` and
+//!   `a_lost_heartbeat_that_finished_a_task_delivers_its_rows_again`: a heartbeat whose answer
+//!   carried no command, but on whose answer the daemon drops counts (its rings, or a finished
+//!   task), must be durable. The service waits for every heartbeat to be durable, so these break
+//!   the durability rule as docs/architecture.md words it, not the AM as it runs.
 //!
 //! Time advances by one millisecond per step and the heartbeat timeout is far away: liveness is
 //! the table's own property tests' subject (`decide/proptests.rs`), exactly-once across the
@@ -142,6 +155,9 @@ struct Findings {
     /// The final heartbeat of a give-back may be lost at a takeover (finding: its counts are lost
     /// with the rings).
     give_back_heartbeat_losable: bool,
+    /// A heartbeat on whose answer the daemon lets go a task consumed to its end may be lost at a
+    /// takeover (finding: the task is queued again from the counts before it).
+    finishing_heartbeat_losable: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -563,7 +579,8 @@ impl Sim<'_> {
             },
             self.now_ms,
         );
-        let frees = self.nodes[node].tasks.iter().any(SimTask::finished);
+        let frees = self.nodes[node].tasks.iter().any(SimTask::finished)
+            && !self.findings.finishing_heartbeat_losable;
         let acted = !applied.reply.commands.is_empty() || frees;
         self.journal(&applied, !acted);
         self.nodes[node].tasks.retain(|task| !task.finished());
@@ -854,8 +871,7 @@ impl Sim<'_> {
             .rev()
             .take_while(|(_, losable)| *losable)
             .count();
-        // The lost tail comes in a later step.
-        let lost = 0 * (usize::from(lose) % (losable + 1));
+        let lost = usize::from(lose) % (losable + 1);
         self.journal.truncate(self.journal.len() - lost);
         {
             let mut coverage = self.coverage.borrow_mut();
@@ -1168,6 +1184,10 @@ fn every_row_of_every_epoch_is_consumed_exactly_once_through_the_masters_process
     );
     assert!(coverage.resumed > 0, "no task given back: {coverage:?}");
     assert!(
+        coverage.lost_entries > 0,
+        "no takeover lost a heartbeat: {coverage:?}"
+    );
+    assert!(
         coverage.restores > 0 && coverage.relaunch_restores > 0,
         "no restore relaunched the trainers: {coverage:?}"
     );
@@ -1220,6 +1240,97 @@ fn a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node()
             Heartbeat { node: 0 },
             Acquire { node: 0 },
             Restore { pick: 0 },
+        ],
+    });
+}
+
+/// Finding: the final heartbeat of a give-back carries the only copy of the counts left once the
+/// daemon removes its rings on its answer. A takeover that loses it (a heartbeat whose answer
+/// carried no command) queues the task again from the counts journaled before, and the rows
+/// consumed since are delivered twice. Not so in the service, which waits for every heartbeat to
+/// be durable; but the rule that consumed counts in heartbeats may be journaled without waiting
+/// does not hold for this heartbeat.
+#[test]
+#[ignore = "finding: the counts of a give-back's final heartbeat must be durable"]
+fn a_lost_give_back_heartbeat_loses_consumed_counts() {
+    use Op::*;
+    run_case(Job {
+        findings: Findings {
+            give_back_heartbeat_losable: true,
+            ..Findings::default()
+        },
+        split_rows: vec![2],
+        task_rows: 2,
+        epochs: 1,
+        seed: 0,
+        resplit_margin_rows: 0,
+        resplit_min_rows: 1,
+        nodes: 1,
+        trainers: 2,
+        follow: false,
+        ops: vec![
+            Heartbeat { node: 0 },
+            Acquire { node: 0 },
+            Produce {
+                node: 0,
+                pick: 0,
+                rows: 1,
+            },
+            Consume {
+                node: 0,
+                pick: 0,
+                rows: 1,
+            },
+            Scale { num: 1 },
+            TrainerExits { pick: 0 },
+            TrainerExits { pick: 0 },
+            // Answered with `Release`; the next call is the final heartbeat.
+            Acquire { node: 0 },
+            Acquire { node: 0 },
+            Takeover { lose: 1 },
+        ],
+    });
+}
+
+/// Finding: on the answer to a heartbeat that reports a task consumed to its end, the daemon lets
+/// the task go. A takeover that loses that heartbeat (its answer carried no command) leaves the
+/// task in flight on the node at its earlier counts: the job waits for it for ever, or, once the
+/// daemon registers again without it, queues it again from those counts and delivers its last
+/// rows twice.
+#[test]
+#[ignore = "finding: a heartbeat that finishes a task must be durable"]
+fn a_lost_heartbeat_that_finished_a_task_delivers_its_rows_again() {
+    use Op::*;
+    run_case(Job {
+        findings: Findings {
+            finishing_heartbeat_losable: true,
+            ..Findings::default()
+        },
+        split_rows: vec![1],
+        task_rows: 1,
+        epochs: 1,
+        seed: 0,
+        resplit_margin_rows: 0,
+        resplit_min_rows: 1,
+        nodes: 1,
+        trainers: 1,
+        follow: false,
+        ops: vec![
+            Heartbeat { node: 0 },
+            Acquire { node: 0 },
+            Produce {
+                node: 0,
+                pick: 0,
+                rows: 1,
+            },
+            Consume {
+                node: 0,
+                pick: 0,
+                rows: 1,
+            },
+            Heartbeat { node: 0 },
+            Takeover { lose: 1 },
+            DaemonRestart { node: 0 },
         ],
     });
 }
