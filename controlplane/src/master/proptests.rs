@@ -959,9 +959,26 @@ impl Sim<'_> {
     /// to their end, heartbeats and asks for more.
     fn drain(&mut self) -> Result<(), TestCaseError> {
         self.end_follow();
-        for _ in 0..2_000 {
+        let mut last_progress = None;
+        let mut idle_rounds = 0;
+        while idle_rounds < 50 {
             if self.sut.table().outcome().is_some() {
                 return Ok(());
+            }
+            let counts = self.sut.table().task_counts();
+            let progress = Some((
+                self.ledger.len(),
+                self.sut.rows_consumed_total(),
+                self.sut.table().epoch(),
+                (counts.pending, counts.in_flight, counts.done),
+                self.sut.scaling(),
+                self.trainers.len(),
+            ));
+            if progress == last_progress {
+                idle_rounds += 1;
+            } else {
+                idle_rounds = 0;
+                last_progress = progress;
             }
             self.tick();
             while self
@@ -1169,6 +1186,8 @@ fn every_row_of_every_epoch_is_consumed_exactly_once_through_the_masters_process
     let mut runner = TestRunner::new(Config {
         cases,
         failure_persistence: None,
+        // A failing case shrinks for at most a minute.
+        max_shrink_time: 60_000,
         ..Config::default()
     });
     let result = runner.run(&job_strategy(), |job| run_job(job, &coverage));
