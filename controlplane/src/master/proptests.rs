@@ -726,21 +726,18 @@ impl Sim<'_> {
         Ok(())
     }
 
-    /// One trainer the AM retired ends.
+    /// One trainer the AM retired ends, or is seen ended: the launcher reports a retiring trainer
+    /// that no longer runs as ended.
     fn trainer_exits(&mut self, pick: impl FnOnce(usize) -> usize) {
         let retiring: Vec<ExecutorId> = self
             .sut
             .executors()
             .map(|executors| executors.retiring().cloned().collect())
             .unwrap_or_default();
-        let running: Vec<ExecutorId> = retiring
-            .into_iter()
-            .filter(|id| self.trainers.contains_key(id))
-            .collect();
-        if running.is_empty() {
+        if retiring.is_empty() {
             return;
         }
-        let id = running[pick(running.len())].clone();
+        let id = retiring[pick(retiring.len())].clone();
         self.trainers.remove(&id);
         let applied = self.sut.executor_exited(id, Exit::Killed);
         self.journal(&applied, false);
@@ -981,11 +978,11 @@ impl Sim<'_> {
                 last_progress = progress;
             }
             self.tick();
-            while self
+            let retiring = self
                 .sut
                 .executors()
-                .is_some_and(|executors| executors.retiring().next().is_some())
-            {
+                .map_or(0, |executors| executors.retiring().count());
+            for _ in 0..retiring {
                 self.trainer_exits(|_| 0);
             }
             self.launch()?;
