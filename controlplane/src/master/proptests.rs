@@ -39,7 +39,8 @@
 //!   `controlplane/src/server.rs` does: [`Master::new`], [`Master::launch_executors`],
 //!   [`Master::restore_snapshot`] of the last snapshot, [`Master::replay`] of the entries after
 //!   it, then [`Master::grant_grace`] and [`Master::resume_commands`] as `Am::take_over` does.
-//!   Daemons and trainers live through it and carry on.
+//!   Daemons and trainers live through it and carry on, each daemon registering again at its
+//!   next call or not (its session only retries the call; a restarted daemon registers).
 //! - **The durability rule** (docs/architecture.md): what the AM acknowledges or acts on outside is
 //!   durable before anyone learns of it, but consumed counts in heartbeats may be journaled
 //!   without waiting. So at a takeover the journal may lose a tail of entries, after the last
@@ -96,6 +97,7 @@ enum Op {
     /// The daemon heartbeats its counts (or does what its loop owes first).
     Heartbeat { node: usize },
     /// The daemon reports a task consumed to its end with `ReportTask` (or does what it owes).
+    /// `sluice-daemon` reports finished tasks in heartbeats; the API takes this report too.
     ReportDone { node: usize, pick: u8 },
     /// The daemon restarts; its rings and trainers survive.
     DaemonRestart { node: usize },
@@ -115,8 +117,10 @@ enum Op {
     EndFollow,
     /// The journal gets a snapshot of the master.
     Snapshot,
-    /// A new AM takes the job over; `lose` picks how much of the losable tail is lost.
-    Takeover { lose: u8 },
+    /// A new AM takes the job over; `lose` picks how much of the losable tail is lost. With
+    /// `reregister`, every daemon registers again at its next call, holding its tasks (the
+    /// daemon's session only retries its call; a daemon restarted meanwhile registers).
+    Takeover { lose: u8, reregister: bool },
 }
 
 impl Op {
@@ -902,6 +906,17 @@ impl Sim<'_> {
         Ok(())
     }
 
+    /// The daemon restarts: it keeps its rings, tasks and counts, forgets its queued
+    /// acknowledgements, and registers at its next call (holding nothing once it gave its rings
+    /// back).
+    fn restart_daemon(&mut self, node: usize) {
+        let sim_node = &mut self.nodes[node];
+        sim_node.acks.clear();
+        if matches!(sim_node.phase, Phase::Serving | Phase::Released) {
+            sim_node.phase = Phase::Unregistered;
+        }
+    }
+
     fn step(&mut self, op: Op) -> Result<(), TestCaseError> {
         self.tick();
         let nodes = self.nodes.len();
@@ -931,13 +946,7 @@ impl Sim<'_> {
                     self.report_done(node, pick)?;
                 }
             }
-            Op::DaemonRestart { node } => {
-                let sim_node = &mut self.nodes[node];
-                sim_node.acks.clear();
-                if matches!(sim_node.phase, Phase::Serving | Phase::Released) {
-                    sim_node.phase = Phase::Unregistered;
-                }
-            }
+            Op::DaemonRestart { node } => self.restart_daemon(node),
             Op::TrainerExits { pick } => self.trainer_exits(|len| usize::from(pick) % len),
             Op::Launch => self.launch()?,
             Op::Scale { num } => self.scale(num),
@@ -946,7 +955,14 @@ impl Sim<'_> {
             Op::AddSplits { rows } => self.add_splits(rows),
             Op::EndFollow => self.end_follow(),
             Op::Snapshot => self.snapshot = Some((self.sut.snapshot(), self.journal.len())),
-            Op::Takeover { lose } => self.take_over(lose)?,
+            Op::Takeover { lose, reregister } => {
+                self.take_over(lose)?;
+                if reregister {
+                    for node in 0..nodes {
+                        self.restart_daemon(node);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -1040,7 +1056,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => prop::collection::vec(0..20u64, 1..3).prop_map(|rows| Op::AddSplits { rows }),
         1 => Just(Op::EndFollow),
         1 => Just(Op::Snapshot),
-        2 => any::<u8>().prop_map(|lose| Op::Takeover { lose }),
+        2 => (any::<u8>(), any::<bool>())
+            .prop_map(|(lose, reregister)| Op::Takeover { lose, reregister }),
     ]
 }
 
@@ -1303,7 +1320,10 @@ fn a_lost_give_back_heartbeat_loses_consumed_counts() {
             // Answered with `Release`; the next call is the final heartbeat.
             Acquire { node: 0 },
             Acquire { node: 0 },
-            Takeover { lose: 1 },
+            Takeover {
+                lose: 1,
+                reregister: false,
+            },
         ],
     });
 }
@@ -1345,8 +1365,10 @@ fn a_lost_heartbeat_that_finished_a_task_delivers_its_rows_again() {
                 rows: 1,
             },
             Heartbeat { node: 0 },
-            Takeover { lose: 1 },
-            DaemonRestart { node: 0 },
+            Takeover {
+                lose: 1,
+                reregister: true,
+            },
         ],
     });
 }
