@@ -16,6 +16,8 @@
 //!   once a heartbeat is answered, and on `Release` reports its final counts in a heartbeat
 //!   (whose answer it ignores), removes its rings and registers again holding nothing. A
 //!   restarted daemon keeps its rings, tasks and counts and forgets its queued acknowledgements.
+//!   A daemon told to shut down exits with success, as the launcher sees; launched again (after a
+//!   restore of a finished job), it starts from nothing.
 //!   No daemon is ever silent past its heartbeat timeout, so no node is lost; a `Fence` is a
 //!   failure of the test.
 //! - **Trainers** are processes the simulated launcher runs: launched when the AM's
