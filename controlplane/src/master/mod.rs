@@ -70,6 +70,9 @@ mod views;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod proptests;
+
 use crate::decide::{
     Action, DecideConfig, Event, JobOutcome, JobState, NodeId, NodeStatus, TaskId, decide,
 };

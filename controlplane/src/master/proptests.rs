@@ -1,0 +1,1376 @@
+//! Property tests of the whole [`Master`], driven through its public API as the gRPC service
+//! drives it: simulated daemons and trainers, a launching AM that scales its role and restores data
+//! checkpoints, a followed source that grows, and AM takeovers from a simulated journal; the rows
+//! the trainers consumed are checked against the data.
+//!
+//! # Implementation
+//! The model, from the outside in:
+//!
+//! - **Daemons** follow the serve loop of `sluice-daemon` (`dataplane/daemon/src/lib.rs`) and its
+//!   task book. A daemon registers holding the tasks its rings hold, with their counts, and keeps
+//!   only the tasks the registration's answer gives back. Each call it makes first does what its
+//!   loop owes: the final heartbeat of a give-back, the registration after one, the stop
+//!   acknowledgements queued. It asks for at most one task per ring more than it holds (a node
+//!   with no ranks asks for none), places a new task on its ring with the fewest tasks, cuts a
+//!   task at `max(row, rows enqueued)` when told to stop, lets go the tasks consumed to their end
+//!   once a heartbeat is answered, and on `Release` reports its final counts in a heartbeat
+//!   (whose answer it ignores), removes its rings and registers again holding nothing. A
+//!   restarted daemon keeps its rings, tasks and counts and forgets its queued acknowledgements.
+//!   A daemon told to shut down exits with success, as the launcher sees; launched again (after a
+//!   restore of a finished job), it starts from nothing.
+//!   No daemon is ever silent past its heartbeat timeout, so no node is lost; a `Fence` is a
+//!   failure of the test.
+//! - **Trainers** are processes the simulated launcher runs: launched when the AM's
+//!   [`Master::executors_to_launch`] names them, ended one by one when the AM retires them. The
+//!   trainer of rank `r` reads ring `r` of the node that feeds it, whatever the AM believes, so a
+//!   task's rows are consumed only while a trainer of its ring's rank runs. Trainers that a
+//!   restore relaunches load the checkpoint and call [`Master::restore`] again, which must change
+//!   nothing.
+//! - **The ledger** is the ground truth: the multiset of `(epoch, split, row)` the trainers'
+//!   state holds. A row enters it when a trainer releases it, not when the AM learns of it. A
+//!   data checkpoint is committed by every rank at once (rank 0 reports every task's consumed end
+//!   of the epoch, the others none, which the AM merges alike) together with a copy of the ledger;
+//!   an effective restore puts that copy back, and the rows that trainers launched before the
+//!   restore consume afterwards never enter it (those trainers are being restarted from the
+//!   checkpoint). A row entering the ledger twice fails the test at once; at the end, after the
+//!   surviving daemons and trainers drained the job with following ended, the job must have
+//!   succeeded and the ledger must hold every row of every epoch, planned and added splits
+//!   alike, exactly once.
+//! - **The journal** is every [`Applied::entries`] in order, and a [`Snapshot`] taken at random
+//!   points (its position in the journal with it). A takeover builds a new master as
+//!   `controlplane/src/server.rs` does: [`Master::new`], [`Master::launch_executors`],
+//!   [`Master::restore_snapshot`] of the last snapshot, [`Master::replay`] of the entries after
+//!   it, then [`Master::grant_grace`] and [`Master::resume_commands`] as `Am::take_over` does.
+//!   Daemons and trainers live through it and carry on, each daemon registering again at its
+//!   next call or not (its session only retries the call; a restarted daemon registers).
+//! - **The durability rule** (docs/architecture.md): what the AM acknowledges or acts on outside is
+//!   durable before anyone learns of it, but consumed counts in heartbeats may be journaled
+//!   without waiting. So at a takeover the journal may lose a tail of entries, after the last
+//!   snapshot, each of which is a heartbeat ([`Entry::Event`] of [`Event::Heartbeat`]) whose
+//!   answer the daemon did not act on; a journal is durable in order, so a lost entry is never
+//!   followed by a kept one. A heartbeat's answer is acted on when it carries a command (an
+//!   `Assign`, `Stop`, `Release` or `Shutdown` out of the outbox or of the heartbeat itself)
+//!   or when, on it, the daemon lets go a task consumed to its end (the task book's
+//!   `heartbeat_answered`). The final heartbeat of a give-back is never lost either: on its
+//!   answer the daemon removes its rings, which hold the only other copy of its counts. The
+//!   daemon does not register again after an AM restart (its session retries the call), so a
+//!   takeover alone does not make it report its counts; a daemon restart, at any point, does.
+//!
+//! # Findings
+//! Three paths of the model break exactly-once; [`Findings`] turns each on in an ignored
+//! regression test with a minimal case, and the property test leaves them off:
+//! - `a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node`: the table a
+//!   restore resets to knows only the nodes the checkpoint lists. The property test commits
+//!   checkpoints only once every node has registered.
+//! - `a_lost_give_back_heartbeat_loses_consumed_counts` and
+//!   `a_lost_heartbeat_that_finished_a_task_delivers_its_rows_again`: a heartbeat whose answer
+//!   carried no command, but on whose answer the daemon drops counts (its rings, or a finished
+//!   task), must be durable. The service waits for every heartbeat to be durable, so these break
+//!   the durability rule as docs/architecture.md words it, not the AM as it runs.
+//!
+//! Time advances by one millisecond per step and the heartbeat timeout is far away: liveness is
+//! the table's own property tests' subject (`decide/proptests.rs`), exactly-once across the
+//! master's processes is this one's.
+
+use super::*;
+use crate::decide::JobOutcome;
+use crate::launcher::{ExecutorId, Exit, LaunchAction};
+use crate::spec::Format;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use sluice_formats::Split;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use v1::command::Command as Cmd;
+
+/// The job's one role.
+const ROLE: &str = "worker";
+
+/// One step of the simulation. `pick` chooses among a node's tasks, or among candidates, modulo
+/// their number (a plain number, so that a failing case can be pasted into a regression test).
+#[derive(Debug, Clone)]
+enum Op {
+    /// The daemon asks for tasks (or does what its loop owes first).
+    Acquire { node: usize },
+    /// The daemon's feeders write rows of a task into its ring.
+    Produce { node: usize, pick: u8, rows: u64 },
+    /// The trainer reading a task's ring releases rows of it.
+    Consume { node: usize, pick: u8, rows: u64 },
+    /// The daemon heartbeats its counts (or does what its loop owes first).
+    Heartbeat { node: usize },
+    /// The daemon reports a task consumed to its end with `ReportTask` (or does what it owes).
+    /// `sluice-daemon` reports finished tasks in heartbeats; the API takes this report too.
+    ReportDone { node: usize, pick: u8 },
+    /// The daemon restarts; its rings and trainers survive.
+    DaemonRestart { node: usize },
+    /// One trainer the AM retired ends.
+    TrainerExits { pick: u8 },
+    /// The AM launches the executors it wants running.
+    Launch,
+    /// `sluice scale worker NUM`.
+    Scale { num: u32 },
+    /// Every rank commits a data checkpoint at the same step.
+    Checkpoint,
+    /// A stored data checkpoint is restored on the live job.
+    Restore { pick: u8 },
+    /// The followed source grows by splits of these row counts.
+    AddSplits { rows: Vec<u64> },
+    /// Following ends, as at `until_version` or `sluice stop`.
+    EndFollow,
+    /// The journal gets a snapshot of the master.
+    Snapshot,
+    /// A new AM takes the job over; `lose` picks how much of the losable tail is lost. With
+    /// `reregister`, every daemon registers again at its next call, holding its tasks (the
+    /// daemon's session only retries its call; a daemon restarted meanwhile registers).
+    Takeover { lose: u8, reregister: bool },
+}
+
+impl Op {
+    /// The op with its node taken modulo `nodes`.
+    fn on_nodes(self, nodes: usize) -> Op {
+        match self {
+            Op::Acquire { node } => Op::Acquire { node: node % nodes },
+            Op::Produce { node, pick, rows } => Op::Produce {
+                node: node % nodes,
+                pick,
+                rows,
+            },
+            Op::Consume { node, pick, rows } => Op::Consume {
+                node: node % nodes,
+                pick,
+                rows,
+            },
+            Op::Heartbeat { node } => Op::Heartbeat { node: node % nodes },
+            Op::ReportDone { node, pick } => Op::ReportDone {
+                node: node % nodes,
+                pick,
+            },
+            Op::DaemonRestart { node } => Op::DaemonRestart { node: node % nodes },
+            other => other,
+        }
+    }
+}
+
+/// Paths of the model that lead to the findings below: off in the property test, on in the
+/// regression test of each finding.
+#[derive(Debug, Clone, Copy, Default)]
+struct Findings {
+    /// Data checkpoints may be committed before every node has registered (finding: a restore to
+    /// one forgets the nodes that registered after it).
+    checkpoint_before_every_node_registered: bool,
+    /// The final heartbeat of a give-back may be lost at a takeover (finding: its counts are lost
+    /// with the rings).
+    give_back_heartbeat_losable: bool,
+    /// A heartbeat on whose answer the daemon lets go a task consumed to its end may be lost at a
+    /// takeover (finding: the task is queued again from the counts before it).
+    finishing_heartbeat_losable: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Job {
+    findings: Findings,
+    split_rows: Vec<u64>,
+    task_rows: u64,
+    epochs: u32,
+    seed: u64,
+    resplit_margin_rows: u64,
+    resplit_min_rows: u64,
+    nodes: u32,
+    trainers: u32,
+    follow: bool,
+    ops: Vec<Op>,
+}
+
+/// Where a simulated daemon's loop stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Not registered: its next call registers, holding its tasks.
+    Unregistered,
+    /// Serving a registration.
+    Serving,
+    /// Told to release: its next call is the heartbeat of its final counts.
+    Released,
+    /// Rings given back: its next call registers holding nothing.
+    GaveBack,
+    /// Shut down by the AM.
+    Shutdown,
+}
+
+#[derive(Debug, Clone)]
+struct SimTask {
+    task_id: u64,
+    epoch: u32,
+    split: u32,
+    /// Split rows `[start, end)`; `end` moves when a stop cuts the task.
+    start: u64,
+    end: u64,
+    /// The trainer rank whose ring the task feeds.
+    rank: u32,
+    enqueued: u64,
+    consumed: u64,
+}
+
+impl SimTask {
+    fn rows(&self) -> u64 {
+        self.end - self.start
+    }
+
+    fn finished(&self) -> bool {
+        self.consumed >= self.rows()
+    }
+
+    fn progress(&self) -> v1::TaskProgress {
+        v1::TaskProgress {
+            task_id: self.task_id,
+            enqueued: self.enqueued,
+            consumed: self.consumed,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct SimNode {
+    phase: Phase,
+    /// Whether the node registered once in the job, in this life or an earlier one.
+    known: bool,
+    ranks: Vec<u32>,
+    tasks: Vec<SimTask>,
+    /// Stops applied and not yet acknowledged: task and stop row.
+    acks: Vec<(u64, u64)>,
+}
+
+impl SimNode {
+    fn new() -> SimNode {
+        SimNode {
+            phase: Phase::Unregistered,
+            known: false,
+            ranks: Vec::new(),
+            tasks: Vec::new(),
+            acks: Vec::new(),
+        }
+    }
+}
+
+/// `(epoch, split, row)` and how often the trainers' state holds it.
+type Ledger = HashMap<(u32, u32, u64), u32>;
+
+/// Each task's consumed end (a split row) in each epoch: what the ranks report at a checkpoint.
+type Positions = BTreeMap<u32, BTreeMap<u64, u64>>;
+
+/// A stored data checkpoint and the trainers' state at its step.
+#[derive(Debug, Clone)]
+struct Stored {
+    token: String,
+    position: DataPosition,
+    ledger: Ledger,
+    positions: Positions,
+}
+
+/// Counts of notable paths across all cases, to show they were exercised.
+#[derive(Debug, Default)]
+struct Coverage {
+    scales: usize,
+    scales_done: usize,
+    checkpoints: usize,
+    restores: usize,
+    relaunch_restores: usize,
+    takeovers: usize,
+    takeovers_mid_scale: usize,
+    takeovers_mid_restore: usize,
+    lost_entries: usize,
+    snapshots_used: usize,
+    added_splits: usize,
+    resumed: usize,
+    stops: usize,
+    succeeded: usize,
+    followed_grew_and_succeeded: usize,
+}
+
+struct Sim<'a> {
+    findings: Findings,
+    spec: Arc<JobSpec>,
+    plan: Arc<JobPlan>,
+    sut: Master,
+    now_ms: u64,
+    nodes: Vec<SimNode>,
+    /// Running trainer processes, each with the number of restores before its launch.
+    trainers: BTreeMap<ExecutorId, u64>,
+    /// Effective restores so far.
+    restores: u64,
+    /// The checkpoint the trainers a restore relaunches load.
+    relaunch_from: Option<(String, DataPosition)>,
+    split_rows: Vec<u64>,
+    ledger: Ledger,
+    positions: Positions,
+    stored: Vec<Stored>,
+    next_step: u64,
+    /// Every entry journaled, and whether it may be lost at a takeover.
+    journal: Vec<(Entry, bool)>,
+    snapshot: Option<(Snapshot, usize)>,
+    added_files: usize,
+    coverage: &'a RefCell<Coverage>,
+}
+
+fn fail(message: impl Into<String>) -> TestCaseError {
+    TestCaseError::fail(message.into())
+}
+
+fn trainer(rank: u32) -> ExecutorId {
+    ExecutorId::Trainer {
+        role: ROLE.to_owned(),
+        rank,
+    }
+}
+
+fn spec_text(job: &Job) -> String {
+    let follow = if job.follow { ", follow: true" } else { "" };
+    format!(
+        r#"
+name: prop
+data:
+  sources: [{{ uri: "file:///data/train", format: parquet{follow} }}]
+  task_rows: {task_rows}
+  epochs: {epochs}
+  batch_size: 2
+  shuffle: {{ seed: {seed} }}
+  resplit_margin_rows: {margin}
+  resplit_min_rows: {min}
+nodes: {nodes}
+roles:
+  - {{ name: {ROLE}, num: {trainers}, command: [train] }}
+failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000000000 }}
+"#,
+        task_rows = job.task_rows,
+        epochs = job.epochs,
+        seed = job.seed,
+        margin = job.resplit_margin_rows,
+        min = job.resplit_min_rows,
+        nodes = job.nodes,
+        trainers = job.trainers,
+    )
+}
+
+fn split(name: &str, rows: u64) -> Split {
+    Split {
+        task_id: 0,
+        uri: format!("file:///data/train/{name}.parquet"),
+        file_size: 1000,
+        first_row: 0,
+        row_count: rows,
+        partition_values: Vec::new(),
+        delta: None,
+    }
+}
+
+impl Sim<'_> {
+    /// Journals what a call applied; `losable` marks an entry the journal may lose at a takeover.
+    fn journal<T>(&mut self, applied: &Applied<T>, losable: bool) {
+        self.journal
+            .extend(applied.entries.iter().map(|entry| (entry.clone(), losable)));
+    }
+
+    fn tick(&mut self) {
+        self.now_ms += 1;
+    }
+
+    /// Whether the trainer reading ring `rank` runs, and whether its rows enter the ledger.
+    fn reader(&self, rank: u32) -> Option<bool> {
+        self.trainers
+            .get(&trainer(rank))
+            .map(|restores| *restores == self.restores)
+    }
+
+    /// Applies the AM's commands as the daemon's serve loop does. A registration's answer gives
+    /// back the tasks the daemon keeps; the others are freed.
+    fn obey(
+        &mut self,
+        node: usize,
+        commands: Vec<v1::Command>,
+        registering: bool,
+    ) -> Result<(), TestCaseError> {
+        let mut kept = BTreeSet::new();
+        let was_shut_down = self.nodes[node].phase == Phase::Shutdown;
+        for command in commands {
+            match command.command {
+                Some(Cmd::Assign(assign)) => {
+                    for assignment in assign.tasks {
+                        kept.insert(assignment.task_id);
+                        self.take_task(node, &assignment)?;
+                    }
+                }
+                Some(Cmd::Stop(stop)) => {
+                    self.coverage.borrow_mut().stops += 1;
+                    let sim_node = &mut self.nodes[node];
+                    if let Some(task) = sim_node
+                        .tasks
+                        .iter_mut()
+                        .find(|task| task.task_id == stop.task_id)
+                    {
+                        let at = stop.row.max(task.start + task.enqueued).min(task.end);
+                        task.end = at;
+                        sim_node.acks.push((stop.task_id, at));
+                    }
+                }
+                Some(Cmd::Shutdown(_)) => self.nodes[node].phase = Phase::Shutdown,
+                Some(Cmd::Release(_)) => {
+                    // The commands after it were meant for the rings given back.
+                    self.nodes[node].phase = Phase::Released;
+                    break;
+                }
+                Some(Cmd::Fence(_)) => {
+                    return Err(fail(format!(
+                        "node {node} was fenced, though it never fell silent"
+                    )));
+                }
+                Some(Cmd::Refuse(_)) | None => {}
+            }
+        }
+        if registering {
+            self.nodes[node]
+                .tasks
+                .retain(|task| kept.contains(&task.task_id));
+        }
+        if !was_shut_down && self.nodes[node].phase == Phase::Shutdown {
+            // The daemon exits, and the launcher sees it.
+            let applied = self
+                .sut
+                .executor_exited(ExecutorId::Daemon(node as u32), Exit::Code(0));
+            self.journal(&applied, false);
+        }
+        Ok(())
+    }
+
+    fn take_task(
+        &mut self,
+        node: usize,
+        assignment: &v1::TaskAssignment,
+    ) -> Result<(), TestCaseError> {
+        let sim_node = &mut self.nodes[node];
+        if let Some(held) = sim_node
+            .tasks
+            .iter_mut()
+            .find(|task| task.task_id == assignment.task_id)
+        {
+            if held.start != assignment.start || held.start + held.enqueued > assignment.end {
+                return Err(fail(format!(
+                    "node {node} is given back {assignment:?}, but its ring holds {held:?}"
+                )));
+            }
+            held.end = assignment.end;
+            self.coverage.borrow_mut().resumed += 1;
+            return Ok(());
+        }
+        let Some(rank) = sim_node.ranks.iter().copied().min_by_key(|rank| {
+            sim_node
+                .tasks
+                .iter()
+                .filter(|task| task.rank == *rank)
+                .count()
+        }) else {
+            return Err(fail(format!(
+                "node {node} feeds no trainer rank but was assigned {assignment:?}"
+            )));
+        };
+        sim_node.tasks.push(SimTask {
+            task_id: assignment.task_id,
+            epoch: assignment.epoch,
+            split: assignment.split_index,
+            start: assignment.start,
+            end: assignment.end,
+            rank,
+            enqueued: 0,
+            consumed: 0,
+        });
+        Ok(())
+    }
+
+    fn register(&mut self, node: usize) -> Result<(), TestCaseError> {
+        let held = self.nodes[node]
+            .tasks
+            .iter()
+            .map(SimTask::progress)
+            .collect();
+        let applied = self
+            .sut
+            .register(
+                v1::RegisterRequest {
+                    node_id: node as u64,
+                    job_id: "prop".into(),
+                    hostname: format!("host-{node}"),
+                    held,
+                },
+                self.now_ms,
+            )
+            .map_err(|error| fail(format!("registration of node {node} refused: {error}")))?;
+        self.journal(&applied, false);
+        let sim_node = &mut self.nodes[node];
+        sim_node.phase = Phase::Serving;
+        sim_node.known = true;
+        sim_node.ranks = applied.reply.ranks;
+        sim_node.acks.clear();
+        self.obey(node, applied.reply.commands, true)
+    }
+
+    /// What the daemon's loop owes before any other call; returns whether it did something.
+    fn owed(&mut self, node: usize) -> Result<bool, TestCaseError> {
+        match self.nodes[node].phase {
+            Phase::Shutdown => Ok(true),
+            Phase::Unregistered | Phase::GaveBack => {
+                self.register(node)?;
+                Ok(true)
+            }
+            Phase::Released => {
+                self.give_back(node);
+                Ok(true)
+            }
+            Phase::Serving if !self.nodes[node].acks.is_empty() => {
+                let acks = std::mem::take(&mut self.nodes[node].acks);
+                let mut commands = Vec::new();
+                for (task_id, stop_row) in acks {
+                    let applied = self.sut.ack_stop(
+                        v1::AckStopRequest {
+                            node_id: node as u64,
+                            task_id,
+                            stop_row,
+                        },
+                        self.now_ms,
+                    );
+                    self.journal(&applied, false);
+                    commands.extend(applied.reply.commands);
+                }
+                self.obey(node, commands, false)?;
+                Ok(true)
+            }
+            Phase::Serving => Ok(false),
+        }
+    }
+
+    /// Reports the final counts of every task and removes the rings.
+    fn give_back(&mut self, node: usize) {
+        let progress = self.nodes[node]
+            .tasks
+            .iter()
+            .map(|task| v1::TaskProgress {
+                enqueued: task.enqueued.max(task.consumed),
+                ..task.progress()
+            })
+            .collect();
+        let applied = self.sut.heartbeat(
+            v1::HeartbeatRequest {
+                node_id: node as u64,
+                progress,
+                ..v1::HeartbeatRequest::default()
+            },
+            self.now_ms,
+        );
+        self.journal(&applied, self.findings.give_back_heartbeat_losable);
+        let sim_node = &mut self.nodes[node];
+        sim_node.tasks.clear();
+        sim_node.ranks.clear();
+        sim_node.acks.clear();
+        sim_node.phase = Phase::GaveBack;
+    }
+
+    fn heartbeat(&mut self, node: usize) -> Result<(), TestCaseError> {
+        let progress = self.nodes[node]
+            .tasks
+            .iter()
+            .map(SimTask::progress)
+            .collect();
+        let applied = self.sut.heartbeat(
+            v1::HeartbeatRequest {
+                node_id: node as u64,
+                progress,
+                ..v1::HeartbeatRequest::default()
+            },
+            self.now_ms,
+        );
+        let frees = self.nodes[node].tasks.iter().any(SimTask::finished)
+            && !self.findings.finishing_heartbeat_losable;
+        let acted = !applied.reply.commands.is_empty() || frees;
+        self.journal(&applied, !acted);
+        self.nodes[node].tasks.retain(|task| !task.finished());
+        self.obey(node, applied.reply.commands, false)
+    }
+
+    fn acquire(&mut self, node: usize) -> Result<(), TestCaseError> {
+        let sim_node = &self.nodes[node];
+        let wanted = (2 * sim_node.ranks.len()).saturating_sub(sim_node.tasks.len());
+        if wanted == 0 {
+            return Ok(());
+        }
+        let applied = self.sut.acquire(
+            v1::AcquireTasksRequest {
+                node_id: node as u64,
+                max_tasks: wanted as u32,
+            },
+            self.now_ms,
+        );
+        self.journal(&applied, false);
+        self.obey(node, applied.reply.commands, false)
+    }
+
+    fn report_done(&mut self, node: usize, pick: u8) -> Result<(), TestCaseError> {
+        let tasks = &self.nodes[node].tasks;
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let task = tasks[usize::from(pick) % tasks.len()].clone();
+        if !task.finished() {
+            return Ok(());
+        }
+        let applied = self
+            .sut
+            .report(
+                v1::ReportTaskRequest {
+                    node_id: node as u64,
+                    task_id: task.task_id,
+                    consumed: task.consumed,
+                    outcome: Some(v1::report_task_request::Outcome::Done(v1::TaskDone {})),
+                },
+                self.now_ms,
+            )
+            .map_err(|error| fail(format!("report refused: {error}")))?;
+        self.journal(&applied, false);
+        self.nodes[node]
+            .tasks
+            .retain(|held| held.task_id != task.task_id);
+        self.obey(node, applied.reply.commands, false)
+    }
+
+    /// The index of the task `pick` chooses on a serving node.
+    fn pick_task(&self, node: usize, pick: u8) -> Option<usize> {
+        let sim_node = &self.nodes[node];
+        (sim_node.phase == Phase::Serving && !sim_node.tasks.is_empty())
+            .then(|| usize::from(pick) % sim_node.tasks.len())
+    }
+
+    fn produce(&mut self, node: usize, index: usize, rows: u64) {
+        let sim_node = &mut self.nodes[node];
+        let task = &mut sim_node.tasks[index];
+        task.enqueued = (task.enqueued + rows).min(task.rows());
+    }
+
+    /// The trainer of the task's ring releases up to `rows` more rows of it.
+    fn consume(&mut self, node: usize, index: usize, rows: u64) -> Result<(), TestCaseError> {
+        let Some(counted) = self.reader(self.nodes[node].tasks[index].rank) else {
+            return Ok(());
+        };
+        let task = &mut self.nodes[node].tasks[index];
+        let from = task.consumed;
+        task.consumed = (task.consumed + rows).min(task.enqueued);
+        let task = task.clone();
+        if !counted {
+            return Ok(());
+        }
+        for offset in from..task.consumed {
+            let row = (task.epoch, task.split, task.start + offset);
+            let count = self.ledger.entry(row).or_insert(0);
+            *count += 1;
+            if *count > 1 {
+                return Err(fail(format!(
+                    "row {} of split {} in epoch {} consumed twice, by rank {} from task-{} on node {node}",
+                    row.2, row.1, row.0, task.rank, task.task_id
+                )));
+            }
+        }
+        self.positions
+            .entry(task.epoch)
+            .or_default()
+            .insert(task.task_id, task.start + task.consumed);
+        Ok(())
+    }
+
+    /// The launcher launches what the AM wants running; trainers a restore relaunched load its
+    /// checkpoint and call `restore`, which must change nothing.
+    fn launch(&mut self) -> Result<(), TestCaseError> {
+        let mut launched_trainers = Vec::new();
+        for LaunchAction::Launch(id) in self.sut.executors_to_launch() {
+            let applied = self.sut.executor_launched(id.clone());
+            self.journal(&applied, false);
+            match id {
+                ExecutorId::Trainer { .. } => {
+                    self.trainers.insert(id.clone(), self.restores);
+                    launched_trainers.push(id);
+                }
+                ExecutorId::Daemon(node) => {
+                    // A daemon launched again starts from nothing: the one before it shut down.
+                    if let Some(sim_node) = self.nodes.get_mut(node as usize)
+                        && sim_node.phase == Phase::Shutdown
+                    {
+                        *sim_node = SimNode {
+                            known: true,
+                            ..SimNode::new()
+                        };
+                    }
+                }
+            }
+        }
+        if launched_trainers.is_empty() {
+            return Ok(());
+        }
+        let Some((token, position)) = self.relaunch_from.take() else {
+            return Ok(());
+        };
+        for id in launched_trainers {
+            let applied = self
+                .sut
+                .restore(token.clone(), position.clone(), self.now_ms)
+                .map_err(|error| {
+                    fail(format!(
+                        "{id}, relaunched by the restore of {token}, calls restore again: {error}"
+                    ))
+                })?;
+            if !applied.entries.is_empty() {
+                return Err(fail(format!(
+                    "{id}, relaunched by the restore of {token}, restored it again: {:?}",
+                    applied.entries
+                )));
+            }
+            self.coverage.borrow_mut().relaunch_restores += 1;
+        }
+        Ok(())
+    }
+
+    /// One trainer the AM retired ends, or is seen ended: the launcher reports a retiring trainer
+    /// that no longer runs as ended.
+    fn trainer_exits(&mut self, pick: impl FnOnce(usize) -> usize) {
+        let retiring: Vec<ExecutorId> = self
+            .sut
+            .executors()
+            .map(|executors| executors.retiring().cloned().collect())
+            .unwrap_or_default();
+        if retiring.is_empty() {
+            return;
+        }
+        let id = retiring[pick(retiring.len())].clone();
+        self.trainers.remove(&id);
+        let applied = self.sut.executor_exited(id, Exit::Killed);
+        self.journal(&applied, false);
+    }
+
+    fn scale(&mut self, num: u32) {
+        if let Ok(applied) = self.sut.scale(ROLE, num) {
+            if !applied.entries.is_empty() {
+                self.coverage.borrow_mut().scales += 1;
+            }
+            self.journal(&applied, false);
+        }
+    }
+
+    /// Every rank of the running world commits the same step, when every trainer runs.
+    fn checkpoint(&mut self) -> Result<(), TestCaseError> {
+        let world = self.sut.world_size();
+        let all_running = (0..world).all(|rank| self.reader(rank) == Some(true))
+            && self.trainers.len() == world as usize;
+        let all_known = self.nodes.iter().all(|sim_node| sim_node.known)
+            || self.findings.checkpoint_before_every_node_registered;
+        if !all_running || !all_known {
+            return Ok(());
+        }
+        let epoch = self.sut.table().epoch();
+        let step = self.next_step;
+        self.next_step += 1;
+        let mine = self.positions.get(&epoch).cloned().unwrap_or_default();
+        for rank in 0..world {
+            let positions = if rank == 0 {
+                mine.iter()
+                    .map(|(task_id, end_row)| v1::TaskPosition {
+                        task_id: *task_id,
+                        end_row: *end_row,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let applied = match self.sut.commit_checkpoint(v1::CommitDataCheckpointRequest {
+                step,
+                rank,
+                world_size: world,
+                epoch,
+                positions,
+            }) {
+                Ok(applied) => applied,
+                Err(error) => {
+                    return Err(fail(format!(
+                        "rank {rank}'s commit of step {step} refused: {error}"
+                    )));
+                }
+            };
+            self.journal(&applied, false);
+            if let CommitOutcome::Ready(ready) = applied.reply {
+                let stored = self.sut.checkpoint_stored(ready.step, ready.token.clone());
+                self.journal(&stored, false);
+                self.stored.push(Stored {
+                    token: ready.token,
+                    position: ready.position,
+                    ledger: self.ledger.clone(),
+                    positions: self.positions.clone(),
+                });
+                self.coverage.borrow_mut().checkpoints += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, pick: u8) -> Result<(), TestCaseError> {
+        if self.stored.is_empty() {
+            return Ok(());
+        }
+        let stored = self.stored[usize::from(pick) % self.stored.len()].clone();
+        let Ok(applied) =
+            self.sut
+                .restore(stored.token.clone(), stored.position.clone(), self.now_ms)
+        else {
+            return Ok(());
+        };
+        if applied.entries.is_empty() {
+            return Ok(());
+        }
+        self.journal(&applied, false);
+        self.ledger = stored.ledger;
+        self.positions = stored.positions;
+        self.restores += 1;
+        self.relaunch_from = Some((stored.token, stored.position));
+        self.coverage.borrow_mut().restores += 1;
+        Ok(())
+    }
+
+    fn add_splits(&mut self, rows: Vec<u64>) {
+        if self.sut.follow_target(0).is_none() {
+            return;
+        }
+        let splits = rows
+            .iter()
+            .map(|rows| {
+                self.added_files += 1;
+                split(&format!("added-{}", self.added_files), *rows)
+            })
+            .collect();
+        let applied = self.sut.add_splits(0, None, JobPlan::of_splits(0, splits));
+        self.journal(&applied, false);
+        self.split_rows.extend(rows);
+        self.coverage.borrow_mut().added_splits += 1;
+    }
+
+    fn end_follow(&mut self) {
+        let following = self
+            .sut
+            .follows()
+            .first()
+            .and_then(Option::as_ref)
+            .is_some_and(|follow| follow.following);
+        if following {
+            let applied = self.sut.end_follow(0, "until_version reached".to_owned());
+            self.journal(&applied, false);
+        }
+    }
+
+    /// A new AM takes the job over from the journal, which lost `lose` of its losable tail.
+    fn take_over(&mut self, lose: u8) -> Result<(), TestCaseError> {
+        let from = self.snapshot.as_ref().map_or(0, |(_, at)| *at);
+        let losable = self.journal[from..]
+            .iter()
+            .rev()
+            .take_while(|(_, losable)| *losable)
+            .count();
+        let lost = usize::from(lose) % (losable + 1);
+        self.journal.truncate(self.journal.len() - lost);
+        {
+            let mut coverage = self.coverage.borrow_mut();
+            coverage.takeovers += 1;
+            coverage.lost_entries += lost;
+            coverage.snapshots_used += usize::from(self.snapshot.is_some());
+            if let Some(rescale) = &self.sut.rescale {
+                if rescale.restore {
+                    coverage.takeovers_mid_restore += 1;
+                } else {
+                    coverage.takeovers_mid_scale += 1;
+                }
+            }
+        }
+        let broken = |error: AmError| fail(format!("takeover failed: {error}"));
+        let mut sut = Master::new(self.spec.clone(), self.plan.clone()).map_err(broken)?;
+        sut.launch_executors();
+        if let Some((snapshot, _)) = &self.snapshot {
+            sut.restore_snapshot(snapshot.clone()).map_err(broken)?;
+        }
+        for (entry, _) in &self.journal[from..] {
+            sut.replay(entry.clone()).map_err(broken)?;
+        }
+        sut.grant_grace(self.now_ms);
+        sut.resume_commands();
+        self.sut = sut;
+        // What the new AM read is durable.
+        for (_, losable) in &mut self.journal {
+            *losable = false;
+        }
+        Ok(())
+    }
+
+    /// The daemon restarts: it keeps its rings, tasks and counts, forgets its queued
+    /// acknowledgements, and registers at its next call (holding nothing once it gave its rings
+    /// back).
+    fn restart_daemon(&mut self, node: usize) {
+        let sim_node = &mut self.nodes[node];
+        sim_node.acks.clear();
+        if matches!(sim_node.phase, Phase::Serving | Phase::Released) {
+            sim_node.phase = Phase::Unregistered;
+        }
+    }
+
+    fn step(&mut self, op: Op) -> Result<(), TestCaseError> {
+        self.tick();
+        let nodes = self.nodes.len();
+        match op.on_nodes(nodes) {
+            Op::Acquire { node } => {
+                if !self.owed(node)? {
+                    self.acquire(node)?;
+                }
+            }
+            Op::Produce { node, pick, rows } => {
+                if let Some(index) = self.pick_task(node, pick) {
+                    self.produce(node, index, rows);
+                }
+            }
+            Op::Consume { node, pick, rows } => {
+                if let Some(index) = self.pick_task(node, pick) {
+                    self.consume(node, index, rows)?;
+                }
+            }
+            Op::Heartbeat { node } => {
+                if !self.owed(node)? {
+                    self.heartbeat(node)?;
+                }
+            }
+            Op::ReportDone { node, pick } => {
+                if !self.owed(node)? {
+                    self.report_done(node, pick)?;
+                }
+            }
+            Op::DaemonRestart { node } => self.restart_daemon(node),
+            Op::TrainerExits { pick } => self.trainer_exits(|len| usize::from(pick) % len),
+            Op::Launch => self.launch()?,
+            Op::Scale { num } => self.scale(num),
+            Op::Checkpoint => self.checkpoint()?,
+            Op::Restore { pick } => self.restore(pick)?,
+            Op::AddSplits { rows } => self.add_splits(rows),
+            Op::EndFollow => self.end_follow(),
+            Op::Snapshot => self.snapshot = Some((self.sut.snapshot(), self.journal.len())),
+            Op::Takeover { lose, reregister } => {
+                self.take_over(lose)?;
+                if reregister {
+                    for node in 0..nodes {
+                        self.restart_daemon(node);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Follows the job to its end with the surviving daemons and trainers: every retired trainer
+    /// ends, every executor wanted is launched, and each daemon does what it owes, reads its tasks
+    /// to their end, heartbeats and asks for more.
+    fn drain(&mut self) -> Result<(), TestCaseError> {
+        self.end_follow();
+        let mut last_progress = None;
+        let mut idle_rounds = 0;
+        while idle_rounds < 50 {
+            if self.sut.table().outcome().is_some() {
+                return Ok(());
+            }
+            let counts = self.sut.table().task_counts();
+            let progress = Some((
+                self.ledger.len(),
+                self.sut.rows_consumed_total(),
+                self.sut.table().epoch(),
+                (counts.pending, counts.in_flight, counts.done),
+                self.sut.scaling(),
+                self.trainers.len(),
+            ));
+            if progress == last_progress {
+                idle_rounds += 1;
+            } else {
+                idle_rounds = 0;
+                last_progress = progress;
+            }
+            self.tick();
+            let retiring = self
+                .sut
+                .executors()
+                .map_or(0, |executors| executors.retiring().count());
+            for _ in 0..retiring {
+                self.trainer_exits(|_| 0);
+            }
+            self.launch()?;
+            for node in 0..self.nodes.len() {
+                // What the loop owes (a registration, a give-back, acknowledgements) comes first,
+                // then the loop reads, heartbeats and asks for more, as a daemon's does.
+                for _ in 0..4 {
+                    if !self.owed(node)? {
+                        break;
+                    }
+                }
+                if self.nodes[node].phase != Phase::Serving {
+                    continue;
+                }
+                for index in 0..self.nodes[node].tasks.len() {
+                    self.produce(node, index, u64::MAX / 4);
+                    self.consume(node, index, u64::MAX / 4)?;
+                }
+                self.heartbeat(node)?;
+                if !self.owed(node)? {
+                    self.acquire(node)?;
+                }
+            }
+        }
+        Err(fail(format!(
+            "stuck: the job does not finish; {} tasks pending, {} in flight, scaling: {}, nodes: {:?}, trainers: {:?}",
+            self.sut.table().pending_count(),
+            self.sut.table().in_flight_count(),
+            self.sut.scaling(),
+            self.nodes,
+            self.trainers
+        )))
+    }
+}
+
+/// The most nodes a job has; an op's node is taken modulo the job's.
+const MAX_NODES: usize = 3;
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let node = 0..MAX_NODES;
+    prop_oneof![
+        6 => node.clone().prop_map(|node| Op::Acquire { node }),
+        8 => (node.clone(), any::<u8>(), 1..12u64)
+            .prop_map(|(node, pick, rows)| Op::Produce { node, pick, rows }),
+        8 => (node.clone(), any::<u8>(), 1..12u64)
+            .prop_map(|(node, pick, rows)| Op::Consume { node, pick, rows }),
+        6 => node.clone().prop_map(|node| Op::Heartbeat { node }),
+        1 => (node.clone(), any::<u8>()).prop_map(|(node, pick)| Op::ReportDone { node, pick }),
+        1 => node.prop_map(|node| Op::DaemonRestart { node }),
+        3 => any::<u8>().prop_map(|pick| Op::TrainerExits { pick }),
+        2 => Just(Op::Launch),
+        1 => (1..5u32).prop_map(|num| Op::Scale { num }),
+        2 => Just(Op::Checkpoint),
+        1 => any::<u8>().prop_map(|pick| Op::Restore { pick }),
+        2 => prop::collection::vec(0..20u64, 1..3).prop_map(|rows| Op::AddSplits { rows }),
+        1 => Just(Op::EndFollow),
+        1 => Just(Op::Snapshot),
+        2 => (any::<u8>(), any::<bool>())
+            .prop_map(|(lose, reregister)| Op::Takeover { lose, reregister }),
+    ]
+}
+
+fn job_strategy() -> impl Strategy<Value = Job> {
+    // No `prop_flat_map`, so that the ops shrink on their own.
+    (
+        prop::collection::vec(1..40u64, 1..4),
+        1..12u64,
+        1..3u32,
+        any::<u64>(),
+        0..4u64,
+        1..4u64,
+        1..=MAX_NODES as u32,
+        1..5u32,
+        any::<bool>(),
+        prop::collection::vec(op_strategy(), 0..150),
+    )
+        .prop_map(
+            |(
+                split_rows,
+                task_rows,
+                epochs,
+                seed,
+                resplit_margin_rows,
+                resplit_min_rows,
+                nodes,
+                trainers,
+                follow,
+                ops,
+            )| Job {
+                findings: Findings::default(),
+                split_rows,
+                task_rows,
+                // A followed source has no end at which a next epoch could begin.
+                epochs: if follow { 1 } else { epochs },
+                seed,
+                resplit_margin_rows,
+                resplit_min_rows,
+                nodes,
+                trainers,
+                follow,
+                ops,
+            },
+        )
+}
+
+/// Runs one job to its end and checks the ledger.
+fn run_job(job: Job, coverage: &RefCell<Coverage>) -> Result<(), TestCaseError> {
+    let spec = JobSpec::parse(&spec_text(&job), Format::Yaml)
+        .map_err(|error| fail(format!("the spec: {error}")))?;
+    let splits = job
+        .split_rows
+        .iter()
+        .enumerate()
+        .map(|(index, rows)| split(&format!("part-{index}"), *rows))
+        .collect();
+    let mut plan = JobPlan::default();
+    plan.extend(0, splits);
+    if job.follow {
+        plan.versions.push(None);
+    }
+    let spec = Arc::new(spec);
+    let plan = Arc::new(plan);
+    let mut sut = Master::new(spec.clone(), plan.clone())
+        .map_err(|error| fail(format!("the master: {error}")))?;
+    sut.launch_executors();
+    let mut sim = Sim {
+        findings: job.findings,
+        spec,
+        plan,
+        sut,
+        now_ms: 0,
+        nodes: vec![SimNode::new(); job.nodes as usize],
+        trainers: BTreeMap::new(),
+        restores: 0,
+        relaunch_from: None,
+        split_rows: job.split_rows.clone(),
+        ledger: Ledger::new(),
+        positions: Positions::new(),
+        stored: Vec::new(),
+        next_step: 1,
+        journal: Vec::new(),
+        snapshot: None,
+        added_files: 0,
+        coverage,
+    };
+    sim.launch()?;
+    for op in job.ops {
+        let was_scaling = sim.sut.scaling();
+        sim.step(op)?;
+        if was_scaling && !sim.sut.scaling() {
+            coverage.borrow_mut().scales_done += 1;
+        }
+    }
+    sim.drain()?;
+    prop_assert_eq!(
+        sim.sut.table().outcome(),
+        Some(&JobOutcome::Succeeded),
+        "the drained job succeeds"
+    );
+    coverage.borrow_mut().succeeded += 1;
+    if job.follow && sim.split_rows.len() > job.split_rows.len() {
+        coverage.borrow_mut().followed_grew_and_succeeded += 1;
+    }
+    let mut expected = BTreeMap::new();
+    for epoch in 0..job.epochs {
+        for (split, rows) in sim.split_rows.iter().enumerate() {
+            for row in 0..*rows {
+                expected.insert((epoch, split as u32, row), 1u32);
+            }
+        }
+    }
+    let got: BTreeMap<(u32, u32, u64), u32> = sim.ledger.into_iter().collect();
+    if got != expected {
+        let missing: Vec<_> = expected
+            .keys()
+            .filter(|row| !got.contains_key(row))
+            .take(8)
+            .collect();
+        let extra: Vec<_> = got
+            .iter()
+            .filter(|(row, count)| expected.get(row) != Some(count))
+            .take(8)
+            .collect();
+        return Err(fail(format!(
+            "every row of every epoch exactly once: missing (epoch, split, row) {missing:?}, extra {extra:?}"
+        )));
+    }
+    Ok(())
+}
+
+#[test]
+fn every_row_of_every_epoch_is_consumed_exactly_once_through_the_masters_processes() {
+    let coverage = RefCell::new(Coverage::default());
+    // `PROPTEST_CASES` runs more cases, to look for rarer failures.
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(256);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        // A failing case shrinks for at most a minute.
+        max_shrink_time: 60_000,
+        ..Config::default()
+    });
+    let result = runner.run(&job_strategy(), |job| run_job(job, &coverage));
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+    let coverage = coverage.into_inner();
+    eprintln!("{coverage:?}");
+    assert!(coverage.scales_done > 0, "no scale finished: {coverage:?}");
+    assert!(
+        coverage.takeovers_mid_scale > 0,
+        "no takeover mid-scale: {coverage:?}"
+    );
+    assert!(coverage.resumed > 0, "no task given back: {coverage:?}");
+    assert!(
+        coverage.lost_entries > 0,
+        "no takeover lost a heartbeat: {coverage:?}"
+    );
+    assert!(
+        coverage.restores > 0 && coverage.relaunch_restores > 0,
+        "no restore relaunched the trainers: {coverage:?}"
+    );
+    assert!(
+        coverage.takeovers_mid_restore > 0,
+        "no takeover mid-restore: {coverage:?}"
+    );
+    assert!(
+        coverage.succeeded > 100,
+        "too few jobs succeeded: {coverage:?}"
+    );
+    assert!(
+        coverage.followed_grew_and_succeeded > 20,
+        "too few followed jobs grew and succeeded: {coverage:?}"
+    );
+}
+
+/// Runs one case of the property test, as a regression test does.
+fn run_case(job: Job) {
+    let coverage = RefCell::new(Coverage::default());
+    if let Err(failure) = run_job(job, &coverage) {
+        panic!("{failure}");
+    }
+}
+
+/// Finding: the table a restore resets to knows only the nodes the checkpoint's position lists, so
+/// a daemon that registered after the checkpoint's step is unknown to it. It is not asked to give
+/// its rings back, the relaunched trainers read the rows left in them, and each call it makes is
+/// refused as a node that never registered, which the daemon only logs: the job never ends.
+#[test]
+#[ignore = "finding: a restore forgets the nodes that registered after the checkpoint's step"]
+fn a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node() {
+    use Op::*;
+    run_case(Job {
+        findings: Findings {
+            checkpoint_before_every_node_registered: true,
+            ..Findings::default()
+        },
+        split_rows: vec![1],
+        task_rows: 1,
+        epochs: 1,
+        seed: 0,
+        resplit_margin_rows: 0,
+        resplit_min_rows: 1,
+        nodes: 1,
+        trainers: 1,
+        follow: false,
+        ops: vec![
+            Checkpoint,
+            Heartbeat { node: 0 },
+            Acquire { node: 0 },
+            Restore { pick: 0 },
+        ],
+    });
+}
+
+/// Finding: the final heartbeat of a give-back carries the only copy of the counts left once the
+/// daemon removes its rings on its answer. A takeover that loses it (a heartbeat whose answer
+/// carried no command) queues the task again from the counts journaled before, and the rows
+/// consumed since are delivered twice. Not so in the service, which waits for every heartbeat to
+/// be durable; but the rule that consumed counts in heartbeats may be journaled without waiting
+/// does not hold for this heartbeat.
+#[test]
+#[ignore = "finding: the counts of a give-back's final heartbeat must be durable"]
+fn a_lost_give_back_heartbeat_loses_consumed_counts() {
+    use Op::*;
+    run_case(Job {
+        findings: Findings {
+            give_back_heartbeat_losable: true,
+            ..Findings::default()
+        },
+        split_rows: vec![2],
+        task_rows: 2,
+        epochs: 1,
+        seed: 0,
+        resplit_margin_rows: 0,
+        resplit_min_rows: 1,
+        nodes: 1,
+        trainers: 2,
+        follow: false,
+        ops: vec![
+            Heartbeat { node: 0 },
+            Acquire { node: 0 },
+            Produce {
+                node: 0,
+                pick: 0,
+                rows: 1,
+            },
+            Consume {
+                node: 0,
+                pick: 0,
+                rows: 1,
+            },
+            Scale { num: 1 },
+            TrainerExits { pick: 0 },
+            TrainerExits { pick: 0 },
+            // Answered with `Release`; the next call is the final heartbeat.
+            Acquire { node: 0 },
+            Acquire { node: 0 },
+            Takeover {
+                lose: 1,
+                reregister: false,
+            },
+        ],
+    });
+}
+
+/// Finding: on the answer to a heartbeat that reports a task consumed to its end, the daemon lets
+/// the task go. A takeover that loses that heartbeat (its answer carried no command) leaves the
+/// task in flight on the node at its earlier counts: the job waits for it for ever, or, once the
+/// daemon registers again without it, queues it again from those counts and delivers its last
+/// rows twice.
+#[test]
+#[ignore = "finding: a heartbeat that finishes a task must be durable"]
+fn a_lost_heartbeat_that_finished_a_task_delivers_its_rows_again() {
+    use Op::*;
+    run_case(Job {
+        findings: Findings {
+            finishing_heartbeat_losable: true,
+            ..Findings::default()
+        },
+        split_rows: vec![1],
+        task_rows: 1,
+        epochs: 1,
+        seed: 0,
+        resplit_margin_rows: 0,
+        resplit_min_rows: 1,
+        nodes: 1,
+        trainers: 1,
+        follow: false,
+        ops: vec![
+            Heartbeat { node: 0 },
+            Acquire { node: 0 },
+            Produce {
+                node: 0,
+                pick: 0,
+                rows: 1,
+            },
+            Consume {
+                node: 0,
+                pick: 0,
+                rows: 1,
+            },
+            Heartbeat { node: 0 },
+            Takeover {
+                lose: 1,
+                reregister: true,
+            },
+        ],
+    });
+}
