@@ -73,7 +73,7 @@
 //! master's processes is this one's.
 
 use super::*;
-use crate::decide::JobOutcome;
+use crate::decide::{DataPosition, JobOutcome};
 use crate::launcher::{ExecutorId, Exit, LaunchAction};
 use crate::spec::Format;
 use proptest::prelude::*;
@@ -155,9 +155,6 @@ impl Op {
 /// regression test of each finding.
 #[derive(Debug, Clone, Copy, Default)]
 struct Findings {
-    /// Data checkpoints may be committed before every node has registered (finding: a restore to
-    /// one forgets the nodes that registered after it).
-    checkpoint_before_every_node_registered: bool,
     /// The final heartbeat of a give-back may be lost at a takeover (finding: its counts are lost
     /// with the rings).
     give_back_heartbeat_losable: bool,
@@ -231,8 +228,6 @@ impl SimTask {
 #[derive(Debug, Clone)]
 struct SimNode {
     phase: Phase,
-    /// Whether the node registered once in the job, in this life or an earlier one.
-    known: bool,
     ranks: Vec<u32>,
     tasks: Vec<SimTask>,
     /// Stops applied and not yet acknowledged: task and stop row.
@@ -243,7 +238,6 @@ impl SimNode {
     fn new() -> SimNode {
         SimNode {
             phase: Phase::Unregistered,
-            known: false,
             ranks: Vec::new(),
             tasks: Vec::new(),
             acks: Vec::new(),
@@ -505,7 +499,6 @@ impl Sim<'_> {
         self.journal(&applied, false);
         let sim_node = &mut self.nodes[node];
         sim_node.phase = Phase::Serving;
-        sim_node.known = true;
         sim_node.ranks = applied.reply.ranks;
         sim_node.acks.clear();
         self.obey(node, applied.reply.commands, true)
@@ -698,10 +691,7 @@ impl Sim<'_> {
                     if let Some(sim_node) = self.nodes.get_mut(node as usize)
                         && sim_node.phase == Phase::Shutdown
                     {
-                        *sim_node = SimNode {
-                            known: true,
-                            ..SimNode::new()
-                        };
+                        *sim_node = SimNode { ..SimNode::new() };
                     }
                 }
             }
@@ -763,9 +753,7 @@ impl Sim<'_> {
         let world = self.sut.world_size();
         let all_running = (0..world).all(|rank| self.reader(rank) == Some(true))
             && self.trainers.len() == world as usize;
-        let all_known = self.nodes.iter().all(|sim_node| sim_node.known)
-            || self.findings.checkpoint_before_every_node_registered;
-        if !all_running || !all_known {
+        if !all_running {
             return Ok(());
         }
         let epoch = self.sut.table().epoch();
@@ -1248,19 +1236,13 @@ fn run_case(job: Job) {
     }
 }
 
-/// Finding: the table a restore resets to knows only the nodes the checkpoint's position lists, so
-/// a daemon that registered after the checkpoint's step is unknown to it. It is not asked to give
-/// its rings back, the relaunched trainers read the rows left in them, and each call it makes is
-/// refused as a node that never registered, which the daemon only logs: the job never ends.
+/// A daemon that registered after a checkpoint's step is still alive after a restore to it: it
+/// gives its rings back like the others, or the relaunched trainers would read the rows left in them.
 #[test]
-#[ignore = "finding: a restore forgets the nodes that registered after the checkpoint's step"]
 fn a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node() {
     use Op::*;
     run_case(Job {
-        findings: Findings {
-            checkpoint_before_every_node_registered: true,
-            ..Findings::default()
-        },
+        findings: Findings::default(),
         split_rows: vec![1],
         task_rows: 1,
         epochs: 1,
