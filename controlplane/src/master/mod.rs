@@ -56,7 +56,7 @@ mod tests;
 
 use crate::decide::{
     Action, DataPosition, DecideConfig, Event, JobOutcome, JobState, NodeId, NodeStatus,
-    RestoreMode, TaskId, decide,
+    RestoreMode, TableSnapshot, TaskId, decide,
 };
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, ExecutorState, Executors, Exit, LaunchAction};
@@ -150,7 +150,7 @@ pub enum Entry {
 /// The AM's state at one point of its journal, from which the entries after it replay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
-    position: DataPosition,
+    position: TableSnapshot,
     last_seen_ms: BTreeMap<NodeId, u64>,
     pieces: BTreeMap<TaskId, u64>,
     checkpoints: BTreeMap<u64, PendingCheckpoint>,
@@ -820,9 +820,12 @@ impl Master {
 
     /// The state to write as a snapshot: replaying the entries journaled after it over
     /// [`Master::restore_snapshot`] gives the state this master will then have.
+    ///
+    /// Cheap enough to take under the master's lock: the task table is captured, not copied (see
+    /// [`JobState::capture`]), and encoding the snapshot is left to the journal's own threads.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
-            position: self.table.position(),
+            position: self.table.capture(),
             last_seen_ms: self
                 .table
                 .nodes()
@@ -863,7 +866,7 @@ impl Master {
         let mut table = JobState::restore(
             self.config,
             self.plan.split_rows(),
-            snapshot.position,
+            snapshot.position.into_position(),
             RestoreMode::Resume { now_ms: 0 },
         )?;
         table.restore_last_seen(&snapshot.last_seen_ms);
