@@ -80,6 +80,10 @@ struct AmArgs {
     /// Tasks in the job whose AM memory is measured.
     #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..=u64::from(u32::MAX)))]
     memory_tasks: u64,
+    /// Seconds between the journaled AM's snapshots, so that snapshots fall inside the window
+    /// (default: the AM's 300 s).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_interval_s: Option<u64>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -124,6 +128,8 @@ struct AmServerCliArgs {
     listen: SocketAddr,
     #[arg(long)]
     checkpoint: Option<PathBuf>,
+    #[arg(long)]
+    snapshot_interval_s: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -280,6 +286,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 executors: server.executors,
                 listen: server.listen,
                 checkpoint: server.checkpoint,
+                snapshot_interval_s: server.snapshot_interval_s,
             };
             // The same runtime as `sluice am`, so that the AM under test is the one users run.
             Ok(sluice_am::server::runtime()
@@ -436,6 +443,7 @@ fn run_am(args: AmArgs) -> anyhow::Result<()> {
     options.tasks = args.tasks;
     options.seconds = args.seconds;
     options.memory_tasks = args.memory_tasks;
+    options.snapshot_interval_s = args.snapshot_interval_s;
     print_report(
         args.json,
         |progress| run_am_bench(&options, progress),

@@ -1,6 +1,6 @@
-//! `sluice-bench am` end to end at a tiny scale: a real AM process, real daemon processes speaking
-//! gRPC, a SIGKILL and a recovery, and the JSON holds a finite, positive figure for each key. Speed is
-//! not asserted.
+//! `sluice-bench am` end to end at a tiny scale: a real AM process snapshotting its journal every
+//! second, real daemon processes speaking gRPC, a SIGKILL and a recovery, and the JSON holds a
+//! finite, positive figure for each key. Speed is not asserted.
 
 use std::process::Command;
 
@@ -48,6 +48,8 @@ fn a_tiny_json_run_reports_every_figure() {
             "3",
             "--memory-tasks",
             "20000",
+            "--snapshot-interval-s",
+            "1",
             "--json",
         ])
         .output()
@@ -70,6 +72,7 @@ fn a_tiny_json_run_reports_every_figure() {
     assert_eq!(report["executors"], 50);
     assert_eq!(report["tasks"], 2000);
     assert_eq!(report["memory_tasks"], 20000);
+    assert_eq!(report["snapshot_interval_s"], 1);
     assert!(
         figure(&report, "heartbeat_p50_ms") <= figure(&report, "heartbeat_p99_ms"),
         "p50 above p99 in {report}"

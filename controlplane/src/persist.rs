@@ -1,11 +1,22 @@
 //! Where the AM's changes go before it answers: the job's journal, or nowhere for a job without a
 //! `checkpoint` location.
+//!
+//! # Implementation
+//! [`Persist::append`] runs with the master locked. It sequences the call's entries and, when a
+//! snapshot is due, captures the master ([`Master::snapshot`], which shares the task table's chunks
+//! rather than copying them) and queues the capture at the same point of the journal. The journal
+//! encodes and writes the snapshot on its own threads, so the lock is held for the capture only.
+//! The call answers once its entries are durable, without waiting for the snapshot: a snapshot only
+//! compacts what is already durable. One snapshot is in progress at a time; a due one waits for
+//! the previous to be written.
 
 use crate::error::AmError;
 use crate::journal::{self, Journal};
 use crate::master::{Entry, Master, Snapshot};
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use std::sync::Mutex;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 /// Resolves once the entries it was made for are durable.
@@ -21,7 +32,46 @@ const SNAPSHOT_AFTER_ENTRIES: u64 = 1 << 20;
 pub struct Persist {
     journal: Option<Journal<Entry, Snapshot>>,
     interval: Duration,
-    since_snapshot: Mutex<(Instant, u64)>,
+    schedule: Mutex<SnapshotSchedule>,
+}
+
+/// When the next snapshot is due.
+#[derive(Debug)]
+struct SnapshotSchedule {
+    /// When the last snapshot was taken.
+    taken: Instant,
+    /// Entries appended since.
+    entries: u64,
+    /// The snapshot being encoded and written, until it is durable or failed.
+    writing: Option<journal::Durable>,
+}
+
+impl SnapshotSchedule {
+    fn new() -> SnapshotSchedule {
+        SnapshotSchedule {
+            taken: Instant::now(),
+            entries: 0,
+            writing: None,
+        }
+    }
+
+    /// Whether the last snapshot taken is still being encoded or written. Looks without waiting:
+    /// the journal settles the snapshot's handle from its own task.
+    fn writing(&mut self) -> bool {
+        let Some(writing) = &mut self.writing else {
+            return false;
+        };
+        let mut context = Context::from_waker(futures::task::noop_waker_ref());
+        match writing.poll_unpin(&mut context) {
+            Poll::Pending => true,
+            // A failed snapshot was logged by the journal, and the entries it would have replaced
+            // stay; the next one is taken when due.
+            Poll::Ready(_) => {
+                self.writing = None;
+                false
+            }
+        }
+    }
 }
 
 impl Persist {
@@ -30,7 +80,7 @@ impl Persist {
         Persist {
             journal: None,
             interval: Duration::MAX,
-            since_snapshot: Mutex::new((Instant::now(), 0)),
+            schedule: Mutex::new(SnapshotSchedule::new()),
         }
     }
 
@@ -39,34 +89,47 @@ impl Persist {
         Persist {
             journal: Some(journal),
             interval,
-            since_snapshot: Mutex::new((Instant::now(), 0)),
+            schedule: Mutex::new(SnapshotSchedule::new()),
+        }
+    }
+
+    /// Makes everything queued durable, the snapshot being written included, then stops the
+    /// journal.
+    ///
+    /// # Errors
+    ///
+    /// The error that stopped the journal's writer, if a write failed.
+    pub async fn close(self) -> Result<(), AmError> {
+        match self.journal {
+            Some(journal) => Ok(journal.close().await?),
+            None => Ok(()),
         }
     }
 
     /// Sequences `entries` after every earlier append and returns a future that resolves once they
     /// are durable. Called with the master locked, so the journal's order is the order of changes;
-    /// a snapshot of `master`, when one is due, follows them.
+    /// a snapshot of `master`, when one is due, follows them, and is written in the background.
     pub fn append(&self, entries: &[Entry], master: &Master) -> Durable {
         let Some(journal) = &self.journal else {
             return Box::pin(std::future::ready(Ok(())));
         };
-        let mut durables: Vec<journal::Durable> =
+        let durables: Vec<journal::Durable> =
             entries.iter().map(|entry| journal.append(entry)).collect();
-        let due = {
-            let mut since = self
-                .since_snapshot
+        {
+            let mut schedule = self
+                .schedule
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            since.1 += entries.len() as u64;
-            let due = since.1 > 0
-                && (since.0.elapsed() >= self.interval || since.1 >= SNAPSHOT_AFTER_ENTRIES);
+            schedule.entries += entries.len() as u64;
+            let due = schedule.entries > 0
+                && (schedule.taken.elapsed() >= self.interval
+                    || schedule.entries >= SNAPSHOT_AFTER_ENTRIES)
+                && !schedule.writing();
             if due {
-                *since = (Instant::now(), 0);
+                schedule.taken = Instant::now();
+                schedule.entries = 0;
+                schedule.writing = Some(journal.snapshot(master.snapshot()));
             }
-            due
-        };
-        if due {
-            durables.push(journal.snapshot(&master.snapshot()));
         }
         Box::pin(async move {
             for durable in durables {
@@ -74,5 +137,116 @@ impl Persist {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{JournalConfig, StorageOptions};
+    use crate::plan::JobPlan;
+    use crate::spec::{Format, JobSpec};
+    use sluice_proto::v1;
+    use std::sync::Arc;
+
+    /// Two nodes over 6,000 one-row tasks: the table spans two chunks of slots.
+    fn master() -> Master {
+        let text = r#"
+name: snap
+data: { sources: [{ uri: "file:///d", format: parquet }], task_rows: 1 }
+nodes: 2
+roles:
+  - { name: worker, num: 2, command: [train] }
+"#;
+        let spec = Arc::new(JobSpec::parse(text, Format::Yaml).expect("spec"));
+        let mut plan = JobPlan::default();
+        plan.extend(
+            0,
+            vec![sluice_formats::Split {
+                task_id: 0,
+                uri: "file:///d/a.parquet".into(),
+                file_size: 1,
+                first_row: 0,
+                row_count: 6000,
+                partition_values: Vec::new(),
+                delta: None,
+            }],
+        );
+        Master::new(spec, Arc::new(plan)).expect("master")
+    }
+
+    fn task_ids(commands: &[v1::Command]) -> Vec<u64> {
+        commands
+            .iter()
+            .filter_map(|command| match &command.command {
+                Some(v1::command::Command::Assign(assign)) => Some(assign.tasks.clone()),
+                _ => None,
+            })
+            .flatten()
+            .map(|task| task.task_id)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn snapshots_written_while_the_master_changes_replay_with_the_entries_after_them() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let uri = directory.path().display().to_string();
+        let options = StorageOptions::default();
+        let open =
+            || crate::journal::open::<Entry, Snapshot>(&uri, &options, JournalConfig::new("snap"));
+        let (journal, _) = open().await.expect("open the journal");
+        // A snapshot is due at every append while none is being written.
+        let sut = Persist::journal(journal, Duration::ZERO);
+        let mut master = master();
+        for node in 0..2 {
+            let request = v1::RegisterRequest {
+                node_id: node,
+                job_id: "snap".into(),
+                ..v1::RegisterRequest::default()
+            };
+            let applied = master.register(request, 0).expect("registered");
+            sut.append(&applied.entries, &master)
+                .await
+                .expect("durable");
+        }
+        for round in 0..100u64 {
+            let node = round % 2;
+            let request = v1::AcquireTasksRequest {
+                node_id: node,
+                max_tasks: 40,
+            };
+            let applied = master.acquire(request, round);
+            let tasks = task_ids(&applied.reply.commands);
+            sut.append(&applied.entries, &master)
+                .await
+                .expect("durable");
+            let request = v1::HeartbeatRequest {
+                node_id: node,
+                progress: tasks
+                    .iter()
+                    .take(30)
+                    .map(|task_id| v1::TaskProgress {
+                        task_id: *task_id,
+                        enqueued: 1,
+                        consumed: 1,
+                    })
+                    .collect(),
+                ..v1::HeartbeatRequest::default()
+            };
+            let applied = master.heartbeat(request, round);
+            // Not awaited, as a heartbeat of counts alone is answered.
+            drop(sut.append(&applied.entries, &master));
+        }
+        sut.close().await.expect("everything durable");
+
+        let (_, recovered) = open().await.expect("reopen the journal");
+        let snapshot = recovered.snapshot.expect("snapshots were written");
+        let mut replayed = self::master();
+        replayed.restore_snapshot(snapshot).expect("restore");
+        for entry in recovered.entries {
+            replayed.replay(entry).expect("replay");
+        }
+        assert_eq!(replayed.table().task_counts().done, 100 * 30);
+        assert_eq!(replayed.snapshot(), master.snapshot());
     }
 }

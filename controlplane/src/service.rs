@@ -6,6 +6,16 @@
 //! entries while still holding it, so the journal's order is the order of the changes. The lock is
 //! released before the call waits for the entries to be durable, so concurrent calls share one
 //! group commit; only then does the call answer.
+//!
+//! One kind of call answers without waiting: a heartbeat whose only change is consumed and
+//! enqueued counts (and the node's liveness). Its answer carries no command and tells the daemon
+//! nothing it acts on, and a daemon reports every held task's counts in every heartbeat, so an AM
+//! that restarts having lost those entries learns the counts again from the next heartbeats. A
+//! heartbeat that finishes a task (the daemon then lets the task go), starts an epoch, ends the
+//! job, answers with a command, or comes during a scale or a restore (whose final counts the daemon
+//! reports before it removes its rings) waits as every other call does. The entries of a heartbeat
+//! that does not wait are journaled in order all the same, so every later call that waits also
+//! waits for them.
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::clock::{AmClock, Clock, SystemClock};
@@ -114,6 +124,35 @@ impl Am {
     ) -> Result<T, AmError> {
         let (reply, durable) = self.record(call)?;
         durable.await?;
+        Ok(reply)
+    }
+
+    /// Applies a heartbeat and sequences its entries. Returns the reply and, unless the heartbeat
+    /// changed only counts (see the module documentation), the future to wait on before answering.
+    fn record_heartbeat(
+        &self,
+        request: v1::HeartbeatRequest,
+    ) -> (v1::HeartbeatReply, Option<Durable>) {
+        let mut master = self.master();
+        let before = BeyondCounts::of(&master);
+        let applied = master.heartbeat(request, self.now_ms());
+        let counts_only = applied.reply.commands.is_empty()
+            && !master.scaling()
+            && BeyondCounts::of(&master) == before;
+        let durable = self.persist.append(&applied.entries, &master);
+        (applied.reply, (!counts_only).then_some(durable))
+    }
+
+    /// Applies a heartbeat and answers, once its entries are durable when it changed more than
+    /// counts.
+    pub(crate) async fn heartbeat(
+        &self,
+        request: v1::HeartbeatRequest,
+    ) -> Result<v1::HeartbeatReply, AmError> {
+        let (reply, durable) = self.record_heartbeat(request);
+        if let Some(durable) = durable {
+            durable.await?;
+        }
         Ok(reply)
     }
 
@@ -300,6 +339,28 @@ impl Am {
     }
 }
 
+/// What a heartbeat can change of the task table besides counts and liveness, read before and after
+/// it: a task done (no longer in flight), a new epoch, the job's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BeyondCounts {
+    in_flight: usize,
+    pending: usize,
+    epoch: u32,
+    over: bool,
+}
+
+impl BeyondCounts {
+    fn of(master: &Master) -> BeyondCounts {
+        let table = master.table();
+        BeyondCounts {
+            in_flight: table.in_flight_count(),
+            pending: table.pending_count(),
+            epoch: table.epoch(),
+            over: table.outcome().is_some(),
+        }
+    }
+}
+
 /// The gRPC face of an [`Am`]: the daemon, checkpoint and control services.
 #[derive(Debug, Clone)]
 pub struct AmService {
@@ -331,11 +392,7 @@ impl DaemonService for AmService {
         &self,
         request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::HeartbeatReply>, Status> {
-        let request = request.into_inner();
-        let reply = self
-            .am
-            .apply(|master| Ok(master.heartbeat(request, self.am.now_ms())))
-            .await?;
+        let reply = self.am.heartbeat(request.into_inner()).await?;
         Ok(Response::new(reply))
     }
 
@@ -913,6 +970,103 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
             node_states(&am),
             [v1::NodeState::Alive, v1::NodeState::Lost],
             "a node silent for 1.5 s of a 1 s timeout is lost"
+        );
+    }
+
+    /// `(task, enqueued, consumed)` counts as a daemon reports them.
+    fn heartbeat_request(node: u64, counts: &[(u64, u64, u64)]) -> v1::HeartbeatRequest {
+        v1::HeartbeatRequest {
+            node_id: node,
+            progress: counts
+                .iter()
+                .map(|&(task_id, enqueued, consumed)| v1::TaskProgress {
+                    task_id,
+                    enqueued,
+                    consumed,
+                })
+                .collect(),
+            ..v1::HeartbeatRequest::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn only_a_heartbeat_that_changes_nothing_but_counts_answers_before_its_entries_are_durable()
+     {
+        let sut = am();
+        let register = v1::RegisterRequest {
+            node_id: 0,
+            job_id: "sup".into(),
+            ..v1::RegisterRequest::default()
+        };
+        sut.apply(|master| master.register(register, 0))
+            .await
+            .expect("registered");
+        let reply = sut
+            .apply(|master| {
+                let request = v1::AcquireTasksRequest {
+                    node_id: 0,
+                    max_tasks: 2,
+                };
+                Ok(master.acquire(request, 1))
+            })
+            .await
+            .expect("acquired");
+        let tasks: Vec<u64> = reply
+            .commands
+            .iter()
+            .filter_map(|command| match &command.command {
+                Some(v1::command::Command::Assign(assign)) => Some(assign.tasks.clone()),
+                _ => None,
+            })
+            .flatten()
+            .map(|task| task.task_id)
+            .collect();
+        assert_eq!(tasks.len(), 2, "both tasks of 10 rows handed out");
+
+        let (_, durable) = sut.record_heartbeat(heartbeat_request(0, &[(tasks[0], 6, 4)]));
+        assert!(durable.is_none(), "counts alone answer at once");
+        let (_, durable) = sut.record_heartbeat(heartbeat_request(0, &[(tasks[0], 6, 4)]));
+        assert!(
+            durable.is_none(),
+            "counts that change nothing answer at once"
+        );
+        let (_, durable) = sut.record_heartbeat(heartbeat_request(0, &[(tasks[0], 10, 10)]));
+        assert!(
+            durable.is_some(),
+            "a task done waits: the daemon lets it go on the answer"
+        );
+        let (reply, durable) = sut.record_heartbeat(heartbeat_request(0, &[(tasks[0], 10, 10)]));
+        assert!(
+            !reply.commands.is_empty() && durable.is_some(),
+            "a refusal waits"
+        );
+        let (_, durable) = sut.record_heartbeat(heartbeat_request(0, &[(tasks[1], 10, 10)]));
+        assert!(durable.is_some(), "the job's end waits");
+        assert_eq!(
+            sut.master().table().outcome(),
+            Some(&crate::decide::JobOutcome::Succeeded)
+        );
+    }
+
+    #[tokio::test]
+    async fn heartbeats_wait_for_their_entries_while_a_scale_is_under_way() {
+        let sut = am();
+        let register = v1::RegisterRequest {
+            node_id: 0,
+            job_id: "sup".into(),
+            ..v1::RegisterRequest::default()
+        };
+        sut.apply(|master| master.register(register, 0))
+            .await
+            .expect("registered");
+        sut.apply(|master| master.scale("worker", 3))
+            .await
+            .expect("scaled");
+        assert!(sut.master().scaling());
+        let (_, durable) = sut.record_heartbeat(heartbeat_request(0, &[]));
+        assert!(
+            durable.is_some(),
+            "a daemon reports its final counts during a scale, then removes its rings"
         );
     }
 

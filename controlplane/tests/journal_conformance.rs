@@ -80,7 +80,7 @@ async fn suite(uri: &str, options: StorageOptions) {
         );
     }
 
-    sut.snapshot(&320).await.expect("snapshot durable");
+    sut.snapshot(320).await.expect("snapshot durable");
     sut.append(&(99, 0)).await.expect("durable");
     sut.close().await.expect("closes");
     let (first, recovered) = open(uri, &options, "job-1").await.expect("reopens");

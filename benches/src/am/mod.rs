@@ -13,7 +13,9 @@
 //! 1. **The journaled AM.** Once every daemon has registered and [`WARMUP`] has passed, the window
 //!    of `--seconds` opens: the clients record every heartbeat's latency in an HDR histogram, and
 //!    the driver reads the AM's CPU time (`/proc/<pid>/stat`) at both ends of the window and its
-//!    memory (`/proc/<pid>/status`) at the end.
+//!    memory (`/proc/<pid>/status`) at the end. With `--snapshot-interval-s N` the AM snapshots its
+//!    journal every `N` seconds (or back to back, if one takes longer), so the window measures
+//!    heartbeats while snapshots are taken; by default (every 300 s) none falls in it.
 //! 2. **Recovery.** The clients stop, the AM is killed with SIGKILL, and a new AM starts on the same
 //!    journal; the time from spawning it until it answers `Status` is the recovery time.
 //! 3. **The baseline**: the same AM and load without a journal, so the journal's share shows as
@@ -92,6 +94,8 @@ pub struct AmBenchOptions {
     pub seconds: u64,
     /// Tasks in the job of the memory measurement.
     pub memory_tasks: u64,
+    /// Seconds between the journaled AM's snapshots; none keeps the AM's default (300 s).
+    pub snapshot_interval_s: Option<u64>,
     /// How to start the processes.
     pub peers: AmPeers,
 }
@@ -104,6 +108,7 @@ impl AmBenchOptions {
             tasks: 1_000_000,
             seconds: 30,
             memory_tasks: 10_000_000,
+            snapshot_interval_s: None,
             peers,
         }
     }
@@ -117,6 +122,8 @@ impl AmBenchOptions {
             Some("--tasks and --memory-tasks must fit an epoch: at most 4294967295")
         } else if self.seconds == 0 {
             Some("--seconds is 0; measure for at least one second")
+        } else if self.snapshot_interval_s == Some(0) {
+            Some("--snapshot-interval-s is 0; snapshot at most once a second")
         } else {
             None
         };
@@ -227,6 +234,7 @@ pub fn run_am_bench(
         executors: options.executors,
         tasks: options.tasks,
         window_s: options.seconds as f64,
+        snapshot_interval_s: options.snapshot_interval_s,
         journaled,
         recovery_ms: recovery.as_secs_f64() * 1e3,
         journal_bytes,
@@ -337,6 +345,9 @@ impl Bench<'_> {
         ];
         if let Some(journal) = journal {
             args.extend(["--checkpoint".into(), journal.as_os_str().to_owned()]);
+            if let Some(seconds) = self.options.snapshot_interval_s {
+                args.extend(["--snapshot-interval-s".into(), seconds.to_string().into()]);
+            }
         }
         let command = self
             .placement
@@ -828,6 +839,14 @@ mod tests {
                 .contains("--seconds")
         );
         sut.seconds = 1;
+        sut.snapshot_interval_s = Some(0);
+        assert!(
+            sut.validate()
+                .expect_err("0 s between snapshots")
+                .to_string()
+                .contains("--snapshot-interval-s")
+        );
+        sut.snapshot_interval_s = Some(1);
         sut.tasks = 1 << 33;
         assert!(
             sut.validate()

@@ -41,6 +41,9 @@ pub struct AmBenchReport {
     pub tasks: u64,
     /// Seconds in the measurement window.
     pub window_s: f64,
+    /// Seconds between the journaled AM's snapshots, when set (`--snapshot-interval-s`); otherwise
+    /// the AM's default of 300 s, and no snapshot falls in the window.
+    pub snapshot_interval_s: Option<u64>,
     /// The journaled AM's figures.
     #[serde(flatten)]
     pub journaled: WindowFigures,
@@ -91,6 +94,13 @@ impl AmBenchReport {
             self.placement, self.load_average
         )
         .ok();
+        if let Some(seconds) = self.snapshot_interval_s {
+            writeln!(
+                out,
+                "journaled AM snapshotting every {seconds} s (back to back if one takes longer)"
+            )
+            .ok();
+        }
         writeln!(out).ok();
         writeln!(
             out,
@@ -198,6 +208,7 @@ mod tests {
             executors: 10_000,
             tasks: 1_000_000,
             window_s: 30.0,
+            snapshot_interval_s: Some(1),
             journaled: window(4.0),
             recovery_ms: 850.0,
             journal_bytes: 3 << 20,
@@ -246,6 +257,7 @@ mod tests {
             "{p99}"
         );
         assert!(table.contains("load average 1.50"), "{table}");
+        assert!(table.contains("snapshotting every 1 s"), "{table}");
         assert!(table.contains("AM waiting for cpu"), "{table}");
         assert!(table.contains("850 ms"), "{table}");
         assert!(table.contains("10000000 tasks in 512.0 MiB"), "{table}");

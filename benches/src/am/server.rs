@@ -33,15 +33,25 @@ pub struct AmServerArgs {
     pub listen: SocketAddr,
     /// The directory of the job's journal (its `checkpoint.uri`); none keeps every change in memory.
     pub checkpoint: Option<PathBuf>,
+    /// Seconds between the journal's snapshots (`checkpoint.interval_s`); none keeps the default.
+    pub snapshot_interval_s: Option<u64>,
 }
 
 /// The job spec of the benchmark: `executors` nodes with one trainer each, one epoch of
-/// [`ROWS_PER_TASK`]-row tasks, one-second heartbeats, and a journal under `checkpoint`.
-pub fn synthetic_spec(executors: u32, checkpoint: Option<&std::path::Path>) -> Result<JobSpec> {
+/// [`ROWS_PER_TASK`]-row tasks, one-second heartbeats, and a journal under `checkpoint` with a
+/// snapshot every `snapshot_interval_s` seconds (the AM's default when none).
+pub fn synthetic_spec(
+    executors: u32,
+    checkpoint: Option<&std::path::Path>,
+    snapshot_interval_s: Option<u64>,
+) -> Result<JobSpec> {
+    let interval = snapshot_interval_s
+        .map(|seconds| format!(", interval_s: {seconds}"))
+        .unwrap_or_default();
     let checkpoint = checkpoint
         .map(|directory| {
             format!(
-                "checkpoint: {{ uri: \"file://{}\" }}\n",
+                "checkpoint: {{ uri: \"file://{}\"{interval} }}\n",
                 directory.display()
             )
         })
@@ -111,7 +121,11 @@ pub async fn serve_synthetic_am(args: &AmServerArgs) -> Result<()> {
             reason: error.to_string(),
         }
     };
-    let spec = Arc::new(synthetic_spec(args.executors, args.checkpoint.as_deref())?);
+    let spec = Arc::new(synthetic_spec(
+        args.executors,
+        args.checkpoint.as_deref(),
+        args.snapshot_interval_s,
+    )?);
     let checkpoints = match &spec.checkpoint {
         Some(checkpoint) => CheckpointStore::at(&checkpoint.uri, &Default::default())
             .map_err(setup("opening the checkpoint location"))?,
@@ -146,7 +160,7 @@ mod tests {
     fn the_synthetic_plan_has_exactly_the_tasks_asked_for() {
         for tasks in [1, 7, 999, 1000, 1001, 123_457] {
             let sut = synthetic_plan(tasks);
-            let spec = synthetic_spec(3, None).expect("spec");
+            let spec = synthetic_spec(3, None, None).expect("spec");
             let master =
                 sluice_am::master::Master::new(Arc::new(spec), Arc::new(sut.clone())).expect("job");
             assert_eq!(master.table().task_count() as u64, tasks, "{tasks} tasks");
@@ -158,13 +172,25 @@ mod tests {
     #[test]
     fn the_spec_journals_under_the_given_directory() {
         let directory = std::path::Path::new("/tmp/sluice-bench-journal");
-        let sut = synthetic_spec(10_000, Some(directory)).expect("spec");
+        let sut = synthetic_spec(10_000, Some(directory), None).expect("spec");
         assert_eq!(sut.nodes, 10_000);
-        assert_eq!(
-            sut.checkpoint.expect("a checkpoint location").uri,
-            "file:///tmp/sluice-bench-journal"
-        );
+        let checkpoint = sut.checkpoint.expect("a checkpoint location");
+        assert_eq!(checkpoint.uri, "file:///tmp/sluice-bench-journal");
+        assert_eq!(checkpoint.interval_s, 300, "the AM's default");
         assert_eq!(sut.failover.heartbeat_interval_ms, HEARTBEAT_INTERVAL_MS);
-        assert!(synthetic_spec(1, None).expect("spec").checkpoint.is_none());
+        assert!(
+            synthetic_spec(1, None, None)
+                .expect("spec")
+                .checkpoint
+                .is_none()
+        );
+        let snapshotting = synthetic_spec(3, Some(directory), Some(2)).expect("spec");
+        assert_eq!(
+            snapshotting
+                .checkpoint
+                .expect("a checkpoint location")
+                .interval_s,
+            2
+        );
     }
 }

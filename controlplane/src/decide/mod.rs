@@ -48,6 +48,7 @@
 //! can no longer be reached; it succeeds once the last epoch's consumed rows reach
 //! `task_success_percent`. Task failures and lost nodes together past `max_total_failures` fail it.
 
+mod chunks;
 mod order;
 mod position;
 mod state;
@@ -57,7 +58,9 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
-pub use position::{DataPosition, NodeRecord, RestoreError, RestoreMode, TaskRecord, TaskStatus};
+pub use position::{
+    DataPosition, NodeRecord, RestoreError, RestoreMode, TableSnapshot, TaskRecord, TaskStatus,
+};
 pub use state::{JobState, NodeStatus, NodeView, PlanError, TaskCounts, TaskInFlight, TaskSpan};
 
 use crate::spec::JobSpec;

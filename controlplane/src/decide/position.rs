@@ -1,9 +1,19 @@
 //! Snapshots of the task table ([`DataPosition`]) and restoring a table from one.
+//!
+//! # Implementation
+//! A [`DataPosition`] copies the table: 72 bytes a task. The journal's snapshots do not build one:
+//! [`JobState::capture`] clones the table's chunked slots and order (shared until the table writes
+//! to them) with the small parts (the tasks in flight, the queue of tasks back, the nodes), and the
+//! [`TableSnapshot`] it returns encodes, task by task, to exactly the bytes of the position it
+//! stands for. So the master's lock is held for the capture only, and the encoding runs elsewhere.
 
+use super::chunks::ChunkedVec;
 use super::state::{InFlight, JobState, NodeEntry, NodeStatus, SlotState, TaskSlot};
 use super::{DecideConfig, JobOutcome, NodeId, TaskId};
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeSeq;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
 
 /// A job's data position: the current epoch's tasks (done, pending, failed and in flight with their
 /// counts), the pending order, the nodes and the counters. It restores to exactly that point.
@@ -192,56 +202,16 @@ pub enum RestoreError {
 impl JobState {
     /// Takes a snapshot of the task table.
     pub fn position(&self) -> DataPosition {
-        let tasks = self
-            .slots
-            .iter()
-            .enumerate()
-            .map(|(slot, task_slot)| TaskRecord {
-                split: task_slot.split,
-                start: task_slot.start,
-                end: task_slot.end,
-                failures: u32::from(task_slot.failures),
-                status: match task_slot.state {
-                    SlotState::Pending => TaskStatus::Pending,
-                    SlotState::Done => TaskStatus::Done,
-                    SlotState::Failed => TaskStatus::Failed,
-                    SlotState::InFlight => {
-                        let flight = self
-                            .in_flight
-                            .get(&(slot as u32))
-                            .expect("every in-flight slot has an in-flight record");
-                        TaskStatus::InFlight {
-                            node: flight.node,
-                            enqueued: flight.enqueued,
-                            consumed: flight.consumed,
-                            stop_at: flight.stop_at,
-                        }
-                    }
-                },
-            })
-            .collect();
-        let pending = self
-            .requeued
-            .iter()
-            .chain(self.order[self.cursor..].iter())
-            .map(|slot| self.task_id(*slot))
-            .collect();
-        let nodes = self
-            .nodes
-            .iter()
-            .map(|(node, entry)| NodeRecord {
-                node: *node,
-                status: entry.status,
-                failures: entry.failures,
-            })
-            .collect();
+        let tasks = task_records(&self.slots, &self.in_flight).collect();
+        let pending =
+            pending_tasks(self.first_task_id, &self.requeued, &self.order, self.cursor).collect();
         DataPosition {
             epoch: self.epoch,
             first_task_id: self.first_task_id,
             tasks,
             pending,
             requeued: self.requeued.len(),
-            nodes,
+            nodes: self.node_records(),
             done_rows: self.done_rows,
             failed_rows: self.failed_rows,
             total_failures: self.total_failures,
@@ -249,6 +219,40 @@ impl JobState {
             splits: Some(self.split_rows.len() as u32),
             following: self.following,
         }
+    }
+
+    /// Captures the task table for a snapshot: what [`JobState::position`] holds, without copying
+    /// the tasks. The slots and the order are shared with the table until it writes to them; the
+    /// tasks in flight, the queue of tasks back and the nodes are copied, and they are bounded by
+    /// the nodes, not by the data.
+    pub fn capture(&self) -> TableSnapshot {
+        TableSnapshot(Table::Captured(Box::new(CapturedTable {
+            epoch: self.epoch,
+            first_task_id: self.first_task_id,
+            slots: self.slots.clone(),
+            in_flight: self.in_flight.clone(),
+            requeued: self.requeued.clone(),
+            order: self.order.clone(),
+            cursor: self.cursor,
+            nodes: self.node_records(),
+            done_rows: self.done_rows,
+            failed_rows: self.failed_rows,
+            total_failures: self.total_failures,
+            outcome: self.outcome.clone(),
+            splits: self.split_rows.len() as u32,
+            following: self.following,
+        })))
+    }
+
+    fn node_records(&self) -> Vec<NodeRecord> {
+        self.nodes
+            .iter()
+            .map(|(node, entry)| NodeRecord {
+                node: *node,
+                status: entry.status,
+                failures: entry.failures,
+            })
+            .collect()
     }
 
     /// Rebuilds a task table from a snapshot over the same splits, checking that the snapshot
@@ -302,7 +306,7 @@ impl JobState {
             })
             .collect();
         let first_task_id = position.first_task_id;
-        let mut slots = Vec::with_capacity(position.tasks.len());
+        let mut slots = ChunkedVec::new();
         let mut in_flight = HashMap::new();
         let mut open = 0u64;
         for (index, record) in position.tasks.iter().enumerate() {
@@ -365,6 +369,7 @@ impl JobState {
                 state,
             });
         }
+        slots.shrink_to_fit();
         let epoch_rows: u64 = split_rows.iter().sum();
         if position.done_rows + position.failed_rows + open != epoch_rows {
             return Err(RestoreError::RowsMismatch {
@@ -374,9 +379,11 @@ impl JobState {
                 epoch_rows,
             });
         }
-        let mut order = Vec::with_capacity(position.pending.len());
+        let requeued_count = position.requeued.min(position.pending.len());
+        let mut requeued = VecDeque::with_capacity(requeued_count);
+        let mut order = ChunkedVec::new();
         let mut listed = vec![false; slots.len()];
-        for task in &position.pending {
+        for (index, task) in position.pending.iter().enumerate() {
             let slot = task
                 .0
                 .checked_sub(first_task_id)
@@ -390,21 +397,25 @@ impl JobState {
                 });
             }
             listed[slot] = true;
-            order.push(slot as u32);
+            if index < requeued_count {
+                requeued.push_back(slot as u32);
+            } else {
+                order.push(slot as u32);
+            }
         }
+        order.shrink_to_fit();
         let pending_slots = slots
             .iter()
             .filter(|task_slot| task_slot.state == SlotState::Pending)
             .count();
-        if pending_slots != order.len() {
+        if pending_slots != position.pending.len() {
             return Err(RestoreError::PendingMismatch {
                 detail: format!(
                     "{pending_slots} tasks are pending but {} are listed",
-                    order.len()
+                    position.pending.len()
                 ),
             });
         }
-        let requeued: VecDeque<u32> = order.drain(..position.requeued.min(order.len())).collect();
         let mut state = JobState {
             config,
             split_rows,
@@ -457,6 +468,239 @@ impl JobState {
         }
         for entry in self.nodes.values_mut() {
             entry.held.clear();
+        }
+    }
+}
+
+/// Every task of the table as a [`TaskRecord`], in slot order.
+fn task_records<'table>(
+    slots: &'table ChunkedVec<TaskSlot>,
+    in_flight: &'table HashMap<u32, InFlight>,
+) -> impl Iterator<Item = TaskRecord> + 'table {
+    slots
+        .iter()
+        .enumerate()
+        .map(move |(slot, task_slot)| TaskRecord {
+            split: task_slot.split,
+            start: task_slot.start,
+            end: task_slot.end,
+            failures: u32::from(task_slot.failures),
+            status: match task_slot.state {
+                SlotState::Pending => TaskStatus::Pending,
+                SlotState::Done => TaskStatus::Done,
+                SlotState::Failed => TaskStatus::Failed,
+                SlotState::InFlight => {
+                    let flight = in_flight
+                        .get(&(slot as u32))
+                        .expect("every in-flight slot has an in-flight record");
+                    TaskStatus::InFlight {
+                        node: flight.node,
+                        enqueued: flight.enqueued,
+                        consumed: flight.consumed,
+                        stop_at: flight.stop_at,
+                    }
+                }
+            },
+        })
+}
+
+/// The pending tasks in the order they will be handed out: the queue of tasks back, then the
+/// epoch's order from `cursor`.
+fn pending_tasks<'table>(
+    first_task_id: u64,
+    requeued: &'table VecDeque<u32>,
+    order: &'table ChunkedVec<u32>,
+    cursor: usize,
+) -> impl Iterator<Item = TaskId> + 'table {
+    requeued
+        .iter()
+        .chain(order.iter_from(cursor))
+        .map(move |slot| TaskId(first_task_id + u64::from(*slot)))
+}
+
+/// The task table in a snapshot: captured from a live table by [`JobState::capture`], or decoded
+/// from a journal. It encodes exactly as the [`DataPosition`] it stands for, and decodes as one.
+#[derive(Clone)]
+pub struct TableSnapshot(Table);
+
+#[derive(Clone)]
+enum Table {
+    Captured(Box<CapturedTable>),
+    Decoded(DataPosition),
+}
+
+/// What [`JobState::position`] reads, shared or copied from the table at the capture.
+#[derive(Clone)]
+struct CapturedTable {
+    epoch: u32,
+    first_task_id: u64,
+    slots: ChunkedVec<TaskSlot>,
+    in_flight: HashMap<u32, InFlight>,
+    requeued: VecDeque<u32>,
+    order: ChunkedVec<u32>,
+    cursor: usize,
+    nodes: Vec<NodeRecord>,
+    done_rows: u64,
+    failed_rows: u64,
+    total_failures: u32,
+    outcome: Option<JobOutcome>,
+    splits: u32,
+    following: bool,
+}
+
+impl TableSnapshot {
+    /// The position the snapshot stands for. Copies the tasks of a captured table.
+    pub fn into_position(self) -> DataPosition {
+        match self.0 {
+            Table::Decoded(position) => position,
+            Table::Captured(table) => table.position(),
+        }
+    }
+
+    fn to_position(&self) -> DataPosition {
+        self.clone().into_position()
+    }
+}
+
+impl CapturedTable {
+    fn pending(&self) -> impl Iterator<Item = TaskId> + '_ {
+        pending_tasks(self.first_task_id, &self.requeued, &self.order, self.cursor)
+    }
+
+    fn pending_count(&self) -> usize {
+        self.requeued.len() + self.order.len().saturating_sub(self.cursor)
+    }
+
+    fn position(&self) -> DataPosition {
+        DataPosition {
+            epoch: self.epoch,
+            first_task_id: self.first_task_id,
+            tasks: task_records(&self.slots, &self.in_flight).collect(),
+            pending: self.pending().collect(),
+            requeued: self.requeued.len(),
+            nodes: self.nodes.clone(),
+            done_rows: self.done_rows,
+            failed_rows: self.failed_rows,
+            total_failures: self.total_failures,
+            outcome: self.outcome.clone(),
+            splits: Some(self.splits),
+            following: self.following,
+        }
+    }
+}
+
+/// A sequence of known length encoded element by element, without collecting it first.
+struct Streamed<F>(F);
+
+impl<F, I> Serialize for Streamed<F>
+where
+    F: Fn() -> (usize, I),
+    I: Iterator,
+    I::Item: Serialize,
+{
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let (length, items) = (self.0)();
+        let mut sequence = serializer.serialize_seq(Some(length))?;
+        let mut written = 0;
+        for item in items {
+            sequence.serialize_element(&item)?;
+            written += 1;
+        }
+        debug_assert_eq!(
+            written, length,
+            "a streamed sequence has the length it declared"
+        );
+        sequence.end()
+    }
+}
+
+/// [`DataPosition`] field by field, borrowing a captured table: the encodings of the two must stay
+/// identical (the journal's snapshots are decoded as a `DataPosition`), which the module's tests
+/// check and the recorded journal of `tests/journal_format.rs` guards.
+#[derive(Serialize)]
+#[serde(
+    rename = "DataPosition",
+    bound(serialize = "Streamed<Tasks>: Serialize, Streamed<Pending>: Serialize")
+)]
+struct PositionFields<'table, Tasks, Pending> {
+    epoch: u32,
+    first_task_id: u64,
+    tasks: Streamed<Tasks>,
+    pending: Streamed<Pending>,
+    requeued: usize,
+    nodes: &'table [NodeRecord],
+    done_rows: u64,
+    failed_rows: u64,
+    total_failures: u32,
+    outcome: &'table Option<JobOutcome>,
+    splits: Option<u32>,
+    following: bool,
+}
+
+impl Serialize for TableSnapshot {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let table = match &self.0 {
+            Table::Decoded(position) => return position.serialize(serializer),
+            Table::Captured(table) => table,
+        };
+        PositionFields {
+            epoch: table.epoch,
+            first_task_id: table.first_task_id,
+            tasks: Streamed(|| {
+                (
+                    table.slots.len(),
+                    task_records(&table.slots, &table.in_flight),
+                )
+            }),
+            pending: Streamed(|| (table.pending_count(), table.pending())),
+            requeued: table.requeued.len(),
+            nodes: &table.nodes,
+            done_rows: table.done_rows,
+            failed_rows: table.failed_rows,
+            total_failures: table.total_failures,
+            outcome: &table.outcome,
+            splits: Some(table.splits),
+            following: table.following,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for TableSnapshot {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<TableSnapshot, D::Error> {
+        DataPosition::deserialize(deserializer)
+            .map(|position| TableSnapshot(Table::Decoded(position)))
+    }
+}
+
+impl From<DataPosition> for TableSnapshot {
+    fn from(position: DataPosition) -> TableSnapshot {
+        TableSnapshot(Table::Decoded(position))
+    }
+}
+
+impl PartialEq for TableSnapshot {
+    /// Compares the positions the two stand for, copying the tasks of a captured table.
+    fn eq(&self, other: &TableSnapshot) -> bool {
+        self.to_position() == other.to_position()
+    }
+}
+
+impl fmt::Debug for TableSnapshot {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Table::Decoded(position) => formatter
+                .debug_tuple("TableSnapshot::Decoded")
+                .field(position)
+                .finish(),
+            Table::Captured(table) => formatter
+                .debug_struct("TableSnapshot::Captured")
+                .field("epoch", &table.epoch)
+                .field("first_task_id", &table.first_task_id)
+                .field("tasks", &table.slots.len())
+                .field("pending", &table.pending_count())
+                .field("in_flight", &table.in_flight.len())
+                .finish_non_exhaustive(),
         }
     }
 }

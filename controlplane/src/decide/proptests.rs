@@ -20,6 +20,11 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 
+/// The journal's encoding of `value`.
+fn postcard_bytes<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, TestCaseError> {
+    postcard::to_stdvec(value).map_err(|error| TestCaseError::fail(error.to_string()))
+}
+
 /// One step of the simulation. `pick` chooses among the node's tasks.
 #[derive(Debug, Clone)]
 enum Op {
@@ -493,6 +498,13 @@ impl Sim<'_> {
             }
             Op::AmRestart => {
                 let position = self.state.position();
+                // The journal's snapshot encodes a capture of the table, which must be the
+                // position's bytes exactly.
+                prop_assert_eq!(
+                    postcard_bytes(&self.state.capture())?,
+                    postcard_bytes(&position)?,
+                    "a captured table encodes as its position"
+                );
                 let json = serde_json::to_string(&position)
                     .map_err(|error| TestCaseError::fail(error.to_string()))?;
                 let decoded: DataPosition = serde_json::from_str(&json)

@@ -7,10 +7,15 @@
 //! holder and the two counts, and a pending stop row) lives in a map keyed by slot, whose size is
 //! bounded by the nodes' queues, not by the data.
 //!
+//! The slots and the order are [`ChunkedVec`]s: chunks of 4096 shared copy-on-write, so that a
+//! snapshot captures the table ([`JobState::capture`]) in a few thousand reference-count
+//! increments under the master's lock and encodes it elsewhere, while the table keeps changing.
+//!
 //! A task's slot index is its id minus the epoch's first task id. Pending tasks are, in order, the
 //! `requeued` queue (re-split pieces at its front, tasks back from a failure or a lost node at its
 //! back) and then `order[cursor..]`, the epoch's seeded order not yet handed out.
 
+use super::chunks::ChunkedVec;
 use super::order::epoch_order;
 use super::{
     Action, Assignment, DecideConfig, JobOutcome, NodeId, Refusal, ReportOutcome, TaskId,
@@ -163,8 +168,8 @@ pub struct JobState {
     pub(super) epoch: u32,
     pub(super) first_task_id: u64,
     pub(super) epoch_rows: u64,
-    pub(super) slots: Vec<TaskSlot>,
-    pub(super) order: Vec<u32>,
+    pub(super) slots: ChunkedVec<TaskSlot>,
+    pub(super) order: ChunkedVec<u32>,
     pub(super) cursor: usize,
     pub(super) requeued: VecDeque<u32>,
     pub(super) in_flight: HashMap<u32, InFlight>,
@@ -211,8 +216,8 @@ impl JobState {
             epoch: 0,
             first_task_id: 0,
             epoch_rows,
-            slots: Vec::new(),
-            order: Vec::new(),
+            slots: ChunkedVec::new(),
+            order: ChunkedVec::new(),
             cursor: 0,
             requeued: VecDeque::new(),
             in_flight: HashMap::new(),
@@ -230,7 +235,7 @@ impl JobState {
     /// Cuts every split into tasks for `epoch` and shuffles their order.
     fn plan_epoch(&mut self, epoch: u32) {
         let task_rows = self.config.task_rows.max(1);
-        let mut slots = Vec::new();
+        let mut slots = ChunkedVec::new();
         for (split, rows) in self.split_rows.iter().enumerate() {
             let mut start = 0;
             while start < *rows {
@@ -246,7 +251,10 @@ impl JobState {
             }
         }
         slots.shrink_to_fit();
-        self.order = epoch_order(slots.len() as u32, self.config.seed, epoch);
+        self.order = epoch_order(slots.len() as u32, self.config.seed, epoch)
+            .into_iter()
+            .collect();
+        self.order.shrink_to_fit();
         self.slots = slots;
         self.epoch = epoch;
         self.cursor = 0;
@@ -381,7 +389,7 @@ impl JobState {
     /// How many tasks of the current epoch are in each state, counted without copying the table.
     pub fn task_counts(&self) -> TaskCounts {
         let mut counts = TaskCounts::default();
-        for task_slot in &self.slots {
+        for task_slot in self.slots.iter() {
             match task_slot.state {
                 SlotState::Pending => counts.pending += 1,
                 SlotState::InFlight => counts.in_flight += 1,
@@ -405,8 +413,8 @@ impl JobState {
         let held_entry = size_of::<u32>() * 2; // B-tree nodes are at least half full
         size_of::<JobState>()
             + self.split_rows.capacity() * size_of::<u64>()
-            + self.slots.capacity() * size_of::<TaskSlot>()
-            + self.order.capacity() * size_of::<u32>()
+            + self.slots.memory_bytes()
+            + self.order.memory_bytes()
             + self.requeued.capacity() * size_of::<u32>()
             + self.in_flight.capacity() * in_flight_entry
             + self.nodes.len() * (size_of::<(NodeId, NodeEntry)>() + size_of::<usize>())
@@ -1232,7 +1240,7 @@ impl JobState {
             }
         }
         let mut queued: Vec<u32> = self.requeued.iter().copied().collect();
-        queued.extend_from_slice(&self.order[self.cursor..]);
+        queued.extend(self.order.iter_from(self.cursor).copied());
         let queued_count = queued.len();
         queued.sort_unstable();
         queued.dedup();

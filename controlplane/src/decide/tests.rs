@@ -979,6 +979,72 @@ fn a_position_from_other_data_is_refused() {
     assert!(error.to_string().contains("check data.epochs"));
 }
 
+/// A table of 9,000 one-row tasks, three chunks of slots, with tasks in every state: done,
+/// failed for good, in flight with a stop asked, pending from the order and queued again.
+fn table_over_chunks() -> JobState {
+    let mut sut = new_state(
+        DecideConfig {
+            task_rows: 1,
+            max_task_attempts: 1,
+            blacklist_after_failures: 100,
+            task_success_percent: 50.0,
+            ..config()
+        },
+        vec![5000, 4000],
+    );
+    register(&mut sut, NODE_A, 0);
+    register(&mut sut, NODE_B, 0);
+    let tasks_a = assigned(&acquire(&mut sut, NODE_A, 0, 3), NODE_A);
+    heartbeat(&mut sut, NODE_A, 1, &[progress(tasks_a[0].task, 1, 1)]);
+    report_failed(&mut sut, NODE_A, tasks_a[1].task, 0);
+    let tasks_b = assigned(&acquire(&mut sut, NODE_B, 1, 2), NODE_B);
+    heartbeat(&mut sut, NODE_B, 1000, &[progress(tasks_b[0].task, 1, 0)]);
+    run(&mut sut, Event::Tick { now_ms: 1500 });
+    assert_eq!(
+        sut.node_status(NODE_A),
+        Some(NodeStatus::Lost),
+        "node A was silent past its timeout"
+    );
+    assert_eq!(sut.in_flight_count(), tasks_b.len());
+    assert!(sut.pending_count() > 0 && sut.task_counts().done == 1);
+    assert_eq!(sut.outcome(), None);
+    sut
+}
+
+#[test]
+fn a_captured_table_encodes_as_its_position_and_keeps_it_while_the_table_changes() {
+    let mut sut = table_over_chunks();
+    let position = sut.position();
+    let encoded = postcard::to_stdvec(&position).expect("a position encodes");
+    let captured = sut.capture();
+    assert_eq!(
+        postcard::to_stdvec(&captured).expect("a capture encodes"),
+        encoded,
+        "a capture encodes to the bytes of its position"
+    );
+    // The table changes in every chunk: tasks handed out, done, failed, cut, and a new epoch's
+    // slots would replace them all.
+    register(&mut sut, NODE_A, 1600);
+    let handed = assigned(&acquire(&mut sut, NODE_A, 1600, 4000), NODE_A);
+    assert_eq!(handed.len(), 4000);
+    let counts: Vec<TaskProgress> = handed
+        .iter()
+        .take(3000)
+        .map(|task| progress(task.task, 1, 1))
+        .collect();
+    heartbeat(&mut sut, NODE_A, 1601, &counts);
+    report_failed(&mut sut, NODE_A, handed[3500].task, 0);
+    assert_ne!(sut.position(), position);
+    assert_eq!(
+        postcard::to_stdvec(&captured).expect("a capture encodes"),
+        encoded,
+        "the capture holds the table as it was when captured"
+    );
+    let decoded: TableSnapshot = postcard::from_bytes(&encoded).expect("a capture decodes");
+    assert_eq!(decoded.into_position(), position);
+    assert_eq!(captured.into_position(), position);
+}
+
 #[test]
 fn one_task_costs_28_bytes_so_ten_million_fit_well_under_2_gib() {
     assert_eq!(std::mem::size_of::<TaskSlot>(), 24);

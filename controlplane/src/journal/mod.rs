@@ -4,7 +4,7 @@
 //! The journal is generic over its entry type `E` and snapshot type `S` (any serde type), encoded
 //! with `postcard`. [`open`] fences any earlier writer and returns what was durable; [`Journal::append`]
 //! queues an entry and returns a [`Durable`] that resolves once it is; [`Journal::snapshot`] writes a
-//! compacted state that replaces every entry before it.
+//! compacted state that replaces every entry before it, encoding it in the background.
 //!
 //! # Implementation
 //!
@@ -40,10 +40,12 @@
 //! one has replayed and claimed. Identities are compared before either, so opening another job's
 //! journal by mistake fences nobody.
 //!
-//! **Snapshots** are written after every record before them is durable, so any snapshot of a
-//! sequence holds the state every writer would have there. A task of their own writes them, so that
-//! batches go on meanwhile; a local writer starts a new segment with the next batch. Once a snapshot
-//! is durable, the segments it covers and older snapshots are deleted.
+//! **Snapshots** take their sequence when they are queued, in the appenders' order, and hold the
+//! state as of that point; they are written after every record before them is durable, so any
+//! snapshot of a sequence holds the state every writer would have there. A task of their own
+//! encodes them (on a blocking thread) and writes them, so that appenders do not wait for the
+//! encoding and batches go on meanwhile; a local writer starts a new segment with the next batch.
+//! Once a snapshot is durable, the segments it covers and older snapshots are deleted.
 
 mod error;
 mod frame;
@@ -367,7 +369,7 @@ async fn check_identity(store: &Store, identity: &str) -> Result<()> {
     Ok(())
 }
 
-impl<E: Serialize, S: Serialize> Journal<E, S> {
+impl<E: Serialize, S: Serialize + Send + 'static> Journal<E, S> {
     /// Queues `entry` after every earlier append and returns a handle that resolves once it is
     /// durable. Does no IO and never waits for IO: it only encodes into the pending batch.
     pub fn append(&self, entry: &E) -> Durable {
@@ -382,18 +384,22 @@ impl<E: Serialize, S: Serialize> Journal<E, S> {
     }
 
     /// Queues a snapshot that replaces every entry appended before it; the segments and snapshots
-    /// it replaces are deleted once it is durable. Encodes `snapshot` in the caller's thread (the
-    /// caller holds the state consistent meanwhile), then returns; the write happens in the
-    /// background.
-    pub fn snapshot(&self, snapshot: &S) -> Durable {
-        match postcard::to_extend(snapshot, frame::snapshot_buffer()) {
-            Ok(buffer) => self.shared.snapshot(buffer),
-            Err(error) => Durable::failed(JournalError::Encode {
-                uri: self.shared.uri().to_string(),
-                what: "a snapshot",
-                reason: error.to_string(),
-            }),
-        }
+    /// it replaces are deleted once it is durable. Takes the sequence and returns at once:
+    /// `snapshot` is encoded and written in the background, so it must hold the state as of this
+    /// call and keep holding it while later entries are appended (a copy, or a copy-on-write
+    /// capture). An encoding failure resolves the returned [`Durable`] with
+    /// [`JournalError::Encode`], and the entries the snapshot would have replaced stay.
+    pub fn snapshot(&self, snapshot: S) -> Durable {
+        let uri = Arc::clone(self.shared.uri_arc());
+        self.shared.snapshot(Box::new(move || {
+            postcard::to_extend(&snapshot, frame::snapshot_buffer()).map_err(|error| {
+                JournalError::Encode {
+                    uri: uri.to_string(),
+                    what: "a snapshot",
+                    reason: error.to_string(),
+                }
+            })
+        }))
     }
 }
 

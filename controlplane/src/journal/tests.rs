@@ -328,7 +328,7 @@ async fn a_snapshot_replaces_the_entries_before_it() {
     for fixture in fixtures() {
         let (sut, _) = reopen(&fixture.store).await;
         append_all(&sut, 0..10).await;
-        sut.snapshot(&Count { through: 10 }).await.expect("durable");
+        sut.snapshot(Count { through: 10 }).await.expect("durable");
         append_all(&sut, 10..15).await;
         sut.close().await.expect("closes");
 
@@ -340,9 +340,9 @@ async fn a_snapshot_replaces_the_entries_before_it() {
             fixture.name
         );
         assert_eq!(recovered.entries, entries(10..15), "{}", fixture.name);
-        sut.snapshot(&Count { through: 15 }).await.expect("durable");
+        sut.snapshot(Count { through: 15 }).await.expect("durable");
         append_all(&sut, 15..20).await;
-        sut.snapshot(&Count { through: 20 }).await.expect("durable");
+        sut.snapshot(Count { through: 20 }).await.expect("durable");
         sut.close().await.expect("closes");
 
         let listing = Listing::read(&fixture.store).await.expect("lists");
@@ -489,7 +489,7 @@ async fn a_damaged_snapshot_is_an_error() {
     for fixture in fixtures() {
         let (sut, _) = reopen(&fixture.store).await;
         append_all(&sut, 0..10).await;
-        sut.snapshot(&Count { through: 10 }).await.expect("durable");
+        sut.snapshot(Count { through: 10 }).await.expect("durable");
         sut.close().await.expect("closes");
         let listing = Listing::read(&fixture.store).await.expect("lists");
         let name = snapshot_name(listing.snapshots[0]);

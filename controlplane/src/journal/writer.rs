@@ -125,17 +125,29 @@ struct Queue {
     closing: bool,
 }
 
+/// Encodes a snapshot captured when it was queued into a buffer from [`frame::snapshot_buffer`].
+/// It runs on a blocking thread of the snapshot task, so that the appender's lock is not held while
+/// a large state is encoded.
+pub(super) type SnapshotEncoder = Box<dyn FnOnce() -> Result<Vec<u8>> + Send>;
+
 /// Work for the writer task, in sequence order.
-#[derive(Debug)]
 enum Op {
     /// Consecutive records, written with one write.
     Records(Batch),
     /// A snapshot of everything before `sequence`.
-    Snapshot {
-        sequence: u64,
-        buffer: Vec<u8>,
-        waiter: oneshot::Sender<Result<()>>,
-    },
+    Snapshot(SnapshotJob),
+}
+
+impl std::fmt::Debug for Op {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::Records(batch) => formatter.debug_tuple("Records").field(batch).finish(),
+            Op::Snapshot(job) => formatter
+                .debug_struct("Snapshot")
+                .field("sequence", &job.sequence)
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -162,6 +174,10 @@ impl Shared {
     }
 
     pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    pub fn uri_arc(&self) -> &Arc<str> {
         &self.uri
     }
 
@@ -213,9 +229,9 @@ impl Shared {
         Durable::waiting(receiver, Arc::clone(&self.uri))
     }
 
-    /// Queues a snapshot of everything appended so far; `buffer` comes from
-    /// [`frame::snapshot_buffer`] with the body appended.
-    pub fn snapshot(&self, buffer: Vec<u8>) -> Durable {
+    /// Queues a snapshot of everything appended so far. `encode` is called later, on the snapshot
+    /// task's blocking thread; what it encodes must be the state as of this call.
+    pub fn snapshot(&self, encode: SnapshotEncoder) -> Durable {
         let (waiter, receiver) = oneshot::channel();
         {
             let mut queue = self.lock();
@@ -223,11 +239,11 @@ impl Shared {
                 return Durable::failed(failure.clone());
             }
             let sequence = queue.next_sequence;
-            queue.ops.push_back(Op::Snapshot {
+            queue.ops.push_back(Op::Snapshot(SnapshotJob {
                 sequence,
-                buffer,
+                encode,
                 waiter,
-            });
+            }));
         }
         self.wake.notify_one();
         Durable::waiting(receiver, Arc::clone(&self.uri))
@@ -276,9 +292,9 @@ impl Shared {
         for op in ops {
             match op {
                 Op::Records(batch) => settle(batch.waiters, &Err(error.clone())),
-                Op::Snapshot { waiter, .. } => {
+                Op::Snapshot(job) => {
                     // The appender may have dropped its Durable; nothing waits then.
-                    let _ = waiter.send(Err(error.clone()));
+                    let _ = job.waiter.send(Err(error.clone()));
                 }
             }
         }
@@ -337,19 +353,12 @@ pub(super) async fn run(
                     break Err(error);
                 }
             }
-            Op::Snapshot {
-                sequence,
-                buffer,
-                waiter,
-            } => {
-                // Every record before `sequence` is durable: the snapshot can be written while
-                // later batches go on, into a new segment (so that compaction can delete the old).
+            Op::Snapshot(job) => {
+                // Every record before the snapshot's sequence is durable: the snapshot can be
+                // encoded and written while later batches go on, into a new segment (so that
+                // compaction can delete the old).
                 sink.start_new_segment();
-                if let Err(job) = snapshot_jobs.send(SnapshotJob {
-                    sequence,
-                    buffer,
-                    waiter,
-                }) {
+                if let Err(job) = snapshot_jobs.send(job) {
                     let error = JournalError::WriterStopped {
                         uri: shared.uri().to_string(),
                     };
@@ -390,15 +399,14 @@ impl Drop for FailWhenStopped<'_> {
     }
 }
 
-/// A snapshot handed from the writer task to the snapshot task.
-#[derive(Debug)]
+/// A snapshot queued by an appender, handed from the writer task to the snapshot task.
 struct SnapshotJob {
     sequence: u64,
-    buffer: Vec<u8>,
+    encode: SnapshotEncoder,
     waiter: oneshot::Sender<Result<()>>,
 }
 
-/// The snapshot task: writes snapshots in order, then deletes what each replaces. A failed snapshot
+/// The snapshot task: encodes and writes snapshots in order, then deletes what each replaces. A failed snapshot
 /// leaves the journal as it was (the entries it would replace stay); only a fence stops the journal.
 async fn write_snapshots(
     shared: Arc<Shared>,
@@ -406,7 +414,7 @@ async fn write_snapshots(
     mut jobs: mpsc::UnboundedReceiver<SnapshotJob>,
 ) {
     while let Some(job) = jobs.recv().await {
-        let outcome = writer.write(job.sequence, job.buffer).await;
+        let outcome = writer.write(job.sequence, job.encode).await;
         // The appender may have dropped its Durable; nothing waits then.
         let _ = job.waiter.send(outcome.clone());
         let outcome = match outcome {
@@ -588,10 +596,11 @@ struct SnapshotWriter {
 }
 
 impl SnapshotWriter {
-    /// Makes a snapshot durable under `snapshot/<sequence>.snap`.
-    async fn write(&self, sequence: u64, mut buffer: Vec<u8>) -> Result<()> {
+    /// Encodes a snapshot and makes it durable under `snapshot/<sequence>.snap`.
+    async fn write(&self, sequence: u64, encode: SnapshotEncoder) -> Result<()> {
         let name = snapshot_name(sequence);
         let content = blocking(self.store.uri(), move || {
+            let mut buffer = encode()?;
             frame::seal_snapshot(&mut buffer, sequence);
             Ok(buffer)
         })

@@ -8,7 +8,7 @@
 use super::checkpoint::{PendingCheckpoint, RankPositions, RestoredAt};
 use super::rescale::Rescale;
 use super::{Master, SourceFollow, convert};
-use crate::decide::{DataPosition, Event, JobState, NodeId, RestoreMode, TaskId};
+use crate::decide::{DataPosition, Event, JobState, NodeId, RestoreMode, TableSnapshot, TaskId};
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit};
 use crate::plan::{PlannedFile, PlannedSplit};
@@ -98,7 +98,7 @@ pub enum Entry {
 /// The AM's state at one point of its journal, from which the entries after it replay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
-    pub(super) position: DataPosition,
+    pub(super) position: TableSnapshot,
     pub(super) last_seen_ms: BTreeMap<NodeId, u64>,
     pub(super) pieces: BTreeMap<TaskId, u64>,
     pub(super) checkpoints: BTreeMap<u64, PendingCheckpoint>,
@@ -184,9 +184,12 @@ impl Master {
 
     /// The state to write as a snapshot: replaying the entries journaled after it over
     /// [`Master::restore_snapshot`] gives the state this master will then have.
+    ///
+    /// Cheap enough to take under the master's lock: the task table is captured, not copied (see
+    /// [`JobState::capture`]), and encoding the snapshot is left to the journal's own threads.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
-            position: self.table.position(),
+            position: self.table.capture(),
             last_seen_ms: self
                 .table
                 .nodes()
@@ -227,7 +230,7 @@ impl Master {
         let mut table = JobState::restore(
             self.config,
             self.plan.split_rows(),
-            snapshot.position,
+            snapshot.position.into_position(),
             RestoreMode::Resume { now_ms: 0 },
         )?;
         table.restore_last_seen(&snapshot.last_seen_ms);
