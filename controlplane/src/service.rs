@@ -134,11 +134,9 @@ impl Am {
         request: v1::HeartbeatRequest,
     ) -> (v1::HeartbeatReply, Option<Durable>) {
         let mut master = self.master();
-        let before = BeyondCounts::of(&master);
+        let before = master.standing();
         let applied = master.heartbeat(request, self.now_ms());
-        let counts_only = applied.reply.commands.is_empty()
-            && !master.scaling()
-            && BeyondCounts::of(&master) == before;
+        let counts_only = master.only_counts_changed(before, &applied.reply);
         let durable = self.persist.append(&applied.entries, &master);
         (applied.reply, (!counts_only).then_some(durable))
     }
@@ -336,28 +334,6 @@ impl Am {
     /// Where the AM's changes go.
     pub fn persist(&self) -> &Persist {
         &self.persist
-    }
-}
-
-/// What a heartbeat can change of the task table besides counts and liveness, read before and after
-/// it: a task done (no longer in flight), a new epoch, the job's end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct BeyondCounts {
-    in_flight: usize,
-    pending: usize,
-    epoch: u32,
-    over: bool,
-}
-
-impl BeyondCounts {
-    fn of(master: &Master) -> BeyondCounts {
-        let table = master.table();
-        BeyondCounts {
-            in_flight: table.in_flight_count(),
-            pending: table.pending_count(),
-            epoch: table.epoch(),
-            over: table.outcome().is_some(),
-        }
     }
 }
 

@@ -236,6 +236,16 @@ pub struct Master {
     latest_ms: u64,
 }
 
+/// What a heartbeat can change of the task table besides counts and liveness: a task done (no
+/// longer in flight), a new epoch, the job's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    in_flight: usize,
+    pending: usize,
+    epoch: u32,
+    over: bool,
+}
+
 /// The trainer ranks node `node` of `nodes` feeds when the roles have `sizes` trainers: the ranks
 /// in contiguous blocks over the nodes.
 fn ranks_over(sizes: &[u32], nodes: u32, node: NodeId) -> Vec<u32> {
@@ -601,6 +611,27 @@ impl Master {
             },
             entries,
         })
+    }
+
+    /// Where the job stands beyond counts and liveness, to tell after a heartbeat whether it
+    /// changed more ([`Master::only_counts_changed`]).
+    pub fn standing(&self) -> Standing {
+        Standing {
+            in_flight: self.table.in_flight_count(),
+            pending: self.table.pending_count(),
+            epoch: self.table.epoch(),
+            over: self.table.outcome().is_some(),
+        }
+    }
+
+    /// Whether a heartbeat applied since `before` and answered with `reply` changed nothing but
+    /// its tasks' counts and the node's liveness: then its answer may go out before its entries
+    /// are durable (the durability rule of `docs/architecture.md`). Not when the answer carries a
+    /// command, a task finished (the daemon lets it go on the answer), the epoch or the job's
+    /// outcome changed, or a scale or restore is under way (the daemon removes its rings once its
+    /// final counts are answered).
+    pub fn only_counts_changed(&self, before: Standing, reply: &v1::HeartbeatReply) -> bool {
+        reply.commands.is_empty() && self.rescale.is_none() && self.standing() == before
     }
 
     /// A daemon reports liveness, counts and pipeline statistics.

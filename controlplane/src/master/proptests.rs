@@ -45,10 +45,11 @@
 //!   next call or not (its session only retries the call; a restarted daemon registers).
 //! - **The durability rule** (docs/architecture.md): what the AM acknowledges or acts on outside is
 //!   durable before anyone learns of it, but consumed counts in heartbeats may be journaled
-//!   without waiting. So at a takeover the journal may lose a tail of entries, after the last
-//!   snapshot, each of which is a heartbeat ([`Entry::Event`] of [`Event::Heartbeat`]) whose
-//!   answer the daemon did not act on; a journal is durable in order, so a lost entry is never
-//!   followed by a kept one. A heartbeat's answer is acted on when it carries a command (an
+//!   without waiting. The master says which heartbeats those are ([`Master::only_counts_changed`],
+//!   which the service follows), and the test fails if the daemon acts on the answer of one. So at
+//!   a takeover the journal may lose a tail of entries, after the last snapshot, each of which is
+//!   such a heartbeat ([`Entry::Event`] of [`Event::Heartbeat`]); a journal is durable in order,
+//!   so a lost entry is never followed by a kept one. A heartbeat's answer is acted on when it carries a command (an
 //!   `Assign`, `Stop`, `Release` or `Shutdown` out of the outbox or of the heartbeat itself)
 //!   or when, on it, the daemon lets go a task consumed to its end (the task book's
 //!   `heartbeat_answered`). The final heartbeat of a give-back is never lost either: on its
@@ -56,17 +57,10 @@
 //!   daemon does not register again after an AM restart (its session retries the call), so a
 //!   takeover alone does not make it report its counts; a daemon restart, at any point, does.
 //!
-//! # Findings
-//! Three paths of the model break exactly-once; [`Findings`] turns each on in an ignored
-//! regression test with a minimal case, and the property test leaves them off:
-//! - `a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node`: the table a
-//!   restore resets to knows only the nodes the checkpoint lists. The property test commits
-//!   checkpoints only once every node has registered.
-//! - `a_lost_give_back_heartbeat_loses_consumed_counts` and
-//!   `a_lost_heartbeat_that_finished_a_task_delivers_its_rows_again`: a heartbeat whose answer
-//!   carried no command, but on whose answer the daemon drops counts (its rings, or a finished
-//!   task), must be durable. The service waits for every heartbeat to be durable, so these break
-//!   the durability rule as docs/architecture.md words it, not the AM as it runs.
+//! # Regression cases
+//! Minimal cases the property test once found are plain tests at the end of the file: a restore to
+//! a checkpoint committed before a node registered, and the two heartbeats the daemon acts on
+//! though their answers carry no command (a give-back's final one, one that finishes a task).
 //!
 //! Time advances by one millisecond per step and the heartbeat timeout is far away: liveness is
 //! the table's own property tests' subject (`decide/proptests.rs`), exactly-once across the
@@ -151,21 +145,8 @@ impl Op {
     }
 }
 
-/// Paths of the model that lead to the findings below: off in the property test, on in the
-/// regression test of each finding.
-#[derive(Debug, Clone, Copy, Default)]
-struct Findings {
-    /// The final heartbeat of a give-back may be lost at a takeover (finding: its counts are lost
-    /// with the rings).
-    give_back_heartbeat_losable: bool,
-    /// A heartbeat on whose answer the daemon lets go a task consumed to its end may be lost at a
-    /// takeover (finding: the task is queued again from the counts before it).
-    finishing_heartbeat_losable: bool,
-}
-
 #[derive(Debug, Clone)]
 struct Job {
-    findings: Findings,
     split_rows: Vec<u64>,
     task_rows: u64,
     epochs: u32,
@@ -281,7 +262,6 @@ struct Coverage {
 }
 
 struct Sim<'a> {
-    findings: Findings,
     spec: Arc<JobSpec>,
     plan: Arc<JobPlan>,
     sut: Master,
@@ -513,7 +493,7 @@ impl Sim<'_> {
                 Ok(true)
             }
             Phase::Released => {
-                self.give_back(node);
+                self.give_back(node)?;
                 Ok(true)
             }
             Phase::Serving if !self.nodes[node].acks.is_empty() => {
@@ -539,7 +519,7 @@ impl Sim<'_> {
     }
 
     /// Reports the final counts of every task and removes the rings.
-    fn give_back(&mut self, node: usize) {
+    fn give_back(&mut self, node: usize) -> Result<(), TestCaseError> {
         let progress = self.nodes[node]
             .tasks
             .iter()
@@ -548,6 +528,7 @@ impl Sim<'_> {
                 ..task.progress()
             })
             .collect();
+        let before = self.sut.standing();
         let applied = self.sut.heartbeat(
             v1::HeartbeatRequest {
                 node_id: node as u64,
@@ -556,12 +537,19 @@ impl Sim<'_> {
             },
             self.now_ms,
         );
-        self.journal(&applied, self.findings.give_back_heartbeat_losable);
+        // On its answer the daemon removes its rings, the only other copy of its counts.
+        if self.sut.only_counts_changed(before, &applied.reply) {
+            return Err(fail(format!(
+                "node {node}: the master would answer a give-back's final heartbeat before it is durable"
+            )));
+        }
+        self.journal(&applied, false);
         let sim_node = &mut self.nodes[node];
         sim_node.tasks.clear();
         sim_node.ranks.clear();
         sim_node.acks.clear();
         sim_node.phase = Phase::GaveBack;
+        Ok(())
     }
 
     fn heartbeat(&mut self, node: usize) -> Result<(), TestCaseError> {
@@ -570,6 +558,7 @@ impl Sim<'_> {
             .iter()
             .map(SimTask::progress)
             .collect();
+        let before = self.sut.standing();
         let applied = self.sut.heartbeat(
             v1::HeartbeatRequest {
                 node_id: node as u64,
@@ -578,10 +567,17 @@ impl Sim<'_> {
             },
             self.now_ms,
         );
-        let frees = self.nodes[node].tasks.iter().any(SimTask::finished)
-            && !self.findings.finishing_heartbeat_losable;
+        // The master says which heartbeats are answered before they are durable: those the
+        // journal may lose at a takeover. None may be one the daemon acts on.
+        let losable = self.sut.only_counts_changed(before, &applied.reply);
+        let frees = self.nodes[node].tasks.iter().any(SimTask::finished);
         let acted = !applied.reply.commands.is_empty() || frees;
-        self.journal(&applied, !acted);
+        if losable && acted {
+            return Err(fail(format!(
+                "node {node}: the master would answer a heartbeat the daemon acts on before it is durable"
+            )));
+        }
+        self.journal(&applied, losable);
         self.nodes[node].tasks.retain(|task| !task.finished());
         self.obey(node, applied.reply.commands, false)
     }
@@ -1078,7 +1074,6 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                 follow,
                 ops,
             )| Job {
-                findings: Findings::default(),
                 split_rows,
                 task_rows,
                 // A followed source has no end at which a next epoch could begin.
@@ -1115,7 +1110,6 @@ fn run_job(job: Job, coverage: &RefCell<Coverage>) -> Result<(), TestCaseError> 
         .map_err(|error| fail(format!("the master: {error}")))?;
     sut.launch_executors();
     let mut sim = Sim {
-        findings: job.findings,
         spec,
         plan,
         sut,
@@ -1242,7 +1236,6 @@ fn run_case(job: Job) {
 fn a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node() {
     use Op::*;
     run_case(Job {
-        findings: Findings::default(),
         split_rows: vec![1],
         task_rows: 1,
         epochs: 1,
@@ -1261,21 +1254,14 @@ fn a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node()
     });
 }
 
-/// Finding: the final heartbeat of a give-back carries the only copy of the counts left once the
-/// daemon removes its rings on its answer. A takeover that loses it (a heartbeat whose answer
-/// carried no command) queues the task again from the counts journaled before, and the rows
-/// consumed since are delivered twice. Not so in the service, which waits for every heartbeat to
-/// be durable; but the rule that consumed counts in heartbeats may be journaled without waiting
-/// does not hold for this heartbeat.
+/// The final heartbeat of a give-back carries the only copy of the counts left once the daemon
+/// removes its rings on its answer, though its answer carries no command: the master has it
+/// answered only once durable, or a takeover that lost it would queue the task again from older
+/// counts and deliver the rows consumed since twice.
 #[test]
-#[ignore = "finding: the counts of a give-back's final heartbeat must be durable"]
-fn a_lost_give_back_heartbeat_loses_consumed_counts() {
+fn a_give_back_heartbeat_is_durable_before_its_answer() {
     use Op::*;
     run_case(Job {
-        findings: Findings {
-            give_back_heartbeat_losable: true,
-            ..Findings::default()
-        },
         split_rows: vec![2],
         task_rows: 2,
         epochs: 1,
@@ -1312,20 +1298,14 @@ fn a_lost_give_back_heartbeat_loses_consumed_counts() {
     });
 }
 
-/// Finding: on the answer to a heartbeat that reports a task consumed to its end, the daemon lets
-/// the task go. A takeover that loses that heartbeat (its answer carried no command) leaves the
-/// task in flight on the node at its earlier counts: the job waits for it for ever, or, once the
-/// daemon registers again without it, queues it again from those counts and delivers its last
-/// rows twice.
+/// On the answer to a heartbeat that reports a task consumed to its end, the daemon lets the task
+/// go, though the answer carries no command: the master has it answered only once durable, or a
+/// takeover that lost it would leave the task in flight at its earlier counts, and deliver its last
+/// rows twice once the daemon registers again without it.
 #[test]
-#[ignore = "finding: a heartbeat that finishes a task must be durable"]
-fn a_lost_heartbeat_that_finished_a_task_delivers_its_rows_again() {
+fn a_heartbeat_that_finishes_a_task_is_durable_before_its_answer() {
     use Op::*;
     run_case(Job {
-        findings: Findings {
-            finishing_heartbeat_losable: true,
-            ..Findings::default()
-        },
         split_rows: vec![1],
         task_rows: 1,
         epochs: 1,
