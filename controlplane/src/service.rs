@@ -663,6 +663,22 @@ mod tests {
         }
     }
 
+    /// A scripted launcher for `sut`, its events, after the first pass of supervision launched
+    /// every executor.
+    async fn started(
+        sut: &Am,
+    ) -> (
+        Arc<ScriptedLauncher>,
+        ExecutorLauncher,
+        mpsc::UnboundedReceiver<ExecutorEvent>,
+    ) {
+        let scripted = Arc::new(ScriptedLauncher::default());
+        let executors = launcher(&scripted);
+        let mut events = scripted.events.take().expect("events");
+        supervise(sut, &executors, &mut events).await;
+        (scripted, executors, events)
+    }
+
     fn am() -> Am {
         Am::new(master(), Persist::in_memory(), CheckpointStore::in_memory())
     }
@@ -782,10 +798,7 @@ failover: { max_failures: 1 }
     #[tokio::test]
     async fn a_failed_trainer_is_relaunched_and_success_of_every_trainer_ends_the_job() {
         let sut = am();
-        let scripted = Arc::new(ScriptedLauncher::default());
-        let executors = launcher(&scripted);
-        let mut events = scripted.events.take().expect("events");
-        supervise(&sut, &executors, &mut events).await;
+        let (scripted, executors, mut events) = started(&sut).await;
         scripted.end(trainer(0), Exit::Code(5));
         supervise(&sut, &executors, &mut events).await;
         assert_eq!(
@@ -816,10 +829,7 @@ failover: { max_failures: 1 }
     #[tokio::test]
     async fn an_am_taking_the_job_over_adopts_the_executors_that_still_run() {
         let first = am();
-        let scripted = Arc::new(ScriptedLauncher::default());
-        let executors = launcher(&scripted);
-        let mut events = scripted.events.take().expect("events");
-        supervise(&first, &executors, &mut events).await;
+        let (scripted, executors, mut events) = started(&first).await;
         scripted.end(trainer(0), Exit::Code(0));
         supervise(&first, &executors, &mut events).await;
 
@@ -842,10 +852,7 @@ failover: { max_failures: 1 }
     #[tokio::test]
     async fn a_trainer_past_max_failures_fails_the_job_and_the_others_are_stopped() {
         let sut = am();
-        let scripted = Arc::new(ScriptedLauncher::default());
-        let executors = launcher(&scripted);
-        let mut events = scripted.events.take().expect("events");
-        supervise(&sut, &executors, &mut events).await;
+        let (scripted, executors, mut events) = started(&sut).await;
         for _ in 0..2 {
             scripted.end(trainer(0), Exit::Code(1));
             supervise(&sut, &executors, &mut events).await;

@@ -77,7 +77,7 @@ async fn write_numbers(uri: &str, options: &StorageOptions) -> Result<(), String
             next += 1;
             unprinted += 1;
             if next.is_multiple_of(SNAPSHOT_EVERY) {
-                in_flight.push_back((None, journal.snapshot(&next)));
+                in_flight.push_back((None, journal.snapshot(next)));
             }
         }
         // Durables resolve in order: await the oldest, then take every one already resolved.

@@ -66,13 +66,13 @@
 //! the table's own property tests' subject (`decide/proptests.rs`), exactly-once across the
 //! master's processes is this one's.
 
+use super::tests::planned_split;
 use super::*;
 use crate::decide::{DataPosition, JobOutcome};
 use crate::launcher::{ExecutorId, Exit, LaunchAction};
 use crate::spec::Format;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use sluice_formats::Split;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use v1::command::Command as Cmd;
@@ -322,18 +322,6 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000000000 }}
         nodes = job.nodes,
         trainers = job.trainers,
     )
-}
-
-fn split(name: &str, rows: u64) -> Split {
-    Split {
-        task_id: 0,
-        uri: format!("file:///data/train/{name}.parquet"),
-        file_size: 1000,
-        first_row: 0,
-        row_count: rows,
-        partition_values: Vec::new(),
-        delta: None,
-    }
 }
 
 impl Sim<'_> {
@@ -828,7 +816,7 @@ impl Sim<'_> {
             .iter()
             .map(|rows| {
                 self.added_files += 1;
-                split(&format!("added-{}", self.added_files), *rows)
+                planned_split(&format!("added-{}", self.added_files), *rows)
             })
             .collect();
         let applied = self.sut.add_splits(0, None, JobPlan::of_splits(0, splits));
@@ -1097,7 +1085,7 @@ fn run_job(job: Job, coverage: &RefCell<Coverage>) -> Result<(), TestCaseError> 
         .split_rows
         .iter()
         .enumerate()
-        .map(|(index, rows)| split(&format!("part-{index}"), *rows))
+        .map(|(index, rows)| planned_split(&format!("part-{index}"), *rows))
         .collect();
     let mut plan = JobPlan::default();
     plan.extend(0, splits);

@@ -888,7 +888,8 @@ fn following_master() -> Master {
     Master::new(spec, Arc::new(plan)).expect("the splits have rows")
 }
 
-fn planned_split(name: &str, rows: u64) -> Split {
+/// A planned split of `rows` rows of file `name`.
+pub(super) fn planned_split(name: &str, rows: u64) -> Split {
     Split {
         task_id: 0,
         uri: format!("file:///data/train/{name}.parquet"),
