@@ -144,10 +144,8 @@ impl Persist {
 mod tests {
     use super::*;
     use crate::journal::{JournalConfig, StorageOptions};
-    use crate::plan::JobPlan;
-    use crate::spec::{Format, JobSpec};
+    use crate::service::tests::one_file_master;
     use sluice_proto::v1;
-    use std::sync::Arc;
 
     /// Two nodes over 6,000 one-row tasks: the table spans two chunks of slots.
     fn master() -> Master {
@@ -158,21 +156,7 @@ nodes: 2
 roles:
   - { name: worker, num: 2, command: [train] }
 "#;
-        let spec = Arc::new(JobSpec::parse(text, Format::Yaml).expect("spec"));
-        let mut plan = JobPlan::default();
-        plan.extend(
-            0,
-            vec![sluice_formats::Split {
-                task_id: 0,
-                uri: "file:///d/a.parquet".into(),
-                file_size: 1,
-                first_row: 0,
-                row_count: 6000,
-                partition_values: Vec::new(),
-                delta: None,
-            }],
-        );
-        Master::new(spec, Arc::new(plan)).expect("master")
+        one_file_master(text, 6000)
     }
 
     fn task_ids(commands: &[v1::Command]) -> Vec<u64> {

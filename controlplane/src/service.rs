@@ -593,7 +593,7 @@ fn trainer_command(command: &[String], rank: u32, sluice: &std::path::Path) -> V
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::checkpoint_store::CheckpointStore;
     use crate::clock::simulated::SimulatedClock;
@@ -692,13 +692,13 @@ roles:
   - { name: worker, num: 2, command: [train, "--out", "/tmp/ids-{rank}"], env: { MODE: fast } }
 failover: { max_failures: 1 }
 "#;
-        let mut master = one_file_master(text);
+        let mut master = one_file_master(text, 20);
         master.launch_executors();
         master
     }
 
-    /// A master of the job spec `text` over one file of 20 rows.
-    fn one_file_master(text: &str) -> Master {
+    /// A master of the job spec `text` over one file of `rows` rows.
+    pub(crate) fn one_file_master(text: &str, rows: u64) -> Master {
         let spec = Arc::new(JobSpec::parse(text, Format::Yaml).expect("spec"));
         let mut plan = JobPlan::default();
         plan.extend(
@@ -708,7 +708,7 @@ failover: { max_failures: 1 }
                 uri: "file:///d/a.parquet".into(),
                 file_size: 1,
                 first_row: 0,
-                row_count: 20,
+                row_count: rows,
                 partition_values: Vec::new(),
                 delta: None,
             }],
@@ -879,7 +879,7 @@ roles:
   - { name: worker, num: 2, command: [train] }
 failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
 "#;
-        one_file_master(text)
+        one_file_master(text, 20)
     }
 
     const HOUR_MS: u64 = 3_600_000;
@@ -972,10 +972,8 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
         }
     }
 
-    #[tokio::test]
-    async fn only_a_heartbeat_that_changes_nothing_but_counts_answers_before_its_entries_are_durable()
-     {
-        let sut = am();
+    /// Registers node 0 of job `sup` at time 0.
+    async fn register_node_0(sut: &Am) {
         let register = v1::RegisterRequest {
             node_id: 0,
             job_id: "sup".into(),
@@ -984,6 +982,13 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
         sut.apply(|master| master.register(register, 0))
             .await
             .expect("registered");
+    }
+
+    #[tokio::test]
+    async fn only_a_heartbeat_that_changes_nothing_but_counts_answers_before_its_entries_are_durable()
+     {
+        let sut = am();
+        register_node_0(&sut).await;
         let reply = sut
             .apply(|master| {
                 let request = v1::AcquireTasksRequest {
@@ -1034,14 +1039,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
     #[tokio::test]
     async fn heartbeats_wait_for_their_entries_while_a_scale_is_under_way() {
         let sut = am();
-        let register = v1::RegisterRequest {
-            node_id: 0,
-            job_id: "sup".into(),
-            ..v1::RegisterRequest::default()
-        };
-        sut.apply(|master| master.register(register, 0))
-            .await
-            .expect("registered");
+        register_node_0(&sut).await;
         sut.apply(|master| master.scale("worker", 3))
             .await
             .expect("scaled");

@@ -1218,28 +1218,38 @@ fn run_case(job: Job) {
     }
 }
 
-/// A daemon that registered after a checkpoint's step is still alive after a restore to it: it
-/// gives its rings back like the others, or the relaunched trainers would read the rows left in them.
-#[test]
-fn a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node() {
-    use Op::*;
-    run_case(Job {
-        split_rows: vec![1],
-        task_rows: 1,
+/// A regression case: one node, one epoch of one split of `rows` rows cut into one task, fed to
+/// `trainers` trainers, through `ops`.
+fn one_node_job(rows: u64, trainers: u32, ops: Vec<Op>) -> Job {
+    Job {
+        split_rows: vec![rows],
+        task_rows: rows,
         epochs: 1,
         seed: 0,
         resplit_margin_rows: 0,
         resplit_min_rows: 1,
         nodes: 1,
-        trainers: 1,
+        trainers,
         follow: false,
-        ops: vec![
+        ops,
+    }
+}
+
+/// A daemon that registered after a checkpoint's step is still alive after a restore to it: it
+/// gives its rings back like the others, or the relaunched trainers would read the rows left in them.
+#[test]
+fn a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node() {
+    use Op::*;
+    run_case(one_node_job(
+        1,
+        1,
+        vec![
             Checkpoint,
             Heartbeat { node: 0 },
             Acquire { node: 0 },
             Restore { pick: 0 },
         ],
-    });
+    ));
 }
 
 /// The final heartbeat of a give-back carries the only copy of the counts left once the daemon
@@ -1249,17 +1259,10 @@ fn a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node()
 #[test]
 fn a_give_back_heartbeat_is_durable_before_its_answer() {
     use Op::*;
-    run_case(Job {
-        split_rows: vec![2],
-        task_rows: 2,
-        epochs: 1,
-        seed: 0,
-        resplit_margin_rows: 0,
-        resplit_min_rows: 1,
-        nodes: 1,
-        trainers: 2,
-        follow: false,
-        ops: vec![
+    run_case(one_node_job(
+        2,
+        2,
+        vec![
             Heartbeat { node: 0 },
             Acquire { node: 0 },
             Produce {
@@ -1283,7 +1286,7 @@ fn a_give_back_heartbeat_is_durable_before_its_answer() {
                 reregister: false,
             },
         ],
-    });
+    ));
 }
 
 /// On the answer to a heartbeat that reports a task consumed to its end, the daemon lets the task
@@ -1293,17 +1296,10 @@ fn a_give_back_heartbeat_is_durable_before_its_answer() {
 #[test]
 fn a_heartbeat_that_finishes_a_task_is_durable_before_its_answer() {
     use Op::*;
-    run_case(Job {
-        split_rows: vec![1],
-        task_rows: 1,
-        epochs: 1,
-        seed: 0,
-        resplit_margin_rows: 0,
-        resplit_min_rows: 1,
-        nodes: 1,
-        trainers: 1,
-        follow: false,
-        ops: vec![
+    run_case(one_node_job(
+        1,
+        1,
+        vec![
             Heartbeat { node: 0 },
             Acquire { node: 0 },
             Produce {
@@ -1322,5 +1318,5 @@ fn a_heartbeat_that_finishes_a_task_is_durable_before_its_answer() {
                 reregister: true,
             },
         ],
-    });
+    ));
 }
