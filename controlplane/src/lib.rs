@@ -10,7 +10,8 @@
 //!   restarts from the journal's latest time, and the wall clock only for dates.
 //! - [`master`] keeps the task table with what the AM tracks beside it (commands waiting for a
 //!   node, pipeline statistics, data checkpoints), still without IO.
-//! - [`service`] and [`server`] serve the `sluice.v1` gRPC API over it.
+//! - [`service`] and [`server`] serve the `sluice.v1` gRPC API over it, turning its messages into
+//!   the master's own calls and back at the edge (`wire`).
 //! - [`http`] serves the status page, its JSON API and Prometheus `/metrics` over the same state.
 //! - [`journal`] makes every change to the task table durable before the AM acknowledges it:
 //!   group-committed appends and snapshots in a local directory or an object store, with fencing
@@ -37,5 +38,6 @@ pub mod server;
 pub mod service;
 pub mod spec;
 pub mod status;
+mod wire;
 
 pub use error::{AmError, Result};

@@ -143,9 +143,10 @@ impl Persist {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::{NodeId, TaskId, TaskProgress};
     use crate::journal::{JournalConfig, StorageOptions};
+    use crate::master::calls::{Heartbeat, NodeCommand, Registration};
     use crate::service::tests::one_file_master;
-    use sluice_proto::v1;
 
     /// Two nodes over 6,000 one-row tasks: the table spans two chunks of slots.
     fn master() -> Master {
@@ -159,15 +160,15 @@ roles:
         one_file_master(text, 6000)
     }
 
-    fn task_ids(commands: &[v1::Command]) -> Vec<u64> {
+    fn task_ids(commands: &[NodeCommand]) -> Vec<TaskId> {
         commands
             .iter()
-            .filter_map(|command| match &command.command {
-                Some(v1::command::Command::Assign(assign)) => Some(assign.tasks.clone()),
+            .filter_map(|command| match command {
+                NodeCommand::Assign(tasks) => Some(tasks.clone()),
                 _ => None,
             })
             .flatten()
-            .map(|task| task.task_id)
+            .map(|assignment| assignment.task)
             .collect()
     }
 
@@ -183,10 +184,11 @@ roles:
         let sut = Persist::journal(journal, Duration::ZERO);
         let mut master = master();
         for node in 0..2 {
-            let request = v1::RegisterRequest {
-                node_id: node,
+            let request = Registration {
+                node: NodeId(node),
                 job_id: "snap".into(),
-                ..v1::RegisterRequest::default()
+                hostname: String::new(),
+                held: Vec::new(),
             };
             let applied = master.register(request, 0).expect("registered");
             sut.append(&applied.entries, &master)
@@ -194,28 +196,25 @@ roles:
                 .expect("durable");
         }
         for round in 0..100u64 {
-            let node = round % 2;
-            let request = v1::AcquireTasksRequest {
-                node_id: node,
-                max_tasks: 40,
-            };
-            let applied = master.acquire(request, round);
-            let tasks = task_ids(&applied.reply.commands);
+            let node = NodeId(round % 2);
+            let applied = master.acquire(node, 40, round);
+            let tasks = task_ids(&applied.reply);
             sut.append(&applied.entries, &master)
                 .await
                 .expect("durable");
-            let request = v1::HeartbeatRequest {
-                node_id: node,
+            let request = Heartbeat {
+                node,
                 progress: tasks
                     .iter()
                     .take(30)
-                    .map(|task_id| v1::TaskProgress {
-                        task_id: *task_id,
+                    .map(|task| TaskProgress {
+                        task: *task,
                         enqueued: 1,
                         consumed: 1,
                     })
                     .collect(),
-                ..v1::HeartbeatRequest::default()
+                stages: Vec::new(),
+                rings: Vec::new(),
             };
             let applied = master.heartbeat(request, round);
             // Not awaited, as a heartbeat of counts alone is answered.

@@ -25,10 +25,12 @@ use crate::launcher::{
 };
 use crate::master::{Applied, CommitOutcome, Master};
 use crate::persist::{Durable, Persist};
+use crate::wire;
 use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_server::CheckpointService;
 use sluice_proto::v1::control_service_server::ControlService;
 use sluice_proto::v1::daemon_service_server::DaemonService;
+use sluice_proto::{NodeId, TaskId};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -135,10 +137,13 @@ impl Am {
     ) -> (v1::HeartbeatReply, Option<Durable>) {
         let mut master = self.master();
         let before = master.standing();
-        let applied = master.heartbeat(request, self.now_ms());
+        let applied = master.heartbeat(wire::heartbeat(request), self.now_ms());
         let counts_only = master.only_counts_changed(before, &applied.reply);
         let durable = self.persist.append(&applied.entries, &master);
-        (applied.reply, (!counts_only).then_some(durable))
+        let reply = v1::HeartbeatReply {
+            commands: wire::commands(master.plan(), applied.reply),
+        };
+        (reply, (!counts_only).then_some(durable))
     }
 
     /// Applies a heartbeat and answers, once its entries are durable when it changed more than
@@ -167,7 +172,7 @@ impl Am {
         request: v1::CommitDataCheckpointRequest,
     ) -> Result<v1::CommitDataCheckpointReply, AmError> {
         let outcome = self
-            .apply(|master| master.commit_checkpoint(request))
+            .apply(|master| master.commit_checkpoint(wire::rank_commit(request)))
             .await?;
         let state = match outcome {
             CommitOutcome::Pending {
@@ -194,8 +199,10 @@ impl Am {
     pub async fn restore(&self, token: &str) -> Result<v1::RestoreDataCheckpointReply, AmError> {
         let position = self.checkpoints.get(token).await?;
         let token = token.to_owned();
-        self.apply(|master| master.restore(token, position, self.now_ms()))
-            .await
+        let restored = self
+            .apply(|master| master.restore(token, position, self.now_ms()))
+            .await?;
+        Ok(wire::restore_reply(restored))
     }
 
     /// Whether the job is over and every daemon was told so.
@@ -356,10 +363,15 @@ impl DaemonService for AmService {
         &self,
         request: Request<v1::RegisterRequest>,
     ) -> Result<Response<v1::RegisterReply>, Status> {
-        let request = request.into_inner();
+        let registration = wire::registration(request.into_inner());
         let reply = self
             .am
-            .apply(|master| master.register(request, self.am.now_ms()))
+            .apply(|master| {
+                let applied = master.register(registration, self.am.now_ms())?;
+                Ok(applied.map(|registered| {
+                    wire::register_reply(master.spec(), master.plan(), registered)
+                }))
+            })
             .await?;
         Ok(Response::new(reply))
     }
@@ -377,9 +389,15 @@ impl DaemonService for AmService {
         request: Request<v1::AcquireTasksRequest>,
     ) -> Result<Response<v1::AcquireTasksReply>, Status> {
         let request = request.into_inner();
+        let node = NodeId(request.node_id);
         let reply = self
             .am
-            .apply(|master| Ok(master.acquire(request, self.am.now_ms())))
+            .apply(|master| {
+                let applied = master.acquire(node, request.max_tasks, self.am.now_ms());
+                Ok(applied.map(|commands| v1::AcquireTasksReply {
+                    commands: wire::commands(master.plan(), commands),
+                }))
+            })
             .await?;
         Ok(Response::new(reply))
     }
@@ -388,10 +406,15 @@ impl DaemonService for AmService {
         &self,
         request: Request<v1::ReportTaskRequest>,
     ) -> Result<Response<v1::ReportTaskReply>, Status> {
-        let request = request.into_inner();
+        let report = wire::task_report(request.into_inner())?;
         let reply = self
             .am
-            .apply(|master| master.report(request, self.am.now_ms()))
+            .apply(|master| {
+                let applied = master.report(report, self.am.now_ms());
+                Ok(applied.map(|commands| v1::ReportTaskReply {
+                    commands: wire::commands(master.plan(), commands),
+                }))
+            })
             .await?;
         Ok(Response::new(reply))
     }
@@ -401,9 +424,15 @@ impl DaemonService for AmService {
         request: Request<v1::AckStopRequest>,
     ) -> Result<Response<v1::AckStopReply>, Status> {
         let request = request.into_inner();
+        let (node, task) = (NodeId(request.node_id), TaskId(request.task_id));
         let reply = self
             .am
-            .apply(|master| Ok(master.ack_stop(request, self.am.now_ms())))
+            .apply(|master| {
+                let applied = master.ack_stop(node, task, request.stop_row, self.am.now_ms());
+                Ok(applied.map(|commands| v1::AckStopReply {
+                    commands: wire::commands(master.plan(), commands),
+                }))
+            })
             .await?;
         Ok(Response::new(reply))
     }
@@ -442,11 +471,11 @@ impl ControlService for AmService {
         request: Request<v1::ScaleRoleRequest>,
     ) -> Result<Response<v1::ScaleRoleReply>, Status> {
         let request = request.into_inner();
-        let reply = self
+        let scaled = self
             .am
             .apply(|master| master.scale(&request.role, request.num))
             .await?;
-        Ok(Response::new(reply))
+        Ok(Response::new(wire::scale_reply(scaled)))
     }
 
     async fn stop(
@@ -456,7 +485,7 @@ impl ControlService for AmService {
         let reason = request.into_inner().reason;
         let state = self.am.apply(|master| Ok(master.stop(reason))).await?;
         Ok(Response::new(v1::StopReply {
-            state: state as i32,
+            state: v1::JobState::from(state) as i32,
         }))
     }
 }
@@ -598,6 +627,7 @@ pub(crate) mod tests {
     use crate::checkpoint_store::CheckpointStore;
     use crate::clock::simulated::SimulatedClock;
     use crate::launcher::EventChannel;
+    use crate::master::calls::{JobPhase, NodeCommand};
     use crate::plan::JobPlan;
     use crate::spec::{Format, JobSpec};
     use tokio::sync::mpsc;
@@ -813,7 +843,7 @@ failover: { max_failures: 1 }
             scripted.end(trainer(rank), Exit::Code(0));
         }
         supervise(&sut, &executors, &mut events).await;
-        assert_eq!(sut.master().outcome(), Some(v1::JobState::Succeeded));
+        assert_eq!(sut.master().outcome(), Some(JobPhase::Succeeded));
         assert!(
             sut.finished(),
             "no daemon registered, so none waits for its shutdown"
@@ -857,7 +887,7 @@ failover: { max_failures: 1 }
             scripted.end(trainer(0), Exit::Code(1));
             supervise(&sut, &executors, &mut events).await;
         }
-        assert_eq!(sut.master().outcome(), Some(v1::JobState::Failed));
+        assert_eq!(sut.master().outcome(), Some(JobPhase::Failed));
         let reason = sut.master().failure_reason().expect("a reason");
         assert!(
             reason.contains("trainer-worker-0 failed 2 times"),
@@ -979,7 +1009,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
             job_id: "sup".into(),
             ..v1::RegisterRequest::default()
         };
-        sut.apply(|master| master.register(register, 0))
+        sut.apply(|master| master.register(wire::registration(register), 0))
             .await
             .expect("registered");
     }
@@ -990,24 +1020,17 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
         let sut = am();
         register_node_0(&sut).await;
         let reply = sut
-            .apply(|master| {
-                let request = v1::AcquireTasksRequest {
-                    node_id: 0,
-                    max_tasks: 2,
-                };
-                Ok(master.acquire(request, 1))
-            })
+            .apply(|master| Ok(master.acquire(NodeId(0), 2, 1)))
             .await
             .expect("acquired");
         let tasks: Vec<u64> = reply
-            .commands
             .iter()
-            .filter_map(|command| match &command.command {
-                Some(v1::command::Command::Assign(assign)) => Some(assign.tasks.clone()),
+            .filter_map(|command| match command {
+                NodeCommand::Assign(tasks) => Some(tasks.clone()),
                 _ => None,
             })
             .flatten()
-            .map(|task| task.task_id)
+            .map(|assignment| assignment.task.0)
             .collect();
         assert_eq!(tasks.len(), 2, "both tasks of 10 rows handed out");
 

@@ -10,9 +10,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use sluice_am::master::calls::JobPhase;
 use sluice_am::server::{AmOptions, AmServer};
 use sluice_am::spec::JobSpec;
-use sluice_proto::v1;
 
 /// The rows of the recorded job.
 const ROWS: u64 = 20_000;
@@ -63,7 +63,7 @@ async fn a_journal_of_the_first_format_is_taken_over_where_it_ended() {
         .expect("the AM takes the recorded job over");
     let am = sut.am();
     let master = am.master();
-    assert_eq!(master.outcome(), Some(v1::JobState::Succeeded));
+    assert_eq!(master.outcome(), Some(JobPhase::Succeeded));
     assert_eq!(master.rows_consumed_total(), ROWS, "every row once");
     assert_eq!(master.table().done_rows(), ROWS);
     assert_eq!(master.world_size(), 3, "the scale to three trainers");

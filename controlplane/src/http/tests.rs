@@ -5,9 +5,11 @@ use crate::master::Master;
 use crate::persist::Persist;
 use crate::plan::JobPlan;
 use crate::spec::{Format, JobSpec};
+use crate::wire;
 use axum::body::Body;
 use axum::http::Request as HttpRequest;
 use sluice_formats::Split;
+use sluice_proto::NodeId;
 use sluice_proto::v1;
 use sluice_proto::v1::command::Command as Cmd;
 use std::collections::BTreeMap;
@@ -54,25 +56,17 @@ type Handed = BTreeMap<u64, (String, u64, u64)>;
 fn busy_am() -> (Arc<Am>, Handed) {
     let mut sut = master();
     sut.register(
-        v1::RegisterRequest {
+        wire::registration(v1::RegisterRequest {
             node_id: 0,
             job_id: "web".into(),
             hostname: "trainer-host".into(),
             held: Vec::new(),
-        },
+        }),
         1_000,
     )
     .expect("registration accepted");
-    let commands = sut
-        .acquire(
-            v1::AcquireTasksRequest {
-                node_id: 0,
-                max_tasks: 2,
-            },
-            1_010,
-        )
-        .reply
-        .commands;
+    let acquired = sut.acquire(NodeId(0), 2, 1_010).reply;
+    let commands = wire::commands(sut.plan(), acquired);
     let handed: Handed = commands
         .iter()
         .filter_map(|command| match &command.command {
@@ -103,7 +97,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
         })
         .collect();
     sut.heartbeat(
-        v1::HeartbeatRequest {
+        wire::heartbeat(v1::HeartbeatRequest {
             node_id: 0,
             progress,
             stages: vec![v1::StageStats {
@@ -120,7 +114,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
                 trainer_wait_ns: 2_000_000_000,
                 daemon_wait_ns: 500_000_000,
             }],
-        },
+        }),
         1_020,
     );
     let am = Am::new(sut, Persist::in_memory(), CheckpointStore::in_memory());

@@ -14,13 +14,13 @@
 //! the checkpoint: a cut after the step leaves both pieces in the table, and the counts fall in the
 //! parent piece.
 
+use super::calls::{RankCommit, RestoreEffect, Restored};
 use super::{Applied, Entry, Master, TaskOrigins};
 use crate::decide::{
     DataPosition, JobState, NodeRecord, RestoreMode, TaskId, TaskRecord, TaskStatus,
 };
 use crate::error::{AmError, Result};
 use serde::{Deserialize, Serialize};
-use sluice_proto::v1;
 use std::collections::BTreeMap;
 
 /// The data checkpoint the task table was last reset to, and the rows consumed right after.
@@ -163,27 +163,21 @@ pub fn position_at_step(
 
 impl Master {
     /// Records one rank's data position at a step.
-    pub fn commit_checkpoint(
-        &mut self,
-        request: v1::CommitDataCheckpointRequest,
-    ) -> Result<Applied<CommitOutcome>> {
-        let v1::CommitDataCheckpointRequest {
+    pub fn commit_checkpoint(&mut self, commit: RankCommit) -> Result<Applied<CommitOutcome>> {
+        let RankCommit {
             step,
             rank,
             world_size,
-            positions,
             epoch,
-        } = request;
+            positions,
+        } = commit;
         if let Some(token) = self.stored.get(&step) {
             return Ok(Applied {
                 reply: CommitOutcome::Stored(token.clone()),
                 entries: Vec::new(),
             });
         }
-        let positions: RankPositions = positions
-            .iter()
-            .map(|position| (TaskId(position.task_id), position.end_row))
-            .collect();
+        let positions: RankPositions = positions.into_iter().collect();
         let entry = Entry::RankCommitted {
             step,
             rank,
@@ -263,16 +257,16 @@ impl Master {
         token: String,
         position: DataPosition,
         now_ms: u64,
-    ) -> Result<Applied<v1::RestoreDataCheckpointReply>> {
+    ) -> Result<Applied<Restored>> {
         let step = self
             .stored
             .iter()
             .find(|(_, stored)| **stored == token)
             .map_or(0, |(step, _)| *step);
-        let mut reply = v1::RestoreDataCheckpointReply {
+        let mut reply = Restored {
             step,
             epoch: position.epoch,
-            effect: self.restore_effect() as i32,
+            effect: self.restore_effect(),
         };
         if let Some(at) = &self.restored
             && at.rows_consumed == self.rows_consumed_total()
@@ -284,7 +278,7 @@ impl Master {
                 )));
             }
             if self.rescale.is_none() {
-                reply.effect = v1::RestoreEffect::AlreadyThere as i32;
+                reply.effect = RestoreEffect::AlreadyThere;
             }
             return Ok(Applied {
                 reply,
@@ -304,11 +298,11 @@ impl Master {
     }
 
     /// What a restore that changes the job does beside the task table.
-    pub(super) fn restore_effect(&self) -> v1::RestoreEffect {
+    pub(super) fn restore_effect(&self) -> RestoreEffect {
         if self.executors.is_some() {
-            v1::RestoreEffect::TrainersRestart
+            RestoreEffect::TrainersRestart
         } else {
-            v1::RestoreEffect::RingsReplaced
+            RestoreEffect::RingsReplaced
         }
     }
 

@@ -25,14 +25,14 @@
 //! A scale ([`Master::scale`]) is an elastic restart of the trainers that keeps every row delivered
 //! exactly once. [`Entry::RoleScaled`] records the role's new size, and then:
 //! 1. every trainer running retires (the service stops them); no trainer is launched meanwhile;
-//! 2. once none runs, each live daemon gets [`v1::Release`] at its next call: it reports its tasks'
+//! 2. once none runs, each live daemon gets [`NodeCommand::Release`] at its next call: it reports its tasks'
 //!    final consumed counts in a heartbeat (the rings' read cursors, which no trainer moves any
 //!    more), removes its rings with the rows still unread, and registers again holding nothing, so
 //!    the task table queues every task it held again from its consumed count (the `Register`
 //!    decision for a live node that no longer lists a task). Rows a trainer had read but not
 //!    released are not consumed: they go to the new trainers, as after a trainer's crash;
 //! 3. a daemon that registers while another still feeds rings of the old ranks is told no ranks; once
-//!    none does, it gets [`v1::Release`] again, and its registration's answer names its new ranks,
+//!    none does, it gets [`NodeCommand::Release`] again, and its registration's answer names its new ranks,
 //!    numbered over the new role sizes in role order;
 //! 4. once every live daemon has its new ranks, the trainers are launched with the new
 //!    `SLUICE_WORLD_SIZE`.
@@ -48,7 +48,7 @@
 //! torchelastic restarts every worker when one fails: [`Entry::Restored`] resets the task table to
 //! the checkpoint's position (every task in flight queued again from its consumed count at the
 //! checkpoint), and the trainers restart in place through the steps of a scale that keeps the
-//! role sizes: every running trainer retires, every live daemon gets [`v1::Release`] and drops the
+//! role sizes: every running trainer retires, every live daemon gets [`NodeCommand::Release`] and drops the
 //! rows still in its rings, and the trainers are launched again once every daemon has its ranks.
 //! Until then no task is handed out, so no trainer that is about to be stopped consumes a row
 //! after the checkpoint; the counts the daemons report for the tasks they held before the reset
@@ -60,8 +60,8 @@
 //! they converge. A restore to another checkpoint then is refused, naming both: the ranks loaded
 //! different steps, and restoring each in turn would restart the trainers for ever.
 
+pub mod calls;
 pub mod checkpoint;
-mod convert;
 mod following;
 mod replay;
 mod rescale;
@@ -80,6 +80,7 @@ use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit, LaunchAction};
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
 use crate::spec::JobSpec;
+use calls::{Heartbeat, JobPhase, NodeCommand, Registered, Registration, Scaled, TaskReport};
 pub use checkpoint::{CommitOutcome, ReadyCheckpoint};
 use checkpoint::{PendingCheckpoint, RestoredAt};
 pub use following::{FollowTarget, SourceFollow};
@@ -175,6 +176,16 @@ pub struct Applied<T> {
     pub entries: Vec<Entry>,
 }
 
+impl<T> Applied<T> {
+    /// The same change with its answer turned by `f`.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Applied<U> {
+        Applied {
+            reply: f(self.reply),
+            entries: self.entries,
+        }
+    }
+}
+
 /// Samples of consumed rows over time, for rows per second.
 #[derive(Debug, Clone, Default)]
 struct Throughput {
@@ -210,7 +221,7 @@ pub struct Master {
     config: DecideConfig,
     table: JobState,
     origins: TaskOrigins,
-    outbox: BTreeMap<NodeId, Vec<v1::Command>>,
+    outbox: BTreeMap<NodeId, Vec<NodeCommand>>,
     nodes: BTreeMap<NodeId, NodeInfo>,
     checkpoints: BTreeMap<u64, PendingCheckpoint>,
     stored: BTreeMap<u64, String>,
@@ -344,6 +355,11 @@ impl Master {
         &self.spec
     }
 
+    /// The job's splits: the ones planned at its start, then the ones followed sources added.
+    pub fn plan(&self) -> &JobPlan {
+        &self.plan
+    }
+
     /// Records that an executor was started.
     pub fn executor_launched(&mut self, id: ExecutorId) -> Applied<()> {
         if let Some(executors) = &mut self.executors {
@@ -422,7 +438,7 @@ impl Master {
 
     /// Sets the number of trainers of `role` to `num`: the trainers are stopped and launched again
     /// over the new ranks (see the module's documentation).
-    pub fn scale(&mut self, role: &str, num: u32) -> Result<Applied<v1::ScaleRoleReply>> {
+    pub fn scale(&mut self, role: &str, num: u32) -> Result<Applied<Scaled>> {
         if self.executors.is_none() {
             return Err(AmError::FailedPrecondition(format!(
                 "role {role:?}: this AM launches no executors, so it cannot scale them; run the job with `sluice run` or `sluice submit` to let the AM launch them"
@@ -456,7 +472,7 @@ impl Master {
             )));
         }
         let previous_num = self.role_sizes[index];
-        let reply = v1::ScaleRoleReply { previous_num, num };
+        let reply = Scaled { previous_num, num };
         if previous_num == num {
             return Ok(Applied {
                 reply,
@@ -477,7 +493,7 @@ impl Master {
     /// to give them.
     fn finishing(&self) -> Option<String> {
         if let Some(state) = self.outcome() {
-            return Some(format!("it {}", crate::status::state_name(state)));
+            return Some(format!("it {}", crate::status::state_name(state.into())));
         }
         if let Some(reason) = &self.stop_reason {
             return Some(format!("a stop was asked for: {reason}"));
@@ -535,7 +551,7 @@ impl Master {
             .is_some_and(|executors| executors.retiring().next().is_some())
     }
 
-    /// Whether `node` is due a [`v1::Release`] (see [`Rescale::release_due`]).
+    /// Whether `node` is due a [`NodeCommand::Release`] (see [`Rescale::release_due`]).
     fn release_due(&self, node: NodeId) -> bool {
         self.rescale
             .as_ref()
@@ -567,18 +583,14 @@ impl Master {
     }
 
     /// A daemon registers, listing the tasks it still holds.
-    pub fn register(
-        &mut self,
-        request: v1::RegisterRequest,
-        now_ms: u64,
-    ) -> Result<Applied<v1::RegisterReply>> {
+    pub fn register(&mut self, request: Registration, now_ms: u64) -> Result<Applied<Registered>> {
+        let node = request.node;
         if !request.job_id.is_empty() && request.job_id != self.spec.name {
             return Err(AmError::FailedPrecondition(format!(
-                "daemon node-{} belongs to job {:?} but this AM runs job {:?}; point its --am at the AM of its job",
-                request.node_id, request.job_id, self.spec.name
+                "daemon {node} belongs to job {:?} but this AM runs job {:?}; point its --am at the AM of its job",
+                request.job_id, self.spec.name
             )));
         }
-        let node = NodeId(request.node_id);
         if node.0 >= u64::from(self.spec.nodes) {
             return Err(AmError::InvalidRequest(format!(
                 "daemon {node}: the job has {} nodes, numbered 0 to {}; start the daemon with --node-id in that range or raise `nodes` in the job spec",
@@ -596,16 +608,13 @@ impl Master {
         let event = Event::Register {
             node,
             now_ms,
-            held: request.held.iter().map(convert::progress).collect(),
+            held: request.held,
         };
         let (commands, entries) = self.apply_and_log(node, event);
         let (ranks, world_size) = self.ranks_told(node);
         Ok(Applied {
-            reply: v1::RegisterReply {
-                job_id: self.spec.name.clone(),
-                heartbeat_interval_ms: self.spec.failover.heartbeat_interval_ms,
+            reply: Registered {
                 commands,
-                data: Some(convert::job_data(&self.spec, &self.plan)),
                 ranks,
                 world_size,
             },
@@ -630,17 +639,13 @@ impl Master {
     /// command, a task finished (the daemon lets it go on the answer), the epoch or the job's
     /// outcome changed, or a scale or restore is under way (the daemon removes its rings once its
     /// final counts are answered).
-    pub fn only_counts_changed(&self, before: Standing, reply: &v1::HeartbeatReply) -> bool {
-        reply.commands.is_empty() && self.rescale.is_none() && self.standing() == before
+    pub fn only_counts_changed(&self, before: Standing, commands: &[NodeCommand]) -> bool {
+        commands.is_empty() && self.rescale.is_none() && self.standing() == before
     }
 
     /// A daemon reports liveness, counts and pipeline statistics.
-    pub fn heartbeat(
-        &mut self,
-        request: v1::HeartbeatRequest,
-        now_ms: u64,
-    ) -> Applied<v1::HeartbeatReply> {
-        let node = NodeId(request.node_id);
+    pub fn heartbeat(&mut self, request: Heartbeat, now_ms: u64) -> Applied<Vec<NodeCommand>> {
+        let node = request.node;
         if let Some(info) = self.nodes.get_mut(&node) {
             info.last_heard_ms = now_ms;
             info.stages = request.stages;
@@ -649,11 +654,11 @@ impl Master {
         let event = Event::Heartbeat {
             node,
             now_ms,
-            progress: request.progress.iter().map(convert::progress).collect(),
+            progress: request.progress,
         };
         let (commands, entries) = self.apply_and_log(node, event);
         Applied {
-            reply: v1::HeartbeatReply { commands },
+            reply: commands,
             entries,
         }
     }
@@ -661,10 +666,10 @@ impl Master {
     /// A daemon asks for more tasks.
     pub fn acquire(
         &mut self,
-        request: v1::AcquireTasksRequest,
+        node: NodeId,
+        max_tasks: u32,
         now_ms: u64,
-    ) -> Applied<v1::AcquireTasksReply> {
-        let node = NodeId(request.node_id);
+    ) -> Applied<Vec<NodeCommand>> {
         self.heard_from(node, now_ms);
         if self.rescale.as_ref().is_some_and(|rescale| rescale.restore)
             && !self.ending_beside_the_table()
@@ -673,78 +678,61 @@ impl Master {
             // trainer that is being stopped, and its rows would count as consumed.
             let mut commands = self.outbox.remove(&node).unwrap_or_default();
             if self.release_due(node) {
-                commands.insert(0, convert::release_command());
+                commands.insert(0, NodeCommand::Release);
             }
             return Applied {
-                reply: v1::AcquireTasksReply { commands },
+                reply: commands,
                 entries: Vec::new(),
             };
         }
         let event = Event::Acquire {
             node,
             now_ms,
-            max_tasks: request.max_tasks,
+            max_tasks,
         };
         let (commands, entries) = self.apply_and_log(node, event);
         Applied {
-            reply: v1::AcquireTasksReply { commands },
+            reply: commands,
             entries,
         }
     }
 
     /// A daemon ends a task.
-    pub fn report(
-        &mut self,
-        request: v1::ReportTaskRequest,
-        now_ms: u64,
-    ) -> Result<Applied<v1::ReportTaskReply>> {
-        let node = NodeId(request.node_id);
-        let outcome = match request.outcome {
-            Some(v1::report_task_request::Outcome::Done(_)) => crate::decide::ReportOutcome::Done,
-            Some(v1::report_task_request::Outcome::Failed(failed)) => {
-                crate::decide::ReportOutcome::Failed {
-                    reason: failed.reason,
-                }
-            }
-            None => {
-                return Err(AmError::InvalidRequest(format!(
-                    "report of task-{} by {node} has no outcome; set `done` or `failed`",
-                    request.task_id
-                )));
-            }
-        };
+    pub fn report(&mut self, report: TaskReport, now_ms: u64) -> Applied<Vec<NodeCommand>> {
+        let node = report.node;
         self.heard_from(node, now_ms);
         let event = Event::Report {
             node,
             now_ms,
-            task: TaskId(request.task_id),
-            consumed: request.consumed,
-            outcome,
+            task: report.task,
+            consumed: report.consumed,
+            outcome: report.outcome,
         };
         let (commands, entries) = self.apply_and_log(node, event);
-        Ok(Applied {
-            reply: v1::ReportTaskReply { commands },
+        Applied {
+            reply: commands,
             entries,
-        })
+        }
     }
 
     /// A daemon acknowledges a stop request with the row where it really stops.
     pub fn ack_stop(
         &mut self,
-        request: v1::AckStopRequest,
+        node: NodeId,
+        task: TaskId,
+        stop_row: u64,
         now_ms: u64,
-    ) -> Applied<v1::AckStopReply> {
-        let node = NodeId(request.node_id);
+    ) -> Applied<Vec<NodeCommand>> {
         self.heard_from(node, now_ms);
         let event = Event::StopAck {
             node,
             now_ms,
-            task: TaskId(request.task_id),
-            stop_row: request.stop_row,
+            task,
+            stop_row,
         };
         let (commands, entries) = self.apply_and_log(node, event);
         Applied {
-            reply: v1::AckStopReply { commands },
+            reply: commands,
             entries,
         }
     }
@@ -769,10 +757,10 @@ impl Master {
     /// Asks the job to stop. A job that still follows a source stops following it and ends once
     /// the rows already planned are consumed; any other job shuts every daemon down at its next
     /// call.
-    pub fn stop(&mut self, reason: String) -> Applied<v1::JobState> {
+    pub fn stop(&mut self, reason: String) -> Applied<JobPhase> {
         if self.table.outcome().is_some() || self.stop_reason.is_some() {
             return Applied {
-                reply: self.job_state(),
+                reply: self.phase(),
                 entries: Vec::new(),
             };
         }
@@ -783,13 +771,13 @@ impl Master {
                 entries.extend(self.end_follow(source, reason.clone()).entries);
             }
             return Applied {
-                reply: self.job_state(),
+                reply: self.phase(),
                 entries,
             };
         }
         self.stop_reason = Some(reason.clone());
         Applied {
-            reply: self.job_state(),
+            reply: self.phase(),
             entries: vec![Entry::StopRequested { reason }],
         }
     }
@@ -801,24 +789,24 @@ impl Master {
     }
 
     /// Applies an event for `caller` and returns its commands and the entry to journal.
-    fn apply_and_log(&mut self, caller: NodeId, event: Event) -> (Vec<v1::Command>, Vec<Entry>) {
+    fn apply_and_log(&mut self, caller: NodeId, event: Event) -> (Vec<NodeCommand>, Vec<Entry>) {
         if self.ending_beside_the_table() {
             self.shut_down.insert(caller);
             let mut commands = self.outbox.remove(&caller).unwrap_or_default();
-            commands.push(convert::shutdown_command());
+            commands.push(NodeCommand::Shutdown);
             return (commands, Vec::new());
         }
         let entries = vec![Entry::Event(event.clone())];
         let mut commands = self.apply_event(Some(caller), event);
         if self.release_due(caller) {
             // First: the commands after it are for the rings the daemon gives back.
-            commands.insert(0, convert::release_command());
+            commands.insert(0, NodeCommand::Release);
         }
         (commands, entries)
     }
 
     /// Applies an event; returns the commands for `caller`, queueing those for other nodes.
-    fn apply_event(&mut self, caller: Option<NodeId>, event: Event) -> Vec<v1::Command> {
+    fn apply_event(&mut self, caller: Option<NodeId>, event: Event) -> Vec<NodeCommand> {
         if let Some(now_ms) = event.now_ms() {
             self.latest_ms = self.latest_ms.max(now_ms);
         }
@@ -843,14 +831,14 @@ impl Master {
         for action in actions {
             let (node, command) = match action {
                 Action::Assign { node, tasks } | Action::Resume { node, tasks } => {
-                    (node, convert::assign_command(&self.plan, &tasks))
+                    (node, NodeCommand::Assign(tasks))
                 }
-                Action::StopAt { node, task, row } => (node, convert::stop_command(task, row)),
-                Action::Fence { node } => (node, convert::fence_command()),
-                Action::Refuse { node, reason } => (node, convert::refuse_command(&reason)),
+                Action::StopAt { node, task, row } => (node, NodeCommand::Stop { task, row }),
+                Action::Fence { node } => (node, NodeCommand::Fence),
+                Action::Refuse { node, reason } => (node, NodeCommand::Refuse(reason)),
                 Action::Shutdown { node } => {
                     self.shut_down.insert(node);
-                    (node, convert::shutdown_command())
+                    (node, NodeCommand::Shutdown)
                 }
                 notice => {
                     self.notice(notice);
@@ -936,26 +924,26 @@ impl Master {
                 }))
     }
 
-    /// The job's final state once it has one. With executors, the job succeeds when every trainer
-    /// has exited with success; without, when the task table does.
-    pub fn outcome(&self) -> Option<v1::JobState> {
+    /// The job's final phase once it has one. With executors, the job succeeds when every
+    /// trainer has exited with success; without, when the task table does.
+    pub fn outcome(&self) -> Option<JobPhase> {
         if let Some(JobOutcome::Failed { .. }) = self.table.outcome() {
-            return Some(v1::JobState::Failed);
+            return Some(JobPhase::Failed);
         }
         match &self.executors {
             Some(executors) if executors.failure().is_some() => {
-                return Some(v1::JobState::Failed);
+                return Some(JobPhase::Failed);
             }
             Some(executors) if executors.trainers_succeeded() => {
-                return Some(v1::JobState::Succeeded);
+                return Some(JobPhase::Succeeded);
             }
-            Some(_) if self.stop_reason.is_some() => return Some(v1::JobState::Stopped),
+            Some(_) if self.stop_reason.is_some() => return Some(JobPhase::Stopped),
             Some(_) => return None,
             None => {}
         }
         match (self.table.outcome(), &self.stop_reason) {
-            (Some(_), _) => Some(v1::JobState::Succeeded),
-            (None, Some(_)) => Some(v1::JobState::Stopped),
+            (Some(_), _) => Some(JobPhase::Succeeded),
+            (None, Some(_)) => Some(JobPhase::Stopped),
             (None, None) => None,
         }
     }
@@ -973,15 +961,15 @@ impl Master {
             .and_then(|executors| executors.failure().map(str::to_owned))
     }
 
-    /// The job's state on the wire.
-    pub fn job_state(&self) -> v1::JobState {
+    /// Where the job stands as a whole.
+    pub fn phase(&self) -> JobPhase {
         match self.outcome() {
-            Some(state) if self.all_shut_down() => state,
-            Some(v1::JobState::Stopped) => v1::JobState::Stopping,
-            Some(state) => state,
-            None if self.stop_reason.is_some() => v1::JobState::Stopping,
-            None if self.nodes.is_empty() => v1::JobState::Starting,
-            None => v1::JobState::Running,
+            Some(phase) if self.all_shut_down() => phase,
+            Some(JobPhase::Stopped) => JobPhase::Stopping,
+            Some(phase) => phase,
+            None if self.stop_reason.is_some() => JobPhase::Stopping,
+            None if self.nodes.is_empty() => JobPhase::Starting,
+            None => JobPhase::Running,
         }
     }
 

@@ -68,14 +68,15 @@
 
 use super::tests::planned_split;
 use super::*;
+use crate::decide::{Assignment, ReportOutcome, TaskProgress};
 use crate::decide::{DataPosition, JobOutcome};
 use crate::launcher::{ExecutorId, Exit, LaunchAction};
 use crate::spec::Format;
+use calls::RankCommit;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use v1::command::Command as Cmd;
 
 /// The job's one role.
 const ROLE: &str = "worker";
@@ -197,9 +198,9 @@ impl SimTask {
         self.consumed >= self.rows()
     }
 
-    fn progress(&self) -> v1::TaskProgress {
-        v1::TaskProgress {
-            task_id: self.task_id,
+    fn progress(&self) -> TaskProgress {
+        TaskProgress {
+            task: TaskId(self.task_id),
             enqueued: self.enqueued,
             consumed: self.consumed,
         }
@@ -347,44 +348,44 @@ impl Sim<'_> {
     fn obey(
         &mut self,
         node: usize,
-        commands: Vec<v1::Command>,
+        commands: Vec<NodeCommand>,
         registering: bool,
     ) -> Result<(), TestCaseError> {
         let mut kept = BTreeSet::new();
         let was_shut_down = self.nodes[node].phase == Phase::Shutdown;
         for command in commands {
-            match command.command {
-                Some(Cmd::Assign(assign)) => {
-                    for assignment in assign.tasks {
-                        kept.insert(assignment.task_id);
+            match command {
+                NodeCommand::Assign(tasks) => {
+                    for assignment in tasks {
+                        kept.insert(assignment.task.0);
                         self.take_task(node, &assignment)?;
                     }
                 }
-                Some(Cmd::Stop(stop)) => {
+                NodeCommand::Stop { task: stop, row } => {
                     self.coverage.borrow_mut().stops += 1;
                     let sim_node = &mut self.nodes[node];
                     if let Some(task) = sim_node
                         .tasks
                         .iter_mut()
-                        .find(|task| task.task_id == stop.task_id)
+                        .find(|task| task.task_id == stop.0)
                     {
-                        let at = stop.row.max(task.start + task.enqueued).min(task.end);
+                        let at = row.max(task.start + task.enqueued).min(task.end);
                         task.end = at;
-                        sim_node.acks.push((stop.task_id, at));
+                        sim_node.acks.push((stop.0, at));
                     }
                 }
-                Some(Cmd::Shutdown(_)) => self.nodes[node].phase = Phase::Shutdown,
-                Some(Cmd::Release(_)) => {
+                NodeCommand::Shutdown => self.nodes[node].phase = Phase::Shutdown,
+                NodeCommand::Release => {
                     // The commands after it were meant for the rings given back.
                     self.nodes[node].phase = Phase::Released;
                     break;
                 }
-                Some(Cmd::Fence(_)) => {
+                NodeCommand::Fence => {
                     return Err(fail(format!(
                         "node {node} was fenced, though it never fell silent"
                     )));
                 }
-                Some(Cmd::Refuse(_)) | None => {}
+                NodeCommand::Refuse(_) => {}
             }
         }
         if registering {
@@ -402,16 +403,12 @@ impl Sim<'_> {
         Ok(())
     }
 
-    fn take_task(
-        &mut self,
-        node: usize,
-        assignment: &v1::TaskAssignment,
-    ) -> Result<(), TestCaseError> {
+    fn take_task(&mut self, node: usize, assignment: &Assignment) -> Result<(), TestCaseError> {
         let sim_node = &mut self.nodes[node];
         if let Some(held) = sim_node
             .tasks
             .iter_mut()
-            .find(|task| task.task_id == assignment.task_id)
+            .find(|task| task.task_id == assignment.task.0)
         {
             if held.start != assignment.start || held.start + held.enqueued > assignment.end {
                 return Err(fail(format!(
@@ -434,9 +431,9 @@ impl Sim<'_> {
             )));
         };
         sim_node.tasks.push(SimTask {
-            task_id: assignment.task_id,
+            task_id: assignment.task.0,
             epoch: assignment.epoch,
-            split: assignment.split_index,
+            split: assignment.split,
             start: assignment.start,
             end: assignment.end,
             rank,
@@ -455,8 +452,8 @@ impl Sim<'_> {
         let applied = self
             .sut
             .register(
-                v1::RegisterRequest {
-                    node_id: node as u64,
+                Registration {
+                    node: NodeId(node as u64),
                     job_id: "prop".into(),
                     hostname: format!("host-{node}"),
                     held,
@@ -489,15 +486,13 @@ impl Sim<'_> {
                 let mut commands = Vec::new();
                 for (task_id, stop_row) in acks {
                     let applied = self.sut.ack_stop(
-                        v1::AckStopRequest {
-                            node_id: node as u64,
-                            task_id,
-                            stop_row,
-                        },
+                        NodeId(node as u64),
+                        TaskId(task_id),
+                        stop_row,
                         self.now_ms,
                     );
                     self.journal(&applied, false);
-                    commands.extend(applied.reply.commands);
+                    commands.extend(applied.reply);
                 }
                 self.obey(node, commands, false)?;
                 Ok(true)
@@ -511,17 +506,18 @@ impl Sim<'_> {
         let progress = self.nodes[node]
             .tasks
             .iter()
-            .map(|task| v1::TaskProgress {
+            .map(|task| TaskProgress {
                 enqueued: task.enqueued.max(task.consumed),
                 ..task.progress()
             })
             .collect();
         let before = self.sut.standing();
         let applied = self.sut.heartbeat(
-            v1::HeartbeatRequest {
-                node_id: node as u64,
+            Heartbeat {
+                node: NodeId(node as u64),
                 progress,
-                ..v1::HeartbeatRequest::default()
+                stages: Vec::new(),
+                rings: Vec::new(),
             },
             self.now_ms,
         );
@@ -548,10 +544,11 @@ impl Sim<'_> {
             .collect();
         let before = self.sut.standing();
         let applied = self.sut.heartbeat(
-            v1::HeartbeatRequest {
-                node_id: node as u64,
+            Heartbeat {
+                node: NodeId(node as u64),
                 progress,
-                ..v1::HeartbeatRequest::default()
+                stages: Vec::new(),
+                rings: Vec::new(),
             },
             self.now_ms,
         );
@@ -559,7 +556,7 @@ impl Sim<'_> {
         // journal may lose at a takeover. None may be one the daemon acts on.
         let losable = self.sut.only_counts_changed(before, &applied.reply);
         let frees = self.nodes[node].tasks.iter().any(SimTask::finished);
-        let acted = !applied.reply.commands.is_empty() || frees;
+        let acted = !applied.reply.is_empty() || frees;
         if losable && acted {
             return Err(fail(format!(
                 "node {node}: the master would answer a heartbeat the daemon acts on before it is durable"
@@ -567,7 +564,7 @@ impl Sim<'_> {
         }
         self.journal(&applied, losable);
         self.nodes[node].tasks.retain(|task| !task.finished());
-        self.obey(node, applied.reply.commands, false)
+        self.obey(node, applied.reply, false)
     }
 
     fn acquire(&mut self, node: usize) -> Result<(), TestCaseError> {
@@ -576,15 +573,11 @@ impl Sim<'_> {
         if wanted == 0 {
             return Ok(());
         }
-        let applied = self.sut.acquire(
-            v1::AcquireTasksRequest {
-                node_id: node as u64,
-                max_tasks: wanted as u32,
-            },
-            self.now_ms,
-        );
+        let applied = self
+            .sut
+            .acquire(NodeId(node as u64), wanted as u32, self.now_ms);
         self.journal(&applied, false);
-        self.obey(node, applied.reply.commands, false)
+        self.obey(node, applied.reply, false)
     }
 
     fn report_done(&mut self, node: usize, pick: u8) -> Result<(), TestCaseError> {
@@ -596,23 +589,20 @@ impl Sim<'_> {
         if !task.finished() {
             return Ok(());
         }
-        let applied = self
-            .sut
-            .report(
-                v1::ReportTaskRequest {
-                    node_id: node as u64,
-                    task_id: task.task_id,
-                    consumed: task.consumed,
-                    outcome: Some(v1::report_task_request::Outcome::Done(v1::TaskDone {})),
-                },
-                self.now_ms,
-            )
-            .map_err(|error| fail(format!("report refused: {error}")))?;
+        let applied = self.sut.report(
+            TaskReport {
+                node: NodeId(node as u64),
+                task: TaskId(task.task_id),
+                consumed: task.consumed,
+                outcome: ReportOutcome::Done,
+            },
+            self.now_ms,
+        );
         self.journal(&applied, false);
         self.nodes[node]
             .tasks
             .retain(|held| held.task_id != task.task_id);
-        self.obey(node, applied.reply.commands, false)
+        self.obey(node, applied.reply, false)
     }
 
     /// The index of the task `pick` chooses on a serving node.
@@ -747,15 +737,12 @@ impl Sim<'_> {
         for rank in 0..world {
             let positions = if rank == 0 {
                 mine.iter()
-                    .map(|(task_id, end_row)| v1::TaskPosition {
-                        task_id: *task_id,
-                        end_row: *end_row,
-                    })
+                    .map(|(task_id, end_row)| (TaskId(*task_id), *end_row))
                     .collect()
             } else {
                 Vec::new()
             };
-            let applied = match self.sut.commit_checkpoint(v1::CommitDataCheckpointRequest {
+            let applied = match self.sut.commit_checkpoint(RankCommit {
                 step,
                 rank,
                 world_size: world,

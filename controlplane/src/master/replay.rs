@@ -5,9 +5,10 @@
 //! change that an older AM could not read raises the plan or layout version (see
 //! [`crate::checkpoint_store`] and the golden journal of `tests/journal_format.rs`).
 
+use super::calls::NodeCommand;
 use super::checkpoint::{PendingCheckpoint, RankPositions, RestoredAt};
 use super::rescale::Rescale;
-use super::{Master, SourceFollow, convert};
+use super::{Master, SourceFollow};
 use crate::decide::{DataPosition, Event, JobState, NodeId, RestoreMode, TableSnapshot, TaskId};
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit};
@@ -270,7 +271,7 @@ impl Master {
             self.outbox
                 .entry(node)
                 .or_default()
-                .push(convert::stop_command(task, row));
+                .push(NodeCommand::Stop { task, row });
         }
     }
 }

@@ -1,5 +1,8 @@
 use super::*;
+use crate::decide::ReportOutcome;
 use crate::spec::Format;
+use crate::wire;
+use calls::{RankCommit, RestoreEffect};
 use sluice_formats::Split;
 use v1::command::Command as Cmd;
 
@@ -37,8 +40,19 @@ fn master() -> Master {
     Master::new(spec, Arc::new(plan)).expect("the splits have rows")
 }
 
+/// Registers `request` as the service does, answering on the wire.
+fn register_request(
+    sut: &mut Master,
+    request: v1::RegisterRequest,
+    now_ms: u64,
+) -> Result<Applied<v1::RegisterReply>> {
+    let applied = sut.register(wire::registration(request), now_ms)?;
+    Ok(applied.map(|registered| wire::register_reply(sut.spec(), sut.plan(), registered)))
+}
+
 fn register(sut: &mut Master, node: u64, now_ms: u64) -> Applied<v1::RegisterReply> {
-    sut.register(
+    register_request(
+        sut,
         v1::RegisterRequest {
             node_id: node,
             job_id: "unit".into(),
@@ -50,24 +64,24 @@ fn register(sut: &mut Master, node: u64, now_ms: u64) -> Applied<v1::RegisterRep
     .expect("registration accepted")
 }
 
+/// The master's commands as the service sends them.
+fn on_the_wire(sut: &Master, applied: Applied<Vec<NodeCommand>>) -> Applied<Vec<v1::Command>> {
+    applied.map(|commands| wire::commands(sut.plan(), commands))
+}
+
 /// `node` asks for up to `max_tasks` tasks, as the master applied it.
 fn acquire_applied(
     sut: &mut Master,
     node: u64,
     now_ms: u64,
     max_tasks: u32,
-) -> Applied<v1::AcquireTasksReply> {
-    sut.acquire(
-        v1::AcquireTasksRequest {
-            node_id: node,
-            max_tasks,
-        },
-        now_ms,
-    )
+) -> Applied<Vec<v1::Command>> {
+    let applied = sut.acquire(NodeId(node), max_tasks, now_ms);
+    on_the_wire(sut, applied)
 }
 
 fn acquire(sut: &mut Master, node: u64, now_ms: u64, max_tasks: u32) -> Vec<v1::Command> {
-    acquire_applied(sut, node, now_ms, max_tasks).reply.commands
+    acquire_applied(sut, node, now_ms, max_tasks).reply
 }
 
 /// A heartbeat of `node` reporting `(task, enqueued, consumed)` counts, as the master applied it.
@@ -76,9 +90,9 @@ fn heartbeat_applied(
     node: u64,
     now_ms: u64,
     progress: &[(u64, u64, u64)],
-) -> Applied<v1::HeartbeatReply> {
-    sut.heartbeat(
-        v1::HeartbeatRequest {
+) -> Applied<Vec<v1::Command>> {
+    let applied = sut.heartbeat(
+        wire::heartbeat(v1::HeartbeatRequest {
             node_id: node,
             progress: progress
                 .iter()
@@ -89,9 +103,10 @@ fn heartbeat_applied(
                 })
                 .collect(),
             ..v1::HeartbeatRequest::default()
-        },
+        }),
         now_ms,
-    )
+    );
+    on_the_wire(sut, applied)
 }
 
 fn heartbeat(
@@ -100,9 +115,7 @@ fn heartbeat(
     now_ms: u64,
     progress: &[(u64, u64, u64)],
 ) -> Vec<v1::Command> {
-    heartbeat_applied(sut, node, now_ms, progress)
-        .reply
-        .commands
+    heartbeat_applied(sut, node, now_ms, progress).reply
 }
 
 fn assigned(commands: &[v1::Command]) -> Vec<v1::TaskAssignment> {
@@ -140,27 +153,27 @@ fn register_hands_out_the_job_data_and_the_node_ranks() {
 #[test]
 fn register_refuses_a_node_outside_the_job_and_a_daemon_of_another_job() {
     let mut sut = master();
-    let outside = sut
-        .register(
-            v1::RegisterRequest {
-                node_id: 2,
-                job_id: "unit".into(),
-                ..v1::RegisterRequest::default()
-            },
-            0,
-        )
-        .expect_err("node 2 of a 2-node job");
+    let outside = register_request(
+        &mut sut,
+        v1::RegisterRequest {
+            node_id: 2,
+            job_id: "unit".into(),
+            ..v1::RegisterRequest::default()
+        },
+        0,
+    )
+    .expect_err("node 2 of a 2-node job");
     assert!(outside.to_string().contains("numbered 0 to 1"), "{outside}");
-    let foreign = sut
-        .register(
-            v1::RegisterRequest {
-                node_id: 0,
-                job_id: "other".into(),
-                ..v1::RegisterRequest::default()
-            },
-            0,
-        )
-        .expect_err("another job's daemon");
+    let foreign = register_request(
+        &mut sut,
+        v1::RegisterRequest {
+            node_id: 0,
+            job_id: "other".into(),
+            ..v1::RegisterRequest::default()
+        },
+        0,
+    )
+    .expect_err("another job's daemon");
     assert!(foreign.to_string().contains("\"other\""), "{foreign}");
 }
 
@@ -169,7 +182,7 @@ fn a_job_runs_to_success_and_every_daemon_is_shut_down() {
     let mut sut = master();
     register(&mut sut, 0, 0);
     register(&mut sut, 1, 0);
-    assert_eq!(sut.job_state(), v1::JobState::Running);
+    assert_eq!(sut.phase(), JobPhase::Running);
     let mut delivered = Vec::new();
     let mut now = 1;
     for node in [0, 1].iter().cycle() {
@@ -198,7 +211,7 @@ fn a_job_runs_to_success_and_every_daemon_is_shut_down() {
             (1, 10, 15)
         ]
     );
-    assert_eq!(sut.job_state(), v1::JobState::Succeeded);
+    assert_eq!(sut.phase(), JobPhase::Succeeded);
     assert!(!sut.finished(), "daemons were not told yet");
     assert!(has_shutdown(&heartbeat(&mut sut, 0, now, &[])));
     assert!(has_shutdown(&heartbeat(&mut sut, 1, now, &[])));
@@ -230,14 +243,7 @@ fn a_stop_request_for_the_holder_of_a_re_split_task_waits_for_its_next_call() {
         })
         .expect("node 0 is asked to stop a task");
     assert!(held.iter().any(|task| task.task_id == stop.task_id));
-    let ack = sut.ack_stop(
-        v1::AckStopRequest {
-            node_id: 0,
-            task_id: stop.task_id,
-            stop_row: stop.row,
-        },
-        4,
-    );
+    let ack = sut.ack_stop(NodeId(0), TaskId(stop.task_id), stop.row, 4);
     assert_eq!(ack.entries.len(), 1);
     let piece = assigned(&acquire(&mut sut, 1, 5, 1));
     assert_eq!(piece.len(), 1, "the cut-off piece goes to the idle node");
@@ -254,7 +260,7 @@ fn an_am_taking_the_job_over_asks_again_for_a_stop_not_yet_acknowledged() {
     loop {
         let applied = acquire_applied(&mut old_am, 0, 1, 1);
         entries.extend(applied.entries);
-        if assigned(&applied.reply.commands).is_empty() {
+        if assigned(&applied.reply).is_empty() {
             break;
         }
     }
@@ -301,7 +307,7 @@ fn replaying_the_journal_rebuilds_the_same_table() {
     journal.extend(register(&mut sut, 0, 0).entries);
     journal.extend(register(&mut sut, 1, 0).entries);
     let applied = acquire_applied(&mut sut, 0, 1, 2);
-    let tasks = assigned(&applied.reply.commands);
+    let tasks = assigned(&applied.reply);
     journal.extend(applied.entries);
     let applied = heartbeat_applied(&mut sut, 0, 2, &[(tasks[0].task_id, 6, 4)]);
     journal.extend(applied.entries);
@@ -337,36 +343,33 @@ fn a_snapshot_and_the_entries_after_it_rebuild_the_same_state() {
     heartbeat(&mut sut, 0, 1500, &[]);
     sut.tick(1600);
     sut.report(
-        v1::ReportTaskRequest {
-            node_id: 0,
-            task_id: tasks[1].task_id,
+        TaskReport {
+            node: NodeId(0),
+            task: TaskId(tasks[1].task_id),
             consumed: 0,
-            outcome: Some(v1::report_task_request::Outcome::Failed(v1::TaskFailed {
+            outcome: ReportOutcome::Failed {
                 reason: "corrupt page".into(),
-            })),
+            },
         },
         1700,
-    )
-    .expect("report");
+    );
     let snapshot = sut.snapshot();
     let captured = snapshot.clone();
 
     // Another failure after the snapshot queues its task behind the first one, ahead of the
     // epoch's order.
     let mut later = Vec::new();
-    let applied = sut
-        .report(
-            v1::ReportTaskRequest {
-                node_id: 0,
-                task_id: tasks[2].task_id,
-                consumed: 0,
-                outcome: Some(v1::report_task_request::Outcome::Failed(v1::TaskFailed {
-                    reason: "timeout".into(),
-                })),
+    let applied = sut.report(
+        TaskReport {
+            node: NodeId(0),
+            task: TaskId(tasks[2].task_id),
+            consumed: 0,
+            outcome: ReportOutcome::Failed {
+                reason: "timeout".into(),
             },
-            1800,
-        )
-        .expect("report");
+        },
+        1800,
+    );
     later.extend(applied.entries);
     later.extend(heartbeat_entries(&mut sut, 0, 2900));
     let tick = sut.tick(3000);
@@ -407,11 +410,11 @@ fn a_stopped_job_shuts_every_daemon_down() {
     let mut sut = master();
     register(&mut sut, 0, 0);
     let stop = sut.stop("operator".into());
-    assert_eq!(stop.reply, v1::JobState::Stopping);
+    assert_eq!(stop.reply, JobPhase::Stopping);
     assert_eq!(stop.entries.len(), 1);
     assert!(sut.stop("again".into()).entries.is_empty());
     assert!(has_shutdown(&acquire(&mut sut, 0, 1, 4)));
-    assert_eq!(sut.job_state(), v1::JobState::Stopped);
+    assert_eq!(sut.phase(), JobPhase::Stopped);
     assert!(sut.finished());
 }
 
@@ -426,17 +429,14 @@ fn commit(
     rank: u32,
     positions: &[(u64, u64)],
 ) -> Result<Applied<CommitOutcome>> {
-    sut.commit_checkpoint(v1::CommitDataCheckpointRequest {
+    sut.commit_checkpoint(RankCommit {
         step,
         rank,
         world_size: 2,
         epoch: 0,
         positions: positions
             .iter()
-            .map(|(task_id, end_row)| v1::TaskPosition {
-                task_id: *task_id,
-                end_row: *end_row,
-            })
+            .map(|(task_id, end_row)| (TaskId(*task_id), *end_row))
             .collect(),
     })
 }
@@ -491,7 +491,7 @@ fn a_data_checkpoint_restores_exactly_the_rows_not_consumed_at_its_step() {
     assert_eq!(restored.reply.step, 5);
     assert_eq!(
         restored.reply.effect,
-        v1::RestoreEffect::RingsReplaced as i32,
+        RestoreEffect::RingsReplaced,
         "an AM that launches no trainers only takes the rings back"
     );
     let commands = heartbeat(&mut sut, 0, 11, &[]);
@@ -534,7 +534,7 @@ fn a_data_checkpoint_restores_exactly_the_rows_not_consumed_at_its_step() {
     expected.sort_unstable();
     after.sort_unstable();
     assert_eq!(after, expected);
-    assert_eq!(sut.job_state(), v1::JobState::Succeeded);
+    assert_eq!(sut.phase(), JobPhase::Succeeded);
 }
 
 #[test]
@@ -546,11 +546,11 @@ fn a_checkpoint_with_a_position_outside_a_task_is_refused() {
     let error = commit(&mut sut, 1, 1, &[]).expect_err("rows past the task's end");
     assert!(error.to_string().contains("outside its rows"), "{error}");
     let mismatch = commit(&mut sut, 2, 0, &[]).and_then(|_| {
-        sut.commit_checkpoint(v1::CommitDataCheckpointRequest {
+        sut.commit_checkpoint(RankCommit {
             step: 2,
             rank: 1,
             world_size: 3,
-            ..v1::CommitDataCheckpointRequest::default()
+            ..RankCommit::default()
         })
     });
     assert!(
@@ -677,12 +677,12 @@ fn a_scale_stops_the_trainers_takes_the_rings_back_and_relaunches_over_the_new_r
     let mut journal = Vec::new();
     let mut sut = launching_master(&mut journal);
     let applied = acquire_applied(&mut sut, 0, 1, 1);
-    let task = assigned(&applied.reply.commands)[0].clone();
+    let task = assigned(&applied.reply)[0].clone();
     journal.extend(applied.entries);
     journal.extend(heartbeat_entries(&mut sut, 0, 2));
     let applied = heartbeat_applied(&mut sut, 0, 3, &[(task.task_id, 6, 2)]);
     journal.extend(applied.entries);
-    sut.commit_checkpoint(v1::CommitDataCheckpointRequest {
+    sut.commit_checkpoint(RankCommit {
         step: 7,
         rank: 0,
         world_size: 4,
@@ -729,7 +729,7 @@ fn a_scale_stops_the_trainers_takes_the_rings_back_and_relaunches_over_the_new_r
 
     // Node 0 reports its final count, 3 rows of the task, and gives everything back.
     let applied = heartbeat_applied(&mut sut, 0, 6, &[(task.task_id, 6, 3)]);
-    assert!(has_release(&applied.reply.commands), "{applied:?}");
+    assert!(has_release(&applied.reply), "{applied:?}");
     journal.extend(applied.entries);
     let reply = register_holding_nothing(&mut sut, 0, 7, &mut journal);
     assert!(
@@ -838,7 +838,7 @@ fn restoring_a_finished_job_launches_its_daemons_and_trainers_again() {
         sut.executor_exited(trainer(rank), Exit::Code(0));
     }
     sut.executor_exited(ExecutorId::Daemon(0), Exit::Code(0));
-    assert_eq!(sut.outcome(), Some(v1::JobState::Succeeded));
+    assert_eq!(sut.outcome(), Some(JobPhase::Succeeded));
     assert!(sut.executors_to_launch().is_empty());
 
     let applied = sut
@@ -926,7 +926,7 @@ fn added_splits_are_assigned_with_their_files_and_replay_from_the_journal() {
     journal.extend(added.entries);
     let applied = acquire_applied(&mut sut, 0, 2, 100);
     journal.extend(applied.entries);
-    let rest = assigned(&applied.reply.commands);
+    let rest = assigned(&applied.reply);
     let uris: BTreeSet<String> = first
         .iter()
         .chain(&rest)
@@ -964,7 +964,7 @@ fn stop_ends_following_first_and_the_job_succeeds_once_its_rows_are_consumed() {
     let commands = consume_all(&mut sut, 0, 1);
     assert!(!has_shutdown(&commands));
     assert_eq!(sut.outcome(), None, "a followed job waits for more data");
-    assert_eq!(sut.job_state(), v1::JobState::Running);
+    assert_eq!(sut.phase(), JobPhase::Running);
     sut.add_splits(
         0,
         None,
@@ -972,10 +972,10 @@ fn stop_ends_following_first_and_the_job_succeeds_once_its_rows_are_consumed() {
     );
     let stop = sut.stop("sluice stop".to_owned());
     assert!(matches!(stop.entries[..], [Entry::FollowEnded { .. }]));
-    assert_eq!(stop.reply, v1::JobState::Running, "planned rows remain");
+    assert_eq!(stop.reply, JobPhase::Running, "planned rows remain");
     assert!(sut.follow_target(0).is_none());
     consume_all(&mut sut, 0, 2);
-    assert_eq!(sut.outcome(), Some(v1::JobState::Succeeded));
+    assert_eq!(sut.outcome(), Some(JobPhase::Succeeded));
     assert_eq!(sut.rows_consumed_total(), 32);
     let status = sut.status(3);
     assert_eq!(
@@ -991,7 +991,7 @@ fn a_second_stop_stops_a_job_that_no_longer_follows() {
     sut.stop("first".to_owned());
     let stop = sut.stop("second".to_owned());
     assert!(matches!(stop.entries[..], [Entry::StopRequested { .. }]));
-    assert_eq!(stop.reply, v1::JobState::Stopping);
+    assert_eq!(stop.reply, JobPhase::Stopping);
 }
 
 /// The rows consumed over the job, as the status reports them.
@@ -1017,7 +1017,7 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
     let mut journal = Vec::new();
     let mut sut = launching_master(&mut journal);
     let applied = acquire_applied(&mut sut, 0, 1, 1);
-    let task = assigned(&applied.reply.commands)[0].clone();
+    let task = assigned(&applied.reply)[0].clone();
     journal.extend(applied.entries);
     let applied = heartbeat_applied(&mut sut, 0, 2, &[(task.task_id, 6, 2)]);
     journal.extend(applied.entries);
@@ -1031,10 +1031,7 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
     let restored = sut
         .restore(token.clone(), checkpoint.clone(), 4)
         .expect("restore");
-    assert_eq!(
-        restored.reply.effect,
-        v1::RestoreEffect::TrainersRestart as i32
-    );
+    assert_eq!(restored.reply.effect, RestoreEffect::TrainersRestart);
     assert_eq!(restored.entries.len(), 1, "the restore is journaled");
     journal.extend(restored.entries);
     assert_eq!(rows_consumed(&sut), 2, "back at the checkpoint");
@@ -1082,7 +1079,7 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
             .restore(token.clone(), checkpoint.clone(), 13)
             .expect("the same checkpoint");
         assert!(again.entries.is_empty(), "rank {rank}: nothing to journal");
-        assert_eq!(again.reply.effect, v1::RestoreEffect::AlreadyThere as i32);
+        assert_eq!(again.reply.effect, RestoreEffect::AlreadyThere);
     }
     assert_eq!(
         sut.executors().expect("executors").retiring().count(),
@@ -1140,7 +1137,7 @@ fn a_restore_to_a_checkpoint_taken_before_a_node_registered_takes_that_nodes_rin
     // Node 1 registers after the step and its trainers read a task.
     journal.extend(register(&mut sut, 1, 1).entries);
     let applied = acquire_applied(&mut sut, 1, 2, 1);
-    let task = assigned(&applied.reply.commands)[0].clone();
+    let task = assigned(&applied.reply)[0].clone();
     journal.extend(applied.entries);
     consume(&mut sut, 1, 3, &task, 4);
 
@@ -1159,7 +1156,7 @@ fn a_restore_to_a_checkpoint_taken_before_a_node_registered_takes_that_nodes_rin
     assert_eq!(ranks, vec![vec![0, 1], vec![2, 3]]);
     let applied = acquire_applied(&mut sut, 0, 12, 8);
     journal.extend(applied.entries);
-    let resumed = assigned(&applied.reply.commands);
+    let resumed = assigned(&applied.reply);
     let resumed = resumed
         .iter()
         .find(|assignment| assignment.task_id == task.task_id)
@@ -1198,7 +1195,7 @@ fn an_am_taking_a_job_over_mid_restore_carries_on_where_it_stood() {
         assert!(again.entries.is_empty());
         assert_eq!(
             again.reply.effect,
-            v1::RestoreEffect::TrainersRestart as i32,
+            RestoreEffect::TrainersRestart,
             "the caller is being stopped"
         );
         let retiring: Vec<ExecutorId> = taken_over

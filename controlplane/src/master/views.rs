@@ -1,8 +1,13 @@
 //! What the master shows of the job: the status that `sluice status`, the status page and the
 //! progress line read, and the task table's view. Reads only.
+//!
+//! The status is built as the `sluice.v1` status reply itself: it is a projection of the master's
+//! state made for the wire and nothing else reads it, so a domain copy would only repeat the
+//! message field by field (see [`super::calls`]).
 
-use super::{Master, convert};
+use super::Master;
 use crate::launcher::{ExecutorId, ExecutorState, Executors};
+use crate::wire;
 use sluice_proto::v1;
 
 impl Master {
@@ -17,7 +22,7 @@ impl Master {
                 v1::NodeStatus {
                     node_id: node.0,
                     hostname: info.hostname,
-                    state: convert::node_state(view.status) as i32,
+                    state: wire::node_state(view.status) as i32,
                     since_last_heartbeat_ms: now_ms.saturating_sub(info.last_heard_ms),
                     tasks_held: view.tasks_held,
                     task_failures: view.failures,
@@ -29,7 +34,7 @@ impl Master {
         let failure_reason = self.failure_reason();
         v1::StatusReply {
             job_id: self.spec.name.clone(),
-            state: self.job_state() as i32,
+            state: v1::JobState::from(self.phase()) as i32,
             failure_reason,
             epoch: self.table.epoch(),
             epochs: self.spec.data.epochs,

@@ -1,0 +1,157 @@
+//! What daemons, trainers and operators ask of the master, and what it answers, in the master's
+//! own terms. The service turns the `sluice.v1` messages into these and back (`crate::wire`), so
+//! that the master never sees a wire type.
+//!
+//! Two things stay wire types on purpose: a daemon's pipeline and ring statistics
+//! ([`Heartbeat::stages`], [`Heartbeat::rings`]), which the master only keeps to show them again,
+//! and the status views (`Master::status`), which are a projection onto the status reply and
+//! nothing else; a domain copy of either would repeat the proto field by field and decide nothing.
+
+use crate::decide::{Assignment, NodeId, Refusal, ReportOutcome, TaskId, TaskProgress};
+use sluice_proto::v1;
+
+/// What the master tells a daemon to do, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeCommand {
+    /// Run these tasks (new ones, or ones the daemon resumes after registering).
+    Assign(Vec<Assignment>),
+    /// Deliver `task`'s rows only up to `row`.
+    Stop {
+        /// The task to cut.
+        task: TaskId,
+        /// The first row not to deliver.
+        row: u64,
+    },
+    /// Drop every task and the unread ring contents, then register again holding nothing.
+    Fence,
+    /// A role was scaled or a checkpoint restored: give every task and ring back, then register
+    /// again.
+    Release,
+    /// The job is over: stop.
+    Shutdown,
+    /// The request, or part of it, was not applied.
+    Refuse(Refusal),
+}
+
+/// A daemon registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// The node the daemon serves.
+    pub node: NodeId,
+    /// The job the daemon was started for; empty when it takes whatever job the AM runs.
+    pub job_id: String,
+    /// The daemon's host name, for the status views.
+    pub hostname: String,
+    /// The tasks it still holds, with their counts.
+    pub held: Vec<TaskProgress>,
+}
+
+/// The master's answer to a registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    /// What the daemon does first.
+    pub commands: Vec<NodeCommand>,
+    /// The trainer ranks it opens rings for.
+    pub ranks: Vec<u32>,
+    /// The number of ranks those belong to.
+    pub world_size: u32,
+}
+
+/// A daemon reports liveness, counts and pipeline statistics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Heartbeat {
+    /// The node reporting.
+    pub node: NodeId,
+    /// Its tasks' counts.
+    pub progress: Vec<TaskProgress>,
+    /// Its pipeline's stages, as shown in status.
+    pub stages: Vec<v1::StageStats>,
+    /// Its rings, as shown in status.
+    pub rings: Vec<v1::RingStats>,
+}
+
+/// A daemon ends a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskReport {
+    /// The node reporting.
+    pub node: NodeId,
+    /// The task it ends.
+    pub task: TaskId,
+    /// Rows of the task its trainers consumed.
+    pub consumed: u64,
+    /// How the task ended.
+    pub outcome: ReportOutcome,
+}
+
+/// A role's size before and after a scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scaled {
+    /// The trainers the role had.
+    pub previous_num: u32,
+    /// The trainers it has now.
+    pub num: u32,
+}
+
+/// Where a job stands as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobPhase {
+    /// No daemon has registered yet.
+    Starting,
+    /// Daemons feed trainers.
+    Running,
+    /// A stop was asked for, or the job ended and daemons are still being shut down.
+    Stopping,
+    /// Every row was delivered (or every trainer exited with success).
+    Succeeded,
+    /// A task or an executor failed for good.
+    Failed,
+    /// Stopped on request before its end.
+    Stopped,
+}
+
+impl JobPhase {
+    /// Whether the job has ended.
+    pub fn is_over(self) -> bool {
+        matches!(
+            self,
+            JobPhase::Succeeded | JobPhase::Failed | JobPhase::Stopped
+        )
+    }
+}
+
+/// One rank's data position at a training step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RankCommit {
+    /// The training step.
+    pub step: u64,
+    /// The rank committing.
+    pub rank: u32,
+    /// The number of ranks that commit this step.
+    pub world_size: u32,
+    /// The epoch the rank reads.
+    pub epoch: u32,
+    /// Per task the rank has read: the row its reading ended at.
+    pub positions: Vec<(TaskId, u64)>,
+}
+
+/// What a restore does beyond the task table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreEffect {
+    /// The job already stands at the checkpoint: nothing changes.
+    AlreadyThere,
+    /// The AM restarts the trainers, which load their state again.
+    TrainersRestart,
+    /// The AM launches nothing: the rings are replaced, and the trainers reading them go on.
+    RingsReplaced,
+}
+
+/// The master's answer to a restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    /// The step the checkpoint was committed at (0 when this AM did not store it).
+    pub step: u64,
+    /// The epoch the job reads from the checkpoint on.
+    pub epoch: u32,
+    /// What the restore does beyond the task table.
+    pub effect: RestoreEffect,
+}
