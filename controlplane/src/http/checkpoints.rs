@@ -10,6 +10,8 @@
 //! - `POST /api/v1/checkpoints/restore` takes `{"token"}`, as `RestoreDataCheckpoint` does, and
 //!   answers `{"step", "epoch", "effect"}`, the effect being `"already_there"`,
 //!   `"trainers_restart"` or `"rings_replaced"`.
+//! - `POST /api/v1/job` takes `{}` and answers `{"job_id", "world_size"}`: a trainer that someone
+//!   else launched asks it for the job directory its ring is in (see `sluice_ring::announce`).
 //!
 //! Both call the [`Am`] methods the gRPC service calls, and require the AM's shared token, when it
 //! has one, as `Authorization: Bearer <token>` (the gRPC API's [`TokenCheck`]). Unknown fields of a
@@ -42,11 +44,15 @@ pub const COMMIT_ROUTE: &str = "/api/v1/checkpoints/commit";
 /// The route of a restore.
 pub const RESTORE_ROUTE: &str = "/api/v1/checkpoints/restore";
 
-/// The checkpoint routes of `am`, behind `check`.
+/// The route a trainer asks which job it belongs to.
+pub const JOB_ROUTE: &str = "/api/v1/job";
+
+/// The checkpoint and job routes of `am`, behind `check`.
 pub fn router(am: Arc<Am>, check: TokenCheck) -> Router {
     Router::new()
         .route(COMMIT_ROUTE, post(commit))
         .route(RESTORE_ROUTE, post(restore))
+        .route(JOB_ROUTE, post(job))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(axum::middleware::from_fn_with_state(check, require_token))
         .with_state(am)
@@ -113,6 +119,21 @@ struct RestoreReply {
     step: u64,
     epoch: u32,
     effect: &'static str,
+}
+
+/// The job a trainer belongs to.
+#[derive(Debug, Serialize)]
+struct JobReply {
+    job_id: String,
+    world_size: u32,
+}
+
+async fn job(State(am): State<Arc<Am>>) -> axum::Json<JobReply> {
+    let master = am.master();
+    axum::Json(JobReply {
+        job_id: master.job_id().to_owned(),
+        world_size: master.world_size(),
+    })
 }
 
 async fn commit(

@@ -471,10 +471,24 @@ fn commit_body(step: u64, rank: u32, positions: &[(u64, u64)]) -> String {
 }
 
 #[tokio::test]
+async fn a_trainer_learns_its_job_and_world_size() {
+    let (am, _) = busy_am();
+    let sut = checkpoints::router(am, TokenCheck::new(None));
+    let (status, body) = post(sut, checkpoints::JOB_ROUTE, "{}", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["job_id"], "web");
+    assert_eq!(body["world_size"], 1);
+}
+
+#[tokio::test]
 async fn checkpoint_calls_require_the_token() {
     let (am, _) = busy_am();
     let sut = checkpoints::router(am, TokenCheck::new(Some("s3cret".into())));
-    for route in [checkpoints::COMMIT_ROUTE, checkpoints::RESTORE_ROUTE] {
+    for route in [
+        checkpoints::COMMIT_ROUTE,
+        checkpoints::RESTORE_ROUTE,
+        checkpoints::JOB_ROUTE,
+    ] {
         for refused in [
             None,
             Some("Bearer wrong"),

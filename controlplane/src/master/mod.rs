@@ -79,7 +79,7 @@ use crate::decide::{
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit, LaunchAction};
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
-use crate::spec::JobSpec;
+use crate::spec::{JobSpec, LauncherKind};
 use calls::{Heartbeat, JobPhase, NodeCommand, Registered, Registration, Scaled, TaskReport};
 pub use checkpoint::{CommitOutcome, ReadyCheckpoint};
 use checkpoint::{PendingCheckpoint, RestoredAt};
@@ -406,8 +406,14 @@ impl Master {
 
     /// The ranks a registering node opens rings for, and the world size they belong to: during a
     /// scale, none for a node waiting for its new ranks, and the previous ones for a node that
-    /// still feeds rings of them.
+    /// still feeds rings of them. Under the external launcher, none: the node serves the trainers
+    /// that announce themselves to it.
     fn ranks_told(&self, node: NodeId) -> (Vec<u32>, u32) {
+        if self.spec.launcher == LauncherKind::External {
+            // The launcher owns the ranks: the daemon serves the local ranks that announce
+            // themselves on its node.
+            return (Vec::new(), self.world_size());
+        }
         match self.rescale.as_ref().map(|rescale| rescale.sizes_for(node)) {
             Some(None) => (Vec::new(), self.world_size()),
             Some(Some(Some(sizes))) => {

@@ -180,7 +180,7 @@ fn missing_fix(field: &str) -> &'static str {
             "add at least one role, for example `roles: [{ name: worker, num: 1, command: [sluice, consume] }]`"
         }
         "command" => "add the command to run, as a list, for example `command: [python, train.py]`",
-        "kind" => "add the launcher kind: local, kubernetes or slurm",
+        "kind" => "add the launcher kind: local, kubernetes, slurm or external",
         _ => "add it",
     }
 }

@@ -274,7 +274,8 @@ pub struct RoleSpec {
     pub name: String,
     /// How many processes (default 1).
     pub num: u32,
-    /// The command and its arguments; `{rank}` is replaced by the process's rank.
+    /// The command and its arguments; `{rank}` is replaced by the process's rank. Empty under the
+    /// external launcher, which may leave it out.
     pub command: Vec<String>,
     /// Extra environment variables.
     pub env: BTreeMap<String, String>,
@@ -344,11 +345,14 @@ pub enum LauncherKind {
     Kubernetes,
     /// `srun` steps.
     Slurm,
+    /// Someone else launches them (torchrun, srun, a Kubernetes Job): the AM launches nothing and
+    /// waits for the daemons and trainers to come.
+    External,
 }
 
 impl LauncherKind {
     /// The names accepted in `launcher.kind`.
-    pub const NAMES: &'static [&'static str] = &["local", "kubernetes", "slurm"];
+    pub const NAMES: &'static [&'static str] = &["local", "kubernetes", "slurm", "external"];
 }
 
 /// The `checkpoint` section.

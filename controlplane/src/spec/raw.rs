@@ -141,7 +141,7 @@ pub(crate) struct RawShuffle {
 pub(crate) struct RawRole {
     pub(crate) name: String,
     pub(crate) num: Option<u32>,
-    pub(crate) command: Vec<String>,
+    pub(crate) command: Option<Vec<String>>,
     pub(crate) env: Option<BTreeMap<String, ScalarString>>,
     pub(crate) resources: Option<RawResources>,
 }

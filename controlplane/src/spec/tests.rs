@@ -682,6 +682,16 @@ fn restart_policy_and_launcher_kind_are_checked_with_suggestions() {
 }
 
 #[test]
+fn an_external_launcher_needs_no_trainer_command() {
+    let text = "name: a\ndata: {sources: [{uri: 'file:///d', format: parquet}]}\nnodes: 2\nlauncher: { kind: external }\nroles: [{name: worker, num: 4}]\n";
+    let sut = parse_yaml(text).expect("valid");
+    assert_eq!(sut.launcher, LauncherKind::External);
+    assert!(sut.roles[0].command.is_empty());
+    let error = refused(&text.replace("launcher: { kind: external }\n", ""));
+    assert_error(&error, "roles[0].command", &["is missing", "kind: external"]);
+}
+
+#[test]
 fn heartbeat_timeout_must_exceed_the_interval() {
     let error = refused(&minimal_with(
         "failover: { heartbeat_interval_ms: 1000, heartbeat_timeout_ms: 1000 }",

@@ -51,10 +51,26 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
             "add at least one role, for example `{ name: worker, num: 1, command: [sluice, consume] }`",
         ));
     }
+    let launcher = match raw.launcher {
+        None => LauncherKind::Local,
+        Some(launcher) => match launcher.kind.as_str() {
+            "local" => LauncherKind::Local,
+            "kubernetes" => LauncherKind::Kubernetes,
+            "slurm" => LauncherKind::Slurm,
+            "external" => LauncherKind::External,
+            other => {
+                return Err(SpecError::invalid(
+                    "launcher.kind",
+                    format!("has unknown value `{other}`"),
+                    suggest(other, LauncherKind::NAMES),
+                ));
+            }
+        },
+    };
     let mut roles = Vec::with_capacity(raw.roles.len());
     let mut role_names = BTreeSet::new();
     for (index, raw_role) in raw.roles.into_iter().enumerate() {
-        let role = validate_role(index, raw_role)?;
+        let role = validate_role(index, raw_role, launcher)?;
         if !role_names.insert(role.name.clone()) {
             return Err(SpecError::invalid(
                 format!("roles[{index}].name"),
@@ -66,21 +82,6 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
     }
     let trainers: u64 = roles.iter().map(|role| u64::from(role.num)).sum();
     let failover = validate_failover(raw.failover, u64::from(nodes) + trainers)?;
-    let launcher = match raw.launcher {
-        None => LauncherKind::Local,
-        Some(launcher) => match launcher.kind.as_str() {
-            "local" => LauncherKind::Local,
-            "kubernetes" => LauncherKind::Kubernetes,
-            "slurm" => LauncherKind::Slurm,
-            other => {
-                return Err(SpecError::invalid(
-                    "launcher.kind",
-                    format!("has unknown value `{other}`"),
-                    suggest(other, LauncherKind::NAMES),
-                ));
-            }
-        },
-    };
     let checkpoint = raw.checkpoint.map(validate_checkpoint).transpose()?;
     Ok(JobSpec {
         name,
@@ -567,27 +568,28 @@ fn string_map(
     Ok(converted)
 }
 
-fn validate_role(index: usize, raw: RawRole) -> Result<RoleSpec, SpecError> {
+fn validate_role(
+    index: usize,
+    raw: RawRole,
+    launcher: LauncherKind,
+) -> Result<RoleSpec, SpecError> {
     let at = |key: &str| format!("roles[{index}].{key}");
     let name = validate_slug(&at("name"), &raw.name, 63)?;
     let num = positive_u32(&at("num"), raw.num, 1)?;
-    match raw.command.first() {
+    let command = match raw.command {
+        Some(command) => {
+            check_command(&at("command"), &command)?;
+            command
+        }
+        None if launcher == LauncherKind::External => Vec::new(),
         None => {
             return Err(SpecError::invalid(
                 at("command"),
-                "is an empty list",
-                "write the program and its arguments, for example `[python, train.py]`",
+                "is missing",
+                "add the command to run, as a list, for example `command: [python, train.py]` (only `launcher: { kind: external }`, where the AM launches nothing, leaves it out)",
             ));
         }
-        Some(program) if program.trim().is_empty() => {
-            return Err(SpecError::invalid(
-                format!("{}[0]", at("command")),
-                "is an empty program name",
-                "write the program to run first",
-            ));
-        }
-        Some(_) => {}
-    }
+    };
     let env = string_map(&at("env"), raw.env, |key| {
         let valid_name = key
             .chars()
@@ -614,10 +616,27 @@ fn validate_role(index: usize, raw: RawRole) -> Result<RoleSpec, SpecError> {
     Ok(RoleSpec {
         name,
         num,
-        command: raw.command,
+        command,
         env,
         resources,
     })
+}
+
+/// A trainer command names a program first.
+fn check_command(path: &str, command: &[String]) -> Result<(), SpecError> {
+    match command.first() {
+        None => Err(SpecError::invalid(
+            path,
+            "is an empty list",
+            "write the program and its arguments, for example `[python, train.py]`",
+        )),
+        Some(program) if program.trim().is_empty() => Err(SpecError::invalid(
+            format!("{path}[0]"),
+            "is an empty program name",
+            "write the program to run first",
+        )),
+        Some(_) => Ok(()),
+    }
 }
 
 fn validate_resources(path: &str, raw: Option<RawResources>) -> Result<Resources, SpecError> {

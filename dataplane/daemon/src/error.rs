@@ -101,6 +101,14 @@ pub enum DaemonError {
         /// Why.
         error: std::io::Error,
     },
+    /// The trainers' announcements could not be read.
+    #[error("reading the trainers' announcements in {}: {error}; check --ring-dir and its permissions", .dir.display())]
+    Announcements {
+        /// The job's ring directory.
+        dir: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
     /// The job's ring directory could not be listed.
     #[error("listing ring directory {}: {error}", .dir.display())]
     ListRingDir {

@@ -56,6 +56,7 @@
 
 #![forbid(unsafe_code)]
 
+mod attach;
 mod book;
 mod error;
 #[cfg(test)]
@@ -145,9 +146,18 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
         None => None,
     };
     loop {
+        let ranks = if reply.attach {
+            let interval = heartbeat_interval(&reply);
+            match attach::await_trainers(&session, &pipeline, &job_dir, interval).await? {
+                Some(ranks) => ranks,
+                None => break,
+            }
+        } else {
+            reply.ranks.clone()
+        };
         let rings = Rings::open(
             &job_dir,
-            &reply.ranks,
+            &ranks,
             options.ring_size,
             options.node_id,
             &mut recovered,
@@ -155,7 +165,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
         )?;
         recovered.leave_unserved();
         served.set(rings.states());
-        tracing::info!(node = options.node_id.0, job = reply.job_id, ranks = ?reply.ranks, "daemon registered");
+        tracing::info!(node = options.node_id.0, job = reply.job_id, ?ranks, "daemon serves its rings");
         let ended = serve(&options, &session, &pipeline, rings, reply).await;
         served.clear();
         match ended? {
@@ -191,7 +201,7 @@ async fn serve(
     mut rings: Rings,
     reply: v1::RegisterReply,
 ) -> Result<Ended> {
-    let interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(10, 10_000));
+    let interval = heartbeat_interval(&reply);
     let mut book = TaskBook::new(
         options.node_id,
         rings.ranks(),
@@ -310,6 +320,11 @@ async fn serve(
             return Err(failure);
         }
     }
+}
+
+/// How often the AM asked to hear from the daemon, within bounds.
+fn heartbeat_interval(reply: &v1::RegisterReply) -> Duration {
+    Duration::from_millis(reply.heartbeat_interval_ms.clamp(10, 10_000))
 }
 
 /// Takes an assigned task: the book places it, its ring's ledger binds it (or moves its end, for

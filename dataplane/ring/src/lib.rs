@@ -77,6 +77,7 @@
 #![cfg_attr(loom, allow(dead_code))]
 
 #[cfg(not(loom))]
+pub mod announce;
 pub mod gc;
 pub mod layout;
 pub mod lease;
