@@ -688,7 +688,11 @@ fn an_external_launcher_needs_no_trainer_command() {
     assert_eq!(sut.launcher, LauncherKind::External);
     assert!(sut.roles[0].command.is_empty());
     let error = refused(&text.replace("launcher: { kind: external }\n", ""));
-    assert_error(&error, "roles[0].command", &["is missing", "kind: external"]);
+    assert_error(
+        &error,
+        "roles[0].command",
+        &["is missing", "kind: external"],
+    );
 }
 
 #[test]

@@ -165,7 +165,12 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
         )?;
         recovered.leave_unserved();
         served.set(rings.states());
-        tracing::info!(node = options.node_id.0, job = reply.job_id, ?ranks, "daemon serves its rings");
+        tracing::info!(
+            node = options.node_id.0,
+            job = reply.job_id,
+            ?ranks,
+            "daemon serves its rings"
+        );
         let ended = serve(&options, &session, &pipeline, rings, reply).await;
         served.clear();
         match ended? {

@@ -74,6 +74,58 @@ impl Announcement {
         Ok(announcement)
     }
 
+    /// The trainer's ranks from its launcher's environment (the order of the Python client's
+    /// `sluice._attach`): rank from `SLUICE_RANK`, `RANK` (torchrun), `SLURM_PROCID` (srun); world
+    /// size from `SLUICE_WORLD_SIZE`, `WORLD_SIZE`, `SLURM_NTASKS` (1 when none is set); local
+    /// rank from `SLUICE_LOCAL_RANK`, `LOCAL_RANK`, `SLURM_LOCALID`, else the rank; local world
+    /// size from `SLUICE_LOCAL_WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `SLURM_NTASKS_PER_NODE`, the first
+    /// count of `SLURM_TASKS_PER_NODE`, else the world size. `None` when no launcher set a rank;
+    /// the error names a variable that is not a number, or ranks that do not fit.
+    pub fn from_env() -> Result<Option<Announcement>, String> {
+        Announcement::from_vars(|name| std::env::var(name).ok())
+    }
+
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Announcement>, String> {
+        let first = |names: &[&str]| -> Result<Option<u32>, String> {
+            for name in names {
+                match var(name).filter(|value| !value.is_empty()) {
+                    Some(value) => {
+                        return value.trim().parse().map(Some).map_err(|_| {
+                            format!("{name}={value:?}: expected a whole number; check how the trainer was launched")
+                        });
+                    }
+                    None => continue,
+                }
+            }
+            Ok(None)
+        };
+        let Some(rank) = first(&["SLUICE_RANK", "RANK", "SLURM_PROCID"])? else {
+            return Ok(None);
+        };
+        let world_size = first(&["SLUICE_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS"])?.unwrap_or(1);
+        let local_rank = first(&["SLUICE_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"])?;
+        let slurm_per_node = var("SLURM_TASKS_PER_NODE").and_then(|value| {
+            let digits: String = value.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        });
+        let local_world_size = first(&[
+            "SLUICE_LOCAL_WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "SLURM_NTASKS_PER_NODE",
+        ])?
+        .or(slurm_per_node);
+        let announcement = Announcement {
+            rank,
+            local_rank: local_rank.unwrap_or(rank),
+            world_size,
+            local_world_size: local_world_size.unwrap_or(world_size),
+            pid: std::process::id(),
+        };
+        Announcement::parse(&announcement.to_line())
+            .map(Some)
+            .map_err(|why| format!("trainer {why}; check RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (or SLUICE_RANK and SLUICE_WORLD_SIZE)"))
+    }
+
     /// The file of the trainer of `local_rank` under `job_dir`.
     pub fn path(job_dir: &Path, local_rank: u32) -> PathBuf {
         job_dir.join(format!("{local_rank}.{ANNOUNCE_EXTENSION}"))
@@ -84,11 +136,7 @@ impl Announcement {
     pub fn write(&self, job_dir: &Path) -> io::Result<PathBuf> {
         std::fs::create_dir_all(job_dir)?;
         let path = Announcement::path(job_dir, self.local_rank);
-        let temporary = job_dir.join(format!(
-            ".{}.{}.tmp",
-            self.local_rank,
-            std::process::id()
-        ));
+        let temporary = job_dir.join(format!(".{}.{}.tmp", self.local_rank, std::process::id()));
         let mut file = std::fs::File::create(&temporary)?;
         file.write_all(self.to_line().as_bytes())?;
         std::fs::rename(&temporary, &path)?;
@@ -178,6 +226,72 @@ mod tests {
         let error = Announcement::parse("rank=1 local_rank=0").expect_err("fields missing");
         assert!(error.contains("world_size"), "{error}");
         let error = Announcement::parse(&trainer(5, 1, 1).to_line()).expect_err("rank 5 of 4");
+        assert!(error.contains("out of range"), "{error}");
+    }
+
+    #[test]
+    fn ranks_come_from_torchrun_srun_or_sluice_variables_in_that_order() {
+        let from = |pairs: &[(&str, &str)]| {
+            let pairs: Vec<(String, String)> = pairs
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect();
+            Announcement::from_vars(|name| {
+                pairs
+                    .iter()
+                    .find(|(found, _)| found == name)
+                    .map(|(_, value)| value.clone())
+            })
+        };
+        assert_eq!(from(&[]), Ok(None));
+        let torchrun = from(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ])
+        .expect("valid")
+        .expect("a trainer");
+        assert_eq!(
+            (
+                torchrun.rank,
+                torchrun.local_rank,
+                torchrun.world_size,
+                torchrun.local_world_size
+            ),
+            (3, 1, 4, 2)
+        );
+        let srun = from(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "6"),
+            ("SLURM_LOCALID", "2"),
+            ("SLURM_TASKS_PER_NODE", "3(x2)"),
+        ])
+        .expect("valid")
+        .expect("a trainer");
+        assert_eq!(
+            (
+                srun.rank,
+                srun.local_rank,
+                srun.world_size,
+                srun.local_world_size
+            ),
+            (5, 2, 6, 3)
+        );
+        let sluice = from(&[
+            ("SLUICE_RANK", "1"),
+            ("SLUICE_WORLD_SIZE", "2"),
+            ("RANK", "0"),
+        ])
+        .expect("valid")
+        .expect("a trainer");
+        assert_eq!(
+            (sluice.rank, sluice.local_rank, sluice.local_world_size),
+            (1, 1, 2)
+        );
+        let error = from(&[("RANK", "two")]).expect_err("not a number");
+        assert!(error.contains("RANK=\"two\""), "{error}");
+        let error = from(&[("RANK", "4"), ("WORLD_SIZE", "4")]).expect_err("rank 4 of 4");
         assert!(error.contains("out of range"), "{error}");
     }
 

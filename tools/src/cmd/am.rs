@@ -134,6 +134,16 @@ pub struct AmAddress {
 }
 
 impl AmAddress {
+    /// The job's status, as the AM tells it.
+    pub async fn status(&self) -> anyhow::Result<v1::StatusReply> {
+        let mut client = self.control().await?;
+        let reply = client
+            .status(v1::StatusRequest {})
+            .await
+            .map_err(|status| anyhow::anyhow!("status: {}", status.message()))?;
+        Ok(reply.into_inner())
+    }
+
     async fn control(
         &self,
     ) -> anyhow::Result<
@@ -173,14 +183,7 @@ pub struct StatusArgs {
 
 /// Prints the job's status.
 pub fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let reply = runtime(1)?.block_on(async {
-        let mut client = args.address.control().await?;
-        let reply = client
-            .status(v1::StatusRequest {})
-            .await
-            .map_err(|status| anyhow::anyhow!("status: {}", status.message()))?;
-        anyhow::Ok(reply.into_inner())
-    })?;
+    let reply = runtime(1)?.block_on(args.address.status())?;
     let mut stdout = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer(&mut stdout, &status_json(&reply))?;

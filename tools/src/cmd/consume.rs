@@ -21,13 +21,28 @@ use arrow::compute::cast;
 use arrow::datatypes::{DataType, Int64Type};
 use sluice_client::{Item, Reader};
 use sluice_ring::Ring;
+use sluice_ring::announce::Announcement;
+
+use crate::cmd::am::AmAddress;
+use crate::cmd::read::runtime;
 
 /// Arguments of `sluice consume`.
 #[derive(Debug, clap::Args)]
 pub struct ConsumeArgs {
-    /// The ring to read.
+    /// The ring to read. Without it, the trainer was launched by someone else (torchrun, srun):
+    /// it takes its ranks from RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE (or SLURM_PROCID,
+    /// SLURM_LOCALID, SLURM_NTASKS, or SLUICE_RANK), announces itself to its node's daemon, and
+    /// reads <ring-dir>/<job>/<local rank>.ring.
     #[arg(long, env = "SLUICE_RING")]
-    pub ring: PathBuf,
+    pub ring: Option<PathBuf>,
+    /// Where the node's daemon keeps its rings (its --ring-dir), for a trainer with no --ring.
+    #[arg(long, env = "SLUICE_RING_DIR", default_value = "/dev/shm/sluice")]
+    pub ring_dir: PathBuf,
+    /// The job, for a trainer with no --ring; by default the job the AM at --am runs.
+    #[arg(long, env = "SLUICE_JOB")]
+    pub job: Option<String>,
+    #[command(flatten)]
+    pub address: AmAddress,
     /// Append every id seen to this file, as little-endian int64.
     #[arg(long)]
     pub ids_out: Option<PathBuf>,
@@ -50,10 +65,14 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     let terminated = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&terminated))
         .context("handling SIGTERM")?;
-    let ring = open_when_created(&args.ring, Duration::from_secs(args.wait_s))?;
+    let path = match &args.ring {
+        Some(path) => path.clone(),
+        None => attach(&args)?,
+    };
+    let ring = open_when_created(&path, Duration::from_secs(args.wait_s))?;
     let consumer = ring
         .consumer()
-        .with_context(|| format!("ring {}: taking the consumer role", args.ring.display()))?;
+        .with_context(|| format!("ring {}: taking the consumer role", path.display()))?;
     let mut reader = Reader::new(consumer);
     let mut ids_out = match &args.ids_out {
         Some(path) => Some(std::io::BufWriter::new(
@@ -70,7 +89,7 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     let mut stopped = false;
     while let Some(item) = reader
         .next_item()
-        .with_context(|| format!("ring {}", args.ring.display()))?
+        .with_context(|| format!("ring {}", path.display()))?
     {
         let Item::Batch { batch, .. } = item else {
             continue;
@@ -141,6 +160,36 @@ fn buffer_ids(
 }
 
 /// Opens the ring, waiting up to `limit` for the daemon to create it.
+/// Announces a trainer that someone else launched to its node's daemon (see
+/// `sluice_ring::announce`); returns the ring it reads.
+fn attach(args: &ConsumeArgs) -> anyhow::Result<PathBuf> {
+    let Some(trainer) = Announcement::from_env().map_err(anyhow::Error::msg)? else {
+        anyhow::bail!(
+            "no ring to read: pass --ring (or SLUICE_RING), or launch the trainer with torchrun or srun (RANK or SLURM_PROCID) or SLUICE_RANK, and SLUICE_AM"
+        );
+    };
+    let job = match &args.job {
+        Some(job) => job.clone(),
+        None => {
+            let status = runtime(1)?.block_on(args.address.status())?;
+            let expected: u32 = status.roles.iter().map(|role| role.num).sum();
+            if expected != trainer.world_size {
+                anyhow::bail!(
+                    "job {} expects {expected} trainers in all (its roles' `num`), but this trainer's launcher says world size {}; launch as many trainers as the job spec's roles name",
+                    status.job_id,
+                    trainer.world_size
+                );
+            }
+            status.job_id
+        }
+    };
+    let job_dir = args.ring_dir.join(&job);
+    trainer
+        .write(&job_dir)
+        .with_context(|| format!("announcing the trainer in {}", job_dir.display()))?;
+    Ok(job_dir.join(format!("{}.ring", trainer.local_rank)))
+}
+
 fn open_when_created(path: &std::path::Path, limit: Duration) -> anyhow::Result<Ring> {
     let started = Instant::now();
     let mut announced = false;

@@ -1,6 +1,7 @@
 """Zero-copy Arrow record batches from Sluice's shared-memory rings, with exactly-once data checkpoints.
 
-A trainer launched by the AM finds its ring in ``SLUICE_RING``::
+A trainer launched by the AM finds its ring in ``SLUICE_RING``; one launched by torchrun or srun
+for a job whose AM launches nothing finds it from its ranks and ``SLUICE_AM`` (``sluice._attach``)::
 
     import sluice
 
@@ -44,6 +45,7 @@ from typing import Any, Dict, Iterator, Optional
 import pyarrow as pa
 
 from sluice._am import commit_data_checkpoint, restore_data_checkpoint
+from sluice._attach import attach, ranks_from_env
 from sluice._native import Reader as _RingReader
 from sluice._native import SluiceError
 
@@ -103,7 +105,8 @@ class Lease:
 class Reader:
     """Reads the batches of one trainer rank's ring in place.
 
-    ``ring`` defaults to ``SLUICE_RING``. The reader waits up to ``wait_s`` for the node daemon to
+    ``ring`` defaults to ``SLUICE_RING``; without either, the trainer was launched by someone else
+    (torchrun, srun) and finds its ring from its ranks, as :mod:`sluice._attach` describes. The reader waits up to ``wait_s`` for the node daemon to
     create the ring, and raises :class:`SluiceError` when the ring stays empty with no live daemon for
     ``peer_timeout_s``, or when the daemon reports an error. Iterating yields the batches of one epoch
     and stops at its end (iterate again for the next epoch) or at the end of the data.
@@ -126,17 +129,26 @@ class Reader:
         world_size: Optional[int] = None,
         checkpoint_timeout_s: float = 300.0,
     ) -> None:
+        self._am = am if am is not None else os.environ.get("SLUICE_AM")
+        self._auth_token = os.environ.get("SLUICE_TOKEN")
         path = ring if ring is not None else os.environ.get("SLUICE_RING")
-        if not path:
-            raise SluiceError("no ring to read: pass Reader(ring=PATH) or set SLUICE_RING (the AM sets it for its trainers)")
+        if path:
+            self.rank = _env_int("SLUICE_RANK", rank)
+            self.world_size = _env_int("SLUICE_WORLD_SIZE", world_size)
+        else:
+            ranks = ranks_from_env(rank, world_size)
+            if ranks is None:
+                raise SluiceError(
+                    "no ring to read: pass Reader(ring=PATH), set SLUICE_RING (the AM sets it for its trainers), or launch the "
+                    "trainer with torchrun or srun (RANK or SLURM_PROCID) or SLUICE_RANK, and SLUICE_AM"
+                )
+            path = attach(ranks, self._am, self._auth_token, checkpoint_timeout_s)
+            self.rank = ranks.rank
+            self.world_size = ranks.world_size
         self._wait_s = wait_s
         self._peer_timeout_s = peer_timeout_s
         self._native = _RingReader(str(path), wait_s, peer_timeout_s)
         self._ring_inode = os.stat(path).st_ino
-        self._am = am if am is not None else os.environ.get("SLUICE_AM")
-        self._auth_token = os.environ.get("SLUICE_TOKEN")
-        self.rank = _env_int("SLUICE_RANK", rank)
-        self.world_size = _env_int("SLUICE_WORLD_SIZE", world_size)
         self._checkpoint_timeout_s = checkpoint_timeout_s
         self._schema: Optional[pa.Schema] = None
         # The record of the batch yielded last, released when the next one is asked for.

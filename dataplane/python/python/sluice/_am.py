@@ -7,7 +7,9 @@ only the ring:
 - ``POST /api/v1/checkpoints/commit`` takes one rank's position at a step and answers
   ``{"token": ...}`` once every rank of the step has reported, ``{"pending": {...}}`` before;
 - ``POST /api/v1/checkpoints/restore`` takes ``{"token": ...}`` and answers ``{"step", "epoch",
-  "effect"}``.
+  "effect"}``;
+- ``POST /api/v1/job`` takes ``{}`` and answers ``{"job_id", "world_size"}``: a trainer that
+  someone else launched learns there the job directory its ring is in.
 
 With the AM's shared token (``SLUICE_TOKEN``), every call carries ``Authorization: Bearer <token>``.
 A refused call answers with an HTTP error status and ``{"code", "message"}``. The calls go straight
@@ -27,6 +29,7 @@ from sluice._native import SluiceError
 
 COMMIT_PATH = "/api/v1/checkpoints/commit"
 RESTORE_PATH = "/api/v1/checkpoints/restore"
+JOB_PATH = "/api/v1/job"
 
 # How often a commit asks again while other ranks of its step have not reported.
 _POLL_S = 0.02
@@ -167,3 +170,16 @@ def restore_data_checkpoint(am: str, token: Optional[str], checkpoint: str, time
             f"(effect {effect!r}); run an AM of this client's version"
         )
     return effect
+
+
+def job_of(am: str, token: Optional[str], timeout_s: float) -> Tuple[str, int]:
+    """Asks the AM at ``am`` which job it runs; returns the job's id and its number of trainers."""
+    connection = _AmConnection(am, token, timeout_s)
+    try:
+        reply = connection.call(JOB_PATH, {}, "the job's name")
+    finally:
+        connection.close()
+    job_id, world_size = reply.get("job_id"), reply.get("world_size")
+    if not isinstance(job_id, str) or not isinstance(world_size, int):
+        raise SluiceError(f"the AM at {am} answered the job's name with {reply!r}; run an AM of this client's version")
+    return job_id, world_size
