@@ -21,7 +21,7 @@ use sluice_proto::v1::daemon_service_server::DaemonServiceServer;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::service::Routes;
@@ -200,6 +200,10 @@ impl AmServer {
     }
 
     /// Serves until the job is over and every daemon was told so.
+    ///
+    /// While the job waits for daemons or trainers that the AM does not launch, its log says so
+    /// (see [`Master::waiting`](crate::master::Master::waiting)), when that changes and every
+    /// [`WAITING_LOG_INTERVAL`] meanwhile.
     pub async fn serve(self) -> Result<JobEnd> {
         let address = self.local_addr();
         let check = TokenCheck::new(self.token);
@@ -216,6 +220,7 @@ impl AmServer {
         let launcher = executors.clone();
         let finished = async move {
             let mut ticker = tokio::time::interval(tick_interval);
+            let mut said_waiting: Option<(String, Instant)> = None;
             loop {
                 // An executor's end is acted on at once; the rest waits for the next tick.
                 let mut ended = Vec::new();
@@ -252,6 +257,8 @@ impl AmServer {
                         Err(error) => tracing::error!(%error, "supervising executors failed"),
                     }
                 }
+                let waiting = am.master().waiting();
+                say_waiting(waiting, &address, &mut said_waiting);
                 if am.finished() {
                     return;
                 }
@@ -333,4 +340,28 @@ fn reachable(bound: SocketAddr) -> SocketAddr {
 fn journal_identity(spec: &JobSpec) -> String {
     let data = serde_json::to_vec(&spec.data).expect("the data section serializes");
     format!("{}:{:08x}", spec.name, crc32c::crc32c(&data))
+}
+
+/// How often the AM says again what it waits for.
+const WAITING_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Logs what the job waits for, naming this AM's address, when it changed or was last said
+/// [`WAITING_LOG_INTERVAL`] ago.
+fn say_waiting(
+    waiting: Option<String>,
+    address: &SocketAddr,
+    said: &mut Option<(String, Instant)>,
+) {
+    let Some(waiting) = waiting else {
+        *said = None;
+        return;
+    };
+    let due = said
+        .as_ref()
+        .is_none_or(|(before, at)| *before != waiting || at.elapsed() >= WAITING_LOG_INTERVAL);
+    if due {
+        let text = waiting.replace("<this AM's address>", &address.to_string());
+        tracing::warn!("waiting: {text}");
+        *said = Some((waiting, Instant::now()));
+    }
 }

@@ -38,6 +38,7 @@ pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
         "epochs": reply.epochs,
         "rows_per_second": reply.rows_per_second,
         "scaling": reply.scaling,
+        "waiting": reply.waiting,
         "tasks": {
             "pending": tasks.pending,
             "in_flight": tasks.in_flight,

@@ -81,10 +81,16 @@ fn trainers_launched_by_someone_else_get_every_row_exactly_once() {
     let spec = write_spec(directory.path(), &spec(&data));
     let am = AmProcess::start(&spec, "127.0.0.1:0", &[]);
 
-    // The AM waits: no daemon has come, and it launches none.
-    std::thread::sleep(Duration::from_millis(300));
+    // The AM waits, and says for what: no daemon has come, and it launches none.
     let status = status_json(&am.address);
     assert_eq!(status["state"], "starting", "{status}");
+    let waiting = status["waiting"]
+        .as_str()
+        .expect("the AM says what it waits for");
+    assert!(
+        waiting.contains("0 of 2 node daemons") && waiting.contains("sluice daemon --am"),
+        "{waiting}"
+    );
 
     let ring_dirs: Vec<_> = (0..2)
         .map(|node| directory.path().join(format!("host-{node}/shm")))
@@ -92,6 +98,21 @@ fn trainers_launched_by_someone_else_get_every_row_exactly_once() {
     let mut daemons: Vec<Child> = (0..2)
         .map(|node| daemon(&am.address, node, &ring_dirs[node as usize]))
         .collect();
+    // The daemons came; the trainers have not announced themselves yet.
+    let started = Instant::now();
+    loop {
+        let status = status_json(&am.address);
+        let waiting = status["waiting"].as_str().unwrap_or_default().to_owned();
+        if waiting.contains("0 of 4 trainers") {
+            assert!(waiting.contains("torchrun"), "{waiting}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the AM never said it waits for the trainers: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let ids: BTreeMap<u32, _> = (0..4)
         .map(|rank| (rank, directory.path().join(format!("ids-{rank}.bin"))))
         .collect();
@@ -130,4 +151,23 @@ fn trainers_launched_by_someone_else_get_every_row_exactly_once() {
     let expected: Vec<i64> = (0..ROWS as i64).collect();
     assert_eq!(seen.len(), expected.len(), "every row once");
     assert_eq!(seen, expected, "every row exactly once");
+}
+
+#[test]
+fn sluice_run_refuses_a_job_it_would_launch_nothing_for_and_names_the_commands() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let spec = write_spec(directory.path(), &spec(directory.path()));
+    let output = sluice()
+        .arg("run")
+        .arg(&spec)
+        .output()
+        .expect("run sluice run");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("sluice am")
+            && stderr.contains("sluice daemon --am")
+            && stderr.contains("torchrun"),
+        "{stderr}"
+    );
 }

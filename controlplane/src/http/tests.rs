@@ -280,6 +280,7 @@ fn reported_status() -> v1::StatusReply {
         job_id: "metrics".into(),
         state: v1::JobState::Running as i32,
         failure_reason: None,
+        waiting: None,
         epoch: 1,
         epochs: 3,
         roles: Vec::new(),

@@ -7,6 +7,7 @@
 
 use super::Master;
 use crate::launcher::{ExecutorId, ExecutorState, Executors};
+use crate::spec::LauncherKind;
 use crate::wire;
 use sluice_proto::v1;
 
@@ -53,7 +54,35 @@ impl Master {
             rows_per_second: self.throughput.rows_per_second(),
             scaling: self.rescale.is_some(),
             sources: self.source_statuses(),
+            waiting: self.waiting(),
         }
+    }
+
+    /// What the job waits for, when it cannot run yet: daemons that have not registered, or,
+    /// under the external launcher, trainers that have no ring yet. A job whose AM launches its
+    /// executors says nothing: they come as it launches them.
+    pub fn waiting(&self) -> Option<String> {
+        if self.executors.is_some() || self.outcome().is_some() {
+            return None;
+        }
+        let nodes = self.spec.nodes as usize;
+        let registered = self.nodes.len();
+        if registered < nodes {
+            return Some(format!(
+                "{registered} of {nodes} node daemons have registered; start one on each node with `sluice daemon --am <this AM's address> --node-id N`, N from 0 to {}",
+                nodes - 1
+            ));
+        }
+        if self.spec.launcher != LauncherKind::External {
+            return None;
+        }
+        let world = self.world_size() as usize;
+        let rings: usize = self.nodes.values().map(|info| info.rings.len()).sum();
+        (rings < world).then(|| {
+            format!(
+                "{rings} of {world} trainers have their rings; start them with torchrun or srun (or SLUICE_RANK and SLUICE_WORLD_SIZE) and SLUICE_AM=<this AM's address>, on the nodes of the daemons"
+            )
+        })
     }
 
     pub(super) fn source_statuses(&self) -> Vec<v1::SourceStatus> {

@@ -267,6 +267,9 @@ fn write_status(out: &mut dyn Write, reply: &v1::StatusReply) -> std::io::Result
     if let Some(reason) = &reply.failure_reason {
         writeln!(out, "  failure: {reason}")?;
     }
+    if let Some(waiting) = &reply.waiting {
+        writeln!(out, "  waiting: {waiting}")?;
+    }
     let percent = if tasks.rows_total == 0 {
         0.0
     } else {

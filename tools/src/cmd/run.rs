@@ -88,6 +88,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(job) => JobSpec::from_path(job)?,
         None => quickstart()?,
     };
+    if spec.launcher == LauncherKind::External {
+        anyhow::bail!(
+            "job {}: its spec says `launcher: {{ kind: external }}`, so nothing here launches its daemons and trainers; serve it with `sluice am {}`, start `sluice daemon --am ADDR` on each node and the trainers with torchrun or srun and SLUICE_AM=ADDR (or set `launcher: local` to run it all here)",
+            spec.name,
+            args.job
+                .as_ref()
+                .map_or_else(|| "JOB.yaml".to_owned(), |job| job.display().to_string())
+        );
+    }
     if spec.launcher != LauncherKind::Local {
         anyhow::bail!(
             "job {}: `sluice run` launches executors on this machine, but the spec asks for the {:?} launcher; set `launcher: local`",
