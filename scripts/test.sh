@@ -27,15 +27,15 @@ if ! python3 -c "import torch" >/dev/null 2>&1; then
     pip_install --no-cache-dir torch
 fi
 
-echo "== chromium (renders the AM's status page) and fonts-dejavu-core (the text of bench suite --png)"
-if [ ! -x /usr/bin/chromium ] || [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+echo "== chromium (renders the AM's status page), fonts-dejavu-core (the text of bench suite --png), openssl (certificates of the Python TLS test)"
+if [ ! -x /usr/bin/chromium ] || [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || ! command -v openssl >/dev/null; then
     sudo=""
     if [ "$(id -u)" -ne 0 ]; then
         sudo="sudo"
     fi
     $sudo apt-get update -qq
     $sudo env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+        apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core openssl >/dev/null
 fi
 
 echo "== nightly toolchain with miri (runs the ring's unsafe code under Miri)"

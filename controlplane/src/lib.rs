@@ -38,6 +38,7 @@ pub mod server;
 pub mod service;
 pub mod spec;
 pub mod status;
+pub mod tls;
 mod wire;
 
 pub use error::{AmError, Result};

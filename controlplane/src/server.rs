@@ -14,6 +14,7 @@ use crate::persist::Persist;
 use crate::plan::JobPlan;
 use crate::service::{Am, AmService, ExecutorLauncher, TokenCheck};
 use crate::spec::JobSpec;
+use crate::tls::{ServerTls, check_bind};
 use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_server::CheckpointServiceServer;
 use sluice_proto::v1::control_service_server::ControlServiceServer;
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::service::Routes;
+use tonic::transport::ServerTlsConfig;
 use tonic::transport::server::TcpIncoming;
 
 /// How an AM is run.
@@ -38,6 +40,10 @@ pub struct AmOptions {
     pub resume_from: Option<String>,
     /// Launch the job's executors (daemons and trainers) with this launcher.
     pub launch: Option<LaunchOptions>,
+    /// Serve over TLS with this certificate, and ask daemons for theirs.
+    pub tls: Option<ServerTls>,
+    /// Serve a non-loopback address without TLS and a token: the network is trusted.
+    pub insecure: bool,
 }
 
 /// How the AM launches the job's executors.
@@ -58,6 +64,10 @@ pub struct LaunchOptions {
 pub struct AmServer {
     am: Arc<Am>,
     listener: TcpListener,
+    /// The TLS settings of the gRPC port, when it serves TLS.
+    tls: Option<ServerTlsConfig>,
+    /// Whether daemons must present a client certificate.
+    daemon_certs: bool,
     token: Option<String>,
     tick_interval: Duration,
     /// The launcher, and the stream of its executors' events.
@@ -145,6 +155,18 @@ impl AmServer {
                 "job reset to data checkpoint"
             );
         }
+        check_bind(
+            "the AM's API",
+            options.listen,
+            options.tls.is_some(),
+            options.token.is_some(),
+            options.insecure,
+        )?;
+        let tls = options.tls.as_ref().map(ServerTls::grpc).transpose()?;
+        let daemon_certs = options
+            .tls
+            .as_ref()
+            .is_some_and(|tls| tls.client_ca.is_some());
         let listener =
             TcpListener::bind(options.listen)
                 .await
@@ -181,6 +203,8 @@ impl AmServer {
         Ok(AmServer {
             am,
             listener,
+            tls,
+            daemon_certs,
             token: options.token,
             tick_interval,
             executors,
@@ -207,7 +231,7 @@ impl AmServer {
     pub async fn serve(self) -> Result<JobEnd> {
         let address = self.local_addr();
         let check = TokenCheck::new(self.token);
-        let service = AmService::new(self.am.clone());
+        let service = AmService::new(self.am.clone(), self.daemon_certs);
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
         let am = self.am.clone();
         let spec = Arc::new(am.master().spec().clone());
@@ -216,6 +240,11 @@ impl AmServer {
             source,
         })?;
         let tick_interval = self.tick_interval;
+        let shown = if self.tls.is_some() {
+            format!("https://{address}")
+        } else {
+            address.to_string()
+        };
         let (executors, mut events) = self.executors.unzip();
         let launcher = executors.clone();
         let finished = async move {
@@ -258,7 +287,7 @@ impl AmServer {
                     }
                 }
                 let waiting = am.master().waiting();
-                say_waiting(waiting, &address, &mut said_waiting);
+                say_waiting(waiting, &shown, &mut said_waiting);
                 if am.finished() {
                     return;
                 }
@@ -281,7 +310,14 @@ impl AmServer {
             .into_axum_router()
             .merge(checkpoints::router(self.am.clone(), check))
             .fallback(checkpoints::unknown_route);
-        tonic::transport::Server::builder()
+        let mut server = tonic::transport::Server::builder();
+        if let Some(tls) = self.tls {
+            server = server.tls_config(tls).map_err(|error| AmError::Serve {
+                address: address.to_string(),
+                source: std::io::Error::other(error),
+            })?;
+        }
+        server
             .accept_http1(true)
             .add_routes(Routes::from(routes).prepare())
             .serve_with_incoming_shutdown(incoming, finished)
@@ -347,11 +383,7 @@ const WAITING_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Logs what the job waits for, naming this AM's address, when it changed or was last said
 /// [`WAITING_LOG_INTERVAL`] ago.
-fn say_waiting(
-    waiting: Option<String>,
-    address: &SocketAddr,
-    said: &mut Option<(String, Instant)>,
-) {
+fn say_waiting(waiting: Option<String>, address: &str, said: &mut Option<(String, Instant)>) {
     let Some(waiting) = waiting else {
         *said = None;
         return;
@@ -360,7 +392,7 @@ fn say_waiting(
         .as_ref()
         .is_none_or(|(before, at)| *before != waiting || at.elapsed() >= WAITING_LOG_INTERVAL);
     if due {
-        let text = waiting.replace("<this AM's address>", &address.to_string());
+        let text = waiting.replace("<this AM's address>", address);
         tracing::warn!("waiting: {text}");
         *said = Some((waiting, Instant::now()));
     }

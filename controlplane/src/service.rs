@@ -348,12 +348,25 @@ impl Am {
 #[derive(Debug, Clone)]
 pub struct AmService {
     am: Arc<Am>,
+    daemon_certs: bool,
 }
 
 impl AmService {
-    /// Serves `am`.
-    pub fn new(am: Arc<Am>) -> AmService {
-        AmService { am }
+    /// Serves `am`; with `daemon_certs`, the daemon calls need a client certificate, which the TLS
+    /// layer has checked against the AM's client CA.
+    pub fn new(am: Arc<Am>, daemon_certs: bool) -> AmService {
+        AmService { am, daemon_certs }
+    }
+
+    /// Refuses a daemon call without a client certificate when the AM asks daemons for one, so
+    /// that holding the job's token is not enough to pose as a daemon.
+    fn check_daemon<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        if !self.daemon_certs || request.peer_certs().is_some_and(|certs| !certs.is_empty()) {
+            return Ok(());
+        }
+        Err(Status::unauthenticated(
+            "this AM serves daemons that present a client certificate signed by its client CA (--tls-client-ca): start sluice daemon with --tls-cert and --tls-key (SLUICE_TLS_CERT, SLUICE_TLS_KEY)",
+        ))
     }
 }
 
@@ -363,6 +376,7 @@ impl DaemonService for AmService {
         &self,
         request: Request<v1::RegisterRequest>,
     ) -> Result<Response<v1::RegisterReply>, Status> {
+        self.check_daemon(&request)?;
         let registration = wire::registration(request.into_inner());
         let reply = self
             .am
@@ -380,6 +394,7 @@ impl DaemonService for AmService {
         &self,
         request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::HeartbeatReply>, Status> {
+        self.check_daemon(&request)?;
         let reply = self.am.heartbeat(request.into_inner()).await?;
         Ok(Response::new(reply))
     }
@@ -388,6 +403,7 @@ impl DaemonService for AmService {
         &self,
         request: Request<v1::AcquireTasksRequest>,
     ) -> Result<Response<v1::AcquireTasksReply>, Status> {
+        self.check_daemon(&request)?;
         let request = request.into_inner();
         let node = NodeId(request.node_id);
         let reply = self
@@ -406,6 +422,7 @@ impl DaemonService for AmService {
         &self,
         request: Request<v1::ReportTaskRequest>,
     ) -> Result<Response<v1::ReportTaskReply>, Status> {
+        self.check_daemon(&request)?;
         let report = wire::task_report(request.into_inner())?;
         let reply = self
             .am
@@ -423,6 +440,7 @@ impl DaemonService for AmService {
         &self,
         request: Request<v1::AckStopRequest>,
     ) -> Result<Response<v1::AckStopReply>, Status> {
+        self.check_daemon(&request)?;
         let request = request.into_inner();
         let (node, task) = (NodeId(request.node_id), TaskId(request.task_id));
         let reply = self
@@ -952,7 +970,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
             CheckpointStore::in_memory(),
             clock.clone(),
         ));
-        let sut = AmService::new(am.clone());
+        let sut = AmService::new(am.clone(), false);
         register_node(&sut, 0).await;
         register_node(&sut, 1).await;
         let alive = [v1::NodeState::Alive, v1::NodeState::Alive];
@@ -1099,8 +1117,8 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
             first_clock.clone(),
         ));
         first_clock.advance(Duration::from_secs(5 * 3600));
-        register_node(&AmService::new(first.clone()), 0).await;
-        register_node(&AmService::new(first.clone()), 1).await;
+        register_node(&AmService::new(first.clone(), false), 0).await;
+        register_node(&AmService::new(first.clone(), false), 1).await;
         drop(first);
 
         // The second AM's monotonic clock starts from zero; it takes the job over, and node 1
@@ -1123,7 +1141,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
             "the clock continues from the journal's latest time: {}",
             second.now_ms()
         );
-        let service = AmService::new(second.clone());
+        let service = AmService::new(second.clone(), false);
         second_clock.advance(Duration::from_millis(900));
         heartbeat_node(&service, 0).await;
         second.tick().await.expect("tick");

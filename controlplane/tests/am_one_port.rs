@@ -51,6 +51,8 @@ roles: [{ name: worker, num: 1, command: [train] }]
         token: Some(TOKEN.into()),
         resume_from: None,
         launch: None,
+        tls: None,
+        insecure: false,
     };
     let server =
         AmServer::start_with_plan(Arc::new(spec), plan, CheckpointStore::in_memory(), options)

@@ -52,6 +52,8 @@ fn options() -> AmOptions {
         token: None,
         resume_from: None,
         launch: None,
+        tls: None,
+        insecure: false,
     }
 }
 

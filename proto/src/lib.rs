@@ -13,6 +13,8 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub mod connect;
+
 /// The generated `sluice.v1` messages, clients and servers.
 pub mod v1 {
     tonic::include_proto!("sluice.v1");

@@ -142,10 +142,9 @@ fn trainers_launched_by_someone_else_get_every_row_exactly_once() {
     }
 
     let mut seen: Vec<i64> = Vec::new();
-    for (rank, path) in &ids {
-        let mine = read_ids(path);
-        assert!(!mine.is_empty(), "rank {rank} got rows");
-        seen.extend(mine);
+    // A node whose trainers come first may take every task: pull balancing, not equal shares.
+    for path in ids.values() {
+        seen.extend(read_ids(path));
     }
     seen.sort_unstable();
     let expected: Vec<i64> = (0..ROWS as i64).collect();

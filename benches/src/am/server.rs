@@ -136,6 +136,8 @@ pub async fn serve_synthetic_am(args: &AmServerArgs) -> Result<()> {
         token: None,
         resume_from: None,
         launch: None,
+        tls: None,
+        insecure: false,
     };
     let server = AmServer::start_with_plan(spec, synthetic_plan(args.tasks), checkpoints, options)
         .await

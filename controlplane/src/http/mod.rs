@@ -10,9 +10,15 @@
 //!   tasks in each state.
 //! - `GET /metrics` is the OpenMetrics text exposition, which Prometheus scrapes.
 //!
-//! When the AM has a shared token, every route requires it, as `Authorization: Bearer <token>`
-//! or as `?token=<token>` on the address; the page passes the token it was opened with on to its
-//! API calls.
+//! When the AM has a shared token, every route but the page requires it, as `Authorization:
+//! Bearer <token>`, never in the address (addresses end up in logs and browser histories). The page
+//! holds no data of the job: it asks for the token in a form when the API refuses it, keeps it in
+//! the tab's session storage, and sends it with each API call. A link may carry it after `#token=`,
+//! which browsers never send: the page moves it to the session storage and drops it from the
+//! address.
+//!
+//! With TLS ([`HttpServer::bind`]'s `tls`), the page is served over HTTPS with the AM's
+//! certificate.
 //!
 //! The server runs on the AM's runtime beside the gRPC API and reads the same [`Am`]: every
 //! request takes the master's lock once, long enough to copy out what it shows.
@@ -28,8 +34,9 @@ use crate::clock::wall_ms;
 use crate::error::{AmError, Result};
 use crate::service::{Am, TokenCheck};
 use crate::status::status_json;
+use crate::tls::{ServerTls, TlsListener, check_bind};
 use axum::Router;
-use axum::extract::{Query, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
@@ -40,6 +47,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio_rustls::rustls;
 
 /// The status page, served as it is.
 const PAGE: &str = include_str!("page.html");
@@ -57,16 +65,28 @@ const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 #[derive(Debug)]
 pub struct HttpServer {
     listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     state: HttpState,
 }
 
 impl HttpServer {
-    /// Binds `address` for the HTTP face of `am`; with a `token`, every route requires it.
+    /// Binds `address` for the HTTP face of `am`; with a `token`, every API route requires it,
+    /// and with `tls`, it serves HTTPS. A non-loopback address needs both, or `insecure`.
     pub async fn bind(
         address: SocketAddr,
         am: Arc<Am>,
         token: Option<String>,
+        tls: Option<&ServerTls>,
+        insecure: bool,
     ) -> Result<HttpServer> {
+        check_bind(
+            "the status page",
+            address,
+            tls.is_some(),
+            token.is_some(),
+            insecure,
+        )?;
+        let tls = tls.map(ServerTls::http).transpose()?;
         let listener = TcpListener::bind(address)
             .await
             .map_err(|cause| AmError::Http {
@@ -75,6 +95,7 @@ impl HttpServer {
             })?;
         Ok(HttpServer {
             listener,
+            tls,
             state: HttpState::new(am, token),
         })
     }
@@ -91,14 +112,27 @@ impl HttpServer {
     pub async fn serve(self) -> Result<()> {
         let address = self.local_addr();
         let sampler = sample(self.state.clone());
-        tracing::info!(%address, "status page serving");
-        tokio::select! {
-            served = axum::serve(self.listener, router(self.state)) => {
-                served.map_err(|cause| AmError::Http {
-                    address: address.to_string(),
-                    cause,
-                })
+        tracing::info!(%address, tls = self.tls.is_some(), "status page serving");
+        let router = router(self.state);
+        let served = async move {
+            match self.tls {
+                Some(config) => {
+                    let listener =
+                        TlsListener::new(self.listener, config).map_err(|cause| AmError::Http {
+                            address: address.to_string(),
+                            cause,
+                        })?;
+                    axum::serve(listener, router).await
+                }
+                None => axum::serve(self.listener, router).await,
             }
+            .map_err(|cause| AmError::Http {
+                address: address.to_string(),
+                cause,
+            })
+        };
+        tokio::select! {
+            served = served => served,
             never = sampler => match never {},
         }
     }
@@ -141,17 +175,19 @@ async fn sample(state: HttpState) -> Infallible {
     }
 }
 
-/// The routes, behind the token check.
+/// The page, and the data routes behind the token check.
 fn router(state: HttpState) -> Router {
-    Router::new()
-        .route("/", get(page))
+    let data = Router::new()
         .route("/api/status", get(api_status))
         .route("/api/tasks", get(api_tasks))
         .route("/metrics", get(metrics))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             check_token,
-        ))
+        ));
+    Router::new()
+        .route("/", get(page))
+        .merge(data)
         .with_state(state)
 }
 
@@ -186,29 +222,20 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     )
 }
 
-/// The token of a page's address, `?token=...`.
-#[derive(Debug, serde::Deserialize)]
-struct TokenQuery {
-    token: Option<String>,
-}
-
-/// Lets a request through when the AM has no token, or when the request carries it.
+/// Lets a request through when the AM has no token, or when the request carries it in its
+/// `Authorization` header.
 async fn check_token(State(state): State<HttpState>, request: Request, next: Next) -> Response {
     let from_header = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok());
-    let from_query = Query::<TokenQuery>::try_from_uri(request.uri())
-        .ok()
-        .and_then(|Query(query)| query.token);
-    if state.token.accepts_authorization(from_header) || state.token.accepts(from_query.as_deref())
-    {
+    if state.token.accepts_authorization(from_header) {
         return next.run(request).await;
     }
     (
         StatusCode::UNAUTHORIZED,
         [(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))],
-        "this AM requires its shared token: send `Authorization: Bearer <token>`, or open the page as /?token=<token>, with the token given to the AM by --token or SLUICE_TOKEN\n",
+        "this AM requires its shared token: send `Authorization: Bearer <token>` (the status page asks for it), with the token given to the AM by --token or SLUICE_TOKEN\n",
     )
         .into_response()
 }

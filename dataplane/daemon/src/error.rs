@@ -11,10 +11,10 @@ use std::path::PathBuf;
 
 use arrow::error::ArrowError;
 use sluice_formats::FormatError;
+use sluice_proto::connect::ConnectError;
 use sluice_proto::{NodeId, TaskId};
 use sluice_ring::ledger::LedgerError;
 use sluice_ring::{RingCreateError, RingOpenError};
-use tonic::codegen::http::uri::InvalidUri;
 
 use crate::transform::TransformError;
 use crate::writer::WriterError;
@@ -25,25 +25,18 @@ pub type Result<T, E = DaemonError> = std::result::Result<T, E>;
 /// Why the daemon stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// The AM's address is not a URI.
-    #[error("no answer from the AM at {am} for 0 s: {error}; check --am and that the AM runs")]
-    AmAddress {
-        /// The address.
-        am: String,
-        /// Why it is not a URI.
-        error: InvalidUri,
-    },
+    /// The AM's address or TLS settings cannot be used.
+    #[error(transparent)]
+    AmAddress(ConnectError),
     /// The AM could not be reached for longer than the timeout.
-    #[error(
-        "no answer from the AM at {am} for {seconds} s: {error}; check --am and that the AM runs"
-    )]
+    #[error("no answer from the AM at {am} for {seconds} s: {cause}")]
     Unreachable {
         /// The address.
         am: String,
         /// How long the daemon tried.
         seconds: u64,
-        /// The last error.
-        error: tonic::transport::Error,
+        /// The last error, with its fix.
+        cause: String,
     },
     /// The AM answered a call with an error.
     #[error("the AM refused this daemon: {}", .status.message())]

@@ -77,6 +77,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use sluice_proto::connect::ClientTls;
 use sluice_proto::v1::command::Command as Cmd;
 use sluice_proto::{NodeId, TaskId, v1};
 
@@ -105,6 +106,8 @@ pub struct DaemonOptions {
     pub ring_size: u64,
     /// The AM's shared token.
     pub token: Option<String>,
+    /// How to reach the AM over TLS (its CA, and this daemon's certificate for mTLS).
+    pub tls: ClientTls,
     /// How long to keep trying to reach an AM that does not answer.
     pub am_timeout: Duration,
     /// Serve Prometheus `/metrics` (stages and rings) on this address.

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use sluice_proto::BearerToken;
+use sluice_proto::connect;
 use sluice_proto::v1::daemon_service_client::DaemonServiceClient;
 use sluice_proto::{NodeId, TaskId, v1};
 use tonic::service::interceptor::InterceptedService;
@@ -27,21 +28,12 @@ pub(crate) struct Session {
 impl Session {
     /// Connects to the AM, trying again with backoff up to the timeout.
     pub(crate) async fn connect(options: &DaemonOptions) -> Result<Session> {
-        let endpoint = if options.am.contains("://") {
-            options.am.clone()
-        } else {
-            format!("http://{}", options.am)
-        };
+        let endpoint =
+            connect::endpoint(&options.am, &options.tls).map_err(DaemonError::AmAddress)?;
         let started = Instant::now();
         let mut backoff = Duration::from_millis(20);
         loop {
-            let attempt = Channel::from_shared(endpoint.clone())
-                .map_err(|error| DaemonError::AmAddress {
-                    am: options.am.clone(),
-                    error,
-                })?
-                .connect()
-                .await;
+            let attempt = endpoint.connect().await;
             match attempt {
                 Ok(channel) => {
                     return Ok(Session {
@@ -62,7 +54,7 @@ impl Session {
                     return Err(DaemonError::Unreachable {
                         am: options.am.clone(),
                         seconds: options.am_timeout.as_secs(),
-                        error,
+                        cause: connect::explain(&connect::error_chain(&error), &options.tls),
                     });
                 }
             }

@@ -104,8 +104,12 @@ checkpoint: {{ uri: "file://{root / 'ckpt'}" }}
     def start_daemon(self) -> subprocess.Popen:
         env = dict(os.environ)
         env.pop("SLUICE_TOKEN", None)
+        return self.start_daemon_with(env, "--am", self.am_address)
+
+    def start_daemon_with(self, env: Dict[str, str], *arguments: str) -> subprocess.Popen:
+        """Starts `sluice daemon ARGUMENTS` with `env`, on the job's ring directory."""
         daemon = subprocess.Popen(
-            [str(self.sluice_bin), "daemon", "--am", self.am_address, "--ring-dir", str(self.rings), "--ring-size", str(8 << 20)],
+            [str(self.sluice_bin), "daemon", *arguments, "--ring-dir", str(self.rings), "--ring-size", str(8 << 20)],
             env=env,
         )
         self.processes.append(daemon)
@@ -162,3 +166,20 @@ def wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
 def run_python(script: str, env: Dict[str, str], timeout_s: float = WATCHDOG_S) -> subprocess.Popen:
     """Starts ``script`` in a new Python interpreter (a trainer process)."""
     return subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def write_tls_files(directory: pathlib.Path) -> Dict[str, pathlib.Path]:
+    """A CA and a server certificate it signed for localhost and 127.0.0.1, made with the openssl
+    command (./scripts/test.sh installs it), and a second CA that signed nothing."""
+    def run(*arguments: str) -> None:
+        subprocess.run(["openssl", *arguments], check=True, cwd=directory, capture_output=True)
+
+    for name in ("ca", "other-ca"):
+        run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
+            "-out", f"{name}.pem", "-subj", f"/CN=sluice test {name}", "-days", "2")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+        "-subj", "/CN=localhost")
+    (directory / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem",
+        "-days", "2", "-extfile", "san.ext")
+    return {name: directory / f"{name}.pem" for name in ("ca", "other-ca", "server")} | {"server-key": directory / "server.key"}

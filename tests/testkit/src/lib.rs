@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod job;
+pub mod pki;
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;

@@ -9,7 +9,9 @@ use sluice_am::http::HttpServer;
 use sluice_am::server::{AmOptions, AmServer};
 use sluice_am::spec::JobSpec;
 use sluice_am::status::{node_state_name, state_name, status_json};
+use sluice_am::tls::ServerTls;
 use sluice_proto::BearerToken;
+use sluice_proto::connect::{self, ClientTls};
 use sluice_proto::v1;
 use sluice_proto::v1::control_service_client::ControlServiceClient;
 use tonic::transport::Channel;
@@ -40,6 +42,38 @@ pub struct AmArgs {
     /// (127.0.0.1:7071 when the flag is given without one).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = DEFAULT_HTTP_ADDRESS)]
     pub http: Option<SocketAddr>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// How the AM's API is made private across hosts.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TlsArgs {
+    /// Serve the gRPC API, its JSON calls and the status page over TLS with this certificate
+    /// chain (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Daemons must present a certificate signed by this CA (PEM), so that the token alone does
+    /// not let a caller pose as a daemon.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
+    /// Serve a non-loopback address without TLS or without a token: only on a network you trust.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+impl TlsArgs {
+    /// The AM's TLS settings, when it serves TLS.
+    pub fn server_tls(&self) -> Option<ServerTls> {
+        Some(ServerTls {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.tls_client_ca.clone(),
+        })
+    }
 }
 
 /// Runs the AM until the job is over; exits non-zero when the job failed.
@@ -50,6 +84,8 @@ pub fn run(args: AmArgs) -> anyhow::Result<()> {
         token: args.token,
         resume_from: args.resume_from,
         launch: None,
+        tls: args.tls.server_tls(),
+        insecure: args.tls.insecure,
     };
     sluice_am::server::runtime()
         .context("starting the AM's runtime")?
@@ -69,9 +105,13 @@ pub async fn serve_job(
 ) -> anyhow::Result<()> {
     let name = spec.name.clone();
     let token = options.token.clone();
+    let tls = options.tls.clone();
+    let insecure = options.insecure;
     let server = AmServer::start(spec, options).await?;
     let http = match http {
-        Some(address) => Some(HttpServer::bind(address, server.am(), token).await?),
+        Some(address) => {
+            Some(HttpServer::bind(address, server.am(), token, tls.as_ref(), insecure).await?)
+        }
         None => None,
     };
     let mut stdout = std::io::stdout();
@@ -131,6 +171,9 @@ pub struct AmAddress {
     /// The AM's shared token, when it has one.
     #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The CA that signed the AM's TLS certificate (PEM); makes a bare host:port mean TLS.
+    #[arg(long, env = "SLUICE_TLS_CA", value_name = "PEM")]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl AmAddress {
@@ -140,8 +183,24 @@ impl AmAddress {
         let reply = client
             .status(v1::StatusRequest {})
             .await
-            .map_err(|status| anyhow::anyhow!("status: {}", status.message()))?;
+            .map_err(|status| self.refused("status", &status))?;
         Ok(reply.into_inner())
+    }
+
+    /// A failed call as the user reads it: the AM's own message when it answered, the cause and
+    /// its fix when the call never reached it (a TLS mistake, an AM gone).
+    fn refused(&self, what: &str, status: &tonic::Status) -> anyhow::Error {
+        match status.code() {
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal => {
+                let tls = ClientTls::new(self.tls_ca.clone(), None, None);
+                anyhow::anyhow!(
+                    "{what}: the AM at {} did not answer: {}",
+                    self.am,
+                    connect::explain(&connect::error_chain(status), &tls)
+                )
+            }
+            _ => anyhow::anyhow!("{what}: {}", status.message()),
+        }
     }
 
     async fn control(
@@ -149,21 +208,8 @@ impl AmAddress {
     ) -> anyhow::Result<
         ControlServiceClient<tonic::service::interceptor::InterceptedService<Channel, BearerToken>>,
     > {
-        let endpoint = if self.am.contains("://") {
-            self.am.clone()
-        } else {
-            format!("http://{}", self.am)
-        };
-        let channel = Channel::from_shared(endpoint.clone())
-            .with_context(|| format!("AM address {:?} is not a valid address", self.am))?
-            .connect()
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot reach the AM at {}; check --am (or SLUICE_AM) and that the AM runs",
-                    self.am
-                )
-            })?;
+        let tls = ClientTls::new(self.tls_ca.clone(), None, None);
+        let channel = connect::connect(&self.am, &tls).await?;
         Ok(ControlServiceClient::with_interceptor(
             channel,
             BearerToken(self.token.clone()),
@@ -213,7 +259,7 @@ pub fn stop(args: StopArgs) -> anyhow::Result<()> {
                 reason: args.reason.clone(),
             })
             .await
-            .map_err(|status| anyhow::anyhow!("stop: {}", status.message()))?;
+            .map_err(|status| args.address.refused("stop", &status))?;
         anyhow::Ok(reply.into_inner().state)
     })?;
     let state = v1::JobState::try_from(state).unwrap_or(v1::JobState::Unspecified);
@@ -243,7 +289,7 @@ pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
                 num: args.num,
             })
             .await
-            .map_err(|status| anyhow::anyhow!("scale: {}", status.message()))?;
+            .map_err(|status| args.address.refused("scale", &status))?;
         anyhow::Ok(reply.into_inner())
     })?;
     println!(

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sluice_daemon::DaemonOptions;
 use sluice_proto::NodeId;
+use sluice_proto::connect::ClientTls;
 
 use crate::cmd::read::runtime;
 
@@ -26,6 +27,25 @@ pub struct DaemonArgs {
     /// The AM's shared token.
     #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The CA that signed the AM's TLS certificate (PEM); makes a bare host:port mean TLS.
+    #[arg(long, env = "SLUICE_TLS_CA", value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+    /// This daemon's certificate (PEM), for an AM that asks daemons for one (mTLS).
+    #[arg(
+        long,
+        env = "SLUICE_TLS_CERT",
+        value_name = "PEM",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(
+        long,
+        env = "SLUICE_TLS_KEY",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
     /// How long to keep trying to reach an AM that does not answer, in seconds.
     #[arg(long, default_value_t = 120)]
     pub am_timeout_s: u64,
@@ -47,6 +67,7 @@ pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
         ring_dir: args.ring_dir,
         ring_size: args.ring_size,
         token: args.token,
+        tls: ClientTls::new(args.tls_ca, args.tls_cert, args.tls_key),
         am_timeout: Duration::from_secs(args.am_timeout_s),
         job: args.job,
         http: args.http,

@@ -122,6 +122,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             ring_dir: args.options.ring_dir,
             ring_size: args.options.ring_size,
         }),
+        tls: None,
+        insecure: false,
     };
     let notes = [format!("executor logs in {}", state_dir.display())];
     let served = sluice_am::server::runtime()

@@ -12,6 +12,8 @@ only the ring:
   someone else launched learns there the job directory its ring is in.
 
 With the AM's shared token (``SLUICE_TOKEN``), every call carries ``Authorization: Bearer <token>``.
+An AM that serves TLS is addressed as ``https://host:port``, or as ``host:port`` with
+``SLUICE_TLS_CA`` naming the CA that signed its certificate (without it, the system's roots).
 A refused call answers with an HTTP error status and ``{"code", "message"}``. The calls go straight
 to the AM: proxy settings of the environment (``http_proxy``) do not apply to them.
 """
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import ssl
 import time
 import urllib.parse
 from typing import Any, Dict, List, Optional, Tuple
@@ -43,7 +47,9 @@ class _AmConnection:
 
     def __init__(self, am: str, token: Optional[str], timeout_s: float) -> None:
         self.am = am
-        address = am if "://" in am else f"http://{am}"
+        ca = os.environ.get("SLUICE_TLS_CA")
+        # A bare host:port means TLS when a CA is given, as for the other clients of the AM.
+        address = am if "://" in am else (f"https://{am}" if ca else f"http://{am}")
         try:
             parts = urllib.parse.urlsplit(address)
             host, port = parts.hostname, parts.port
@@ -56,9 +62,17 @@ class _AmConnection:
             if not token.isascii() or not token.isprintable():
                 raise SluiceError("SLUICE_TOKEN: the token must be printable ASCII; set it to the AM's token")
             self._headers["Authorization"] = f"Bearer {token}"
-        connection = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        if parts.scheme == "http" and ca:
+            raise SluiceError(f"AM address {am!r} says plain TCP (http://) but SLUICE_TLS_CA is set; use https:// or unset it")
         self._timeout_s = timeout_s
-        self._connection = connection(host, port, timeout=timeout_s)
+        if parts.scheme == "https":
+            try:
+                context = ssl.create_default_context(cafile=ca)
+            except (OSError, ssl.SSLError) as error:
+                raise SluiceError(f"SLUICE_TLS_CA={ca!r}: {error}; point it at the PEM file of the CA that signed the AM's certificate") from None
+            self._connection = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
+        else:
+            self._connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
         self._used = False
 
     def close(self) -> None:
@@ -88,6 +102,18 @@ class _AmConnection:
             raise SluiceError(
                 f"the AM at {self.am} broke off {what}: {str(error) or type(error).__name__}; check SLUICE_AM, and that the "
                 "AM is of this client's version"
+            ) from None
+        except ssl.SSLCertVerificationError as error:
+            self._connection.close()
+            raise SluiceError(
+                f"the AM at {self.am} shows a certificate this client does not trust ({error.verify_message}); set SLUICE_TLS_CA "
+                "to the CA that signed it"
+            ) from None
+        except ssl.SSLError as error:
+            self._connection.close()
+            raise SluiceError(
+                f"TLS with the AM at {self.am} failed ({error.reason}); if the AM serves plain TCP, address it as http://host:port "
+                "and unset SLUICE_TLS_CA"
             ) from None
         except OSError as error:
             self._connection.close()
