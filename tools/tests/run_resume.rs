@@ -9,13 +9,16 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::sluice;
-use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_client::CheckpointServiceClient;
+use sluice_proto::{BearerToken, v1};
 use sluice_testkit::job::read_ids;
 
 const ROWS: i64 = 20_000;
 const TASK_ROWS: u64 = 5000;
 /// Each `sluice run` must end within this (deadlock watchdog).
+/// The job's token, given to `sluice run`, which hands it to its trainer, and presented by the
+/// test where it plays a trainer.
+const TOKEN: &str = "resume-test-token";
 const WATCHDOG: Duration = Duration::from_secs(120);
 
 /// One file, no shuffle: task `k` is the split of rows `[k * 5000, (k + 1) * 5000)` of the file,
@@ -55,7 +58,7 @@ fn start_run(spec: &Path, root: &Path, arguments: &[&str]) -> (Child, String) {
         .arg("--state-dir")
         .arg(root.join("state"))
         .args(arguments)
-        .env_remove("SLUICE_TOKEN")
+        .env("SLUICE_TOKEN", TOKEN)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -103,9 +106,13 @@ fn resuming_a_finished_job_runs_its_trainer_again_over_exactly_the_rows_after_th
 
     // The trainer's data checkpoint at step 3: task 0 read to its end, task 1 up to file row 7500.
     let token = common::runtime().block_on(async {
-        let mut client = CheckpointServiceClient::connect(format!("http://{address}"))
+        let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
+            .expect("an address")
+            .connect()
             .await
             .expect("connect to the AM");
+        let mut client =
+            CheckpointServiceClient::with_interceptor(channel, BearerToken(Some(TOKEN.to_owned())));
         let reply = client
             .commit_data_checkpoint(v1::CommitDataCheckpointRequest {
                 step: 3,

@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -340,6 +341,28 @@ fn a_submitted_job_runs_to_its_end_and_another_stops_on_sluice_stop() {
     slow.wait_for("rows consumed", started, |status| {
         status["tasks"]["rows_consumed"].as_u64() > Some(0)
     });
+    // The job got a token of its own: the CLI finds it (every call above went without one), a
+    // wrong one is refused, and it sits in a file only its user reads.
+    let refused = slow.control(&["status", "--token", "wrong"]);
+    assert!(!refused.status.success(), "a wrong token is refused");
+    let log = std::fs::read_to_string(slow.state_dir().join("am.log")).expect("the AM's log");
+    let published = log
+        .lines()
+        .find_map(|line| {
+            line.split_once("the job's token is in ")?
+                .1
+                .split(" (")
+                .next()
+        })
+        .unwrap_or_else(|| panic!("sluice run says where the token is: {log}"));
+    let metadata = std::fs::metadata(published).expect("the token file");
+    assert_eq!(metadata.permissions().mode() & 0o777, 0o600, "{published}");
+    let parent = Path::new(published).parent().expect("a directory");
+    let directory_mode = std::fs::metadata(parent)
+        .expect("its directory")
+        .permissions()
+        .mode();
+    assert_eq!(directory_mode & 0o777, 0o700);
     let stopped = slow.control(&["stop", "--reason", "test over"]);
     assert!(
         stopped.status.success(),

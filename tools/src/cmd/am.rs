@@ -17,6 +17,7 @@ use sluice_proto::v1::control_service_client::ControlServiceClient;
 use tonic::transport::Channel;
 
 use crate::cmd::read::runtime;
+use crate::cmd::token::{self, Published};
 
 /// The address the AM listens on when none is given.
 pub const DEFAULT_AM_ADDRESS: &str = "127.0.0.1:7070";
@@ -89,12 +90,22 @@ pub fn run(args: AmArgs) -> anyhow::Result<()> {
     };
     sluice_am::server::runtime()
         .context("starting the AM's runtime")?
-        .block_on(serve_job("sluice am", spec, options, args.http, &[], false))
+        .block_on(serve_job(
+            "sluice am",
+            spec,
+            options,
+            args.http,
+            &[],
+            false,
+            false,
+        ))
 }
 
 /// Serves a job's AM (and its status page when `http` is set) until the job is over, printing
 /// where it serves, then `notes`, then (with `progress`) a live progress line and a closing summary,
-/// then how the job ended, each line prefixed with `label`.
+/// then how the job ended, each line prefixed with `label`. With `publish_token`, the AM's token
+/// (made for the job) is written where the user's own commands find it while the AM serves (see
+/// [`token`](crate::cmd::token)).
 pub async fn serve_job(
     label: &str,
     spec: JobSpec,
@@ -102,6 +113,7 @@ pub async fn serve_job(
     http: Option<SocketAddr>,
     notes: &[String],
     progress: bool,
+    publish_token: bool,
 ) -> anyhow::Result<()> {
     let name = spec.name.clone();
     let token = options.token.clone();
@@ -109,10 +121,14 @@ pub async fn serve_job(
     let insecure = options.insecure;
     let server = AmServer::start(spec, options).await?;
     let http = match http {
-        Some(address) => {
-            Some(HttpServer::bind(address, server.am(), token, tls.as_ref(), insecure).await?)
-        }
+        Some(address) => Some(
+            HttpServer::bind(address, server.am(), token.clone(), tls.as_ref(), insecure).await?,
+        ),
         None => None,
+    };
+    let published = match (&token, publish_token) {
+        (Some(token), true) => Some(Published::write(&server.local_addr().to_string(), token)?),
+        _ => None,
     };
     let mut stdout = std::io::stdout();
     writeln!(
@@ -121,9 +137,10 @@ pub async fn serve_job(
         server.local_addr()
     )?;
     if let Some(http) = http {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         writeln!(
             stdout,
-            "{label}: status page on http://{}/",
+            "{label}: status page on {scheme}://{}/",
             http.local_addr()
         )?;
         let label = label.to_owned();
@@ -135,6 +152,13 @@ pub async fn serve_job(
     }
     for note in notes {
         writeln!(stdout, "{label}: {note}")?;
+    }
+    if let Some(published) = &published {
+        writeln!(
+            stdout,
+            "{label}: the job's token is in {} (the status page asks for it; sluice status, stop and scale read it there)",
+            published.path().display()
+        )?;
     }
     stdout.flush()?;
     let started = std::time::Instant::now();
@@ -168,7 +192,8 @@ pub struct AmAddress {
     /// The AM's gRPC address.
     #[arg(long, env = "SLUICE_AM", default_value = DEFAULT_AM_ADDRESS)]
     pub am: String,
-    /// The AM's shared token, when it has one.
+    /// The AM's shared token, when it has one; by default the one `sluice run` made for the AM
+    /// at this address, if it made one.
     #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// The CA that signed the AM's TLS certificate (PEM); makes a bare host:port mean TLS.
@@ -210,9 +235,10 @@ impl AmAddress {
     > {
         let tls = ClientTls::new(self.tls_ca.clone(), None, None);
         let channel = connect::connect(&self.am, &tls).await?;
+        let token = self.token.clone().or_else(|| token::lookup(&self.am));
         Ok(ControlServiceClient::with_interceptor(
             channel,
-            BearerToken(self.token.clone()),
+            BearerToken(token),
         ))
     }
 }

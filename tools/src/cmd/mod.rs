@@ -12,3 +12,4 @@ pub mod progress;
 pub mod read;
 pub mod run;
 pub mod shim;
+pub mod token;

@@ -13,6 +13,7 @@ use sluice_am::server::{AmOptions, LaunchOptions};
 use sluice_am::spec::{JobSpec, LauncherKind};
 
 use crate::cmd::am::serve_job;
+use crate::cmd::token;
 
 /// Arguments of `sluice run`.
 #[derive(Debug, clap::Args)]
@@ -112,9 +113,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     sluice_ring::gc::collect(&job_rings)
         .with_context(|| format!("collecting dead rings in {}", job_rings.display()))?;
     let launcher = Arc::new(LocalLauncher::new(&state_dir, &sluice)?);
+    // Every job gets a token: one given, or one made for it and handed to its executors.
+    let made_token = args.options.token.is_none();
+    let token = match args.options.token {
+        Some(token) => token,
+        None => token::generate()?,
+    };
     let options = AmOptions {
         listen: args.listen,
-        token: args.options.token,
+        token: Some(token),
         resume_from: args.options.resume_from,
         launch: Some(LaunchOptions {
             launcher,
@@ -135,6 +142,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             Some(args.options.http),
             &notes,
             true,
+            made_token,
         ));
     served.map_err(|error| {
         let mut message = format!("{error:#}");

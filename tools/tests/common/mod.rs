@@ -77,6 +77,7 @@ impl AmProcess {
         let http = extra.contains(&"--http").then(|| {
             let page = read_line(" status page on ");
             page.strip_prefix("http://")
+                .or_else(|| page.strip_prefix("https://"))
                 .and_then(|rest| rest.strip_suffix('/'))
                 .unwrap_or_else(|| panic!("the status page's address is a URL: {page:?}"))
                 .to_owned()
