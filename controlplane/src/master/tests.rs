@@ -1215,3 +1215,31 @@ fn an_am_taking_a_job_over_mid_restore_carries_on_where_it_stood() {
         assert_eq!(assigned(&acquire(taken_over, 1, 12, 2)).len(), 2);
     }
 }
+
+#[test]
+fn the_status_never_shows_a_source_s_storage_options() {
+    const SECRET: &str = "wJalrXUtnFEMI-not-a-real-key";
+    let text = SPEC.replace(
+        r#"format: parquet }"#,
+        &format!(r#"format: parquet, storage_options: {{ aws_secret_access_key: "{SECRET}" }} }}"#),
+    );
+    assert!(text.contains(SECRET), "the spec carries the secret");
+    let spec = Arc::new(JobSpec::parse(&text, Format::Yaml).expect("valid spec"));
+    let mut sut = Master::new(spec, master().plan.clone()).expect("a master");
+    // A daemon that authenticated gets the options it needs to read the source.
+    let registered = register(&mut sut, 0, 0).reply;
+    let data = registered.data.expect("job data");
+    assert_eq!(
+        data.sources[0].storage_options["aws_secret_access_key"],
+        SECRET
+    );
+    // The status, its JSON and the task table never show them.
+    let status = sut.status(1);
+    let shown = format!(
+        "{:?}{}{}",
+        status,
+        crate::status::status_json(&status),
+        serde_json::to_string(&sut.task_table()).expect("task table JSON")
+    );
+    assert!(!shown.contains(SECRET), "{shown}");
+}
