@@ -20,6 +20,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The deadline of every call: a frozen AM (stopped, or its host black-holed) fails a call with
+/// `DeadlineExceeded` in this time instead of holding it for ever. Calls are small and the AM
+/// answers each once its changes are durable, well within it.
+const CALL_DEADLINE: Duration = Duration::from_secs(20);
+
 /// The TLS settings of a client.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientTls {
@@ -122,6 +127,7 @@ pub fn endpoint(address: &str, tls: &ClientTls) -> Result<Endpoint, ConnectError
             reason: error.to_string(),
         })?
         .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(CALL_DEADLINE)
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true);
@@ -191,7 +197,10 @@ pub fn explain(error: &str, tls: &ClientTls) -> String {
         "the AM asks daemons for a client certificate; pass --tls-cert and --tls-key (SLUICE_TLS_CERT, SLUICE_TLS_KEY) signed by its client CA"
     } else if lower.contains("connection refused") {
         "nothing listens there; check the address (--am or SLUICE_AM) and that the AM runs"
-    } else if lower.contains("timed out") || lower.contains("deadline") {
+    } else if lower.contains("timed out")
+        || lower.contains("timeout expired")
+        || lower.contains("deadline")
+    {
         "no answer in time; check the address (--am or SLUICE_AM), that the AM runs and that the network reaches it"
     } else {
         "check the address (--am or SLUICE_AM) and that the AM runs"
@@ -273,5 +282,6 @@ mod tests {
         );
         assert!(explain("connection reset by peer", &plain).contains("https://"));
         assert!(explain("tcp connect error: Connection refused", &plain).contains("AM runs"));
+        assert!(explain("Timeout expired", &plain).contains("no answer in time"));
     }
 }

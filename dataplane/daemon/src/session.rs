@@ -22,6 +22,8 @@ type AmClient = DaemonServiceClient<InterceptedService<Channel, BearerToken>>;
 pub(crate) struct Session {
     client: AmClient,
     node_id: NodeId,
+    am: String,
+    tls: connect::ClientTls,
     am_timeout: Duration,
 }
 
@@ -42,6 +44,8 @@ impl Session {
                             BearerToken(options.token.clone()),
                         ),
                         node_id: options.node_id,
+                        am: options.am.clone(),
+                        tls: options.tls.clone(),
                         am_timeout: options.am_timeout,
                     });
                 }
@@ -176,9 +180,19 @@ impl Session {
                 Err(status)
                     if matches!(
                         status.code(),
-                        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
-                    ) && started.elapsed() < self.am_timeout =>
+                        tonic::Code::Unavailable
+                            | tonic::Code::Unknown
+                            | tonic::Code::Cancelled
+                            | tonic::Code::DeadlineExceeded
+                    ) =>
                 {
+                    if started.elapsed() >= self.am_timeout {
+                        return Err(DaemonError::Unreachable {
+                            am: self.am.clone(),
+                            seconds: self.am_timeout.as_secs(),
+                            cause: connect::explain(&connect::error_chain(&status), &self.tls),
+                        });
+                    }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }

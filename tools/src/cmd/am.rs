@@ -216,7 +216,11 @@ impl AmAddress {
     /// its fix when the call never reached it (a TLS mistake, an AM gone).
     fn refused(&self, what: &str, status: &tonic::Status) -> anyhow::Error {
         match status.code() {
-            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal => {
+            tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::Cancelled
+            | tonic::Code::DeadlineExceeded => {
                 let tls = ClientTls::new(self.tls_ca.clone(), None, None);
                 anyhow::anyhow!(
                     "{what}: the AM at {} did not answer: {}",

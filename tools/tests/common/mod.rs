@@ -90,6 +90,11 @@ impl AmProcess {
         }
     }
 
+    /// The AM's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the AM with SIGKILL.
     pub fn kill(mut self) {
         self.child.kill().expect("kill -9 the AM");
