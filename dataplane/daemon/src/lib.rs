@@ -255,7 +255,7 @@ async fn serve(
         }
         match ended {
             Some(Ended::Shutdown) => {
-                rings.stop().await?;
+                rings.end().await?;
                 return Ok(Ended::Shutdown);
             }
             Some(Ended::GaveBack) => {

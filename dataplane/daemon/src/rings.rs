@@ -200,9 +200,10 @@ impl Rings {
             .map(DaemonError::Writer)
     }
 
-    /// Stops every ring's feeder and writer, which closes the ring; returns the rings' states, by
-    /// ring index.
-    pub(crate) async fn stop(self) -> Result<Vec<Arc<RingState>>> {
+    /// Stops every ring's feeder and writer; a writer closes its ring only when its stream ends
+    /// or is given back ([`Rings::end`], [`Rings::give_back`]). Returns the rings' states, by ring
+    /// index.
+    async fn stop(self) -> Result<Vec<Arc<RingState>>> {
         let mut states = Vec::with_capacity(self.rings.len());
         for ring in self.rings {
             ring.feeder.abort();
@@ -217,6 +218,15 @@ impl Rings {
             states.push(ring.state);
         }
         Ok(states)
+    }
+
+    /// Ends every ring's stream, the job being over: each writer writes what it was given, then
+    /// closes its ring, so that its trainer reads to the end and stops.
+    pub(crate) async fn end(self) -> Result<Vec<Arc<RingState>>> {
+        for ring in &self.rings {
+            ring.state.end();
+        }
+        self.stop().await
     }
 
     /// Stops every ring's writer for a scale: what it was asked to write is dropped, and it

@@ -51,7 +51,8 @@ pub enum Write {
 /// A started ring writer: where to send writes, what it knows of the ring, and its thread.
 #[derive(Debug)]
 pub struct Started {
-    /// Where to send writes; dropping every sender closes the ring.
+    /// Where to send writes; once every sender is dropped the writer ends, closing the ring only
+    /// when its stream ended or was given back ([`RingState::end`], [`RingState::give_back`]).
     pub sender: mpsc::Sender<Write>,
     /// The ring's state.
     pub state: Arc<RingState>,
@@ -76,6 +77,7 @@ pub struct RingState {
     ledger: Arc<Ledger>,
     failure: Mutex<Option<WriterError>>,
     giving_back: AtomicBool,
+    ending: AtomicBool,
 }
 
 /// Why a ring's writer could not take its ring over, start, or write.
@@ -126,6 +128,20 @@ impl RingState {
     fn given_back(&self) -> bool {
         // Acquire: pairs with the Release store in `RingState::give_back`.
         self.giving_back.load(Ordering::Acquire)
+    }
+
+    /// Marks the stream's end: the job is over, and the writer closes the ring once it has written
+    /// what it was given, so that the trainer reads to the end and stops. A writer stopped without
+    /// it (the daemon failing) leaves its ring open, as a crash would, for the daemon started
+    /// again to take over: a trainer never mistakes a failed daemon for the end of its data.
+    pub fn end(&self) {
+        // Release: pairs with the Acquire load in `RingState::ending`.
+        self.ending.store(true, Ordering::Release);
+    }
+
+    fn ending(&self) -> bool {
+        // Acquire: pairs with the Release store in `RingState::end`.
+        self.ending.load(Ordering::Acquire)
     }
 
     /// The ring's file and its ledger's.
@@ -182,6 +198,7 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, WriterError> {
         ledger,
         failure: Mutex::new(None),
         giving_back: AtomicBool::new(false),
+        ending: AtomicBool::new(false),
     });
     Ok(Attached {
         producer,
@@ -311,7 +328,11 @@ fn write_loop(
         producer.flush();
         survey(&mut producer, &state.ledger)?;
     }
-    producer.close();
+    if state.ending() || state.given_back() {
+        producer.close();
+    }
+    // Otherwise the producer's drop publishes what was committed and gives the role up, leaving the
+    // stream open.
     Ok(())
 }
 
@@ -333,5 +354,46 @@ fn waiting_for_the_trainer(
                 if started.elapsed() < GONE_TRAINER_TIMEOUT => {}
             Err(error) => return Err(WriterError::Write(error)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use sluice_ring::RingOptions;
+
+    /// A writer on a new ring under `directory`, and the ring as its trainer sees it.
+    fn writer(directory: &std::path::Path) -> (Started, Ring) {
+        let path = directory.join("0.ring");
+        let ring = RingOptions::new(&path)
+            .capacity(1 << 16)
+            .create()
+            .expect("ring");
+        let ledger = Ledger::create(Ledger::path_beside(&path), 1).expect("ledger");
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let attached = attach(ring, ledger).expect("attach");
+        let started = start(attached, schema, 0, Arc::new(Stages::default())).expect("start");
+        (started, Ring::open(&path).expect("the trainer's view"))
+    }
+
+    #[test]
+    fn a_writer_closes_its_ring_only_when_the_stream_ends() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        // The daemon failing: its writers stop with no end, as a crash would leave them.
+        let (abandoned, trainer_view) = writer(directory.path());
+        drop(abandoned.sender);
+        abandoned.thread.join().expect("the writer ends");
+        assert!(
+            !trainer_view.is_closed(),
+            "a failed daemon must not look like the end of the data"
+        );
+
+        let other = tempfile::tempdir().expect("tempdir");
+        let (ended, trainer_view) = writer(other.path());
+        ended.state.end();
+        drop(ended.sender);
+        ended.thread.join().expect("the writer ends");
+        assert!(trainer_view.is_closed(), "the job over: the stream ends");
     }
 }

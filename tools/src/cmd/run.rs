@@ -113,11 +113,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     sluice_ring::gc::collect(&job_rings)
         .with_context(|| format!("collecting dead rings in {}", job_rings.display()))?;
     let launcher = Arc::new(LocalLauncher::new(&state_dir, &sluice)?);
-    // Every job gets a token: one given, or one made for it and handed to its executors.
+    // Every job gets a token: one given, or the one made for it (kept in its state directory, so
+    // that an AM started again has the token its running executors hold).
     let made_token = args.options.token.is_none();
     let token = match args.options.token {
         Some(token) => token,
-        None => token::generate()?,
+        None => token::for_job(&state_dir)?,
     };
     let options = AmOptions {
         listen: args.listen,

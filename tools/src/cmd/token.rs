@@ -1,8 +1,10 @@
 //! The token `sluice run` makes for a job when none is given, and where the user's own commands
 //! find it.
 //!
-//! The token is 32 random bytes, hex-encoded. `sluice run` hands it to every executor it launches
-//! (`SLUICE_TOKEN`) and writes it, while the AM serves, to a file of the user's own: under
+//! The token is 32 random bytes, hex-encoded, made once per job and kept in the job's state
+//! directory (`token`, mode 0600), so that an AM started again for the job (taking it over from its
+//! journal) has the token its running executors hold. `sluice run` hands it to every executor it
+//! launches (`SLUICE_TOKEN`) and writes it, while the AM serves, to a file of the user's own: under
 //! `$XDG_RUNTIME_DIR/sluice/tokens/`, or `~/.cache/sluice/tokens/`, named after the AM's address
 //! (a directory of mode 0700, a file of mode 0600 created anew, never through a link). `sluice
 //! status`, `stop`, `scale` and `consume` given no token read it there for the address they call.
@@ -21,6 +23,44 @@ pub fn generate() -> anyhow::Result<String> {
         .and_then(|mut random| random.read_exact(&mut bytes))
         .context("reading /dev/urandom for the job's token")?;
     Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
+/// The token of the job whose state directory is `state_dir`: the one an earlier AM of the job
+/// made, or a new one, kept there.
+pub fn for_job(state_dir: &std::path::Path) -> anyhow::Result<String> {
+    let path = state_dir.join("token");
+    match std::fs::read_to_string(&path) {
+        Ok(text) if !text.trim().is_empty() => return Ok(text.trim().to_owned()),
+        Ok(_) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+    }
+    let token = generate()?;
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+        .with_context(|| format!("creating {}", state_dir.display()))?;
+    write_private(&path, &token)?;
+    Ok(token)
+}
+
+/// Writes `token` to a new file at `path` that only its user reads, never through a link; a file
+/// already there is replaced.
+fn write_private(path: &std::path::Path, token: &str) -> anyhow::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error).with_context(|| format!("removing {}", path.display())),
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    writeln!(file, "{token}").with_context(|| format!("writing {}", path.display()))
 }
 
 /// The directory of the user's token files.
@@ -69,23 +109,8 @@ impl Published {
             .mode(0o700)
             .create(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
-        // A file left by an AM killed on the same address goes; a link there is removed, not
-        // followed.
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => {
-                return Err(error).with_context(|| format!("removing {}", path.display()));
-            }
-        }
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
-        writeln!(file, "{token}").with_context(|| format!("writing {}", path.display()))?;
+        // A file left by an AM killed on the same address is replaced.
+        write_private(&path, token)?;
         Ok(Published { path })
     }
 
