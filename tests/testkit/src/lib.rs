@@ -4,6 +4,9 @@
 //! test. The server listens on fixed ports, so the servers of one test binary take turns: a second
 //! [`start_seaweed`] in the same process waits until the first server is dropped.
 //!
+//! [`DelayProxy`] forwards TCP with a delay and a bandwidth cap, and counts the bytes it forwards:
+//! the latency of a far object store.
+//!
 //! [`job`] reads what a job run on this machine leaves behind: the trainers' ids files, the
 //! executors' logs and the processes still naming its directories. `sluice-bench chaos` checks its
 //! runs with it too.
@@ -18,6 +21,9 @@
 #![forbid(unsafe_code)]
 
 pub mod job;
+pub mod proxy;
+
+pub use proxy::DelayProxy;
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;
