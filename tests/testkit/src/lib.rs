@@ -4,6 +4,8 @@
 //! test. The server listens on fixed ports, so the servers of one test binary take turns: a second
 //! [`start_seaweed`] in the same process waits until the first server is dropped.
 //!
+//! [`netbed`] makes several hosts on one machine out of namespaces, for tests across hosts: each
+//! host has its own address and host name, `/dev/shm` and `/tmp`, and its cable can be pulled.
 //! [`DelayProxy`] forwards TCP with a delay and a bandwidth cap, and counts the bytes it forwards:
 //! the latency of a far object store.
 //!
@@ -17,12 +19,16 @@
 //! data, `weed`, Python packages, Chromium) is installed by the README's test command,
 //! `./scripts/test.sh`; where it is missing, the helpers here fail the test with a message that names
 //! what is missing and how to get it ([`testdata`], [`require_python_modules`], [`require_program`]).
+//! The tests on a [`NetBed`] need root: they are ignored by a plain `cargo test`, and the script runs
+//! them (see [`netbed`]).
 
 #![forbid(unsafe_code)]
 
 pub mod job;
+pub mod netbed;
 pub mod proxy;
 
+pub use netbed::{Host, NetBed, NetBedError};
 pub use proxy::DelayProxy;
 
 use std::collections::BTreeMap;
