@@ -411,6 +411,11 @@ impl Host {
         }
     }
 
+    /// The bed's shared directory.
+    pub(crate) fn shared_dir(&self) -> &Path {
+        &self.shared_dir
+    }
+
     /// Makes the host's network namespace and cable, and its mount and UTS namespaces.
     fn build(&self, bed_directory: &Path) -> Result<(), NetBedError> {
         let cidr = format!("{}/24", self.address);
