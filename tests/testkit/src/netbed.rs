@@ -464,8 +464,9 @@ impl Host {
             })?;
         }
         // Mounts copied from the test's namespace that would keep other beds' namespaces alive:
-        // `ip netns`'s and the other beds' directories. The arguments: the hosts file, the
-        // hostname, the beds' directory, this bed's directory.
+        // `ip netns`'s and the other beds' directories. Another bed's directory may go meanwhile,
+        // its mount with it: failing to unmount it is a failure only if it is still mounted. The
+        // arguments: the hosts file, the hostname, the beds' directory, this bed's directory.
         let script = r#"set -e
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -t tmpfs -o mode=1777 tmpfs /tmp
@@ -474,7 +475,9 @@ echo "$2" > /proc/sys/kernel/hostname
 while mountpoint -q /run/netns; do umount -l /run/netns; done
 for bed in "$3"/*/; do
     bed=${bed%/}
-    if [ "$bed" != "$4" ] && mountpoint -q "$bed"; then umount -l "$bed"; fi
+    if [ "$bed" != "$4" ] && mountpoint -q "$bed"; then
+        umount -l "$bed" 2>/dev/null || ! mountpoint -q "$bed"
+    fi
 done
 "#;
         run(
@@ -765,16 +768,20 @@ fn tear_down(index: u32) -> Vec<String> {
             problems.push(error.to_string());
         }
     }
+    // The root leg before the switch: a switch's namespace goes in the background once deleted, and
+    // its end of the leg with it, which would leave the name taken a while.
+    let leg = root_leg(index);
+    let leg_exists = || run("ip", ["link", "show", "dev", &leg]).is_ok();
+    if leg_exists()
+        && let Err(error) = run("ip", ["link", "delete", "dev", &leg])
+        && leg_exists()
+    {
+        problems.push(error.to_string());
+    }
     for name in &netns_names {
         if let Err(error) = run("ip", ["netns", "delete", name]) {
             problems.push(error.to_string());
         }
-    }
-    let leg = root_leg(index);
-    if run("ip", ["link", "show", "dev", &leg]).is_ok()
-        && let Err(error) = run("ip", ["link", "delete", "dev", &leg])
-    {
-        problems.push(error.to_string());
     }
     if directory.exists()
         && let Err(error) = std::fs::remove_dir_all(&directory)
