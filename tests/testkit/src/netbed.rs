@@ -309,6 +309,10 @@ impl NetBed {
     }
 
     /// A directory at the same path in the test and on every host, removed with the bed.
+    ///
+    /// It lies under `/run`, a small tmpfs on many machines. Every directory outside `/tmp` and
+    /// `/dev/shm` is shared with the hosts likewise: large data can go in a temporary directory
+    /// under the test's target directory (`CARGO_TARGET_TMPDIR`).
     pub fn shared_dir(&self) -> PathBuf {
         self.directory.join("shared")
     }

@@ -11,7 +11,7 @@
 //! `n / bandwidth` seconds, one link per direction shared by all the proxy's connections: it leaves
 //! no earlier than the chunk before it plus that time.
 //!
-//! A reader holds at most [`CHUNKS_IN_FLIGHT`] chunks its writer has not written: then it stops
+//! A reader holds at most 256 chunks its writer has not written (`CHUNKS_IN_FLIGHT`): then it stops
 //! reading, and TCP's flow control slows the sender down, as a slow link would.
 //!
 //! An end of stream is passed on as a half close (`shutdown(Write)`), once the chunks before it have
