@@ -4,6 +4,9 @@
 # beyond the Rust toolchain, so that it works on a fresh machine by itself: the Python packages
 # (pyarrow, the SeaweedFS S3 server, maturin, pytest, torch), Debian's Chromium and DejaVu fonts, and
 # the nightly toolchain's Miri. No test skips: a missing prerequisite fails its test, naming the fix.
+# The one exception: the multi-host tests (test binaries `netbed*`, hosts made of network namespaces)
+# need root; run without root and without CI=true, the script says they were skipped and why. As root,
+# or with CI=true, it runs them, and a refused namespace fails them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -55,6 +58,15 @@ MATURIN_PEP517_ARGS="--profile dev" pip_install --no-build-isolation --force-rei
 
 echo "== workspace tests"
 cargo test --workspace
+
+echo "== multi-host tests (hosts made of network namespaces, the test binaries netbed*)"
+# `cargo test` lists them as ignored: they need root. Here they run, and fail if namespaces are refused.
+if [ "$(id -u)" -eq 0 ] || [ "${CI:-}" = true ]; then
+    cargo test --workspace --test 'netbed*' -- --ignored
+else
+    echo "skipped: the multi-host tests make network, mount and UTS namespaces, which needs root;"
+    echo "run ./scripts/test.sh as root to run them (with CI=true they run, and fail, without root)"
+fi
 
 echo "== the python client against a real AM and daemon"
 SLUICE_BIN="$target/debug/sluice" python3 -m pytest -q dataplane/python/tests

