@@ -10,7 +10,7 @@ use crate::master::calls::{
     Restored, Scaled, TaskReport,
 };
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
-use crate::spec::{JobSpec, LauncherKind, TransformSpec};
+use crate::spec::{JobSpec, TransformSpec};
 use sluice_proto::v1::{self, command, refusal};
 
 /// A daemon's counts for one task, from the wire.
@@ -45,7 +45,7 @@ pub(crate) fn register_reply(
         data: Some(job_data(spec, plan)),
         ranks: registered.ranks,
         world_size: registered.world_size,
-        attach: spec.launcher == LauncherKind::External,
+        attach: registered.attach,
     }
 }
 

@@ -55,6 +55,9 @@ pub struct Registered {
     pub ranks: Vec<u32>,
     /// The number of ranks those belong to.
     pub world_size: u32,
+    /// Whether the node serves the trainers that announce themselves to it (the external
+    /// launcher), rather than `ranks`.
+    pub attach: bool,
 }
 
 /// A daemon reports liveness, counts and pipeline statistics.

@@ -404,22 +404,27 @@ impl Master {
         ranks_over(&self.role_sizes, self.spec.nodes, node)
     }
 
-    /// The ranks a registering node opens rings for, and the world size they belong to: during a
-    /// scale, none for a node waiting for its new ranks, and the previous ones for a node that
-    /// still feeds rings of them. Under the external launcher, none: the node serves the trainers
-    /// that announce themselves to it.
-    fn ranks_told(&self, node: NodeId) -> (Vec<u32>, u32) {
-        if self.spec.launcher == LauncherKind::External {
-            // The launcher owns the ranks: the daemon serves the local ranks that announce
-            // themselves on its node.
-            return (Vec::new(), self.world_size());
+    /// What a registering node opens rings for: the ranks, the world size they belong to, and
+    /// whether it serves the trainers that announce themselves instead (the external launcher,
+    /// which owns the ranks). During a scale or a restore, a node waiting for the others to give
+    /// their rings back opens none (a later Release brings its rings), and a node that still feeds
+    /// rings of the previous ranks keeps them.
+    fn ranks_told(&self, node: NodeId) -> (Vec<u32>, u32, bool) {
+        let sizes = self.rescale.as_ref().map(|rescale| rescale.sizes_for(node));
+        if matches!(sizes, Some(None)) {
+            return (Vec::new(), self.world_size(), false);
         }
-        match self.rescale.as_ref().map(|rescale| rescale.sizes_for(node)) {
-            Some(None) => (Vec::new(), self.world_size()),
-            Some(Some(Some(sizes))) => {
-                (ranks_over(sizes, self.spec.nodes, node), sizes.iter().sum())
-            }
-            None | Some(Some(None)) => (self.ranks_of(node), self.world_size()),
+        if self.spec.launcher == LauncherKind::External {
+            return (Vec::new(), self.world_size(), true);
+        }
+        match sizes {
+            Some(None) => (Vec::new(), self.world_size(), false),
+            Some(Some(Some(sizes))) => (
+                ranks_over(sizes, self.spec.nodes, node),
+                sizes.iter().sum(),
+                false,
+            ),
+            None | Some(Some(None)) => (self.ranks_of(node), self.world_size(), false),
         }
     }
 
@@ -617,12 +622,13 @@ impl Master {
             held: request.held,
         };
         let (commands, entries) = self.apply_and_log(node, event);
-        let (ranks, world_size) = self.ranks_told(node);
+        let (ranks, world_size, attach) = self.ranks_told(node);
         Ok(Applied {
             reply: Registered {
                 commands,
                 ranks,
                 world_size,
+                attach,
             },
             entries,
         })

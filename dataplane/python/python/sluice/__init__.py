@@ -244,6 +244,13 @@ class Reader:
             f"{self._checkpoint_timeout_s:.1f} s; check that the AM that launched this trainer runs (SLUICE_AM={self._am})"
         )
 
+    def _ring_replaced(self) -> bool:
+        """Whether the file at this reader's path is no longer the ring it opened."""
+        try:
+            return os.stat(self.path).st_ino != self._ring_inode
+        except FileNotFoundError:
+            return True
+
     def _reopen_replaced_ring(self, token: str) -> None:
         """Opens the ring the daemon creates anew after giving the old one back to the AM.
 
@@ -363,7 +370,10 @@ class Reader:
             effect = restore_data_checkpoint(self._am, self._auth_token, state["token"], self._checkpoint_timeout_s)
             if effect == "trainers_restart":
                 self._wait_to_be_stopped(state["token"])
-            elif effect == "rings_replaced":
+            elif effect == "rings_replaced" or self._ring_replaced():
+                # Already there, but the ring this reader opened may have been replaced by the
+                # restore another rank asked for first (trainers that no AM launched, which live on
+                # through it): read the new one.
                 self._reopen_replaced_ring(state["token"])
         self._token = state["token"]
         self._step_offset = int(state["step"])
