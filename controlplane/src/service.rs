@@ -23,6 +23,7 @@ use crate::error::AmError;
 use crate::launcher::{
     ExecutorEvent, ExecutorId, ExecutorState, Exit, LaunchAction, LaunchSpec, Launcher,
 };
+use crate::master::calls::RankCommit;
 use crate::master::{Applied, CommitOutcome, Master};
 use crate::persist::{Durable, Persist};
 use crate::wire;
@@ -169,10 +170,10 @@ impl Am {
     /// call it.
     pub async fn commit_checkpoint(
         &self,
-        request: v1::CommitDataCheckpointRequest,
+        commit: RankCommit,
     ) -> Result<v1::CommitDataCheckpointReply, AmError> {
         let outcome = self
-            .apply(|master| master.commit_checkpoint(wire::rank_commit(request)))
+            .apply(|master| master.commit_checkpoint(commit))
             .await?;
         let state = match outcome {
             CommitOutcome::Pending {
@@ -462,7 +463,10 @@ impl CheckpointService for AmService {
         &self,
         request: Request<v1::CommitDataCheckpointRequest>,
     ) -> Result<Response<v1::CommitDataCheckpointReply>, Status> {
-        let reply = self.am.commit_checkpoint(request.into_inner()).await?;
+        let reply = self
+            .am
+            .commit_checkpoint(wire::rank_commit(request.into_inner()))
+            .await?;
         Ok(Response::new(reply))
     }
 

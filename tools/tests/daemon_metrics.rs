@@ -139,3 +139,14 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
     assert!(succeeded, "{output}");
     assert!(daemon.wait().expect("daemon").success());
 }
+
+#[test]
+fn metrics_on_a_public_address_are_refused_without_insecure() {
+    let output = common::sluice()
+        .args(["daemon", "--am", "127.0.0.1:1", "--http", "0.0.0.0:0"])
+        .output()
+        .expect("run sluice daemon");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--insecure"), "{stderr}");
+}

@@ -20,7 +20,9 @@
 //! job's state refuses it, 503 when the journal fails, 500 otherwise) and the body
 //! `{"code", "message"}`, the message naming the problem and its fix.
 
+use crate::decide::TaskId;
 use crate::error::AmError;
+use crate::master::calls::RankCommit;
 use crate::service::{Am, TokenCheck};
 use axum::Router;
 use axum::body::Bytes;
@@ -75,9 +77,9 @@ struct TaskPosition {
     end_row: u64,
 }
 
-impl From<CommitRequest> for v1::CommitDataCheckpointRequest {
-    fn from(request: CommitRequest) -> v1::CommitDataCheckpointRequest {
-        v1::CommitDataCheckpointRequest {
+impl From<CommitRequest> for RankCommit {
+    fn from(request: CommitRequest) -> RankCommit {
+        RankCommit {
             step: request.step,
             rank: request.rank,
             world_size: request.world_size,
@@ -85,10 +87,7 @@ impl From<CommitRequest> for v1::CommitDataCheckpointRequest {
             positions: request
                 .positions
                 .into_iter()
-                .map(|position| v1::TaskPosition {
-                    task_id: position.task_id,
-                    end_row: position.end_row,
-                })
+                .map(|position| (TaskId(position.task_id), position.end_row))
                 .collect(),
         }
     }

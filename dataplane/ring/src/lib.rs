@@ -78,6 +78,7 @@
 
 #[cfg(not(loom))]
 pub mod announce;
+#[cfg(not(loom))]
 pub mod gc;
 pub mod layout;
 pub mod lease;

@@ -57,10 +57,22 @@ pub struct DaemonArgs {
     /// occupancy and waits) on this address; port 0 takes a free port, printed at start.
     #[arg(long, value_name = "ADDR")]
     pub http: Option<std::net::SocketAddr>,
+    /// Serve --http on a non-loopback address, with neither TLS nor a token: only on a network
+    /// you trust.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 /// Runs the daemon until the AM shuts it down.
 pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
+    if let Some(address) = args.http
+        && !address.ip().is_loopback()
+        && !args.insecure
+    {
+        anyhow::bail!(
+            "sluice daemon --http {address} would serve this node's metrics to the network with neither TLS nor a token; bind a loopback address (a local agent can scrape it) or pass --insecure on a network you trust"
+        );
+    }
     let options = DaemonOptions {
         am: args.am,
         node_id: NodeId(args.node_id),
