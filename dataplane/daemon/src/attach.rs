@@ -22,14 +22,25 @@ const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the announcements are read while waiting.
 const POLL: Duration = Duration::from_millis(50);
 
-/// Waits until every local rank of the node has announced itself under `job_dir`; returns the
-/// local ranks to open rings for, or `None` when the AM shut the daemon down meanwhile.
+/// How a wait for the trainers ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Waited {
+    /// Every local rank announced itself: open a ring for each of these.
+    Ranks(Vec<u32>),
+    /// The AM shut the daemon down.
+    Shutdown,
+    /// A restore began: register again (holding nothing) before waiting on.
+    Release,
+}
+
+/// Waits until every local rank of the node has announced itself under `job_dir`, answering the
+/// AM's commands meanwhile.
 pub(crate) async fn await_trainers(
     session: &Session,
     pipeline: &Pipeline,
     job_dir: &Path,
     interval: Duration,
-) -> Result<Option<Vec<u32>>> {
+) -> Result<Waited> {
     let started = Instant::now();
     let mut logged = started;
     let mut heartbeat = started;
@@ -44,7 +55,7 @@ pub(crate) async fn await_trainers(
                 ranks = ?found.trainers.iter().map(|trainer| trainer.rank).collect::<Vec<_>>(),
                 "every local trainer announced itself"
             );
-            return Ok(Some((0..size).collect()));
+            return Ok(Waited::Ranks((0..size).collect()));
         }
         if logged.elapsed() >= WAIT_LOG_INTERVAL {
             logged = Instant::now();
@@ -55,11 +66,14 @@ pub(crate) async fn await_trainers(
             let commands = session
                 .heartbeat(Vec::new(), pipeline.stage_stats(), Vec::new())
                 .await?;
-            let shutdown = commands
-                .iter()
-                .any(|command| matches!(command.command, Some(Cmd::Shutdown(_))));
-            if shutdown {
-                return Ok(None);
+            // Holding no task and no ring, the daemon has nothing to stop or give back: a
+            // shutdown ends it, a release or a fence sends it to register again.
+            for command in commands {
+                match command.command {
+                    Some(Cmd::Shutdown(_)) => return Ok(Waited::Shutdown),
+                    Some(Cmd::Release(_) | Cmd::Fence(_)) => return Ok(Waited::Release),
+                    _ => {}
+                }
             }
         }
         tokio::time::sleep(POLL).await;

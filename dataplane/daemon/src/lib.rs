@@ -152,8 +152,12 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
         let ranks = if reply.attach {
             let interval = heartbeat_interval(&reply);
             match attach::await_trainers(&session, &pipeline, &job_dir, interval).await? {
-                Some(ranks) => ranks,
-                None => break,
+                attach::Waited::Ranks(ranks) => ranks,
+                attach::Waited::Shutdown => break,
+                attach::Waited::Release => {
+                    reply = session.register(&job_id, Vec::new()).await?;
+                    continue;
+                }
             }
         } else {
             reply.ranks.clone()
