@@ -28,7 +28,7 @@ json.dump({"rank": reader.rank, "world_size": reader.world_size, "ids": ids, "to
 
 
 def test_trainers_started_by_torchrun_find_their_rings_and_read_every_row_once(make_job, tmp_path):
-    job = make_job("attach", rows=6000, task_rows=500, batch_size=250)
+    job = make_job("attach_v1.0", rows=6000, task_rows=500, batch_size=250)
     text = job.spec.read_text()
     text = text.replace(
         "roles:\n  - { name: worker, num: 1, command: [python3, train.py] }",

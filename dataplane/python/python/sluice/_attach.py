@@ -107,7 +107,8 @@ def attach(ranks: Ranks, am: Optional[str], token: Optional[str], timeout_s: flo
                 f"job {job} expects {expected} trainers in all (its roles' `num`), but this trainer's launcher says "
                 f"world size {ranks.world_size}; launch as many trainers as the job spec's roles name"
             )
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job):
+    # A job spec's name: lowercase letters, digits, `-`, `_` and `.`, starting with a letter or digit.
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", job):
         raise SluiceError(f"job name {job!r} is not a job's name (a lowercase slug); check SLUICE_JOB")
     job_dir = os.path.join(os.environ.get("SLUICE_RING_DIR") or DEFAULT_RING_DIR, job)
     os.makedirs(job_dir, exist_ok=True)
