@@ -44,6 +44,9 @@ pub struct AmOptions {
     pub tls: Option<ServerTls>,
     /// Serve a non-loopback address without TLS and a token: the network is trusted.
     pub insecure: bool,
+    /// The address daemons reach this AM at, written under the checkpoint location; by default
+    /// the listen address, or this host's name with its port when it listens on every address.
+    pub advertise: Option<String>,
 }
 
 /// How the AM launches the job's executors.
@@ -180,6 +183,24 @@ impl AmServer {
             address: options.listen.to_string(),
             source,
         })?;
+        if let Some(checkpoint) = &spec.checkpoint {
+            let address = options
+                .advertise
+                .clone()
+                .unwrap_or_else(|| advertised(bound));
+            sluice_store::am_address::publish(&checkpoint.uri, &address)
+                .await
+                .map_err(|error| {
+                    AmError::FailedPrecondition(format!(
+                        "{error}; check that the checkpoint location is writable"
+                    ))
+                })?;
+            tracing::info!(
+                address,
+                uri = checkpoint.uri,
+                "the AM's address is published"
+            );
+        }
         let executors = options.launch.map(|launch| ExecutorLauncher {
             launcher: launch.launcher,
             sluice: launch.sluice,
@@ -368,6 +389,22 @@ fn reachable(bound: SocketAddr) -> SocketAddr {
         SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), bound.port())
     } else {
         bound
+    }
+}
+
+/// The address to publish for an AM bound to `bound`: the address itself, or this host's name with
+/// its port when it listens on every address.
+fn advertised(bound: SocketAddr) -> String {
+    if !bound.ip().is_unspecified() {
+        return bound.to_string();
+    }
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_default();
+    if hostname.is_empty() {
+        reachable(bound).to_string()
+    } else {
+        format!("{hostname}:{}", bound.port())
     }
 }
 

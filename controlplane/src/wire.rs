@@ -46,6 +46,12 @@ pub(crate) fn register_reply(
         ranks: registered.ranks,
         world_size: registered.world_size,
         attach: registered.attach,
+        lease_ms: spec.failover.lease_ms(),
+        checkpoint_uri: spec
+            .checkpoint
+            .as_ref()
+            .map(|checkpoint| checkpoint.uri.clone())
+            .unwrap_or_default(),
     }
 }
 

@@ -53,6 +53,7 @@ roles: [{ name: worker, num: 1, command: [train] }]
         launch: None,
         tls: None,
         insecure: false,
+        advertise: None,
     };
     let server =
         AmServer::start_with_plan(Arc::new(spec), plan, CheckpointStore::in_memory(), options)

@@ -54,6 +54,7 @@ fn options() -> AmOptions {
         launch: None,
         tls: None,
         insecure: false,
+        advertise: None,
     }
 }
 

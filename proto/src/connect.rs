@@ -13,12 +13,13 @@ use std::time::Duration;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// How long a connection attempt may take, TCP and TLS handshakes included.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How often an idle connection is probed with an HTTP/2 ping, and how long the answer may take:
-/// an AM frozen or cut off is noticed within their sum rather than when the kernel gives up.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a connection is probed with an HTTP/2 ping, and how long the answer may take: an AM
+/// frozen or cut off is noticed within their sum (well within a lease, so that a daemon whose AM's
+/// host died looks for the AM's new address in time) rather than when the kernel gives up.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The deadline of every call: a frozen AM (stopped, or its host black-holed) fails a call with
 /// `DeadlineExceeded` in this time instead of holding it for ever. Calls are small and the AM

@@ -12,6 +12,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod am_address;
+
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Arc;

@@ -19,6 +19,8 @@ use object_store::ObjectStoreExt;
 use sluice_testkit::job::read_ids;
 use sluice_testkit::{DelayProxy, Host, NetBed};
 
+use common::bed::Running;
+
 /// How long a server on a host may take to listen, or a cable to carry again.
 const READY_WATCHDOG: Duration = Duration::from_secs(30);
 /// The port of the HTTP servers the tests run on hosts.
@@ -29,16 +31,6 @@ const STALE_CHILD: &str = "SLUICE_NETBED_STALE_CHILD";
 /// Makes a bed, failing the test with the reason when namespaces are refused.
 fn bed(names: &[&str]) -> NetBed {
     NetBed::new(names).unwrap_or_else(|error| panic!("{error}"))
-}
-
-/// A process on a host, killed and reaped when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Runs `command` to its end with its output captured, killing it and failing after `limit`

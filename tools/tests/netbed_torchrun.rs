@@ -14,7 +14,9 @@ mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::bed::{Running, every_log, finish, log};
 
 use sluice_testkit::{Host, NetBed};
 
@@ -69,58 +71,6 @@ with open(os.path.join(out, f"{phase}-{rank}.json"), "w") as file:
     json.dump({"rank": rank, "steps": steps, "ids": ids, "host": os.uname().nodename}, file)
 dist.destroy_process_group()
 "#;
-
-/// A process on a host, killed and reaped when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Waits for `child` to exit, failing after `limit`; returns whether it succeeded.
-fn finish(child: &mut Child, what: &str, limit: Duration, logs: &Path) -> bool {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status.success();
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            panic!(
-                "{what} did not finish within {limit:?} (deadlock watchdog)\n{}",
-                every_log(logs)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Every log under `logs`, whole.
-fn every_log(logs: &Path) -> String {
-    let mut entries: Vec<_> = std::fs::read_dir(logs)
-        .map(|entries| entries.flatten().map(|entry| entry.path()).collect())
-        .unwrap_or_default();
-    entries.sort();
-    entries
-        .iter()
-        .map(|path| {
-            let bytes = std::fs::read(path).unwrap_or_default();
-            format!(
-                "--- {}\n{}",
-                path.display(),
-                String::from_utf8_lossy(&bytes)
-            )
-        })
-        .collect()
-}
-
-/// The log file `name` under `logs`, for a process's output.
-fn log(logs: &Path, name: &str) -> std::fs::File {
-    std::fs::File::create(logs.join(name)).expect("a log file")
-}
 
 /// `torchrun` of `phase` on `host`, node `node` of two.
 fn torchrun(host: &Host, trainer: &Path, shared: &Path, phase: &str, logs: &Path) -> Child {

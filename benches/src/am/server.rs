@@ -138,6 +138,7 @@ pub async fn serve_synthetic_am(args: &AmServerArgs) -> Result<()> {
         launch: None,
         tls: None,
         insecure: false,
+        advertise: None,
     };
     let server = AmServer::start_with_plan(spec, synthetic_plan(args.tasks), checkpoints, options)
         .await

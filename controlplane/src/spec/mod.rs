@@ -330,6 +330,17 @@ pub enum RestartPolicy {
     Always,
 }
 
+impl FailoverSpec {
+    /// The lease a daemon holds on its rings: how long it goes on publishing batches with no answer
+    /// from the AM. The heartbeat timeout less one interval, and at least half the timeout, so that
+    /// a daemon cut off stops feeding its trainers before the AM can declare it lost.
+    pub fn lease_ms(&self) -> u64 {
+        self.heartbeat_timeout_ms
+            .saturating_sub(self.heartbeat_interval_ms)
+            .max(self.heartbeat_timeout_ms / 2)
+    }
+}
+
 impl RestartPolicy {
     /// The names accepted in `failover.restart`.
     pub const NAMES: &'static [&'static str] = &["on-failure", "never", "always"];

@@ -11,7 +11,7 @@
 //! The daemon is built of rooms, one concern each, that the main loop composes:
 //! - [`session`]: the session with the AM: connecting, registering, and the main loop's calls
 //!   (heartbeats, task requests, stop acknowledgements, failure reports), tried again while the AM
-//!   is unavailable;
+//!   is unavailable, and the [`lease`] they renew;
 //! - [`rings`]: the rings the daemon owns: opened, or taken over from their ledgers after a restart,
 //!   surveyed for the counts it reports, stopped and given back;
 //! - [`book`]: the task book, which does no IO: the tasks held, their rings, counts and stops, what
@@ -46,6 +46,15 @@
 //! gap and no repeat. Slots of tasks the AM did not give back are freed. A fenced daemon (the AM
 //! declared it lost and queued its tasks again) empties its ledgers and registers holding nothing.
 //!
+//! # Cut off from the AM
+//! Every answer from the AM renews the daemon's [`lease`]; while it has lapsed the ring writers
+//! publish nothing, so that a node cut off stops feeding its trainers before the AM can declare it
+//! lost and queue its tasks elsewhere. When the AM answers with a fence (it did declare the node
+//! lost), the daemon fences its rings ([`writer`]): each trainer gets an error record after what
+//! its ring held, saying that its reads since the AM last heard from the node are void, and the
+//! daemon exits. While calls fail, the [`session`] looks for the AM's address under the job's
+//! checkpoint location, in case the AM was started again on another host.
+//!
 //! # Scaling
 //! When a role is scaled the AM stops every trainer, then sends `Release`: the daemon stops its
 //! feeders and writers, surveys each ring a last time (the read cursors are final, since no
@@ -62,6 +71,7 @@ mod error;
 #[cfg(test)]
 mod feed_tests;
 mod feeder;
+mod lease;
 mod metrics;
 mod pipeline;
 mod rings;
@@ -169,6 +179,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
             options.node_id,
             &mut recovered,
             &pipeline,
+            session.lease(),
         )?;
         recovered.leave_unserved();
         served.set(rings.states());
@@ -250,7 +261,10 @@ async fn serve(
                     ended = Some(Ended::GaveBack);
                     break;
                 }
-                Some(Cmd::Fence(_)) => return Err(DaemonError::Fenced),
+                Some(Cmd::Fence(_)) => {
+                    rings.fence(&fence_message(options.node_id)).await?;
+                    return Err(DaemonError::Fenced);
+                }
                 Some(Cmd::Refuse(refuse)) => {
                     tracing::warn!(message = refuse.message, "the AM refused part of a request")
                 }
@@ -332,6 +346,17 @@ async fn serve(
             return Err(failure);
         }
     }
+}
+
+/// What the trainers of a fenced node read at the end of their rings.
+fn fence_message(node: NodeId) -> String {
+    format!(
+        "node {node} lost its AM for longer than the heartbeat timeout, and the AM declared it lost: \
+         the rows this trainer read since the AM last heard from node {node} are delivered again \
+         to other trainers. Drop what was done with them (restore your last checkpoint), and start \
+         the trainer again once its sluice daemon runs again",
+        node = node.0
+    )
 }
 
 /// How often the AM asked to hear from the daemon, within bounds.

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use crate::book::{Counts, Freed, LedgerWrite};
 use crate::error::{DaemonError, Result};
 use crate::feeder::{Job, Pipeline, feed};
+use crate::lease::Lease;
 use crate::writer::{self, Attached, RingState, Write};
 
 /// One rank's ring: its feeder's queue, the writer's state and thread.
@@ -39,7 +40,7 @@ pub(crate) struct Rings {
 
 impl Rings {
     /// Opens the ring of every rank under `job_dir`, taking over the ones `recovered` holds, and
-    /// starts its writer and feeder.
+    /// starts its writer, which publishes while `lease` holds, and its feeder.
     pub(crate) fn open(
         job_dir: &Path,
         ranks: &[u32],
@@ -47,6 +48,7 @@ impl Rings {
         node: NodeId,
         recovered: &mut Recovered,
         pipeline: &Arc<Pipeline>,
+        lease: &Arc<Lease>,
     ) -> Result<Rings> {
         let mut rings = Vec::new();
         for rank in ranks {
@@ -66,6 +68,7 @@ impl Rings {
                 pipeline.schema.clone(),
                 *rank,
                 pipeline.stages.clone(),
+                lease.clone(),
             )
             .map_err(DaemonError::Writer)?;
             let (queue, jobs) = mpsc::unbounded_channel();
@@ -218,6 +221,15 @@ impl Rings {
             states.push(ring.state);
         }
         Ok(states)
+    }
+
+    /// Fences every ring, the AM having declared this node lost: its writer drops what it was
+    /// still to write and leaves an error record with `message` for its trainer.
+    pub(crate) async fn fence(self, message: &str) -> Result<()> {
+        for ring in &self.rings {
+            ring.state.fence(message.to_owned());
+        }
+        self.stop().await.map(drop)
     }
 
     /// Ends every ring's stream, the job being over: each writer writes what it was given, then

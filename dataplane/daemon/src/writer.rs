@@ -13,6 +13,13 @@
 //! A ring the daemon gives back (a role was scaled and its trainer stopped) is written no more:
 //! the writer drops what it was asked to write, and a write waiting on a full ring with no trainer
 //! ends, so the writer surveys the ring a last time and stops.
+//!
+//! While the daemon's [`Lease`] has lapsed (no call answered by the AM for its length) the writer
+//! publishes nothing: it waits before each record until the lease holds again. A batch already
+//! waiting for room in a full ring when the lease lapses is the one exception. A ring the daemon
+//! fences (the AM declared the node lost and queued its tasks elsewhere) gets an error record in
+//! place of what was still to be written, so that its trainer, once it has read what the ring
+//! holds, learns why no more comes; the ring stays open for a daemon started again.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,9 +30,12 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use sluice_client::{Encoder, WriteError};
 use sluice_ring::ledger::{EpochMark, Ledger, LedgerError};
-use sluice_ring::{AttachError, FoldError, Producer, RecordKind, RecordMeta, ReserveError, Ring};
+use sluice_ring::{
+    AttachError, FoldError, Producer, RecordKind, RecordMeta, ReserveError, Ring, TryReserveError,
+};
 use tokio::sync::mpsc;
 
+use crate::lease::Lease;
 use crate::stats::Stages;
 
 /// What a ring's writer is asked to do.
@@ -78,6 +88,8 @@ pub struct RingState {
     failure: Mutex<Option<WriterError>>,
     giving_back: AtomicBool,
     ending: AtomicBool,
+    /// Why the ring is fenced, once it is: the message of the error record its trainer gets.
+    fence: Mutex<Option<String>>,
 }
 
 /// Why a ring's writer could not take its ring over, start, or write.
@@ -117,6 +129,10 @@ const GONE_TRAINER_SLICE: Duration = Duration::from_secs(1);
 /// How long a write waits in all for a trainer to come back to a full ring before the writer fails.
 const GONE_TRAINER_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
+/// How long a fenced ring's writer waits for room for the error record in a ring its trainer does
+/// not read; after it the trainer, if it reads again, finds the writer gone instead.
+const FENCE_RECORD_WAIT: Duration = Duration::from_secs(10);
+
 impl RingState {
     /// Stops the writer: what it was asked to write is dropped, and it surveys the ring a last
     /// time before it ends.
@@ -142,6 +158,27 @@ impl RingState {
     fn ending(&self) -> bool {
         // Acquire: pairs with the Release store in `RingState::end`.
         self.ending.load(Ordering::Acquire)
+    }
+
+    /// Fences the ring: what the writer was asked to write is dropped, and its trainer gets an
+    /// error record with `message` once it has read what the ring holds.
+    pub fn fence(&self, message: String) {
+        *self
+            .fence
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(message);
+    }
+
+    fn fence_message(&self) -> Option<String> {
+        self.fence
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Whether the writer must write nothing more of the stream: the ring is given back or fenced.
+    fn stopping(&self) -> bool {
+        self.given_back() || self.fence_message().is_some()
     }
 
     /// The ring's file and its ledger's.
@@ -199,6 +236,7 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, WriterError> {
         failure: Mutex::new(None),
         giving_back: AtomicBool::new(false),
         ending: AtomicBool::new(false),
+        fence: Mutex::new(None),
     });
     Ok(Attached {
         producer,
@@ -209,12 +247,13 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, WriterError> {
 
 /// Starts the writer thread of an attached ring; it writes `schema` first (a trainer's reader takes a
 /// schema record anywhere in the stream) and stops, closing the ring, once every sender is dropped.
-/// `stages` gets the writer's busy and wait times.
+/// `stages` gets the writer's busy and wait times; nothing is published while `lease` has lapsed.
 pub(crate) fn start(
     attached: Attached,
     schema: SchemaRef,
     rank: u32,
     stages: Arc<Stages>,
+    lease: Arc<Lease>,
 ) -> Result<Started, WriterError> {
     let Attached {
         producer, state, ..
@@ -224,7 +263,8 @@ pub(crate) fn start(
     let handle = std::thread::Builder::new()
         .name(format!("ring-writer-{rank}"))
         .spawn(move || {
-            if let Err(error) = write_loop(producer, &schema, receiver, &thread_state, &stages) {
+            let written = write_loop(producer, &schema, receiver, &thread_state, &stages, &lease);
+            if let Err(error) = written {
                 tracing::error!(rank, %error, "ring writer failed");
                 *thread_state
                     .failure
@@ -264,6 +304,7 @@ fn write_loop(
     mut receiver: mpsc::Receiver<Write>,
     state: &RingState,
     stages: &Stages,
+    lease: &Lease,
 ) -> Result<(), WriterError> {
     producer.set_peer_timeout(GONE_TRAINER_SLICE);
     let mut encoder = Encoder::new(schema.clone()).map_err(WriterError::Write)?;
@@ -277,7 +318,11 @@ fn write_loop(
             break;
         };
         stages.write.wait(idle.elapsed());
-        if state.given_back() {
+        if state.stopping() {
+            break;
+        }
+        let publishes = matches!(write, Write::Batch { .. } | Write::EndOfEpoch);
+        if publishes && !lease.wait(|| state.stopping()) {
             break;
         }
         match write {
@@ -328,12 +373,48 @@ fn write_loop(
         producer.flush();
         survey(&mut producer, &state.ledger)?;
     }
+    if let Some(message) = state.fence_message() {
+        producer.flush();
+        write_fence_record(&mut producer, &message)?;
+        return Ok(());
+    }
     if state.ending() || state.given_back() {
         producer.close();
     }
     // Otherwise the producer's drop publishes what was committed and gives the role up, leaving the
     // stream open.
     Ok(())
+}
+
+/// Writes the error record of a fenced ring, waiting up to [`FENCE_RECORD_WAIT`] for room.
+fn write_fence_record(producer: &mut Producer, message: &str) -> Result<(), WriterError> {
+    let started = Instant::now();
+    loop {
+        match producer.try_reserve(message.len()) {
+            Ok(mut slot) => {
+                slot.payload_mut().copy_from_slice(message.as_bytes());
+                slot.commit(RecordMeta::of_kind(RecordKind::Error));
+                producer.flush();
+                return Ok(());
+            }
+            Err(TryReserveError::Full) if started.elapsed() < FENCE_RECORD_WAIT => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(TryReserveError::Full) => {
+                tracing::warn!("a fenced ring stayed full: its trainer gets no error record");
+                return Ok(());
+            }
+            Err(TryReserveError::TooLarge { path, max, .. }) => {
+                tracing::warn!(
+                    ring = %path.display(),
+                    max,
+                    "a fenced ring is too small for its error record"
+                );
+                return Ok(());
+            }
+            Err(TryReserveError::Fold(error)) => return Err(WriterError::Fold(error)),
+        }
+    }
 }
 
 /// Runs `write` until it is done, trying again while the ring is full and its trainer gone (a
@@ -365,6 +446,11 @@ mod tests {
 
     /// A writer on a new ring under `directory`, and the ring as its trainer sees it.
     fn writer(directory: &std::path::Path) -> (Started, Ring) {
+        writer_under(directory, Arc::new(Lease::new()))
+    }
+
+    /// A writer on a new ring under `directory` that publishes while `lease` holds.
+    fn writer_under(directory: &std::path::Path, lease: Arc<Lease>) -> (Started, Ring) {
         let path = directory.join("0.ring");
         let ring = RingOptions::new(&path)
             .capacity(1 << 16)
@@ -373,7 +459,8 @@ mod tests {
         let ledger = Ledger::create(Ledger::path_beside(&path), 1).expect("ledger");
         let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
         let attached = attach(ring, ledger).expect("attach");
-        let started = start(attached, schema, 0, Arc::new(Stages::default())).expect("start");
+        let started =
+            start(attached, schema, 0, Arc::new(Stages::default()), lease).expect("start");
         (started, Ring::open(&path).expect("the trainer's view"))
     }
 
@@ -395,5 +482,69 @@ mod tests {
         drop(ended.sender);
         ended.thread.join().expect("the writer ends");
         assert!(trainer_view.is_closed(), "the job over: the stream ends");
+    }
+
+    /// One batch of `rows` ids for task 1.
+    fn batch(rows: i64) -> Write {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let ids = arrow::array::Int64Array::from_iter_values(0..rows);
+        Write::Batch {
+            batch: RecordBatch::try_new(schema, vec![Arc::new(ids)]).expect("batch"),
+            task_id: 1,
+            first_row: 0,
+            row_count: rows as u64,
+        }
+    }
+
+    #[test]
+    fn a_writer_publishes_nothing_while_the_lease_has_lapsed() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let lease = Arc::new(Lease::new());
+        lease.set_length(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(20));
+        let (started, trainer_view) = writer_under(directory.path(), lease.clone());
+        let schema_written = Instant::now() + Duration::from_secs(5);
+        while trainer_view.cursors().0 == 0 {
+            assert!(Instant::now() < schema_written, "the schema is written");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let with_schema = trainer_view.cursors().0;
+        started.sender.blocking_send(batch(100)).expect("send");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            trainer_view.cursors().0,
+            with_schema,
+            "a batch was published with the lease lapsed"
+        );
+        lease.renew(Instant::now());
+        lease.set_length(Duration::from_secs(60));
+        let published = Instant::now() + Duration::from_secs(5);
+        while trainer_view.cursors().0 == with_schema {
+            assert!(
+                Instant::now() < published,
+                "the lease renewed, the batch goes out"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        started.state.end();
+        drop(started.sender);
+        started.thread.join().expect("the writer ends");
+    }
+
+    #[test]
+    fn a_fenced_ring_ends_with_the_fence_error_and_stays_open() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let (started, trainer_view) = writer(directory.path());
+        started.state.fence("node 3 lost its AM".to_owned());
+        drop(started.sender);
+        started.thread.join().expect("the writer ends");
+        assert!(!trainer_view.is_closed(), "a fenced ring stays open");
+        let mut reader = sluice_client::Reader::new(trainer_view.consumer().expect("consumer"));
+        match reader.next_item() {
+            Err(sluice_client::ReadError::Producer(message)) => {
+                assert_eq!(message, "node 3 lost its AM")
+            }
+            other => panic!("expected the fence's error, got {other:?}"),
+        }
     }
 }

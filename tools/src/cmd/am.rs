@@ -43,6 +43,11 @@ pub struct AmArgs {
     /// (127.0.0.1:7071 when the flag is given without one).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = DEFAULT_HTTP_ADDRESS)]
     pub http: Option<SocketAddr>,
+    /// The address daemons reach this AM at (HOST:PORT), written under the job's checkpoint
+    /// location so that daemons find an AM started again on another host; by default the
+    /// --listen address, or this host's name when it listens on every address.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
 }
@@ -87,6 +92,7 @@ pub fn run(args: AmArgs) -> anyhow::Result<()> {
         launch: None,
         tls: args.tls.server_tls(),
         insecure: args.tls.insecure,
+        advertise: args.advertise,
     };
     sluice_am::server::runtime()
         .context("starting the AM's runtime")?

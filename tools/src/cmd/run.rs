@@ -132,6 +132,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }),
         tls: None,
         insecure: false,
+        advertise: None,
     };
     let notes = [format!("executor logs in {}", state_dir.display())];
     let served = sluice_am::server::runtime()
