@@ -26,13 +26,14 @@ use crate::launcher::{
 use crate::master::calls::RankCommit;
 use crate::master::{Applied, CommitOutcome, Master};
 use crate::persist::{Durable, Persist};
+use crate::spec::HangAction;
 use crate::wire;
 use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_server::CheckpointService;
 use sluice_proto::v1::control_service_server::ControlService;
 use sluice_proto::v1::daemon_service_server::DaemonService;
 use sluice_proto::{NodeId, TaskId};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
@@ -50,6 +51,10 @@ pub struct Am {
     checkpoints: CheckpointStore,
     /// When each retiring trainer was asked to end.
     stopping: Mutex<BTreeMap<ExecutorId, Instant>>,
+    /// The hangs seen, by node and ring rank, with when the AM last acted on each.
+    hangs: Mutex<BTreeMap<(NodeId, u32), Instant>>,
+    /// Hung trainers to kill, so that the failover rules start them again.
+    restarts: Mutex<Vec<ExecutorId>>,
     /// The time the master is handed, continued from the latest time of its journal.
     clock: AmClock,
 }
@@ -75,6 +80,8 @@ impl Am {
             persist,
             checkpoints,
             stopping: Mutex::new(BTreeMap::new()),
+            hangs: Mutex::new(BTreeMap::new()),
+            restarts: Mutex::new(Vec::new()),
             clock,
         }
     }
@@ -160,9 +167,85 @@ impl Am {
         Ok(reply)
     }
 
-    /// Declares silent nodes lost and samples the throughput; called periodically.
+    /// Declares silent nodes lost, samples the throughput, and acts on hung trainers by the
+    /// spec's `failover.hang`; called periodically.
     pub async fn tick(&self) -> Result<(), AmError> {
-        self.apply(|master| Ok(master.tick(self.now_ms()))).await
+        self.apply(|master| Ok(master.tick(self.now_ms()))).await?;
+        self.act_on_hangs().await
+    }
+
+    /// Says when a trainer starts or stops hanging, and does what `failover.hang.action` says:
+    /// nothing more, kill it (so that the failover rules start it again; again if it still hangs
+    /// one bound later), or fail the job.
+    async fn act_on_hangs(&self) -> Result<(), AmError> {
+        let (hangs, action, trainers) = {
+            let master = self.master();
+            let trainers: Vec<ExecutorId> = master
+                .trainer_ranks()
+                .into_iter()
+                .map(|(role, rank)| ExecutorId::Trainer {
+                    role: role.to_owned(),
+                    rank,
+                })
+                .collect();
+            (master.hangs(), master.spec().failover.hang.action, trainers)
+        };
+        let mut failure = None;
+        {
+            let mut seen = lock(&self.hangs);
+            let now: BTreeSet<(NodeId, u32)> = hangs
+                .iter()
+                .map(|hang| (NodeId(hang.node_id), hang.rank))
+                .collect();
+            seen.retain(|key, _| {
+                let hung = now.contains(key);
+                if !hung {
+                    tracing::info!(node = key.0.0, rank = key.1, "the trainer reads again");
+                }
+                hung
+            });
+            for hang in &hangs {
+                let key = (NodeId(hang.node_id), hang.rank);
+                // A warning or a failure is said once a hang; a restart is tried again while
+                // the trainer started again hangs one bound later.
+                let due = seen.get(&key).is_none_or(|acted| {
+                    action == HangAction::Restart
+                        && acted.elapsed() >= Duration::from_millis(hang.bound_ms)
+                });
+                if !due {
+                    continue;
+                }
+                seen.insert(key, Instant::now());
+                let what = format!(
+                    "the trainer of ring {} on node {} has not read for {:.1} s (the bound is {:.1} s: failover.hang)",
+                    hang.rank,
+                    hang.node_id,
+                    hang.stuck_ms as f64 / 1000.0,
+                    hang.bound_ms as f64 / 1000.0
+                );
+                tracing::warn!(action = hang.action, "{what}");
+                match action {
+                    HangAction::Warn => {}
+                    HangAction::Restart => {
+                        let trainer = trainers.iter().find(
+                            |id| matches!(id, ExecutorId::Trainer { rank, .. } if *rank == hang.rank),
+                        );
+                        if let Some(trainer) = trainer {
+                            lock(&self.restarts).push(trainer.clone());
+                        }
+                    }
+                    HangAction::Fail => {
+                        failure.get_or_insert(format!(
+                            "{what}; find why it stopped (a stuck step, a deadlock, a stopped process), or raise failover.hang.after_s or factor"
+                        ));
+                    }
+                }
+            }
+        }
+        match failure {
+            Some(reason) => self.apply(|master| Ok(master.fail(reason))).await,
+            None => Ok(()),
+        }
     }
 
     /// Records one rank's data position at a step; once every rank of the step has reported,
@@ -225,6 +308,11 @@ impl Am {
     /// file operations, so it runs on a blocking thread.
     pub fn supervise(&self, executors: &ExecutorLauncher, ended: Vec<ExecutorEvent>) -> Durable {
         let mut durables = Vec::new();
+        let restarts = std::mem::take(&mut *lock(&self.restarts));
+        for id in restarts {
+            tracing::warn!(executor = %id, "the trainer hangs: killing it, to be started again");
+            executors.launcher.kill(&id);
+        }
         for ExecutorEvent::Exited { id, exit } in ended {
             tracing::info!(executor = %id, ?exit, "executor ended");
             self.stopping().remove(&id);
@@ -284,9 +372,7 @@ impl Am {
     }
 
     fn stopping(&self) -> MutexGuard<'_, BTreeMap<ExecutorId, Instant>> {
-        self.stopping
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.stopping)
     }
 
     /// Stops a trainer a scale or a restore retired: SIGTERM first, so it releases the batch it holds and
@@ -641,6 +727,14 @@ fn trainer_command(command: &[String], rank: u32, sluice: &std::path::Path) -> V
             }
         })
         .collect()
+}
+
+/// Locks one of the AM's bookkeeping mutexes; a poisoned one is taken as it is, since each holds
+/// plain values written whole.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -75,7 +75,16 @@ pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
                 "capacity_bytes": ring.capacity_bytes,
                 "trainer_wait_ns": ring.trainer_wait_ns,
                 "daemon_wait_ns": ring.daemon_wait_ns,
+                "reader_idle_ms": ring.reader_idle_ms,
+                "reader_interval_ms": ring.reader_interval_ms,
             })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "hangs": reply.hangs.iter().map(|hang| serde_json::json!({
+            "node_id": hang.node_id,
+            "rank": hang.rank,
+            "stuck_ms": hang.stuck_ms,
+            "bound_ms": hang.bound_ms,
+            "action": hang.action,
         })).collect::<Vec<_>>(),
         "sources": reply.sources.iter().map(|source| serde_json::json!({
             "uri": source.uri,

@@ -152,6 +152,8 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                 capacity_bytes: 1024,
                 trainer_wait_ns: 1,
                 daemon_wait_ns: 2,
+                reader_idle_ms: 0,
+                reader_interval_ms: 0,
             }],
         })
         .await

@@ -48,6 +48,8 @@ fn heartbeat_request() -> HeartbeatRequest {
             capacity_bytes: 1 << 28,
             trainer_wait_ns: 100,
             daemon_wait_ns: 200,
+            reader_idle_ms: 0,
+            reader_interval_ms: 0,
         }],
     }
 }

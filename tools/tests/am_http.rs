@@ -89,6 +89,7 @@ fn heartbeat(progress: &[v1::TaskProgress], beat: u64) -> v1::HeartbeatRequest {
             capacity_bytes: RING_CAPACITY,
             trainer_wait_ns: TRAINER_WAIT_PER_HEARTBEAT_NS * beat,
             daemon_wait_ns: DAEMON_WAIT_NS,
+            ..v1::RingStats::default()
         }],
     }
 }

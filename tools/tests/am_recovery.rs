@@ -257,11 +257,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-fn free_address() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("address").to_string()
-}
-
 #[test]
 fn a_new_am_takes_over_the_same_task_table() {
     let directory = tempfile::tempdir().expect("tempdir");
@@ -292,7 +287,7 @@ fn a_new_am_takes_over_the_same_task_table() {
 fn every_row_is_consumed_once_across_repeated_am_kills() {
     let directory = tempfile::tempdir().expect("tempdir");
     let spec = job(directory.path());
-    let address = free_address();
+    let address = common::free_address();
     let mut am = AmProcess::start(&spec, &address, &[]);
     let rt = runtime();
     let daemon_address = address.clone();

@@ -14,11 +14,6 @@ use common::sluice;
 const ROWS: u64 = 4000;
 const ADDED: u64 = 1000;
 
-fn free_address() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("address").to_string()
-}
-
 /// Writes the file of ids `ROWS..ROWS + ADDED` under `staging` and returns its path: the last of
 /// five generated files over `ROWS + ADDED` rows.
 fn added_file(staging: &Path, format: &str) -> std::path::PathBuf {
@@ -167,7 +162,7 @@ fn a_file_renamed_into_a_followed_directory_is_delivered_and_stop_ends_the_job()
             root,
         ),
     );
-    let address = free_address();
+    let address = common::free_address();
     let run = spawn_run(root, &spec, &address);
     wait_for(&address, "the first rows to be consumed", consumed_some);
 
@@ -215,7 +210,7 @@ fn a_delta_commit_up_to_until_version_is_delivered_and_the_job_ends_by_itself() 
             root,
         ),
     );
-    let address = free_address();
+    let address = common::free_address();
     let run = spawn_run(root, &spec, &address);
     wait_for(&address, "the first rows to be consumed", consumed_some);
 

@@ -292,6 +292,8 @@ impl Daemon {
                 capacity_bytes: 256 << 20,
                 trainer_wait_ns: 0,
                 daemon_wait_ns: 0,
+                reader_idle_ms: 0,
+                reader_interval_ms: 0,
             }],
         };
         let sent = Instant::now();

@@ -217,6 +217,12 @@ pub enum Event {
         /// What went wrong, naming the source and the fix.
         reason: String,
     },
+    /// The job fails for a reason outside the task table: a trainer hangs and the spec's
+    /// `failover.hang.action` is `fail`.
+    Failed {
+        /// What went wrong, naming the trainer and the fix.
+        reason: String,
+    },
 }
 
 impl Event {
@@ -229,7 +235,10 @@ impl Event {
             | Event::StopAck { now_ms, .. }
             | Event::Report { now_ms, .. }
             | Event::Tick { now_ms } => Some(*now_ms),
-            Event::SplitsAdded { .. } | Event::FollowEnded | Event::FollowFailed { .. } => None,
+            Event::SplitsAdded { .. }
+            | Event::FollowEnded
+            | Event::FollowFailed { .. }
+            | Event::Failed { .. } => None,
         }
     }
 }
@@ -461,7 +470,9 @@ pub fn decide(state: &mut JobState, event: Event) -> Vec<Action> {
         Event::Tick { now_ms } => state.on_tick(now_ms, &mut actions),
         Event::SplitsAdded { split_rows } => state.on_splits_added(split_rows, &mut actions),
         Event::FollowEnded => state.on_follow_ended(&mut actions),
-        Event::FollowFailed { reason } => state.on_follow_failed(reason, &mut actions),
+        Event::FollowFailed { reason } | Event::Failed { reason } => {
+            state.on_failed(reason, &mut actions)
+        }
     }
     actions
 }

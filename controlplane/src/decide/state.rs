@@ -1109,7 +1109,7 @@ impl JobState {
         self.check_outcome(actions);
     }
 
-    pub(super) fn on_follow_failed(&mut self, reason: String, actions: &mut Vec<Action>) {
+    pub(super) fn on_failed(&mut self, reason: String, actions: &mut Vec<Action>) {
         if self.outcome.is_none() {
             self.finish(JobOutcome::Failed { reason }, actions);
         }

@@ -65,6 +65,7 @@ pub(super) fn exposition(status: &v1::StatusReply) -> String {
     let mut registry = Registry::with_prefix("sluice_am");
     register_job(&mut registry, status);
     register_nodes(&mut registry, &status.nodes);
+    register_hangs(&mut registry, &status.hangs);
     let mut text = String::new();
     encode(&mut text, &registry).expect("encoding into a String cannot fail");
     text
@@ -136,6 +137,23 @@ fn register_job(registry: &mut Registry, status: &v1::StatusReply) {
         "tasks",
         "Tasks of the current epoch in each state",
         task_states,
+    );
+}
+
+fn register_hangs(registry: &mut Registry, hangs: &[v1::Hang]) {
+    let stuck = Family::<RingLabels, GaugeF64>::default();
+    for hang in hangs {
+        stuck
+            .get_or_create(&RingLabels {
+                node: hang.node_id,
+                rank: hang.rank,
+            })
+            .set(hang.stuck_ms as f64 / 1000.0);
+    }
+    registry.register(
+        "trainer_hang_seconds",
+        "Seconds a hung trainer (past the spec's failover.hang bound) has held its ring unread, as of its daemon's last heartbeat; only hung trainers are listed",
+        stuck,
     );
 }
 

@@ -113,6 +113,8 @@ fn busy_am() -> (Arc<Am>, Handed) {
                 capacity_bytes: 8192,
                 trainer_wait_ns: 2_000_000_000,
                 daemon_wait_ns: 500_000_000,
+                reader_idle_ms: 0,
+                reader_interval_ms: 0,
             }],
         }),
         1_020,
@@ -305,6 +307,8 @@ fn reported_status() -> v1::StatusReply {
                         capacity_bytes: 1 << 20,
                         trainer_wait_ns: 3_000_000_000,
                         daemon_wait_ns: 0,
+                        reader_idle_ms: 0,
+                        reader_interval_ms: 0,
                     },
                     v1::RingStats {
                         rank: 1,
@@ -312,6 +316,8 @@ fn reported_status() -> v1::StatusReply {
                         capacity_bytes: 1 << 20,
                         trainer_wait_ns: 0,
                         daemon_wait_ns: 4_500_000_000,
+                        reader_idle_ms: 0,
+                        reader_interval_ms: 0,
                     },
                 ],
             },
@@ -336,6 +342,13 @@ fn reported_status() -> v1::StatusReply {
         rows_per_second: 456.5,
         scaling: false,
         sources: Vec::new(),
+        hangs: vec![v1::Hang {
+            node_id: 0,
+            rank: 1,
+            stuck_ms: 7_500,
+            bound_ms: 5_000,
+            action: "warn".into(),
+        }],
     }
 }
 
@@ -370,6 +383,7 @@ fn exposition_lists_every_figure_with_help() {
         "sluice_am_ring_capacity_bytes{node=\"0\",rank=\"0\"} 1048576",
         "sluice_am_ring_trainer_wait_seconds_total{node=\"0\",rank=\"0\"} 3.0",
         "sluice_am_ring_daemon_wait_seconds_total{node=\"0\",rank=\"1\"} 4.5",
+        "sluice_am_trainer_hang_seconds{node=\"0\",rank=\"1\"} 7.5",
     ] {
         assert!(
             samples.contains(&expected),

@@ -766,6 +766,14 @@ impl Master {
         Applied { reply: (), entries }
     }
 
+    /// Fails the job for `reason`, a cause outside the task table (a trainer that hangs).
+    pub fn fail(&mut self, reason: String) -> Applied<()> {
+        let event = Event::Failed { reason };
+        let entries = vec![Entry::Event(event.clone())];
+        self.apply_event(None, event);
+        Applied { reply: (), entries }
+    }
+
     /// Asks the job to stop. A job that still follows a source stops following it and ends once
     /// the rows already planned are consumed; any other job shuts every daemon down at its next
     /// call.

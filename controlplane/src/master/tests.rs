@@ -1243,3 +1243,51 @@ fn the_status_never_shows_a_source_s_storage_options() {
     );
     assert!(!shown.contains(SECRET), "{shown}");
 }
+
+#[test]
+fn a_trainer_that_holds_its_ring_unread_past_the_bound_hangs_until_it_reads_again() {
+    let mut sut = master();
+    register(&mut sut, 0, 0);
+    let ring = |idle_ms: u64, interval_ms: u64| v1::RingStats {
+        rank: 1,
+        used_bytes: 4096,
+        capacity_bytes: 1 << 20,
+        reader_idle_ms: idle_ms,
+        reader_interval_ms: interval_ms,
+        ..v1::RingStats::default()
+    };
+    let report = |sut: &mut Master, now_ms: u64, stats: v1::RingStats| {
+        let applied = sut.heartbeat(
+            wire::heartbeat(v1::HeartbeatRequest {
+                node_id: 0,
+                rings: vec![stats],
+                ..v1::HeartbeatRequest::default()
+            }),
+            now_ms,
+        );
+        on_the_wire(sut, applied);
+    };
+    // The default bound: 300 s, or 10 times the recent time between reads when that is more.
+    report(&mut sut, 100, ring(299_999, 1_000));
+    assert!(sut.hangs().is_empty(), "under the floor");
+    report(&mut sut, 200, ring(300_000, 1_000));
+    let hangs = sut.hangs();
+    assert_eq!(hangs.len(), 1);
+    assert_eq!(
+        (
+            hangs[0].node_id,
+            hangs[0].rank,
+            hangs[0].stuck_ms,
+            hangs[0].bound_ms
+        ),
+        (0, 1, 300_000, 300_000)
+    );
+    assert_eq!(hangs[0].action, "warn");
+    report(&mut sut, 300, ring(350_000, 40_000));
+    assert!(
+        sut.hangs().is_empty(),
+        "a slow trainer's bound is 10 times its pace"
+    );
+    report(&mut sut, 400, ring(0, 40_000));
+    assert!(sut.hangs().is_empty(), "reading again");
+}

@@ -55,7 +55,31 @@ impl Master {
             scaling: self.rescale.is_some(),
             sources: self.source_statuses(),
             waiting: self.waiting(),
+            hangs: self.hangs(),
         }
+    }
+
+    /// The trainers that hang: past the spec's `failover.hang` bound without reading their
+    /// rings, as of their daemons' last heartbeats, on the nodes alive.
+    pub fn hangs(&self) -> Vec<v1::Hang> {
+        let policy = &self.spec.failover.hang;
+        self.table
+            .nodes()
+            .filter(|(_, view)| view.status == crate::decide::NodeStatus::Alive)
+            .filter_map(|(node, _)| self.nodes.get(&node).map(|info| (node, info)))
+            .flat_map(|(node, info)| {
+                info.rings.iter().filter_map(move |ring| {
+                    let bound_ms = policy.bound_ms(ring.reader_interval_ms);
+                    (ring.reader_idle_ms > 0 && ring.reader_idle_ms >= bound_ms).then(|| v1::Hang {
+                        node_id: node.0,
+                        rank: ring.rank,
+                        stuck_ms: ring.reader_idle_ms,
+                        bound_ms,
+                        action: policy.action.name().to_owned(),
+                    })
+                })
+            })
+            .collect()
     }
 
     /// What the job waits for, when it cannot run yet: daemons that have not registered, or,

@@ -316,6 +316,57 @@ pub struct FailoverSpec {
     pub task_success_percent: f64,
     /// The job fails once this percentage of an epoch's rows belongs to failed tasks (default 100).
     pub task_failed_percent: f64,
+    /// What a hang is, and what the AM does about one.
+    pub hang: HangSpec,
+}
+
+/// The `failover.hang` section: when a trainer that stopped reading its ring counts as hung, and
+/// what the AM does then.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct HangSpec {
+    /// The least time, in seconds, a trainer may hold its ring unread before it counts as hung
+    /// (default 300).
+    pub after_s: u64,
+    /// A trainer counts as hung once it has not read for this many times its recent time between
+    /// reads, and for at least `after_s` (default 10).
+    pub factor: f64,
+    /// What the AM does about a hang (default `warn`).
+    pub action: HangAction,
+}
+
+impl HangSpec {
+    /// How long a trainer whose reads came `interval_ms` apart lately may go without reading
+    /// before it counts as hung, in milliseconds.
+    pub fn bound_ms(&self, interval_ms: u64) -> u64 {
+        let scaled = (interval_ms as f64 * self.factor).min(u64::MAX as f64) as u64;
+        self.after_s.saturating_mul(1000).max(scaled)
+    }
+}
+
+/// What the AM does about a hang.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HangAction {
+    /// Say so: in the log, the status and `/metrics`.
+    Warn,
+    /// Say so, and kill the hung trainer so that the failover rules start it again.
+    Restart,
+    /// Say so, and fail the job.
+    Fail,
+}
+
+impl HangAction {
+    /// The names accepted in `failover.hang.action`.
+    pub const NAMES: &'static [&'static str] = &["warn", "restart", "fail"];
+
+    /// The action's name in the spec.
+    pub fn name(self) -> &'static str {
+        match self {
+            HangAction::Warn => "warn",
+            HangAction::Restart => "restart",
+            HangAction::Fail => "fail",
+        }
+    }
 }
 
 /// When an exited executor is started again.

@@ -166,6 +166,15 @@ pub(crate) struct RawFailover {
     pub(crate) heartbeat_timeout_ms: Option<u64>,
     pub(crate) task_success_percent: Option<f64>,
     pub(crate) task_failed_percent: Option<f64>,
+    pub(crate) hang: Option<RawHang>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHang {
+    pub(crate) after_s: Option<u64>,
+    pub(crate) factor: Option<f64>,
+    pub(crate) action: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -696,6 +696,64 @@ fn an_external_launcher_needs_no_trainer_command() {
 }
 
 #[test]
+fn hangs_have_defaults_bounds_and_an_action_the_launcher_can_take() {
+    let sut = parse_yaml(MINIMAL_YAML).expect("valid");
+    assert_eq!(
+        sut.failover.hang,
+        HangSpec {
+            after_s: 300,
+            factor: 10.0,
+            action: HangAction::Warn,
+        }
+    );
+    // The bound is the larger of the floor and the factor times the recent time between reads.
+    assert_eq!(sut.failover.hang.bound_ms(1_000), 300_000);
+    assert_eq!(sut.failover.hang.bound_ms(60_000), 600_000);
+    let sut = parse_yaml(&minimal_with(
+        "failover: { hang: { after_s: 5, factor: 3, action: restart } }",
+    ))
+    .expect("valid");
+    assert_eq!(sut.failover.hang.action, HangAction::Restart);
+    assert_eq!(sut.failover.hang.bound_ms(4_000), 12_000);
+    assert_error(
+        &refused(&minimal_with("failover: { hang: { action: restrat } }")),
+        "failover.hang.action",
+        &["`restrat`", "did you mean `restart`?"],
+    );
+    assert_error(
+        &refused(&minimal_with("failover: { hang: { after_s: 0 } }")),
+        "failover.hang.after_s",
+        &["is 0", "use 1 to"],
+    );
+    assert_error(
+        &refused(&minimal_with("failover: { hang: { factor: .nan } }")),
+        "failover.hang.factor",
+        &["use 1 to 10000"],
+    );
+    let external = "name: a\ndata: {sources: [{uri: 'file:///d', format: parquet}]}\nlauncher: { kind: external }\nroles: [{name: worker, num: 2}]\nfailover: { hang: { action: restart } }\n";
+    assert_error(
+        &refused(external),
+        "failover.hang.action",
+        &["launches nothing to restart", "use `warn` or `fail`"],
+    );
+    parse_yaml(&external.replace("restart", "fail")).expect("fail needs no launcher");
+}
+
+#[test]
+fn the_lease_is_shorter_than_the_heartbeat_timeout() {
+    let sut = parse_yaml(&minimal_with(
+        "failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 2000 }",
+    ))
+    .expect("valid");
+    assert_eq!(sut.failover.lease_ms(), 1_900);
+    let sut = parse_yaml(&minimal_with(
+        "failover: { heartbeat_interval_ms: 900, heartbeat_timeout_ms: 1000 }",
+    ))
+    .expect("valid");
+    assert_eq!(sut.failover.lease_ms(), 500, "at least half the timeout");
+}
+
+#[test]
 fn heartbeat_timeout_must_exceed_the_interval() {
     let error = refused(&minimal_with(
         "failover: { heartbeat_interval_ms: 1000, heartbeat_timeout_ms: 1000 }",

@@ -2,12 +2,13 @@
 
 use super::error::suggest;
 use super::raw::{
-    RawCheckpoint, RawData, RawFailover, RawFollow, RawJobSpec, RawResources, RawRole, RawSource,
-    RawTransform, ScalarString,
+    RawCheckpoint, RawData, RawFailover, RawFollow, RawHang, RawJobSpec, RawResources, RawRole,
+    RawSource, RawTransform, ScalarString,
 };
 use super::{
-    CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, JobSpec, LauncherKind, Resources,
-    RestartPolicy, RoleSpec, ShuffleSpec, SourceFormat, SourceSpec, SpecError, TransformSpec,
+    CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, HangAction, HangSpec, JobSpec,
+    LauncherKind, Resources, RestartPolicy, RoleSpec, ShuffleSpec, SourceFormat, SourceSpec,
+    SpecError, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -82,6 +83,13 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
     }
     let trainers: u64 = roles.iter().map(|role| u64::from(role.num)).sum();
     let failover = validate_failover(raw.failover, u64::from(nodes) + trainers)?;
+    if failover.hang.action == HangAction::Restart && launcher == LauncherKind::External {
+        return Err(SpecError::invalid(
+            "failover.hang.action",
+            "is `restart`, but under `launcher: { kind: external }` the AM launches nothing to restart",
+            "use `warn` or `fail`, or have the trainers' launcher restart them",
+        ));
+    }
     let checkpoint = raw.checkpoint.map(validate_checkpoint).transpose()?;
     Ok(JobSpec {
         name,
@@ -709,6 +717,7 @@ fn validate_failover(raw: Option<RawFailover>, executors: u64) -> Result<Failove
         heartbeat_timeout_ms: None,
         task_success_percent: None,
         task_failed_percent: None,
+        hang: None,
     });
     let restart = match raw.restart.as_deref() {
         None | Some("on-failure") => RestartPolicy::OnFailure,
@@ -769,6 +778,7 @@ fn validate_failover(raw: Option<RawFailover>, executors: u64) -> Result<Failove
         raw.task_failed_percent,
         100.0,
     )?;
+    let hang = validate_hang(raw.hang)?;
     Ok(FailoverSpec {
         restart,
         max_failures,
@@ -779,6 +789,53 @@ fn validate_failover(raw: Option<RawFailover>, executors: u64) -> Result<Failove
         heartbeat_timeout_ms,
         task_success_percent,
         task_failed_percent,
+        hang,
+    })
+}
+
+/// The longest `failover.hang.after_s`: a week.
+const MAX_HANG_AFTER_S: u64 = 7 * 24 * 3600;
+/// The largest `failover.hang.factor`.
+const MAX_HANG_FACTOR: f64 = 10_000.0;
+
+fn validate_hang(raw: Option<RawHang>) -> Result<HangSpec, SpecError> {
+    let raw = raw.unwrap_or(RawHang {
+        after_s: None,
+        factor: None,
+        action: None,
+    });
+    let after_s = raw.after_s.unwrap_or(300);
+    if !(1..=MAX_HANG_AFTER_S).contains(&after_s) {
+        return Err(SpecError::invalid(
+            "failover.hang.after_s",
+            format!("is {after_s}"),
+            format!("use 1 to {MAX_HANG_AFTER_S} seconds"),
+        ));
+    }
+    let factor = raw.factor.unwrap_or(10.0);
+    if !(factor.is_finite() && (1.0..=MAX_HANG_FACTOR).contains(&factor)) {
+        return Err(SpecError::invalid(
+            "failover.hang.factor",
+            format!("is {factor}"),
+            format!("use 1 to {MAX_HANG_FACTOR}"),
+        ));
+    }
+    let action = match raw.action.as_deref() {
+        None | Some("warn") => HangAction::Warn,
+        Some("restart") => HangAction::Restart,
+        Some("fail") => HangAction::Fail,
+        Some(other) => {
+            return Err(SpecError::invalid(
+                "failover.hang.action",
+                format!("has unknown value `{other}`"),
+                suggest(other, HangAction::NAMES),
+            ));
+        }
+    };
+    Ok(HangSpec {
+        after_s,
+        factor,
+        action,
     })
 }
 

@@ -24,7 +24,7 @@ pub enum ReadError {
         /// Arrow's error.
         source: ArrowError,
     },
-    /// A batch came before any schema.
+    /// A batch came before any schema, and the ring has no schema file beside it.
     #[error(
         "record {sequence}: a batch before any schema; the producer must write the schema first"
     )]
@@ -32,9 +32,39 @@ pub enum ReadError {
         /// The record's sequence number.
         sequence: u64,
     },
+    /// The schema file beside the ring could not be read.
+    #[error("reading the ring's schema file {path}: {source}")]
+    SchemaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The daemon reported an error in the ring.
     #[error("the daemon reports: {0}")]
     Producer(String),
+}
+
+/// A decoder that has read the stream's schema from the schema file `path` beside the ring, for a
+/// reader that attached after the schema record was read by an earlier one.
+fn schema_from_file(path: &std::path::Path, sequence: u64) -> Result<StreamDecoder, ReadError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ReadError::NoSchema { sequence });
+        }
+        Err(source) => {
+            return Err(ReadError::SchemaFile {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut decoder = StreamDecoder::new();
+    decoder
+        .decode(&mut Buffer::from(bytes))
+        .map_err(|source| ReadError::Decode { sequence, source })?;
+    Ok(decoder)
 }
 
 /// A buffer over the payload of `lease`, which it keeps: the bytes stay in the ring, unwritten by
@@ -78,16 +108,20 @@ pub struct Reader {
     consumer: Consumer,
     decoder: StreamDecoder,
     has_schema: bool,
+    /// The schema file beside the ring.
+    schema_file: std::path::PathBuf,
     positions: BTreeMap<u64, u64>,
 }
 
 impl Reader {
     /// Reads the records of `consumer`.
     pub fn new(consumer: Consumer) -> Reader {
+        let schema_file = sluice_ring::schema_path_beside(consumer.ring_path());
         Reader {
             consumer,
             decoder: StreamDecoder::new(),
             has_schema: false,
+            schema_file,
             positions: BTreeMap::new(),
         }
     }
@@ -112,7 +146,10 @@ impl Reader {
                 }
                 RecordKind::Batch => {
                     if !self.has_schema {
-                        return Err(ReadError::NoSchema { sequence });
+                        // The stream's schema record went to an earlier trainer of the ring; its
+                        // producer keeps the schema beside the ring for this one.
+                        self.decoder = schema_from_file(&self.schema_file, sequence)?;
+                        self.has_schema = true;
                     }
                     let mut buffer = in_place(record.lease());
                     let batch = self
@@ -408,5 +445,37 @@ mod tests {
             error.to_string(),
             "the daemon reports: source s3://b/x.parquet: corrupt footer"
         );
+    }
+
+    #[test]
+    fn a_reader_that_attaches_after_the_schema_record_was_read_takes_the_schema_file() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("0.ring");
+        let (mut producer, mut first) = ring(directory.path());
+        let mut encoder = Encoder::new(batch(0, 3).schema()).expect("encoder");
+        encoder.write_schema_file(&path).expect("schema file");
+        encoder.write_schema(&mut producer).expect("schema");
+        encoder
+            .write_batch(&mut producer, &batch(0, 3), 1, 0, 3)
+            .expect("batch");
+        encoder
+            .write_batch(&mut producer, &batch(3, 4), 1, 3, 4)
+            .expect("batch");
+        producer.flush();
+        // The first trainer reads the schema and a batch, then is gone.
+        match first.next_item().expect("item") {
+            Some(Item::Batch { batch: read, .. }) => assert_eq!(read, batch(0, 3)),
+            other => panic!("expected the first batch, got {other:?}"),
+        }
+        drop(first);
+        let consumer = Ring::open(&path)
+            .expect("open")
+            .consumer()
+            .expect("the next trainer's consumer");
+        let mut next = Reader::new(consumer);
+        match next.next_item().expect("item") {
+            Some(Item::Batch { batch: read, .. }) => assert_eq!(read, batch(3, 4)),
+            other => panic!("expected the second batch, got {other:?}"),
+        }
     }
 }

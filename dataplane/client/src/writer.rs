@@ -17,6 +17,16 @@ pub enum WriteError {
     /// The ring refused the record.
     #[error(transparent)]
     Reserve(#[from] ReserveError),
+    /// The schema file beside the ring could not be written.
+    #[error(
+        "writing the ring's schema file {path}: {source}; check the ring directory's space and permissions"
+    )]
+    SchemaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// Body buffers are aligned to 64 bytes, as Arrow recommends, so they can be used in place.
@@ -78,12 +88,12 @@ impl Encoder {
         &self.schema
     }
 
-    /// Writes the schema as a schema record; batches written after it use it.
+    /// The schema as an Arrow IPC message.
     ///
     /// # Errors
     ///
-    /// Returns the ring's refusal of the record.
-    pub fn write_schema(&self, producer: &mut Producer) -> Result<u64, WriteError> {
+    /// Returns arrow's error if the message cannot be framed.
+    pub fn schema_message(&self) -> Result<Vec<u8>, WriteError> {
         let generator = IpcDataGenerator::default();
         let mut tracker = DictionaryTracker::new(false);
         let encoded = generator.schema_to_bytes_with_dictionary_tracker(
@@ -93,6 +103,35 @@ impl Encoder {
         );
         let mut message = Vec::with_capacity(encoded.ipc_message.len() + 16);
         write_message(&mut message, encoded, &options())?;
+        Ok(message)
+    }
+
+    /// Writes the schema's message to the schema file beside the ring at `ring_path` (see
+    /// [`sluice_ring::SCHEMA_EXTENSION`]), whole or not at all: through a temporary file renamed
+    /// over it.
+    ///
+    /// # Errors
+    ///
+    /// Returns the file system's error, naming the file.
+    pub fn write_schema_file(&self, ring_path: &std::path::Path) -> Result<(), WriteError> {
+        let message = self.schema_message()?;
+        let path = sluice_ring::schema_path_beside(ring_path);
+        let temporary = path.with_extension("schema.tmp");
+        let io_error = |source| WriteError::SchemaFile {
+            path: path.clone(),
+            source,
+        };
+        std::fs::write(&temporary, &message).map_err(io_error)?;
+        std::fs::rename(&temporary, &path).map_err(io_error)
+    }
+
+    /// Writes the schema as a schema record; batches written after it use it.
+    ///
+    /// # Errors
+    ///
+    /// Returns the ring's refusal of the record.
+    pub fn write_schema(&self, producer: &mut Producer) -> Result<u64, WriteError> {
+        let message = self.schema_message()?;
         let mut slot = producer.reserve(message.len())?;
         slot.payload_mut().copy_from_slice(&message);
         Ok(slot.commit(RecordMeta::of_kind(RecordKind::Schema)))

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sluice_proto::{NodeId, TaskId, v1};
 use sluice_ring::ledger::{EpochMark, LEDGER_EXTENSION, Ledger, LedgerTask};
@@ -171,6 +172,7 @@ impl Rings {
     /// survey. A writer busy with a full queue surveys later, and a full ring folds meanwhile.
     pub(crate) fn survey(&mut self, due: bool) {
         for ring in &mut self.rings {
+            ring.state.watch_reads();
             let read = ring.state.read_cursor();
             if (due || read != ring.surveyed_read) && ring.writer.try_send(Write::Survey).is_ok() {
                 ring.surveyed_read = read;
@@ -275,7 +277,12 @@ pub(crate) fn ring_stats<'a>(
         .map(|(rank, state)| {
             let (used, capacity) = state.occupancy();
             let (trainer_wait, daemon_wait) = state.waits();
+            let reading = state.reading();
+            let millis =
+                |duration: Duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
             v1::RingStats {
+                reader_idle_ms: millis(reading.idle),
+                reader_interval_ms: reading.interval.map_or(0, millis),
                 rank,
                 used_bytes: used,
                 capacity_bytes: capacity,

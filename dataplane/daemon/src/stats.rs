@@ -163,6 +163,12 @@ pub(crate) fn prometheus(node: u64, stages: &[v1::StageStats], rings: &[v1::Ring
         "Time the daemon waited on a full ring.",
         &mut ring(|stats| stats.daemon_wait_ns as f64 / 1e9),
     );
+    family(
+        "ring_reader_idle_seconds",
+        "gauge",
+        "How long the trainer has held the ring's records without releasing any, since it first read (0 while it reads or the ring is empty).",
+        &mut ring(|stats| stats.reader_idle_ms as f64 / 1e3),
+    );
     out
 }
 
@@ -191,6 +197,8 @@ mod tests {
             capacity_bytes: 100,
             trainer_wait_ns: 1_500_000_000,
             daemon_wait_ns: 0,
+            reader_idle_ms: 0,
+            reader_interval_ms: 0,
         }];
         let text = prometheus(1, &report, &rings);
         assert!(

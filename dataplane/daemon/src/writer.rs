@@ -90,6 +90,28 @@ pub struct RingState {
     ending: AtomicBool,
     /// Why the ring is fenced, once it is: the message of the error record its trainer gets.
     fence: Mutex<Option<String>>,
+    /// How the trainer has been reading.
+    reads: Mutex<ReadWatch>,
+}
+
+/// How a ring's trainer has been reading: where its read cursor stood when last looked at, when it
+/// last moved, and how far apart its moves came lately.
+#[derive(Debug)]
+struct ReadWatch {
+    cursor: u64,
+    moved_at: Option<Instant>,
+    interval: Option<Duration>,
+}
+
+/// How a ring's trainer reads, for hang detection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    /// How long the trainer has held the ring's records unread (or held) without releasing any,
+    /// since it first read: zero while it reads, while the ring is empty, and before its first read.
+    pub idle: Duration,
+    /// How far apart its read cursor's moves came lately (an average that weighs the recent ones
+    /// most), once it moved twice.
+    pub interval: Option<Duration>,
 }
 
 /// Why a ring's writer could not take its ring over, start, or write.
@@ -176,16 +198,57 @@ impl RingState {
             .clone()
     }
 
+    /// Notes where the trainer's read cursor stands now; called often (every few milliseconds) so
+    /// that the moves' times are close to when they happened.
+    pub fn watch_reads(&self) {
+        let read = self.read_cursor();
+        let mut reads = self
+            .reads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if read == reads.cursor {
+            return;
+        }
+        let now = Instant::now();
+        if let Some(previous) = reads.moved_at {
+            let gap = now.saturating_duration_since(previous);
+            reads.interval = Some(match reads.interval {
+                None => gap,
+                Some(average) => (average * 7 + gap) / 8,
+            });
+        }
+        reads.moved_at = Some(now);
+        reads.cursor = read;
+    }
+
+    /// How the trainer reads, as of the last [`RingState::watch_reads`].
+    pub fn reading(&self) -> Reading {
+        let (used, _) = self.occupancy();
+        let reads = self
+            .reads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let idle = match reads.moved_at {
+            Some(moved_at) if used > 0 => moved_at.elapsed(),
+            _ => Duration::ZERO,
+        };
+        Reading {
+            idle,
+            interval: reads.interval,
+        }
+    }
+
     /// Whether the writer must write nothing more of the stream: the ring is given back or fenced.
     fn stopping(&self) -> bool {
         self.given_back() || self.fence_message().is_some()
     }
 
-    /// The ring's file and its ledger's.
-    pub fn files(&self) -> [PathBuf; 2] {
+    /// The ring's file, its ledger's and its schema file.
+    pub fn files(&self) -> [PathBuf; 3] {
         [
             self.ring.path().to_path_buf(),
             self.ledger.path().to_path_buf(),
+            sluice_ring::schema_path_beside(self.ring.path()),
         ]
     }
 
@@ -230,7 +293,13 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, WriterError> {
     let hook_ledger = ledger.clone();
     producer.set_fold_hook(move |meta| hook_ledger.fold(meta));
     let mark = survey(&mut producer, &ledger)?;
+    let reads = Mutex::new(ReadWatch {
+        cursor: ring.cursors().1,
+        moved_at: None,
+        interval: None,
+    });
     let state = Arc::new(RingState {
+        reads,
         ring,
         ledger,
         failure: Mutex::new(None),
@@ -308,6 +377,9 @@ fn write_loop(
 ) -> Result<(), WriterError> {
     producer.set_peer_timeout(GONE_TRAINER_SLICE);
     let mut encoder = Encoder::new(schema.clone()).map_err(WriterError::Write)?;
+    encoder
+        .write_schema_file(state.ring.path())
+        .map_err(WriterError::Write)?;
     encoder
         .write_schema(&mut producer)
         .map_err(WriterError::Write)?;

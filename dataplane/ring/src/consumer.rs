@@ -156,6 +156,11 @@ impl Consumer {
         }
     }
 
+    /// The path of the ring file.
+    pub fn ring_path(&self) -> &std::path::Path {
+        self.shared.path()
+    }
+
     /// The address range of the ring's data region in this process: every payload lies inside it.
     pub fn data_region(&self) -> std::ops::Range<usize> {
         let start = self.shared.data() as usize;

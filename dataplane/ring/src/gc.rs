@@ -108,15 +108,16 @@ fn collect_file(path: PathBuf, report: &mut GcReport) -> io::Result<()> {
     Ok(())
 }
 
-/// Removes a ring and its ledger, which describes nothing any more.
+/// Removes a ring with its ledger and schema file, which describe nothing any more.
 fn remove_with_ledger(path: PathBuf, report: &mut GcReport) -> io::Result<()> {
     fs::remove_file(&path)?;
     report.removed.push(path.clone());
-    let ledger = Ledger::path_beside(&path);
-    match fs::remove_file(&ledger) {
-        Ok(()) => report.removed.push(ledger),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-        Err(error) => return Err(error),
+    for beside in [Ledger::path_beside(&path), crate::schema_path_beside(&path)] {
+        match fs::remove_file(&beside) {
+            Ok(()) => report.removed.push(beside),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
     }
     Ok(())
 }

@@ -118,6 +118,15 @@ pub const DEFAULT_CAPACITY: u64 = 256 << 20;
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(60);
 /// The file name extension of ring files.
 pub const RING_EXTENSION: &str = "ring";
+/// The file name extension of a ring's schema file: the Arrow IPC schema message of its stream,
+/// written by its producer beside the ring, so that a trainer that attaches after the stream's
+/// schema record was read (a trainer started again) can decode the batches that follow.
+pub const SCHEMA_EXTENSION: &str = "schema";
+
+/// The schema file beside the ring at `ring_path`.
+pub fn schema_path_beside(ring_path: &Path) -> PathBuf {
+    ring_path.with_extension(SCHEMA_EXTENSION)
+}
 
 /// Settings for creating a ring file.
 #[derive(Debug, Clone)]

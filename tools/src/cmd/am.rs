@@ -352,6 +352,17 @@ fn write_status(out: &mut dyn Write, reply: &v1::StatusReply) -> std::io::Result
     if let Some(waiting) = &reply.waiting {
         writeln!(out, "  waiting: {waiting}")?;
     }
+    for hang in &reply.hangs {
+        writeln!(
+            out,
+            "  hangs: the trainer of ring {} on node {} has not read for {:.1} s (bound {:.1} s; {})",
+            hang.rank,
+            hang.node_id,
+            hang.stuck_ms as f64 / 1000.0,
+            hang.bound_ms as f64 / 1000.0,
+            hang.action
+        )?;
+    }
     let percent = if tasks.rows_total == 0 {
         0.0
     } else {

@@ -252,6 +252,7 @@ mod tests {
                         capacity_bytes: 100,
                         trainer_wait_ns,
                         daemon_wait_ns: 0,
+                        ..v1::RingStats::default()
                     }],
                     ..v1::NodeStatus::default()
                 },

@@ -142,6 +142,12 @@ pub fn status_json(address: &str) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).expect("status JSON")
 }
 
+/// A free loopback address for a server to listen on.
+pub fn free_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("address").to_string()
+}
+
 /// A runtime on the test's thread.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
