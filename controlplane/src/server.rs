@@ -331,7 +331,11 @@ impl AmServer {
             .into_axum_router()
             .merge(checkpoints::router(self.am.clone(), check))
             .fallback(checkpoints::unknown_route);
-        let mut server = tonic::transport::Server::builder();
+        // Pings find the connections of callers that are gone but never closed them (a daemon
+        // stopped or cut off), so that they do not hold the AM's end open for ever.
+        let mut server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(SERVER_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(SERVER_KEEPALIVE_TIMEOUT));
         if let Some(tls) = self.tls {
             server = server.tls_config(tls).map_err(|error| AmError::Serve {
                 address: address.to_string(),
@@ -414,6 +418,10 @@ fn journal_identity(spec: &JobSpec) -> String {
     let data = serde_json::to_vec(&spec.data).expect("the data section serializes");
     format!("{}:{:08x}", spec.name, crc32c::crc32c(&data))
 }
+
+/// How often the AM pings each connection, and how long the answer may take before it closes it.
+const SERVER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const SERVER_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How often the AM says again what it waits for.
 const WAITING_LOG_INTERVAL: Duration = Duration::from_secs(10);

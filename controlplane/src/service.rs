@@ -51,9 +51,9 @@ pub struct Am {
     checkpoints: CheckpointStore,
     /// When each retiring trainer was asked to end.
     stopping: Mutex<BTreeMap<ExecutorId, Instant>>,
-    /// The hangs seen, by node and ring rank, with when the AM last acted on each.
-    hangs: Mutex<BTreeMap<(NodeId, u32), Instant>>,
-    /// Hung trainers to kill, so that the failover rules start them again.
+    /// The hangs seen, with when the AM last acted on each.
+    hangs: Mutex<BTreeMap<HangKey, Instant>>,
+    /// Hung executors to kill, so that the failover rules start them again.
     restarts: Mutex<Vec<ExecutorId>>,
     /// The time the master is handed, continued from the latest time of its journal.
     clock: AmClock,
@@ -174,10 +174,11 @@ impl Am {
         self.act_on_hangs().await
     }
 
-    /// Says when a trainer starts or stops hanging, and does what `failover.hang.action` says:
-    /// nothing more, kill it (so that the failover rules start it again; again if it still hangs
-    /// one bound later), or fail the job.
+    /// Says when a trainer or a daemon starts or stops hanging, and does what
+    /// `failover.hang.action` says: nothing more, kill it (so that the failover rules start it
+    /// again; again if it hangs still one bound later), or fail the job.
     async fn act_on_hangs(&self) -> Result<(), AmError> {
+        let now_ms = self.now_ms();
         let (hangs, action, trainers) = {
             let master = self.master();
             let trainers: Vec<ExecutorId> = master
@@ -188,26 +189,28 @@ impl Am {
                     rank,
                 })
                 .collect();
-            (master.hangs(), master.spec().failover.hang.action, trainers)
+            (
+                master.hangs(now_ms),
+                master.spec().failover.hang.action,
+                trainers,
+            )
         };
         let mut failure = None;
+        let mut hung_daemons = Vec::new();
         {
             let mut seen = lock(&self.hangs);
-            let now: BTreeSet<(NodeId, u32)> = hangs
-                .iter()
-                .map(|hang| (NodeId(hang.node_id), hang.rank))
-                .collect();
+            let now: BTreeSet<HangKey> = hangs.iter().map(HangKey::of).collect();
             seen.retain(|key, _| {
                 let hung = now.contains(key);
                 if !hung {
-                    tracing::info!(node = key.0.0, rank = key.1, "the trainer reads again");
+                    tracing::info!("{}: no longer hangs", key.what());
                 }
                 hung
             });
             for hang in &hangs {
-                let key = (NodeId(hang.node_id), hang.rank);
+                let key = HangKey::of(hang);
                 // A warning or a failure is said once a hang; a restart is tried again while
-                // the trainer started again hangs one bound later.
+                // what was started again hangs one bound later.
                 let due = seen.get(&key).is_none_or(|acted| {
                     action == HangAction::Restart
                         && acted.elapsed() >= Duration::from_millis(hang.bound_ms)
@@ -215,11 +218,11 @@ impl Am {
                 if !due {
                     continue;
                 }
-                seen.insert(key, Instant::now());
+                seen.insert(key.clone(), Instant::now());
+                let verb = if key.daemon { "called the AM" } else { "read" };
                 let what = format!(
-                    "the trainer of ring {} on node {} has not read for {:.1} s (the bound is {:.1} s: failover.hang)",
-                    hang.rank,
-                    hang.node_id,
+                    "{} has not {verb} for {:.1} s (the bound is {:.1} s: failover.hang)",
+                    key.what(),
                     hang.stuck_ms as f64 / 1000.0,
                     hang.bound_ms as f64 / 1000.0
                 );
@@ -227,14 +230,24 @@ impl Am {
                 match action {
                     HangAction::Warn => {}
                     HangAction::Restart => {
-                        let trainer = trainers.iter().find(
-                            |id| matches!(id, ExecutorId::Trainer { rank, .. } if *rank == hang.rank),
-                        );
-                        if let Some(trainer) = trainer {
-                            lock(&self.restarts).push(trainer.clone());
+                        let executor = if key.daemon {
+                            u32::try_from(hang.node_id).ok().map(ExecutorId::Daemon)
+                        } else {
+                            trainers
+                                .iter()
+                                .find(|id| {
+                                    matches!(id, ExecutorId::Trainer { rank, .. } if *rank == hang.rank)
+                                })
+                                .cloned()
+                        };
+                        if let Some(executor) = executor {
+                            lock(&self.restarts).push(executor);
                         }
                     }
                     HangAction::Fail => {
+                        if key.daemon {
+                            hung_daemons.push(key.node);
+                        }
                         failure.get_or_insert(format!(
                             "{what}; find why it stopped (a stuck step, a deadlock, a stopped process), or raise failover.hang.after_s or factor"
                         ));
@@ -242,10 +255,16 @@ impl Am {
                 }
             }
         }
-        match failure {
-            Some(reason) => self.apply(|master| Ok(master.fail(reason))).await,
-            None => Ok(()),
+        let Some(reason) = failure else {
+            return Ok(());
+        };
+        self.apply(|master| Ok(master.fail(reason))).await?;
+        // A hung daemon cannot hear that the job is over: the AM does not wait for it.
+        let mut master = self.master();
+        for node in hung_daemons {
+            master.give_up_on(node);
         }
+        Ok(())
     }
 
     /// Records one rank's data position at a step; once every rank of the step has reported,
@@ -310,7 +329,7 @@ impl Am {
         let mut durables = Vec::new();
         let restarts = std::mem::take(&mut *lock(&self.restarts));
         for id in restarts {
-            tracing::warn!(executor = %id, "the trainer hangs: killing it, to be started again");
+            tracing::warn!(executor = %id, "it hangs: killing it, to be started again");
             executors.launcher.kill(&id);
         }
         for ExecutorEvent::Exited { id, exit } in ended {
@@ -727,6 +746,32 @@ fn trainer_command(command: &[String], rank: u32, sluice: &std::path::Path) -> V
             }
         })
         .collect()
+}
+
+/// What hangs: a node's daemon, or the trainer of one of its rings.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct HangKey {
+    node: NodeId,
+    daemon: bool,
+    rank: u32,
+}
+
+impl HangKey {
+    fn of(hang: &v1::Hang) -> HangKey {
+        HangKey {
+            node: NodeId(hang.node_id),
+            daemon: hang.kind == "daemon",
+            rank: hang.rank,
+        }
+    }
+
+    fn what(&self) -> String {
+        if self.daemon {
+            format!("the daemon of node {}", self.node.0)
+        } else {
+            format!("the trainer of ring {} on node {}", self.rank, self.node.0)
+        }
+    }
 }
 
 /// Locks one of the AM's bookkeeping mutexes; a poisoned one is taken as it is, since each holds

@@ -85,6 +85,7 @@ pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
             "stuck_ms": hang.stuck_ms,
             "bound_ms": hang.bound_ms,
             "action": hang.action,
+            "kind": hang.kind,
         })).collect::<Vec<_>>(),
         "sources": reply.sources.iter().map(|source| serde_json::json!({
             "uri": source.uri,

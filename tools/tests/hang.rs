@@ -1,8 +1,9 @@
-//! Hang detection on the real path: `sluice run` with two reference trainers, one of which is
-//! stopped with SIGSTOP mid-run. Its daemon sees it hold its ring unread, and the AM, once that
-//! passes the spec's `failover.hang` bound, acts by the spec's action: it says so in `sluice status`
-//! (warn), kills the trainer so that the failover rules start it again (restart), or fails the job
-//! (fail). Every row is delivered exactly once where the job succeeds.
+//! Hang detection on the real path: `sluice run` with a node daemon and two reference trainers, one
+//! of which, or the daemon, is stopped with SIGSTOP mid-run. A trainer's daemon sees it hold its
+//! ring unread; a daemon stopped stops calling the AM. Once that passes the spec's `failover.hang`
+//! bound, the AM acts by the spec's action: it says so in `sluice status` (warn), kills what hangs
+//! so that the failover rules start it again (restart), or fails the job (fail). Every row is
+//! delivered exactly once where the job succeeds.
 
 mod common;
 
@@ -34,8 +35,9 @@ impl Drop for Run {
 }
 
 impl Run {
-    /// Starts the job under `root`, its hangs handled by `action`.
-    fn start(root: &Path, action: &str) -> Run {
+    /// Starts the job under `root`, its hangs handled by `action`, its daemon lost after
+    /// `heartbeat_timeout_ms` of silence.
+    fn start(root: &Path, action: &str, heartbeat_timeout_ms: u64) -> Run {
         let data = common::generate(root, ROWS as u64, 4, 5_000);
         let spec = common::write_spec(
             root,
@@ -49,7 +51,7 @@ data:
 nodes: 1
 roles:
   - {{ name: worker, num: 2, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin", --max-rows-per-s, "10000"] }}
-failover: {{ heartbeat_interval_ms: 100, hang: {{ after_s: 1, factor: 5, action: {action} }} }}
+failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: {heartbeat_timeout_ms}, hang: {{ after_s: 1, factor: 5, action: {action} }} }}
 "#,
                 data = data.display(),
                 sluice = env!("CARGO_BIN_EXE_sluice"),
@@ -67,6 +69,7 @@ failover: {{ heartbeat_interval_ms: 100, hang: {{ after_s: 1, factor: 5, action:
             .args(["--ring-size", &(256 << 10).to_string()])
             .arg("--state-dir")
             .arg(root.join("state"))
+            .env("NO_COLOR", "1")
             .stdout(output.try_clone().expect("output file"))
             .stderr(output)
             .stdin(Stdio::null())
@@ -118,6 +121,15 @@ failover: {{ heartbeat_interval_ms: 100, hang: {{ after_s: 1, factor: 5, action:
         self.wait_for("trainer 1 reads", || self.ids(1).len() >= 1_000);
         let pids = processes_naming(&self.root.join("ids-1.bin"), Some("consume"));
         assert_eq!(pids.len(), 1, "one trainer 1: {pids:?}\n{}", self.output());
+        signal(pids[0], "-STOP");
+        pids[0]
+    }
+
+    /// Stops the daemon with SIGSTOP once trainer 1 has read, and returns its pid.
+    fn stop_daemon(&self) -> u32 {
+        self.wait_for("trainer 1 reads", || self.ids(1).len() >= 1_000);
+        let pids = processes_naming(&self.root.join("rings"), Some("daemon"));
+        assert_eq!(pids.len(), 1, "one daemon: {pids:?}\n{}", self.output());
         signal(pids[0], "-STOP");
         pids[0]
     }
@@ -174,7 +186,7 @@ fn signal(pid: u32, which: &str) {
 #[test]
 fn a_stopped_trainer_is_shown_as_hung_and_reads_on_once_continued() {
     let root = tempfile::tempdir().expect("tempdir");
-    let mut run = Run::start(root.path(), "warn");
+    let mut run = Run::start(root.path(), "warn", 1_000);
     let pid = run.stop_trainer_one();
     let mut hangs = Vec::new();
     run.wait_for("the AM shows the hang", || {
@@ -208,12 +220,12 @@ fn a_stopped_trainer_is_shown_as_hung_and_reads_on_once_continued() {
 #[test]
 fn a_stopped_trainer_is_killed_and_started_again_under_restart() {
     let root = tempfile::tempdir().expect("tempdir");
-    let mut run = Run::start(root.path(), "restart");
+    let mut run = Run::start(root.path(), "restart", 1_000);
     run.stop_trainer_one();
     assert!(run.finish(), "the job succeeds\n{}", run.output());
     let output = run.output();
     assert!(
-        output.contains("the trainer hangs: killing it"),
+        output.contains("it hangs: killing it, to be started again executor=trainer-worker-1"),
         "the AM killed the hung trainer\n{output}"
     );
     run.assert_every_row_once();
@@ -222,7 +234,7 @@ fn a_stopped_trainer_is_killed_and_started_again_under_restart() {
 #[test]
 fn a_stopped_trainer_fails_the_job_under_fail() {
     let root = tempfile::tempdir().expect("tempdir");
-    let mut run = Run::start(root.path(), "fail");
+    let mut run = Run::start(root.path(), "fail", 1_000);
     run.stop_trainer_one();
     assert!(!run.finish(), "the job fails\n{}", run.output());
     let output = run.output();
@@ -230,5 +242,55 @@ fn a_stopped_trainer_fails_the_job_under_fail() {
         output.contains("the trainer of ring 1 on node 0 has not read")
             && output.contains("failover.hang"),
         "the failure names the hung trainer and the setting\n{output}"
+    );
+}
+
+#[test]
+fn a_stopped_daemon_is_shown_as_hung_and_serves_on_once_continued() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut run = Run::start(root.path(), "warn", 60_000);
+    let pid = run.stop_daemon();
+    let mut hangs = Vec::new();
+    run.wait_for("the AM shows the daemon's hang", || {
+        hangs = run.hangs();
+        hangs.iter().any(|hang| hang["kind"] == "daemon")
+    });
+    let hang = hangs
+        .iter()
+        .find(|hang| hang["kind"] == "daemon")
+        .expect("the daemon's hang");
+    assert_eq!(hang["node_id"], 0, "{hangs:?}");
+    assert_eq!(hang["action"], "warn", "{hangs:?}");
+    signal(pid, "-CONT");
+    assert!(run.finish(), "the job succeeds\n{}", run.output());
+    run.assert_every_row_once();
+}
+
+#[test]
+fn a_stopped_daemon_is_killed_and_started_again_under_restart() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut run = Run::start(root.path(), "restart", 60_000);
+    run.stop_daemon();
+    assert!(run.finish(), "the job succeeds\n{}", run.output());
+    let output = run.output();
+    assert!(
+        output.contains("it hangs: killing it, to be started again executor=daemon-0"),
+        "the AM killed the hung daemon\n{output}"
+    );
+    run.assert_every_row_once();
+}
+
+#[test]
+fn a_stopped_daemon_fails_the_job_under_fail() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut run = Run::start(root.path(), "fail", 60_000);
+    let pid = run.stop_daemon();
+    assert!(!run.finish(), "the job fails\n{}", run.output());
+    signal(pid, "-CONT");
+    let output = run.output();
+    assert!(
+        output.contains("the daemon of node 0 has not called the AM")
+            && output.contains("failover.hang"),
+        "the failure names the hung daemon and the setting\n{output}"
     );
 }

@@ -141,19 +141,32 @@ fn register_job(registry: &mut Registry, status: &v1::StatusReply) {
 }
 
 fn register_hangs(registry: &mut Registry, hangs: &[v1::Hang]) {
-    let stuck = Family::<RingLabels, GaugeF64>::default();
+    let trainers = Family::<RingLabels, GaugeF64>::default();
+    let daemons = Family::<NodeLabel, GaugeF64>::default();
     for hang in hangs {
-        stuck
-            .get_or_create(&RingLabels {
-                node: hang.node_id,
-                rank: hang.rank,
-            })
-            .set(hang.stuck_ms as f64 / 1000.0);
+        let seconds = hang.stuck_ms as f64 / 1000.0;
+        if hang.kind == "daemon" {
+            daemons
+                .get_or_create(&NodeLabel { node: hang.node_id })
+                .set(seconds);
+        } else {
+            trainers
+                .get_or_create(&RingLabels {
+                    node: hang.node_id,
+                    rank: hang.rank,
+                })
+                .set(seconds);
+        }
     }
     registry.register(
         "trainer_hang_seconds",
         "Seconds a hung trainer (past the spec's failover.hang bound) has held its ring unread, as of its daemon's last heartbeat; only hung trainers are listed",
-        stuck,
+        trainers,
+    );
+    registry.register(
+        "daemon_hang_seconds",
+        "Seconds a hung node daemon (past the spec's failover.hang bound, not yet declared lost) has not called the AM; only hung daemons are listed",
+        daemons,
     );
 }
 

@@ -342,13 +342,24 @@ fn reported_status() -> v1::StatusReply {
         rows_per_second: 456.5,
         scaling: false,
         sources: Vec::new(),
-        hangs: vec![v1::Hang {
-            node_id: 0,
-            rank: 1,
-            stuck_ms: 7_500,
-            bound_ms: 5_000,
-            action: "warn".into(),
-        }],
+        hangs: vec![
+            v1::Hang {
+                node_id: 0,
+                rank: 1,
+                stuck_ms: 7_500,
+                bound_ms: 5_000,
+                action: "warn".into(),
+                kind: "trainer".into(),
+            },
+            v1::Hang {
+                node_id: 0,
+                rank: 0,
+                stuck_ms: 2_000,
+                bound_ms: 1_000,
+                action: "warn".into(),
+                kind: "daemon".into(),
+            },
+        ],
     }
 }
 
@@ -384,6 +395,7 @@ fn exposition_lists_every_figure_with_help() {
         "sluice_am_ring_trainer_wait_seconds_total{node=\"0\",rank=\"0\"} 3.0",
         "sluice_am_ring_daemon_wait_seconds_total{node=\"0\",rank=\"1\"} 4.5",
         "sluice_am_trainer_hang_seconds{node=\"0\",rank=\"1\"} 7.5",
+        "sluice_am_daemon_hang_seconds{node=\"0\"} 2.0",
     ] {
         assert!(
             samples.contains(&expected),

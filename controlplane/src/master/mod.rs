@@ -998,6 +998,12 @@ impl Master {
         self.outcome().is_some() && self.all_shut_down()
     }
 
+    /// Stops waiting for node `node` to hear that the job is over: its daemon hangs and will not
+    /// call again.
+    pub fn give_up_on(&mut self, node: NodeId) {
+        self.shut_down.insert(node);
+    }
+
     fn all_shut_down(&self) -> bool {
         self.table
             .alive_nodes()

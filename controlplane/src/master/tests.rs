@@ -1269,9 +1269,9 @@ fn a_trainer_that_holds_its_ring_unread_past_the_bound_hangs_until_it_reads_agai
     };
     // The default bound: 300 s, or 10 times the recent time between reads when that is more.
     report(&mut sut, 100, ring(299_999, 1_000));
-    assert!(sut.hangs().is_empty(), "under the floor");
+    assert!(sut.hangs(100).is_empty(), "under the floor");
     report(&mut sut, 200, ring(300_000, 1_000));
-    let hangs = sut.hangs();
+    let hangs = sut.hangs(200);
     assert_eq!(hangs.len(), 1);
     assert_eq!(
         (
@@ -1282,12 +1282,36 @@ fn a_trainer_that_holds_its_ring_unread_past_the_bound_hangs_until_it_reads_agai
         ),
         (0, 1, 300_000, 300_000)
     );
-    assert_eq!(hangs[0].action, "warn");
+    assert_eq!(
+        (hangs[0].action.as_str(), hangs[0].kind.as_str()),
+        ("warn", "trainer")
+    );
     report(&mut sut, 300, ring(350_000, 40_000));
     assert!(
-        sut.hangs().is_empty(),
+        sut.hangs(300).is_empty(),
         "a slow trainer's bound is 10 times its pace"
     );
     report(&mut sut, 400, ring(0, 40_000));
-    assert!(sut.hangs().is_empty(), "reading again");
+    assert!(sut.hangs(400).is_empty(), "reading again");
+}
+
+#[test]
+fn a_daemon_silent_past_the_bound_hangs_until_it_calls_again() {
+    let mut sut = master();
+    register(&mut sut, 0, 0);
+    // The bound: 300 s, or 10 heartbeat intervals when that is more.
+    assert!(sut.hangs(299_999).is_empty());
+    let hangs = sut.hangs(300_000);
+    assert_eq!(hangs.len(), 1);
+    assert_eq!(
+        (
+            hangs[0].kind.as_str(),
+            hangs[0].node_id,
+            hangs[0].stuck_ms,
+            hangs[0].bound_ms
+        ),
+        ("daemon", 0, 300_000, 300_000)
+    );
+    heartbeat(&mut sut, 0, 300_000, &[]);
+    assert!(sut.hangs(300_001).is_empty(), "heard from again");
 }

@@ -55,31 +55,51 @@ impl Master {
             scaling: self.rescale.is_some(),
             sources: self.source_statuses(),
             waiting: self.waiting(),
-            hangs: self.hangs(),
+            hangs: self.hangs(now_ms),
         }
     }
 
-    /// The trainers that hang: past the spec's `failover.hang` bound without reading their
-    /// rings, as of their daemons' last heartbeats, on the nodes alive.
-    pub fn hangs(&self) -> Vec<v1::Hang> {
+    /// What hangs at `now_ms`, by the spec's `failover.hang` bound: the trainers that have not read
+    /// their rings (as of their daemons' last heartbeats) and the daemons that have not called,
+    /// on the nodes alive. A daemon hangs only while the bound is shorter than the heartbeat
+    /// timeout, after which its node is lost.
+    pub fn hangs(&self, now_ms: u64) -> Vec<v1::Hang> {
         let policy = &self.spec.failover.hang;
-        self.table
+        let action = policy.action.name();
+        let daemon_bound_ms = policy.bound_ms(self.spec.failover.heartbeat_interval_ms);
+        let mut hangs = Vec::new();
+        let alive = self
+            .table
             .nodes()
             .filter(|(_, view)| view.status == crate::decide::NodeStatus::Alive)
-            .filter_map(|(node, _)| self.nodes.get(&node).map(|info| (node, info)))
-            .flat_map(|(node, info)| {
-                info.rings.iter().filter_map(move |ring| {
-                    let bound_ms = policy.bound_ms(ring.reader_interval_ms);
-                    (ring.reader_idle_ms > 0 && ring.reader_idle_ms >= bound_ms).then(|| v1::Hang {
+            .filter_map(|(node, _)| self.nodes.get(&node).map(|info| (node, info)));
+        for (node, info) in alive {
+            let silent_ms = now_ms.saturating_sub(info.last_heard_ms);
+            if silent_ms >= daemon_bound_ms {
+                hangs.push(v1::Hang {
+                    node_id: node.0,
+                    rank: 0,
+                    stuck_ms: silent_ms,
+                    bound_ms: daemon_bound_ms,
+                    action: action.to_owned(),
+                    kind: "daemon".to_owned(),
+                });
+            }
+            for ring in &info.rings {
+                let bound_ms = policy.bound_ms(ring.reader_interval_ms);
+                if ring.reader_idle_ms > 0 && ring.reader_idle_ms >= bound_ms {
+                    hangs.push(v1::Hang {
                         node_id: node.0,
                         rank: ring.rank,
                         stuck_ms: ring.reader_idle_ms,
                         bound_ms,
-                        action: policy.action.name().to_owned(),
-                    })
-                })
-            })
-            .collect()
+                        action: action.to_owned(),
+                        kind: "trainer".to_owned(),
+                    });
+                }
+            }
+        }
+        hangs
     }
 
     /// What the job waits for, when it cannot run yet: daemons that have not registered, or,

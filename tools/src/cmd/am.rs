@@ -353,11 +353,20 @@ fn write_status(out: &mut dyn Write, reply: &v1::StatusReply) -> std::io::Result
         writeln!(out, "  waiting: {waiting}")?;
     }
     for hang in &reply.hangs {
+        let (what, verb) = if hang.kind == "daemon" {
+            (
+                format!("the daemon of node {}", hang.node_id),
+                "called the AM",
+            )
+        } else {
+            (
+                format!("the trainer of ring {} on node {}", hang.rank, hang.node_id),
+                "read",
+            )
+        };
         writeln!(
             out,
-            "  hangs: the trainer of ring {} on node {} has not read for {:.1} s (bound {:.1} s; {})",
-            hang.rank,
-            hang.node_id,
+            "  hangs: {what} has not {verb} for {:.1} s (bound {:.1} s; {})",
             hang.stuck_ms as f64 / 1000.0,
             hang.bound_ms as f64 / 1000.0,
             hang.action
