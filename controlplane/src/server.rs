@@ -402,9 +402,7 @@ fn advertised(bound: SocketAddr) -> String {
     if !bound.ip().is_unspecified() {
         return bound.to_string();
     }
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .unwrap_or_default();
+    let hostname = sluice_proto::host_name();
     if hostname.is_empty() {
         reachable(bound).to_string()
     } else {

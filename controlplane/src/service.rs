@@ -181,14 +181,7 @@ impl Am {
         let now_ms = self.now_ms();
         let (hangs, action, trainers) = {
             let master = self.master();
-            let trainers: Vec<ExecutorId> = master
-                .trainer_ranks()
-                .into_iter()
-                .map(|(role, rank)| ExecutorId::Trainer {
-                    role: role.to_owned(),
-                    rank,
-                })
-                .collect();
+            let trainers = master.trainer_ids();
             (
                 master.hangs(now_ms),
                 master.spec().failover.hang.action,

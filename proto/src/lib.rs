@@ -15,6 +15,14 @@ use std::fmt;
 
 pub mod connect;
 
+/// This host's name, which a daemon reports at registration and an AM listening on every address
+/// advertises; empty when the kernel does not say.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_default()
+}
+
 /// The generated `sluice.v1` messages, clients and servers.
 pub mod v1 {
     tonic::include_proto!("sluice.v1");

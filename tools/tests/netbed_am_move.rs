@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::bed::{Running, consume_on, every_log, finish, log, wait_for};
+use common::bed::{Running, consume_on, daemon_on, every_log, finish, log, wait_for};
 use sluice_testkit::job::read_ids;
 use sluice_testkit::pki::Pki;
 use sluice_testkit::{Host, NetBed};
@@ -43,12 +43,7 @@ fn am_on(
             .arg(spec)
             .args(["--listen", &format!("{}:{AM_PORT}", host.address())])
             .args(["--token", TOKEN])
-            .arg("--tls-cert")
-            .arg(&pki.server_cert)
-            .arg("--tls-key")
-            .arg(&pki.server_key)
-            .arg("--tls-client-ca")
-            .arg(&pki.ca)
+            .args(common::am_tls_args(pki))
             .envs(s3_env)
             .env("SLUICE_LOG", "info")
             .env("NO_COLOR", "1")
@@ -115,29 +110,22 @@ fn daemons_find_an_am_started_on_another_host_and_the_job_ends_exactly_once() {
     .expect("write the spec");
 
     let mut am1 = am_on(bed.host("am1"), &spec, &pki, &s3_env, &logs);
+    let daemon_env: Vec<(&str, &str)> = s3_env
+        .iter()
+        .map(|(key, value)| (key.as_str(), value.as_str()))
+        .chain([("SLUICE_TOKEN", TOKEN)])
+        .collect();
     let mut daemons: Vec<Running> = ["n0", "n1"]
         .iter()
         .enumerate()
         .map(|(node, name)| {
-            Running(
-                bed.host(name)
-                    .command(sluice)
-                    .args(["daemon", "--am", &format!("am1:{AM_PORT}")])
-                    .args(["--node-id", &node.to_string()])
-                    .arg("--tls-ca")
-                    .arg(&pki.ca)
-                    .arg("--tls-cert")
-                    .arg(&pki.client_cert)
-                    .arg("--tls-key")
-                    .arg(&pki.client_key)
-                    .envs(&s3_env)
-                    .env("SLUICE_TOKEN", TOKEN)
-                    .env("SLUICE_LOG", "info")
-                    .env("NO_COLOR", "1")
-                    .stdout(log(&logs, &format!("daemon-{name}.log")))
-                    .stderr(log(&logs, &format!("daemon-{name}.err")))
-                    .spawn()
-                    .expect("spawn sluice daemon"),
+            daemon_on(
+                bed.host(name),
+                &format!("am1:{AM_PORT}"),
+                node,
+                &common::daemon_tls_args(&pki),
+                &daemon_env,
+                &logs,
             )
         })
         .collect();

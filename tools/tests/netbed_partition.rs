@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::bed::{Running, consume_on, every_log, finish, log, wait_for};
+use common::bed::{Running, consume_on, daemon_on, every_log, finish, log, wait_for};
 use sluice_testkit::NetBed;
 use sluice_testkit::job::read_ids;
 
@@ -93,22 +93,18 @@ fn a_node_cut_off_mid_run_is_fenced_and_every_row_is_delivered_once_by_the_rule(
             .spawn()
             .expect("spawn sluice am"),
     );
+    let ring_size = ["--ring-size".into(), RING_SIZE.to_string().into()];
     let mut daemons: Vec<Running> = ["n0", "n1"]
         .iter()
         .enumerate()
         .map(|(node, name)| {
-            Running(
-                bed.host(name)
-                    .command(sluice)
-                    .args(["daemon", "--am", &format!("am:{AM_PORT}")])
-                    .args(["--node-id", &node.to_string()])
-                    .args(["--ring-size", &RING_SIZE.to_string()])
-                    .env("SLUICE_LOG", "info")
-                    .env("NO_COLOR", "1")
-                    .stdout(log(&logs, &format!("daemon-{name}.log")))
-                    .stderr(log(&logs, &format!("daemon-{name}.err")))
-                    .spawn()
-                    .expect("spawn sluice daemon"),
+            daemon_on(
+                bed.host(name),
+                &format!("am:{AM_PORT}"),
+                node,
+                &ring_size,
+                &[],
+                &logs,
             )
         })
         .collect();

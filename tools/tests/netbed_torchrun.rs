@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::bed::{Running, every_log, finish, log};
+use common::bed::{Running, daemon_on, every_log, finish, log};
 
 use sluice_testkit::{Host, NetBed};
 
@@ -181,12 +181,7 @@ fn torchrun_ddp_across_two_hosts_saves_resumes_and_trains_on_every_row_once() {
             .arg("am")
             .arg(&spec)
             .args(["--listen", &format!("{am_ip}:{AM_PORT}"), "--token", TOKEN])
-            .arg("--tls-cert")
-            .arg(&pki.server_cert)
-            .arg("--tls-key")
-            .arg(&pki.server_key)
-            .arg("--tls-client-ca")
-            .arg(&pki.ca)
+            .args(common::am_tls_args(&pki))
             .stdout(log(&logs, "am.log"))
             .stderr(log(&logs, "am.err"))
             .spawn()
@@ -196,24 +191,13 @@ fn torchrun_ddp_across_two_hosts_saves_resumes_and_trains_on_every_row_once() {
         .iter()
         .enumerate()
         .map(|(node, name)| {
-            Running(
-                bed.host(name)
-                    .command(sluice)
-                    .args(["daemon", "--am", &format!("am:{AM_PORT}")])
-                    .args(["--node-id", &node.to_string()])
-                    .arg("--tls-ca")
-                    .arg(&pki.ca)
-                    .arg("--tls-cert")
-                    .arg(&pki.client_cert)
-                    .arg("--tls-key")
-                    .arg(&pki.client_key)
-                    .env("SLUICE_TOKEN", TOKEN)
-                    .env("SLUICE_LOG", "info")
-                    .env("NO_COLOR", "1")
-                    .stdout(log(&logs, &format!("daemon-{name}.log")))
-                    .stderr(log(&logs, &format!("daemon-{name}.err")))
-                    .spawn()
-                    .expect("spawn sluice daemon"),
+            daemon_on(
+                bed.host(name),
+                &format!("am:{AM_PORT}"),
+                node,
+                &common::daemon_tls_args(&pki),
+                &[("SLUICE_TOKEN", TOKEN)],
+                &logs,
             )
         })
         .collect();

@@ -157,12 +157,7 @@ fn a_private_am_serves_the_right_clients_and_names_every_wrong_setup() {
     let rings = directory.path().join("rings");
     let mut daemon = sluice()
         .args(["daemon", "--am", &https])
-        .arg("--tls-ca")
-        .arg(&pki.ca)
-        .arg("--tls-cert")
-        .arg(&pki.client_cert)
-        .arg("--tls-key")
-        .arg(&pki.client_key)
+        .args(common::daemon_tls_args(&pki))
         .arg("--ring-dir")
         .arg(&rings)
         .env("SLUICE_TOKEN", TOKEN)

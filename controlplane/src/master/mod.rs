@@ -319,17 +319,23 @@ impl Master {
     /// every role, ranked in role order.
     pub fn launch_executors(&mut self) {
         let daemons = (0..self.spec.nodes).map(ExecutorId::Daemon);
-        let trainers = self
-            .trainer_ranks()
-            .into_iter()
-            .map(|(role, rank)| ExecutorId::Trainer {
-                role: role.to_owned(),
-                rank,
-            });
+        let trainers = self.trainer_ids();
         self.executors = Some(Executors::new(
             daemons.chain(trainers).collect::<Vec<_>>(),
             &self.spec.failover,
         ));
+    }
+
+    /// Every trainer of the job as the executor that runs it, ranks numbered across roles in spec
+    /// order.
+    pub fn trainer_ids(&self) -> Vec<ExecutorId> {
+        self.trainer_ranks()
+            .into_iter()
+            .map(|(role, rank)| ExecutorId::Trainer {
+                role: role.to_owned(),
+                rank,
+            })
+            .collect()
     }
 
     /// Every trainer of the job as (role, rank), ranks numbered across roles in spec order.

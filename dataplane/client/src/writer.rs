@@ -108,7 +108,8 @@ impl Encoder {
 
     /// Writes the schema's message to the schema file beside the ring at `ring_path` (see
     /// [`sluice_ring::SCHEMA_EXTENSION`]), whole or not at all: through a temporary file renamed
-    /// over it.
+    /// over it. A file that already holds the message (a ring taken over by a daemon started
+    /// again) is left as it is, so that taking a ring over needs no space.
     ///
     /// # Errors
     ///
@@ -116,13 +117,16 @@ impl Encoder {
     pub fn write_schema_file(&self, ring_path: &std::path::Path) -> Result<(), WriteError> {
         let message = self.schema_message()?;
         let path = sluice_ring::schema_path_beside(ring_path);
+        if std::fs::read(&path).is_ok_and(|written| written == message) {
+            return Ok(());
+        }
         let temporary = path.with_extension("schema.tmp");
-        let io_error = |source| WriteError::SchemaFile {
-            path: path.clone(),
-            source,
-        };
-        std::fs::write(&temporary, &message).map_err(io_error)?;
-        std::fs::rename(&temporary, &path).map_err(io_error)
+        let written =
+            std::fs::write(&temporary, &message).and_then(|()| std::fs::rename(&temporary, &path));
+        written.map_err(|source| {
+            let _ = std::fs::remove_file(&temporary);
+            WriteError::SchemaFile { path, source }
+        })
     }
 
     /// Writes the schema as a schema record; batches written after it use it.

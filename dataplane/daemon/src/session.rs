@@ -116,9 +116,7 @@ impl Session {
         job_id: &str,
         held: Vec<v1::TaskProgress>,
     ) -> Result<v1::RegisterReply> {
-        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|name| name.trim().to_owned())
-            .unwrap_or_default();
+        let hostname = sluice_proto::host_name();
         let answered = self
             .call(|mut client| {
                 let request = v1::RegisterRequest {

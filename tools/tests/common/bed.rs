@@ -60,6 +60,31 @@ pub fn log(logs: &Path, name: &str) -> std::fs::File {
     std::fs::File::create(logs.join(name)).expect("a log file")
 }
 
+/// `sluice daemon` of node `node` on `host`, reaching the AM at `am`, with `extra` arguments and
+/// `envs`, logging at info level into `daemon-<host>.log` and `.err` under `logs`.
+pub fn daemon_on(
+    host: &Host,
+    am: &str,
+    node: usize,
+    extra: &[std::ffi::OsString],
+    envs: &[(&str, &str)],
+    logs: &Path,
+) -> Running {
+    Running(
+        host.command(env!("CARGO_BIN_EXE_sluice"))
+            .args(["daemon", "--am", am])
+            .args(["--node-id", &node.to_string()])
+            .args(extra)
+            .envs(envs.iter().copied())
+            .env("SLUICE_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(log(logs, &format!("daemon-{}.log", host.name())))
+            .stderr(log(logs, &format!("daemon-{}.err", host.name())))
+            .spawn()
+            .expect("spawn sluice daemon"),
+    )
+}
+
 /// Waits until `ready` holds, failing with every log under `logs` after `limit`.
 pub fn wait_for(what: &str, limit: Duration, logs: &Path, mut ready: impl FnMut() -> bool) {
     let started = Instant::now();

@@ -142,6 +142,31 @@ pub fn status_json(address: &str) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).expect("status JSON")
 }
 
+/// The arguments that serve an AM over TLS with the test PKI's server certificate, asking daemons
+/// for certificates its CA signed.
+pub fn am_tls_args(pki: &sluice_testkit::pki::Pki) -> Vec<std::ffi::OsString> {
+    [
+        ("--tls-cert", &pki.server_cert),
+        ("--tls-key", &pki.server_key),
+        ("--tls-client-ca", &pki.ca),
+    ]
+    .into_iter()
+    .flat_map(|(flag, path)| [flag.into(), path.into()])
+    .collect()
+}
+
+/// The arguments that make a daemon trust the test PKI's CA and present its client certificate.
+pub fn daemon_tls_args(pki: &sluice_testkit::pki::Pki) -> Vec<std::ffi::OsString> {
+    [
+        ("--tls-ca", &pki.ca),
+        ("--tls-cert", &pki.client_cert),
+        ("--tls-key", &pki.client_key),
+    ]
+    .into_iter()
+    .flat_map(|(flag, path)| [flag.into(), path.into()])
+    .collect()
+}
+
 /// A free loopback address for a server to listen on.
 pub fn free_address() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
