@@ -179,15 +179,13 @@ impl Am {
     /// again; again if it hangs still one bound later), or fail the job.
     async fn act_on_hangs(&self) -> Result<(), AmError> {
         let now_ms = self.now_ms();
-        let (hangs, action, trainers) = {
+        let (hangs, action) = {
             let master = self.master();
-            let trainers = master.trainer_ids();
-            (
-                master.hangs(now_ms),
-                master.spec().failover.hang.action,
-                trainers,
-            )
+            (master.hangs(now_ms), master.spec().failover.hang.action)
         };
+        if hangs.is_empty() && lock(&self.hangs).is_empty() {
+            return Ok(());
+        }
         let mut failure = None;
         let mut hung_daemons = Vec::new();
         {
@@ -226,12 +224,9 @@ impl Am {
                         let executor = if key.daemon {
                             u32::try_from(hang.node_id).ok().map(ExecutorId::Daemon)
                         } else {
-                            trainers
-                                .iter()
-                                .find(|id| {
-                                    matches!(id, ExecutorId::Trainer { rank, .. } if *rank == hang.rank)
-                                })
-                                .cloned()
+                            self.master().trainer_ids().into_iter().find(|id| {
+                                matches!(id, ExecutorId::Trainer { rank, .. } if *rank == hang.rank)
+                            })
                         };
                         if let Some(executor) = executor {
                             lock(&self.restarts).push(executor);
