@@ -59,8 +59,9 @@ fn start_run(spec: &Path, root: &Path, arguments: &[&str]) -> (Child, String) {
         .arg(root.join("state"))
         .args(arguments)
         .env("SLUICE_TOKEN", TOKEN)
+        .env("SLUICE_LOG", "info")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(am_log(root))
         .spawn()
         .expect("spawn sluice run");
     let mut stdout = BufReader::new(run.stdout.take().expect("stdout"));
@@ -73,9 +74,22 @@ fn start_run(spec: &Path, root: &Path, arguments: &[&str]) -> (Child, String) {
     (run, address)
 }
 
-/// Every log the executors left in the state directory.
+/// The AM's log: the one of every `sluice run`, one after the other.
+fn am_log(root: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("am.log"))
+        .expect("the AM's log")
+}
+
+/// The AM's log and every log the executors left in the state directory.
 fn logs(root: &Path) -> String {
-    sluice_testkit::job::logs(&root.join("state"))
+    let am = std::fs::read_to_string(root.join("am.log")).unwrap_or_default();
+    format!(
+        "--- the AM's log\n{am}{}",
+        sluice_testkit::job::logs(&root.join("state"))
+    )
 }
 
 fn finish(mut run: Child, root: &Path) -> bool {

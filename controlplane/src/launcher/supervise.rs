@@ -185,6 +185,15 @@ impl Executors {
         self.failure = None;
     }
 
+    /// Makes an executor that succeeded pending again, with no failure counted.
+    pub fn launch_again(&mut self, id: &ExecutorId) {
+        if let Some(record) = self.records.get_mut(id)
+            && record.state == ExecutorState::Succeeded
+        {
+            record.state = ExecutorState::Pending;
+        }
+    }
+
     /// The trainers a scale replaced that still run.
     pub fn retiring(&self) -> impl Iterator<Item = &ExecutorId> {
         self.retiring.keys()

@@ -379,8 +379,15 @@ impl Master {
 
     /// Records how an executor ended; the failover rules decide whether it runs again.
     pub fn executor_exited(&mut self, id: ExecutorId, exit: Exit) -> Applied<()> {
+        // A daemon exits with code 0 once told that the job is over. One that did so while the job
+        // goes on was told by an AM before a restore to a data checkpoint (`--resume-from` on a
+        // job that ended before its AM saw the daemon go): it is needed again.
+        let told_to_end = self.table.outcome().is_some() || self.ending_beside_the_table();
         if let Some(executors) = &mut self.executors {
             executors.exited(&id, exit);
+            if matches!(id, ExecutorId::Daemon(_)) && exit == Exit::Code(0) && !told_to_end {
+                executors.launch_again(&id);
+            }
         }
         let retiring = self.trainers_retiring();
         self.rescale_step(RescaleEvent::Executors { retiring });

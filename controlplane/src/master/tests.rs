@@ -878,6 +878,58 @@ fn restoring_a_finished_job_launches_its_daemons_and_trainers_again() {
     }
 }
 
+#[test]
+fn a_daemon_that_ends_after_its_finished_job_was_restored_is_launched_again() {
+    // The AM that told daemon 0 the job was over ended before it saw the daemon exit: the restore
+    // finds the daemon running, and it exits with code 0 afterwards.
+    let mut sut = launching_master(&mut Vec::new());
+    let at_start = sut.table().position();
+    for rank in 0..4 {
+        sut.executor_exited(trainer(rank), Exit::Code(0));
+    }
+    assert_eq!(sut.outcome(), Some(JobPhase::Succeeded));
+    let mut journal = sut
+        .restore("unit-step1-0".into(), at_start, 10)
+        .expect("restore")
+        .entries;
+    assert!(
+        sut.executors_to_launch().is_empty(),
+        "both daemons still run, and the trainers wait for the rings"
+    );
+    journal.extend(
+        sut.executor_exited(ExecutorId::Daemon(0), Exit::Code(0))
+            .entries,
+    );
+    assert_eq!(
+        sut.executors_to_launch(),
+        vec![LaunchAction::Launch(ExecutorId::Daemon(0))],
+        "the job runs again, so it needs its daemon"
+    );
+
+    let mut replayed = launching_master(&mut Vec::new());
+    for rank in 0..4 {
+        replayed.executor_exited(trainer(rank), Exit::Code(0));
+    }
+    for entry in journal {
+        replayed.replay(entry).expect("replay");
+    }
+    assert_eq!(
+        replayed.executors_to_launch(),
+        sut.executors_to_launch(),
+        "a replay decides the same"
+    );
+}
+
+#[test]
+fn a_daemon_told_that_the_job_is_over_is_not_launched_again() {
+    let mut sut = launching_master(&mut Vec::new());
+    for rank in 0..4 {
+        sut.executor_exited(trainer(rank), Exit::Code(0));
+    }
+    sut.executor_exited(ExecutorId::Daemon(0), Exit::Code(0));
+    assert!(sut.executors_to_launch().is_empty());
+}
+
 /// The unit job, following its source.
 fn following_master() -> Master {
     let text = SPEC.replace("format: parquet }", "format: parquet, follow: true }");
