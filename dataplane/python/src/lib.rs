@@ -127,6 +127,12 @@ impl Reader {
     fn path(&self) -> PathBuf {
         self.ring.path().to_path_buf()
     }
+
+    /// The inode of the ring's file as it was opened, which a ring that replaced it does not share.
+    #[getter]
+    fn inode(&self) -> u64 {
+        self.ring.inode()
+    }
 }
 
 /// One record of the ring, held in place until [`Record::release`] or until it is dropped.

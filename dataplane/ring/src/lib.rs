@@ -205,7 +205,9 @@ impl RingOptions {
         // The temporary name is removed whatever happened; the ring lives on under `path`.
         let _ = fs::remove_file(&temporary);
         let mapping = linked?;
-        Ok(Ring::from_mapping(mapping, path))
+        let inode =
+            std::os::unix::fs::MetadataExt::ino(&file.metadata().map_err(io_error("stat", &path))?);
+        Ok(Ring::from_mapping(mapping, path, inode))
     }
 }
 
@@ -322,6 +324,8 @@ pub(crate) struct Shared {
     data: NonNull<u8>,
     capacity: u64,
     path: PathBuf,
+    /// The inode of the ring's file; 0 for a ring in the heap.
+    inode: u64,
     _memory: Memory,
 }
 
@@ -399,7 +403,8 @@ impl Ring {
             .write(true)
             .open(&path)
             .map_err(io_error("open"))?;
-        let len = file.metadata().map_err(io_error("stat"))?.len();
+        let metadata = file.metadata().map_err(io_error("stat"))?;
+        let len = metadata.len();
         if len < HEADER_LEN as u64 {
             return Err(RingOpenError::Truncated { path, len });
         }
@@ -413,11 +418,12 @@ impl Ring {
                 path: path.clone(),
                 reason: fault.to_string(),
             })?;
-        Ok(Ring::from_mapping(mapping, path))
+        let inode = std::os::unix::fs::MetadataExt::ino(&metadata);
+        Ok(Ring::from_mapping(mapping, path, inode))
     }
 
     #[cfg(not(loom))]
-    fn from_mapping(mapping: memmap2::MmapRaw, path: PathBuf) -> Ring {
+    fn from_mapping(mapping: memmap2::MmapRaw, path: PathBuf, inode: u64) -> Ring {
         let base = mapping.as_mut_ptr();
         // SAFETY: the mapping is HEADER_LEN + capacity bytes long (checked by the caller), so the data
         // region starts inside it.
@@ -429,6 +435,7 @@ impl Ring {
             data: NonNull::new(data).expect("mmap never returns null"),
             capacity,
             path,
+            inode,
             _memory: Memory::Mapped { _mapping: mapping },
         };
         Ring {
@@ -456,6 +463,7 @@ impl Ring {
             data: data.cast(),
             capacity,
             path: PathBuf::from("<in-memory>"),
+            inode: 0,
             _memory: Memory::Heap { header, data },
         };
         Ok(Ring {
@@ -476,6 +484,12 @@ impl Ring {
     /// The path of the ring file.
     pub fn path(&self) -> &Path {
         self.shared.path()
+    }
+
+    /// The inode of the ring's file, as it was opened: a daemon that replaces a ring creates a new
+    /// file, whose inode differs while this one is mapped. 0 for a ring in the heap.
+    pub fn inode(&self) -> u64 {
+        self.shared.inode
     }
 
     /// The size of the data region in bytes.

@@ -148,7 +148,9 @@ class Reader:
         self._wait_s = wait_s
         self._peer_timeout_s = peer_timeout_s
         self._native = _RingReader(str(path), wait_s, peer_timeout_s)
-        self._ring_inode = os.stat(path).st_ino
+        # The inode of the file opened, not of the path's file now: a daemon giving its rings back may
+        # have unlinked it since.
+        self._ring_inode = self._native.inode
         self._checkpoint_timeout_s = checkpoint_timeout_s
         self._schema: Optional[pa.Schema] = None
         # The record of the batch yielded last, released when the next one is asked for.
@@ -271,7 +273,7 @@ class Reader:
                 )
             time.sleep(_POLL_S)
         self._native = _RingReader(path, self._wait_s, self._peer_timeout_s)
-        self._ring_inode = os.stat(path).st_ino
+        self._ring_inode = self._native.inode
 
     # -- positions and checkpoints ---------------------------------------------------------------
 
