@@ -189,6 +189,7 @@ roles:
                 job_id: "snap".into(),
                 hostname: String::new(),
                 held: Vec::new(),
+                by_host: false,
             };
             let applied = master.register(request, 0).expect("registered");
             sut.append(&applied.entries, &master)
@@ -203,6 +204,7 @@ roles:
                 .await
                 .expect("durable");
             let request = Heartbeat {
+                hostname: String::new(),
                 node,
                 progress: tasks
                     .iter()

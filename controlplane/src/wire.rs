@@ -29,6 +29,7 @@ pub(crate) fn registration(request: v1::RegisterRequest) -> Registration {
         job_id: request.job_id,
         hostname: request.hostname,
         held: request.held.iter().map(progress).collect(),
+        by_host: request.node_by_host,
     }
 }
 
@@ -52,6 +53,7 @@ pub(crate) fn register_reply(
             .as_ref()
             .map(|checkpoint| checkpoint.uri.clone())
             .unwrap_or_default(),
+        node_id: registered.node.0,
     }
 }
 
@@ -62,6 +64,7 @@ pub(crate) fn heartbeat(request: v1::HeartbeatRequest) -> Heartbeat {
         progress: request.progress.iter().map(progress).collect(),
         stages: request.stages,
         rings: request.rings,
+        hostname: request.hostname,
     }
 }
 

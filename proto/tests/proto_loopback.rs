@@ -114,6 +114,7 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
 
     let registered = sut
         .register(RegisterRequest {
+            node_by_host: false,
             node_id: KNOWN_NODE.into(),
             job_id: JobId::from("quickstart").into(),
             hostname: "localhost".into(),
@@ -132,6 +133,7 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
 
     let heartbeat = sut
         .heartbeat(HeartbeatRequest {
+            hostname: String::new(),
             node_id: KNOWN_NODE.into(),
             progress: vec![
                 TaskProgress {

@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 
 fn heartbeat_request() -> HeartbeatRequest {
     HeartbeatRequest {
+        hostname: String::new(),
         node_id: NodeId(3).into(),
         progress: vec![
             TaskProgress {

@@ -66,6 +66,7 @@ fn a_daemon_pulls_every_row_once_and_the_am_exits_when_the_job_succeeds() {
         let mut client = daemon(&am.address).await;
         let registered = client
             .register(v1::RegisterRequest {
+                node_by_host: false,
                 node_id: 0,
                 job_id: "cli-test".into(),
                 hostname: "test".into(),

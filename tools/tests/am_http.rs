@@ -74,6 +74,7 @@ const DAEMON_WAIT_NS: u64 = 3_000_000_000;
 
 fn heartbeat(progress: &[v1::TaskProgress], beat: u64) -> v1::HeartbeatRequest {
     v1::HeartbeatRequest {
+        hostname: String::new(),
         node_id: 0,
         progress: progress.to_vec(),
         stages: vec![v1::StageStats {
@@ -119,6 +120,7 @@ async fn run_daemon(address: &str, token: Option<&str>, beats: u64) -> Reported 
         });
     client
         .register(v1::RegisterRequest {
+            node_by_host: false,
             node_id: 0,
             job_id: JOB.into(),
             hostname: HOSTNAME.into(),

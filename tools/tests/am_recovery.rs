@@ -169,6 +169,7 @@ impl Daemon {
             let held: Vec<v1::TaskProgress> = self.progress();
             let Ok(reply) = client
                 .register(v1::RegisterRequest {
+                    node_by_host: false,
                     node_id: 0,
                     job_id: "recovery".into(),
                     hostname: "test".into(),

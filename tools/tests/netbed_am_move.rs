@@ -115,14 +115,14 @@ fn daemons_find_an_am_started_on_another_host_and_the_job_ends_exactly_once() {
         .map(|(key, value)| (key.as_str(), value.as_str()))
         .chain([("SLUICE_TOKEN", TOKEN)])
         .collect();
+    // Started without --node-id: each serves the node of its host's name.
     let mut daemons: Vec<Running> = ["n0", "n1"]
         .iter()
-        .enumerate()
-        .map(|(node, name)| {
+        .map(|name| {
             daemon_on(
                 bed.host(name),
                 &format!("am1:{AM_PORT}"),
-                node,
+                None,
                 &common::daemon_tls_args(&pki),
                 &daemon_env,
                 &logs,

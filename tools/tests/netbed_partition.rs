@@ -101,7 +101,7 @@ fn a_node_cut_off_mid_run_is_fenced_and_every_row_is_delivered_once_by_the_rule(
             daemon_on(
                 bed.host(name),
                 &format!("am:{AM_PORT}"),
-                node,
+                Some(node),
                 &ring_size,
                 &[],
                 &logs,

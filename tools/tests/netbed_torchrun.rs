@@ -187,14 +187,14 @@ fn torchrun_ddp_across_two_hosts_saves_resumes_and_trains_on_every_row_once() {
             .spawn()
             .expect("spawn sluice am"),
     );
+    // Started without --node-id: each serves the node of its host's name.
     let mut daemons: Vec<Running> = ["n0", "n1"]
         .iter()
-        .enumerate()
-        .map(|(node, name)| {
+        .map(|name| {
             daemon_on(
                 bed.host(name),
                 &format!("am:{AM_PORT}"),
-                node,
+                None,
                 &common::daemon_tls_args(&pki),
                 &[("SLUICE_TOKEN", TOKEN)],
                 &logs,

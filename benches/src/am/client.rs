@@ -235,6 +235,7 @@ impl Daemon {
         let reply = self
             .client
             .register(v1::RegisterRequest {
+                node_by_host: false,
                 node_id: self.node,
                 job_id: JOB_NAME.to_owned(),
                 hostname: format!("bench-{}", self.node),
@@ -275,6 +276,7 @@ impl Daemon {
             task.advance();
         }
         let request = v1::HeartbeatRequest {
+            hostname: String::new(),
             node_id: self.node,
             progress: self
                 .held
@@ -399,6 +401,7 @@ impl Daemon {
                     let reply = self
                         .client
                         .register(v1::RegisterRequest {
+                            node_by_host: false,
                             node_id: self.node,
                             job_id: JOB_NAME.to_owned(),
                             hostname: format!("bench-{}", self.node),

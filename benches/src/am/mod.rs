@@ -387,6 +387,7 @@ impl Bench<'_> {
                     .map_err(|error| error.to_string())?;
                 client
                     .register(v1::RegisterRequest {
+                        node_by_host: false,
                         node_id: 0,
                         job_id: server::JOB_NAME.to_owned(),
                         hostname: "bench-0".to_owned(),

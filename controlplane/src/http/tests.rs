@@ -57,6 +57,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
     let mut sut = master();
     sut.register(
         wire::registration(v1::RegisterRequest {
+            node_by_host: false,
             node_id: 0,
             job_id: "web".into(),
             hostname: "trainer-host".into(),
@@ -98,6 +99,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
         .collect();
     sut.heartbeat(
         wire::heartbeat(v1::HeartbeatRequest {
+            hostname: String::new(),
             node_id: 0,
             progress,
             stages: vec![v1::StageStats {

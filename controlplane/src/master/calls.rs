@@ -40,15 +40,21 @@ pub struct Registration {
     pub node: NodeId,
     /// The job the daemon was started for; empty when it takes whatever job the AM runs.
     pub job_id: String,
-    /// The daemon's host name, for the status views.
+    /// The daemon's host name, for the status views, and its node's name when `by_host`.
     pub hostname: String,
     /// The tasks it still holds, with their counts.
     pub held: Vec<TaskProgress>,
+    /// Whether the daemon was started without a node id, so that the master picks its node by its
+    /// host name ([`Master::register`](super::Master::register)); `node` is then the node whose
+    /// rings it found on its host, if it found any.
+    pub by_host: bool,
 }
 
 /// The master's answer to a registration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registered {
+    /// The node the daemon serves.
+    pub node: NodeId,
     /// What the daemon does first.
     pub commands: Vec<NodeCommand>,
     /// The trainer ranks it opens rings for.
@@ -71,6 +77,8 @@ pub struct Heartbeat {
     pub stages: Vec<v1::StageStats>,
     /// Its rings, as shown in status.
     pub rings: Vec<v1::RingStats>,
+    /// Its host's name; empty when unknown.
+    pub hostname: String,
 }
 
 /// A daemon ends a task.

@@ -608,7 +608,11 @@ impl Master {
 
     /// A daemon registers, listing the tasks it still holds.
     pub fn register(&mut self, request: Registration, now_ms: u64) -> Result<Applied<Registered>> {
-        let node = request.node;
+        let node = if request.by_host {
+            self.node_of_host(&request.hostname)?
+        } else {
+            request.node
+        };
         if !request.job_id.is_empty() && request.job_id != self.spec.name {
             return Err(AmError::FailedPrecondition(format!(
                 "daemon {node} belongs to job {:?} but this AM runs job {:?}; point its --am at the AM of its job",
@@ -638,6 +642,7 @@ impl Master {
         let (ranks, world_size, attach) = self.ranks_told(node);
         Ok(Applied {
             reply: Registered {
+                node,
                 commands,
                 ranks,
                 world_size,
@@ -645,6 +650,48 @@ impl Master {
             },
             entries,
         })
+    }
+
+    /// The node of a daemon started without a node id on host `hostname`: the node last heard
+    /// from that host, so that a daemon started again on its host serves the same ranks; else the
+    /// lowest node never registered; else, after an AM took the job over, the lowest node whose
+    /// host it has not heard from, lost ones first (the daemons of a job started again). A node
+    /// this AM heard from another host is never given, even once lost: its daemon may come back
+    /// (start a replacement with `--node-id`).
+    fn node_of_host(&self, hostname: &str) -> Result<NodeId> {
+        if hostname.is_empty() {
+            return Err(AmError::InvalidRequest(
+                "a daemon started without --node-id serves the node of its host name, and this one sent none; start it with --node-id".to_owned(),
+            ));
+        }
+        if let Some((node, _)) = self
+            .nodes
+            .iter()
+            .find(|(_, info)| info.hostname == hostname)
+        {
+            return Ok(*node);
+        }
+        let unheard = (0..u64::from(self.spec.nodes))
+            .map(NodeId)
+            .filter(|node| !self.nodes.contains_key(node));
+        let pick = unheard.min_by_key(|node| match self.table.node_status(*node) {
+            None => 0,
+            Some(NodeStatus::Lost) => 1,
+            Some(NodeStatus::Alive | NodeStatus::Blacklisted) => 2,
+        });
+        if let Some(node) = pick {
+            return Ok(node);
+        }
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|(node, info)| format!("{node} on {:?}", info.hostname))
+            .collect();
+        Err(AmError::FailedPrecondition(format!(
+            "host {hostname:?}: each of the job's {} nodes already has a host ({}); raise `nodes` in the job spec, or start this daemon with --node-id of a lost node to replace it",
+            self.spec.nodes,
+            hosts.join(", ")
+        )))
     }
 
     /// Where the job stands beyond counts and liveness, to tell after a heartbeat whether it
@@ -671,10 +718,15 @@ impl Master {
     /// A daemon reports liveness, counts and pipeline statistics.
     pub fn heartbeat(&mut self, request: Heartbeat, now_ms: u64) -> Applied<Vec<NodeCommand>> {
         let node = request.node;
-        if let Some(info) = self.nodes.get_mut(&node) {
+        // An AM that took the job over meets the live nodes here, not at their registration.
+        if self.table.node_status(node).is_some() {
+            let info = self.nodes.entry(node).or_default();
             info.last_heard_ms = now_ms;
             info.stages = request.stages;
             info.rings = request.rings;
+            if !request.hostname.is_empty() {
+                info.hostname = request.hostname;
+            }
         }
         let event = Event::Heartbeat {
             node,

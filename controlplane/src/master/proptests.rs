@@ -457,6 +457,7 @@ impl Sim<'_> {
                     job_id: "prop".into(),
                     hostname: format!("host-{node}"),
                     held,
+                    by_host: false,
                 },
                 self.now_ms,
             )
@@ -514,6 +515,7 @@ impl Sim<'_> {
         let before = self.sut.standing();
         let applied = self.sut.heartbeat(
             Heartbeat {
+                hostname: String::new(),
                 node: NodeId(node as u64),
                 progress,
                 stages: Vec::new(),
@@ -545,6 +547,7 @@ impl Sim<'_> {
         let before = self.sut.standing();
         let applied = self.sut.heartbeat(
             Heartbeat {
+                hostname: String::new(),
                 node: NodeId(node as u64),
                 progress,
                 stages: Vec::new(),

@@ -58,6 +58,7 @@ fn register(sut: &mut Master, node: u64, now_ms: u64) -> Applied<v1::RegisterRep
             job_id: "unit".into(),
             hostname: format!("host-{node}"),
             held: Vec::new(),
+            node_by_host: false,
         },
         now_ms,
     )
@@ -297,6 +298,91 @@ fn an_am_taking_the_job_over_asks_again_for_a_stop_not_yet_acknowledged() {
     assert!(
         stops(&heartbeat(&mut sut, 0, 13, &[])).is_empty(),
         "asked once"
+    );
+}
+
+/// Registers a daemon started without a node id on `host`, as the service does.
+fn register_by_host(
+    sut: &mut Master,
+    host: &str,
+    now_ms: u64,
+) -> Result<Applied<v1::RegisterReply>> {
+    register_request(
+        sut,
+        v1::RegisterRequest {
+            job_id: "unit".into(),
+            hostname: host.into(),
+            node_by_host: true,
+            ..v1::RegisterRequest::default()
+        },
+        now_ms,
+    )
+}
+
+#[test]
+fn a_daemon_without_a_node_id_serves_the_node_of_its_host() {
+    let mut sut = master();
+    let mut journal = Vec::new();
+    let mut node_of = |sut: &mut Master, host: &str, now_ms: u64| {
+        let applied = register_by_host(sut, host, now_ms).expect("registered");
+        journal.extend(applied.entries);
+        applied.reply.node_id
+    };
+    assert_eq!(node_of(&mut sut, "alpha", 0), 0);
+    assert_eq!(node_of(&mut sut, "beta", 1), 1);
+    assert_eq!(
+        node_of(&mut sut, "alpha", 2),
+        0,
+        "started again on its host"
+    );
+    let refused = register_by_host(&mut sut, "gamma", 3).expect_err("no node left");
+    let message = refused.to_string();
+    for part in [
+        "gamma",
+        "2 nodes",
+        "node-0 on \"alpha\"",
+        "node-1 on \"beta\"",
+        "--node-id",
+    ] {
+        assert!(message.contains(part), "{part:?} in {message:?}");
+    }
+    // Beta falls silent and is lost; its node stays beta's, since its daemon may come back.
+    heartbeat(&mut sut, 0, 1500, &[]);
+    sut.tick(2000);
+    assert!(register_by_host(&mut sut, "gamma", 2001).is_err());
+    assert_eq!(node_of(&mut sut, "beta", 2002), 1);
+
+    // An AM that takes the job over learns which host holds which node from their heartbeats; a
+    // node whose host it has not heard from goes to a daemon of another host (the job's daemons
+    // started again), once the nodes never registered are all taken.
+    let mut taken_over = master();
+    for entry in journal {
+        taken_over.replay(entry).expect("replay");
+    }
+    heartbeat_applied_from(&mut taken_over, 1, "beta", 2004);
+    let mut node_of = |host: &str| {
+        register_by_host(&mut taken_over, host, 2005).map(|applied| applied.reply.node_id)
+    };
+    assert_eq!(node_of("beta").expect("registered"), 1);
+    assert_eq!(node_of("delta").expect("registered"), 0);
+    assert!(node_of("gamma").is_err());
+    assert!(
+        node_of("")
+            .expect_err("no host name")
+            .to_string()
+            .contains("--node-id")
+    );
+}
+
+/// A heartbeat of `node` on `host` with no counts.
+fn heartbeat_applied_from(sut: &mut Master, node: u64, host: &str, now_ms: u64) {
+    sut.heartbeat(
+        wire::heartbeat(v1::HeartbeatRequest {
+            node_id: node,
+            hostname: host.into(),
+            ..v1::HeartbeatRequest::default()
+        }),
+        now_ms,
     );
 }
 

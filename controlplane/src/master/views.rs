@@ -113,7 +113,7 @@ impl Master {
         let registered = self.nodes.len();
         if registered < nodes {
             return Some(format!(
-                "{registered} of {nodes} node daemons have registered; start one on each node with `sluice daemon --am <this AM's address> --node-id N`, N from 0 to {}",
+                "{registered} of {nodes} node daemons have registered; start one on each node with `sluice daemon --am <this AM's address>` (each serves the node of its host's name; `--node-id N`, N from 0 to {}, names the node instead)",
                 nodes - 1
             ));
         }

@@ -44,6 +44,17 @@ pub enum DaemonError {
         /// The AM's answer.
         status: tonic::Status,
     },
+    /// A daemon started without a node id found the rings of several nodes on its host.
+    #[error(
+        "{dir} holds the rings of {}, more than one node: start this daemon with --node-id to say which node it serves",
+        .nodes.iter().map(ToString::to_string).collect::<Vec<_>>().join(" and ")
+    )]
+    SeveralNodes {
+        /// The job's ring directory.
+        dir: PathBuf,
+        /// The nodes whose rings it holds.
+        nodes: Vec<NodeId>,
+    },
     /// The AM declared this daemon lost while it served.
     #[error(
         "the AM refused this daemon: the AM declared this daemon lost; start it again to rejoin the job"

@@ -108,8 +108,9 @@ const PROGRESS_POLL: Duration = Duration::from_millis(5);
 pub struct DaemonOptions {
     /// The AM's gRPC address.
     pub am: String,
-    /// This node's id in the job.
-    pub node_id: NodeId,
+    /// This node's id in the job; without it, the daemon serves the node whose rings it finds on
+    /// its host (with `job`), else the node the AM picks for its host's name.
+    pub node_id: Option<NodeId>,
     /// Rings are created under `<ring_dir>/<job>/<rank>.ring`.
     pub ring_dir: PathBuf,
     /// The size of each ring's data region.
@@ -131,11 +132,20 @@ pub struct DaemonOptions {
 pub async fn run(options: DaemonOptions) -> Result<()> {
     let session = Session::connect(&options).await?;
     let job_id = options.job.clone().unwrap_or_default();
-    let mut recovered = match &options.job {
-        Some(job) => Recovered::take_over(&options.ring_dir.join(job), options.node_id)?,
-        None => Recovered::default(),
-    };
+    let mut recovered = Recovered::default();
+    if let Some(job) = &options.job {
+        let job_dir = options.ring_dir.join(job);
+        let node = match options.node_id {
+            Some(node) => Some(node),
+            None => Recovered::owner(&job_dir)?,
+        };
+        if let Some(node) = node {
+            session.ask_for(node);
+            recovered = Recovered::take_over(&job_dir, node)?;
+        }
+    }
     let mut reply = session.register(&job_id, recovered.held()?).await?;
+    let node = session.node_id();
     let fenced = reply
         .commands
         .iter()
@@ -154,7 +164,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
     let served = ServedRings::default();
     let metrics = match options.http {
         Some(address) => {
-            Some(serve_metrics(address, options.node_id, pipeline.clone(), served.clone()).await?)
+            Some(serve_metrics(address, node, pipeline.clone(), served.clone()).await?)
         }
         None => None,
     };
@@ -176,7 +186,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
             &job_dir,
             &ranks,
             options.ring_size,
-            options.node_id,
+            node,
             &mut recovered,
             &pipeline,
             session.lease(),
@@ -184,12 +194,12 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
         recovered.leave_unserved();
         served.set(rings.states());
         tracing::info!(
-            node = options.node_id.0,
+            node = node.0,
             job = reply.job_id,
             ?ranks,
             "daemon serves its rings"
         );
-        let ended = serve(&options, &session, &pipeline, rings, reply).await;
+        let ended = serve(&session, &pipeline, rings, reply).await;
         served.clear();
         match ended? {
             Ended::Shutdown => break,
@@ -201,7 +211,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
     if let Some(metrics) = metrics {
         metrics.abort();
     }
-    tracing::info!(node = options.node_id.0, "daemon shut down");
+    tracing::info!(node = node.0, "daemon shut down");
     Ok(())
 }
 
@@ -218,7 +228,6 @@ enum Ended {
 /// the AM shuts the daemon down or asks for its rings back. The task book decides; this loop reads
 /// the rings and the feeders for it, and does what it answers.
 async fn serve(
-    options: &DaemonOptions,
     session: &Session,
     pipeline: &Pipeline,
     mut rings: Rings,
@@ -226,7 +235,7 @@ async fn serve(
 ) -> Result<Ended> {
     let interval = heartbeat_interval(&reply);
     let mut book = TaskBook::new(
-        options.node_id,
+        session.node_id(),
         rings.ranks(),
         pipeline.shape.window(),
         interval,
@@ -262,7 +271,7 @@ async fn serve(
                     break;
                 }
                 Some(Cmd::Fence(_)) => {
-                    rings.fence(&fence_message(options.node_id)).await?;
+                    rings.fence(&fence_message(session.node_id())).await?;
                     return Err(DaemonError::Fenced);
                 }
                 Some(Cmd::Refuse(refuse)) => {
@@ -277,7 +286,7 @@ async fn serve(
                 return Ok(Ended::Shutdown);
             }
             Some(Ended::GaveBack) => {
-                give_back(options, session, pipeline, rings, &mut book).await?;
+                give_back(session, pipeline, rings, &mut book).await?;
                 return Ok(Ended::GaveBack);
             }
             None => {}
@@ -400,7 +409,6 @@ fn take_task(
 /// task's final counts, and the rings and their ledgers are removed with the rows still unread. The
 /// AM queues the tasks again from their consumed counts when the daemon registers holding nothing.
 async fn give_back(
-    options: &DaemonOptions,
     session: &Session,
     pipeline: &Pipeline,
     rings: Rings,
@@ -420,7 +428,7 @@ async fn give_back(
         .await?;
     rings::remove(states)?;
     tracing::info!(
-        node = options.node_id.0,
+        node = session.node_id().0,
         tasks = book.len(),
         consumed,
         "gave every task and ring back"

@@ -2,8 +2,8 @@
 //! after a restart, written by their writers and fed by their feeders, surveyed for the counts the
 //! daemon reports, stopped, and given back.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -299,41 +299,73 @@ pub(crate) struct Recovered {
     rings: BTreeMap<u32, Attached>,
 }
 
+/// The ledgers under `job_dir` beside a ring, by rank, with the ring's path.
+fn ledgers(job_dir: &Path) -> Result<Vec<(u32, Ledger, PathBuf)>> {
+    let entries = match std::fs::read_dir(job_dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(error) => {
+            return Err(DaemonError::ListRingDir {
+                dir: job_dir.to_path_buf(),
+                error,
+            });
+        }
+    };
+    let mut ledgers = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|error| DaemonError::ListRingEntry {
+                dir: job_dir.to_path_buf(),
+                error,
+            })?
+            .path();
+        let rank = path
+            .file_stem()
+            .and_then(|stem| stem.to_str())
+            .and_then(|stem| stem.parse::<u32>().ok());
+        let (Some(rank), Some(LEDGER_EXTENSION)) = (
+            rank,
+            path.extension().and_then(|extension| extension.to_str()),
+        ) else {
+            continue;
+        };
+        let ledger = Ledger::open(&path).map_err(DaemonError::Ledger)?;
+        let ring_path = path.with_extension(RING_EXTENSION);
+        if ring_path.exists() {
+            ledgers.push((rank, ledger, ring_path));
+        }
+    }
+    Ok(ledgers)
+}
+
 impl Recovered {
+    /// The node whose rings `job_dir` holds, for a daemon started again without a node id: the
+    /// owner of the ledgers beside rings still open. An error when they belong to several nodes.
+    pub(crate) fn owner(job_dir: &Path) -> Result<Option<NodeId>> {
+        let mut nodes = BTreeSet::new();
+        for (_, ledger, ring_path) in ledgers(job_dir)? {
+            if !Ring::open(&ring_path)
+                .map_err(DaemonError::RingOpen)?
+                .is_closed()
+            {
+                nodes.insert(NodeId(ledger.owner()));
+            }
+        }
+        match nodes.len() {
+            0 | 1 => Ok(nodes.pop_first()),
+            _ => Err(DaemonError::SeveralNodes {
+                dir: job_dir.to_path_buf(),
+                nodes: nodes.into_iter().collect(),
+            }),
+        }
+    }
+
     /// Takes over the rings under `job_dir` whose ledgers belong to `node`. A ring its producer
     /// closed (the job ended) holds nothing to take over.
     pub(crate) fn take_over(job_dir: &Path, node: NodeId) -> Result<Recovered> {
         let mut recovered = Recovered::default();
-        let entries = match std::fs::read_dir(job_dir) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(recovered),
-            Err(error) => {
-                return Err(DaemonError::ListRingDir {
-                    dir: job_dir.to_path_buf(),
-                    error,
-                });
-            }
-        };
-        for entry in entries {
-            let path = entry
-                .map_err(|error| DaemonError::ListRingEntry {
-                    dir: job_dir.to_path_buf(),
-                    error,
-                })?
-                .path();
-            let rank = path
-                .file_stem()
-                .and_then(|stem| stem.to_str())
-                .and_then(|stem| stem.parse::<u32>().ok());
-            let (Some(rank), Some(LEDGER_EXTENSION)) = (
-                rank,
-                path.extension().and_then(|extension| extension.to_str()),
-            ) else {
-                continue;
-            };
-            let ledger = Ledger::open(&path).map_err(DaemonError::Ledger)?;
-            let ring_path = path.with_extension(RING_EXTENSION);
-            if ledger.owner() != node.0 || !ring_path.exists() {
+        for (rank, ledger, ring_path) in ledgers(job_dir)? {
+            if ledger.owner() != node.0 {
                 continue;
             }
             let ring = Ring::open(&ring_path).map_err(DaemonError::RingOpen)?;
@@ -426,4 +458,42 @@ pub(crate) fn prepare_dir(job_dir: &Path) -> Result<()> {
         dir: job_dir.to_path_buf(),
         error,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Leaves the ring of `rank` with a ledger of `node` under `job_dir`, as a daemon that stopped.
+    fn left_by(job_dir: &Path, rank: u32, node: u64) {
+        open_ring(job_dir, rank, 64 * 1024, node).expect("a ring and its ledger");
+    }
+
+    #[test]
+    fn a_daemon_without_a_node_id_finds_the_node_whose_rings_its_host_holds() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let job_dir = directory.path();
+        assert_eq!(Recovered::owner(job_dir).expect("no ring"), None);
+        left_by(job_dir, 0, 3);
+        left_by(job_dir, 1, 3);
+        assert_eq!(
+            Recovered::owner(job_dir).expect("one node"),
+            Some(NodeId(3))
+        );
+        left_by(job_dir, 2, 5);
+        let error = Recovered::owner(job_dir).expect_err("two nodes");
+        let message = error.to_string();
+        assert!(message.contains("node-3 and node-5"), "{message}");
+        assert!(message.contains("--node-id"), "{message}");
+    }
+
+    #[test]
+    fn a_closed_ring_names_no_node() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let job_dir = directory.path();
+        left_by(job_dir, 0, 3);
+        let ring = Ring::open(job_dir.join(format!("0.{RING_EXTENSION}"))).expect("the ring");
+        ring.producer().expect("the producer role").close();
+        assert_eq!(Recovered::owner(job_dir).expect("no open ring"), None);
+    }
 }

@@ -31,12 +31,17 @@ const LOOK_FOR_A_MOVED_AM: Duration = Duration::from_secs(1);
 /// How long reading the AM's published address may take.
 const ADDRESS_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A connection to the AM, as node `node_id`.
+/// A connection to the AM, as one node of the job.
 #[derive(Debug)]
 pub(crate) struct Session {
     /// The AM called, and its address.
     current: Mutex<(AmClient, String)>,
-    node_id: NodeId,
+    /// The node this daemon serves; `None` until the AM picks it by the host's name, at the first
+    /// registration, for a daemon started without a node id. Calls other than `register` are made
+    /// only once it is known.
+    node: Mutex<Option<NodeId>>,
+    /// This host's name, sent with registrations and heartbeats.
+    hostname: String,
     token: Option<String>,
     tls: connect::ClientTls,
     am_timeout: Duration,
@@ -79,7 +84,8 @@ impl Session {
                     );
                     return Ok(Session {
                         current: Mutex::new((client, options.am.clone())),
-                        node_id: options.node_id,
+                        node: Mutex::new(options.node_id),
+                        hostname: sluice_proto::host_name(),
                         token: options.token.clone(),
                         tls: options.tls.clone(),
                         am_timeout: options.am_timeout,
@@ -104,30 +110,43 @@ impl Session {
         }
     }
 
+    /// The node this daemon serves, as registered.
+    pub(crate) fn node_id(&self) -> NodeId {
+        lock(&self.node).unwrap_or(NodeId(0))
+    }
+
+    /// Makes the registrations from now on ask for `node`: the node whose rings this daemon, started
+    /// without a node id, found on its host.
+    pub(crate) fn ask_for(&self, node: NodeId) {
+        *lock(&self.node) = Some(node);
+    }
+
     /// The lease the AM's answers renew.
     pub(crate) fn lease(&self) -> &Arc<Lease> {
         &self.lease
     }
 
     /// Registers with the AM for job `job_id` (empty when the daemon was not told its job),
-    /// holding `held`; the answer sets the lease's length.
+    /// holding `held`; the answer sets the lease's length, and the node, when the AM picked it.
     pub(crate) async fn register(
         &self,
         job_id: &str,
         held: Vec<v1::TaskProgress>,
     ) -> Result<v1::RegisterReply> {
-        let hostname = sluice_proto::host_name();
+        let node = *lock(&self.node);
         let answered = self
             .call(|mut client| {
                 let request = v1::RegisterRequest {
-                    node_id: self.node_id.into(),
+                    node_id: node.map_or(0, |node| node.0),
                     job_id: job_id.to_owned(),
-                    hostname: hostname.clone(),
+                    hostname: self.hostname.clone(),
                     held: held.clone(),
+                    node_by_host: node.is_none(),
                 };
                 async move { client.register(request).await }
             })
             .await?;
+        *lock(&self.node) = Some(NodeId(answered.reply.node_id));
         self.lease
             .set_length(Duration::from_millis(answered.reply.lease_ms));
         *lock(&self.checkpoint_uri) =
@@ -162,7 +181,7 @@ impl Session {
         let answered = self
             .call(|mut client| {
                 let request = v1::AckStopRequest {
-                    node_id: self.node_id.into(),
+                    node_id: self.node_id().into(),
                     task_id: task_id.into(),
                     stop_row,
                 };
@@ -177,7 +196,7 @@ impl Session {
         let answered = self
             .call(|mut client| {
                 let request = v1::AcquireTasksRequest {
-                    node_id: self.node_id.into(),
+                    node_id: self.node_id().into(),
                     max_tasks,
                 };
                 async move { client.acquire_tasks(request).await }
@@ -196,10 +215,11 @@ impl Session {
         let answered = self
             .call(|mut client| {
                 let request = v1::HeartbeatRequest {
-                    node_id: self.node_id.into(),
+                    node_id: self.node_id().into(),
                     progress: progress.clone(),
                     stages: stages.clone(),
                     rings: rings.clone(),
+                    hostname: self.hostname.clone(),
                 };
                 async move { client.heartbeat(request).await }
             })
@@ -218,7 +238,7 @@ impl Session {
         let answered = self
             .call(|mut client| {
                 let request = v1::ReportTaskRequest {
-                    node_id: self.node_id.into(),
+                    node_id: self.node_id().into(),
                     task_id: task_id.into(),
                     consumed,
                     outcome: Some(v1::report_task_request::Outcome::Failed(v1::TaskFailed {

@@ -15,9 +15,11 @@ pub struct DaemonArgs {
     /// The AM's gRPC address.
     #[arg(long, env = "SLUICE_AM")]
     pub am: String,
-    /// This node's id in the job, from 0 to the job's `nodes` - 1.
-    #[arg(long, default_value_t = 0)]
-    pub node_id: u64,
+    /// This node's id in the job, from 0 to the job's `nodes` - 1. Without it, the daemon serves the
+    /// node whose rings it finds on this host (with --job), else the node the AM gives this host's
+    /// name: the one it gave it before, or one no host has held.
+    #[arg(long)]
+    pub node_id: Option<u64>,
     /// Rings are created under <ring-dir>/<job>/<rank>.ring.
     #[arg(long, default_value = "/dev/shm/sluice")]
     pub ring_dir: PathBuf,
@@ -75,7 +77,7 @@ pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
     }
     let options = DaemonOptions {
         am: args.am,
-        node_id: NodeId(args.node_id),
+        node_id: args.node_id.map(NodeId),
         ring_dir: args.ring_dir,
         ring_size: args.ring_size,
         token: args.token,

@@ -60,12 +60,13 @@ pub fn log(logs: &Path, name: &str) -> std::fs::File {
     std::fs::File::create(logs.join(name)).expect("a log file")
 }
 
-/// `sluice daemon` of node `node` on `host`, reaching the AM at `am`, with `extra` arguments and
-/// `envs`, logging at info level into `daemon-<host>.log` and `.err` under `logs`.
+/// `sluice daemon` of node `node` on `host` (without `--node-id` when `None`: the node of the
+/// host's name), reaching the AM at `am`, with `extra` arguments and `envs`, logging at info level
+/// into `daemon-<host>.log` and `.err` under `logs`.
 pub fn daemon_on(
     host: &Host,
     am: &str,
-    node: usize,
+    node: Option<usize>,
     extra: &[std::ffi::OsString],
     envs: &[(&str, &str)],
     logs: &Path,
@@ -73,7 +74,7 @@ pub fn daemon_on(
     Running(
         host.command(env!("CARGO_BIN_EXE_sluice"))
             .args(["daemon", "--am", am])
-            .args(["--node-id", &node.to_string()])
+            .args(node.map(|node| format!("--node-id={node}")))
             .args(extra)
             .envs(envs.iter().copied())
             .env("SLUICE_LOG", "info")
