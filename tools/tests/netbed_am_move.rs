@@ -12,7 +12,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::bed::{Running, consume_on, daemon_on, every_log, finish, log, wait_for};
@@ -75,28 +74,17 @@ fn daemons_find_an_am_started_on_another_host_and_the_job_ends_exactly_once() {
     let am1_ip = bed.address("am1").to_string();
     let am2_ip = bed.address("am2").to_string();
     let pki = sluice_testkit::pki::write(&pki_dir, &["am1", "am2", &am1_ip, &am2_ip]);
-    let sluice = env!("CARGO_BIN_EXE_sluice");
 
-    let data = shared.join("data");
-    let generated = Command::new(sluice)
-        .args(["gen", "--out"])
-        .arg(&data)
-        .args(["--rows", &ROWS.to_string(), "--files", "4"])
-        .args(["--row-group-rows", "2000"])
-        .stdout(Stdio::null())
-        .status()
-        .expect("run sluice gen");
-    assert!(generated.success(), "sluice gen");
+    let data = common::generate(&shared, ROWS as u64, 4, 2000);
     // Unique to this run: the bucket outlives a failed one.
     let checkpoint = format!(
         "s3://{}/am-move-{}",
         sluice_testkit::BUCKET,
         std::process::id()
     );
-    let spec = shared.join("job.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let spec = common::write_spec(
+        &shared,
+        &format!(
             "name: {JOB}\n\
              data:\n  sources: [{{ uri: \"file://{}\", format: parquet, columns: [id] }}]\n  task_rows: 2000\n  batch_size: 250\n\
              nodes: 2\n\
@@ -106,8 +94,7 @@ fn daemons_find_an_am_started_on_another_host_and_the_job_ends_exactly_once() {
              checkpoint: {{ uri: \"{checkpoint}\" }}\n",
             data.display(),
         ),
-    )
-    .expect("write the spec");
+    );
 
     let mut am1 = am_on(bed.host("am1"), &spec, &pki, &s3_env, &logs);
     let daemon_env: Vec<(&str, &str)> = s3_env

@@ -13,7 +13,6 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::bed::{Running, consume_on, daemon_on, every_log, finish, log, wait_for};
@@ -54,20 +53,10 @@ fn a_node_cut_off_mid_run_is_fenced_and_every_row_is_delivered_once_by_the_rule(
     let logs = shared.join("logs");
     std::fs::create_dir_all(&logs).expect("logs");
     let sluice = env!("CARGO_BIN_EXE_sluice");
-    let data = shared.join("data");
-    let generated = Command::new(sluice)
-        .args(["gen", "--out"])
-        .arg(&data)
-        .args(["--rows", &ROWS.to_string(), "--files", "4"])
-        .args(["--row-group-rows", "5000"])
-        .stdout(Stdio::null())
-        .status()
-        .expect("run sluice gen");
-    assert!(generated.success(), "sluice gen");
-    let spec = shared.join("job.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let data = common::generate(&shared, ROWS as u64, 4, 5000);
+    let spec = common::write_spec(
+        &shared,
+        &format!(
             "name: {JOB}\n\
              data:\n  sources: [{{ uri: \"file://{}\", format: parquet, columns: [id] }}]\n  task_rows: {TASK_ROWS}\n  batch_size: 250\n\
              nodes: 2\n\
@@ -76,8 +65,7 @@ fn a_node_cut_off_mid_run_is_fenced_and_every_row_is_delivered_once_by_the_rule(
              failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: {HEARTBEAT_TIMEOUT_MS} }}\n",
             data.display(),
         ),
-    )
-    .expect("write the spec");
+    );
 
     let am_address = format!("{}:{AM_PORT}", bed.address("am"));
     let mut am = Running(

@@ -13,7 +13,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use common::bed::{Running, daemon_on, every_log, finish, log};
@@ -140,26 +140,10 @@ fn torchrun_ddp_across_two_hosts_saves_resumes_and_trains_on_every_row_once() {
     let pki = sluice_testkit::pki::write(&pki_dir, &["am", &am_ip]);
     let sluice = env!("CARGO_BIN_EXE_sluice");
 
-    let data = shared.join("data");
-    let generated = Command::new(sluice)
-        .args(["gen", "--out"])
-        .arg(&data)
-        .args([
-            "--rows",
-            &ROWS.to_string(),
-            "--files",
-            "4",
-            "--row-group-rows",
-            "2500",
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .expect("run sluice gen");
-    assert!(generated.success(), "sluice gen");
-    let spec = shared.join("job.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let data = common::generate(&shared, ROWS as u64, 4, 2500);
+    let spec = common::write_spec(
+        &shared,
+        &format!(
             "name: ddp\n\
              data:\n  sources: [{{ uri: \"file://{}\", format: parquet, columns: [id] }}]\n  task_rows: 2500\n  batch_size: 500\n\
              nodes: 2\n\
@@ -170,8 +154,7 @@ fn torchrun_ddp_across_two_hosts_saves_resumes_and_trains_on_every_row_once() {
             data.display(),
             shared.join("journal").display()
         ),
-    )
-    .expect("write the spec");
+    );
     let trainer = shared.join("train_ddp.py");
     std::fs::write(&trainer, TRAINER).expect("write the trainer");
 
