@@ -13,7 +13,7 @@ use sluice_bench::am::{
     AmBenchOptions, AmClientArgs, AmPeers, AmServerArgs, client_main, run_am_bench,
     serve_synthetic_am,
 };
-use sluice_bench::chaos::{ChaosOptions, run_chaos_bench};
+use sluice_bench::chaos::{ChaosOptions, HostsPlan, run_chaos_bench};
 use sluice_bench::command::sluice_beside_current_exe;
 use sluice_bench::decode::run_decode_bench;
 use sluice_bench::local_io::{
@@ -113,6 +113,16 @@ struct ChaosArgs {
     /// trainers need for the rows, plus four minutes).
     #[arg(long)]
     watchdog_s: Option<u64>,
+    /// Run across this many node hosts of a test bed of network namespaces (needs root), each with a
+    /// daemon and one trainer launched by the bench, adding link cuts, AM moves and hangs.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=8))]
+    hosts: Option<usize>,
+    /// With --hosts: node cables pulled until the AM declares the node lost.
+    #[arg(long, default_value_t = 2, requires = "hosts")]
+    link_cuts: usize,
+    /// With --hosts: trainers stopped until the AM reports them hanging.
+    #[arg(long, default_value_t = 1, requires = "hosts")]
+    hangs: usize,
     /// Print one JSON object instead of a report.
     #[arg(long)]
     json: bool,
@@ -378,7 +388,8 @@ fn run_pipeline(args: VsPyarrowArgs) -> anyhow::Result<()> {
 }
 
 fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
-    let paced_s = args.rows / (args.trainer_rows_per_s * 4) + 1;
+    let trainers = args.hosts.unwrap_or(4) as u64;
+    let paced_s = args.rows / (args.trainer_rows_per_s * trainers) + 1;
     let options = ChaosOptions {
         sluice: sluice_beside_current_exe()?,
         rows: args.rows,
@@ -388,6 +399,11 @@ fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         seed: args.seed,
         directory: args.dir,
         watchdog: Duration::from_secs(args.watchdog_s.unwrap_or(paced_s + 240)),
+        across: args.hosts.map(|hosts| HostsPlan {
+            hosts,
+            link_cuts: args.link_cuts,
+            hangs: args.hangs,
+        }),
     };
     let report = run_chaos_bench(&options)?;
     if args.json {

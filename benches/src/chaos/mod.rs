@@ -9,6 +9,13 @@
 //! same spec, address and state, replays its journal and adopts the executors. Each kill lands 1 to 3 s
 //! after the previous one, once the trainers have received more ids, and none after 90% of the rows. The
 //! trainers live through it all; their ids files are then checked: every id once.
+//!
+//! With [`ChaosOptions::across`], the job runs across the hosts of a test bed instead, with link
+//! cuts, AM moves and hangs beside the kills (see [`hosts`]).
+
+mod hosts;
+
+pub use hosts::HostsPlan;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -46,12 +53,16 @@ pub struct ChaosOptions {
     pub directory: Option<PathBuf>,
     /// The whole run must end within this; past it everything is killed (a deadlock watchdog).
     pub watchdog: Duration,
+    /// Run across the hosts of a test bed, with these faults beside the kills; `None`: on this
+    /// machine, under `sluice run`.
+    pub across: Option<HostsPlan>,
 }
 
-/// One kill.
+/// One fault.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Kill {
-    /// `daemon` or `am`.
+    /// `daemon` or `am` (across hosts, the AM moves to the other AM host), `link` (a node cable
+    /// pulled) or `hang` (a trainer stopped).
     pub what: &'static str,
     /// Ids the trainers had received when it landed.
     pub after_ids: u64,
@@ -86,6 +97,105 @@ pub struct ChaosReport {
     pub takeovers: usize,
     /// Wall time of the whole run, kills and restarts included.
     pub seconds: f64,
+    /// Node hosts of a run across hosts; 0 on one machine.
+    pub hosts: usize,
+    /// Reads of fenced trainers after the AM's last count of their node: void, delivered again.
+    pub void_reads: u64,
+    /// How long the AM took to notice each link cut, hang and move.
+    pub detections: Vec<Detection>,
+    /// Rows of the dataset over the run's wall time.
+    pub rows_per_s: f64,
+}
+
+/// How long one fault took to be noticed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Detection {
+    /// What was noticed.
+    pub what: &'static str,
+    /// Seconds from the fault.
+    pub seconds: f64,
+}
+
+/// The ids the trainers received, checked against the rows of the dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Tally {
+    delivered: u64,
+    duplicates: u64,
+    missing: u64,
+    first_duplicates: Vec<i64>,
+    first_missing: Vec<i64>,
+    void: u64,
+}
+
+impl Tally {
+    /// Every id of `0..rows` once in `ids`?
+    fn of(mut ids: Vec<i64>, rows: u64) -> Tally {
+        let delivered = ids.len() as u64;
+        ids.sort_unstable();
+        let first_duplicates: Vec<i64> = ids
+            .windows(2)
+            .filter(|pair| pair[0] == pair[1])
+            .map(|pair| pair[0])
+            .take(SHOWN)
+            .collect();
+        ids.dedup();
+        let duplicates = delivered - ids.len() as u64;
+        let mut first_missing = Vec::new();
+        let mut missing = 0;
+        let mut next = ids.iter().peekable();
+        for id in 0..rows as i64 {
+            if next.next_if_eq(&&id).is_none() {
+                missing += 1;
+                if first_missing.len() < SHOWN {
+                    first_missing.push(id);
+                }
+            }
+        }
+        Tally {
+            delivered,
+            duplicates,
+            missing,
+            first_duplicates,
+            first_missing,
+            void: 0,
+        }
+    }
+
+    /// Every id once by the rule of a node cut off: the reads of a trainer whose daemon was fenced
+    /// count up to its first read of a row that another trainer read too; from there on they are
+    /// void, and each must have been read by another trainer (else it counts, and shows as a
+    /// duplicate or stays missing).
+    fn by_the_rule(files: &[(Vec<i64>, bool)], rows: u64) -> Tally {
+        let mut readers: std::collections::HashMap<i64, u32> = std::collections::HashMap::new();
+        for (ids, _) in files {
+            for id in ids {
+                *readers.entry(*id).or_default() += 1;
+            }
+        }
+        let mut counted = Vec::new();
+        let mut void = 0;
+        for (ids, fenced) in files {
+            let kept = if *fenced {
+                let tail = ids
+                    .iter()
+                    .position(|id| readers[id] > 1)
+                    .unwrap_or(ids.len());
+                if ids[tail..].iter().all(|id| readers[id] > 1) {
+                    tail
+                } else {
+                    ids.len()
+                }
+            } else {
+                ids.len()
+            };
+            void += (ids.len() - kept) as u64;
+            counted.extend_from_slice(&ids[..kept]);
+        }
+        Tally {
+            void,
+            ..Tally::of(counted, rows)
+        }
+    }
 }
 
 impl ChaosReport {
@@ -102,26 +212,49 @@ impl ChaosReport {
     /// The report for a terminal.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        let across = if self.hosts > 0 {
+            format!(" across {} node hosts", self.hosts)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "chaos: {} rows, {} kills in {:.1} s (seed {})",
+            "chaos{across}: {} rows, {} faults in {:.1} s, {:.0} rows/s (seed {})",
             self.rows,
             self.kills.len(),
             self.seconds,
+            self.rows_per_s,
             self.seed
         );
         for kill in &self.kills {
+            let fault = match kill.what {
+                "daemon" => "kill -9 a daemon",
+                "am" if self.hosts > 0 => "move the AM",
+                "am" => "kill -9 the AM",
+                "link" => "cut a node's link",
+                _ => "stop a trainer",
+            };
             let _ = writeln!(
                 out,
-                "  kill -9 {:<6} at {:>6.1} s, after {} ids",
-                kill.what, kill.at_s, kill.after_ids
+                "  {fault:<18} at {:>6.1} s, after {} ids",
+                kill.at_s, kill.after_ids
             );
+        }
+        for detection in &self.detections {
+            let _ = writeln!(out, "  {}: {:.2} s", detection.what, detection.seconds);
         }
         let _ = writeln!(
             out,
             "rings taken over by restarted daemons: {}",
             self.takeovers
         );
+        if self.hosts > 0 {
+            let _ = writeln!(
+                out,
+                "void reads of fenced trainers, delivered again: {}",
+                self.void_reads
+            );
+        }
         let _ = writeln!(
             out,
             "ids: {} received, {} twice, {} missing{}{}",
@@ -158,6 +291,14 @@ fn shown(label: &str, ids: &[i64]) -> String {
 /// within the watchdog (everything is killed then, and the error holds the executors' logs). Lost
 /// or repeated ids are not an error here: they are in the report.
 pub fn run_chaos_bench(options: &ChaosOptions) -> Result<ChaosReport> {
+    let seed = options.seed.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64)
+    });
+    if let Some(plan) = &options.across {
+        return hosts::run(options, plan, seed);
+    }
     let temporary;
     let root = match &options.directory {
         Some(directory) => {
@@ -177,11 +318,6 @@ pub fn run_chaos_bench(options: &ChaosOptions) -> Result<ChaosReport> {
         .tempdir_in("/dev/shm")
         .map_err(setup("creating a ring directory in /dev/shm"))?;
     let job = Job::prepare(options, &root, rings.path())?;
-    let seed = options.seed.unwrap_or_else(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_nanos() as u64)
-    });
     let started = Instant::now();
     let mut run = job.start(0)?;
     let kills = match job.kill_on_schedule(options, seed, started, &mut run) {
@@ -193,30 +329,10 @@ pub fn run_chaos_bench(options: &ChaosOptions) -> Result<ChaosReport> {
     };
     let (job_succeeded, stdout) = job.finish(run, started, options.watchdog)?;
     let seconds = started.elapsed().as_secs_f64();
-    let mut ids: Vec<i64> = (0..TRAINERS)
+    let ids: Vec<i64> = (0..TRAINERS)
         .flat_map(|rank| read_ids(&job.ids_file(rank)))
         .collect();
-    let delivered = ids.len() as u64;
-    ids.sort_unstable();
-    let first_duplicates: Vec<i64> = ids
-        .windows(2)
-        .filter(|pair| pair[0] == pair[1])
-        .map(|pair| pair[0])
-        .take(SHOWN)
-        .collect();
-    ids.dedup();
-    let duplicates = delivered - ids.len() as u64;
-    let mut first_missing = Vec::new();
-    let mut missing = 0;
-    let mut next = ids.iter().peekable();
-    for id in 0..options.rows as i64 {
-        if next.next_if_eq(&&id).is_none() {
-            missing += 1;
-            if first_missing.len() < SHOWN {
-                first_missing.push(id);
-            }
-        }
-    }
+    let tally = Tally::of(ids, options.rows);
     let logs = job.logs();
     Ok(ChaosReport {
         rows: options.rows,
@@ -230,15 +346,19 @@ pub fn run_chaos_bench(options: &ChaosOptions) -> Result<ChaosReport> {
             .unwrap_or("sluice run printed no outcome")
             .trim()
             .to_owned(),
-        delivered,
-        duplicates,
-        missing,
-        first_duplicates,
-        first_missing,
+        delivered: tally.delivered,
+        duplicates: tally.duplicates,
+        missing: tally.missing,
+        first_duplicates: tally.first_duplicates,
+        first_missing: tally.first_missing,
         takeovers: logs
             .matches("took over a ring this node fed before it restarted")
             .count(),
         seconds,
+        hosts: 0,
+        void_reads: 0,
+        detections: Vec::new(),
+        rows_per_s: options.rows as f64 / seconds,
     })
 }
 
@@ -538,6 +658,10 @@ mod tests {
             first_missing: Vec::new(),
             takeovers: 1,
             seconds: 3.0,
+            hosts: 0,
+            void_reads: 0,
+            detections: Vec::new(),
+            rows_per_s: 10.0 / 3.0,
         }
     }
 
@@ -553,5 +677,22 @@ mod tests {
                 .contains("every id exactly once")
         );
         assert!(report(true, 0, 1).render().contains("FAILED"));
+    }
+
+    #[test]
+    fn the_void_reads_of_a_fenced_trainer_are_the_tail_others_read_again() {
+        // Trainer a was fenced after reading 0..4; the AM had counted 0 and 1, so 2 and 3 went to b.
+        let files = vec![(vec![0, 1, 2, 3], true), (vec![4, 2, 3, 5], false)];
+        let tally = Tally::by_the_rule(&files, 6);
+        assert_eq!((tally.void, tally.duplicates, tally.missing), (2, 0, 0));
+        // Not fenced: the same reads are duplicates.
+        let files = vec![(vec![0, 1, 2, 3], false), (vec![4, 2, 3, 5], false)];
+        assert_eq!(Tally::by_the_rule(&files, 6).duplicates, 2);
+        // A read nobody else made after a void one: the reads after the AM's count are not a tail,
+        // so they all count, and show as duplicates.
+        let files = vec![(vec![0, 2, 1, 3], true), (vec![2, 3], false)];
+        let tally = Tally::by_the_rule(&files, 4);
+        assert_eq!((tally.void, tally.duplicates), (0, 2));
+        assert_eq!(Tally::of(vec![0, 0, 2], 3).first_missing, vec![1]);
     }
 }

@@ -1,0 +1,663 @@
+//! `sluice-bench chaos --hosts N`: the chaos job across the hosts of a test bed (network, mount and
+//! UTS namespaces on this machine, see [`sluice_testkit::netbed`]), as a cluster runs it: the AM on
+//! one host, and on each of `N` node hosts a `sluice daemon` sidecar and one `sluice consume`
+//! trainer, both started by the bench (the spec's external launcher), which starts them again when
+//! they end before the job does.
+//!
+//! Beside `kill -9` of daemons, it pulls node cables (`ip link set down`) until the AM declares the
+//! node lost, then plugs them back: the old daemon is fenced, its trainer told that its last reads
+//! are void; it moves the AM (kill it, start it on the spare AM host, where the daemons find it
+//! through the address it publishes under the checkpoint location); and it stops a trainer
+//! (`SIGSTOP`) until the AM reports the hang. It times each detection. The ids are counted by the
+//! rule of a node cut off (`docs/architecture.md`): the reads of a fenced trainer after the AM's
+//! last count of its node are void, always a tail of its reads, and delivered again elsewhere.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_testkit::job::read_ids;
+use sluice_testkit::{Host, NetBed};
+
+use super::{ChaosOptions, ChaosReport, Detection, Kill, Tally, mix, setup};
+use crate::error::{BenchError, Result};
+
+/// The port every AM listens on, on its host's address.
+const AM_PORT: u16 = 7070;
+/// The job's name.
+const JOB: &str = "chaos-hosts";
+/// Silence after which the AM declares a node lost.
+const HEARTBEAT_TIMEOUT_MS: u64 = 3_000;
+/// The least time a trainer must stop reading before the AM reports it hangs.
+const HANG_AFTER_S: u64 = 2;
+/// How long a detection may take before the run gives up on it.
+const DETECTION_LIMIT: Duration = Duration::from_secs(60);
+/// What a trainer prints when its daemon was fenced.
+const FENCED: &str = "delivered again";
+
+/// The faults of a run across hosts, beside the daemon kills and AM moves of [`ChaosOptions`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostsPlan {
+    /// Node hosts, each with a daemon and one trainer.
+    pub hosts: usize,
+    /// Node cables pulled until the AM declares the node lost.
+    pub link_cuts: usize,
+    /// Trainers stopped until the AM reports them hanging.
+    pub hangs: usize,
+}
+
+/// One generation of a host's trainer: its ids file, and whether its daemon was fenced under it.
+#[derive(Debug)]
+struct Generation {
+    ids: PathBuf,
+    fenced: bool,
+}
+
+/// A node host: its daemon and trainer, started again while the job runs.
+struct Node {
+    host: usize,
+    daemon: Option<Child>,
+    daemons: usize,
+    trainer: Option<Child>,
+    generations: Vec<Generation>,
+    trainer_done: bool,
+}
+
+/// The bed, the job's files and its processes.
+struct Cluster<'a> {
+    options: &'a ChaosOptions,
+    bed: &'a NetBed,
+    shared: PathBuf,
+    logs: PathBuf,
+    spec: PathBuf,
+    /// The AM's host (0 or 1), the AM, and how often it was started.
+    am_host: usize,
+    am: Child,
+    ams: usize,
+    nodes: Vec<Node>,
+    /// How the AM ended, once it did.
+    am_exit: Option<bool>,
+    takeovers: usize,
+}
+
+/// Runs the chaos job across `plan.hosts` node hosts.
+pub(super) fn run(options: &ChaosOptions, plan: &HostsPlan, seed: u64) -> Result<ChaosReport> {
+    let mut names = vec!["am0".to_owned(), "am1".to_owned()];
+    names.extend((0..plan.hosts).map(|node| format!("n{node}")));
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let bed = NetBed::new(&names).map_err(|error| BenchError::Chaos {
+        reason: format!(
+            "--hosts needs a test bed of network namespaces: {error}; run as root on Linux with `ip` and `nsenter` (iproute2, util-linux)"
+        ),
+        logs: String::new(),
+    })?;
+    let mut cluster = Cluster::start(options, &bed, plan.hosts)?;
+    let started = Instant::now();
+    let outcome = cluster
+        .faults(plan, seed, started)
+        .and_then(|(kills, detections)| {
+            cluster
+                .finish(started)
+                .map(|seconds| (kills, detections, seconds))
+        });
+    let (kills, detections, seconds) = match outcome {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            cluster.keep_logs();
+            cluster.stop_everything();
+            return Err(error);
+        }
+    };
+    cluster.keep_logs();
+    let tally = cluster.tally();
+    let job_succeeded = cluster.am_exit == Some(true);
+    let takeovers = cluster.takeovers;
+    Ok(ChaosReport {
+        rows: options.rows,
+        seed,
+        kills,
+        job_succeeded,
+        outcome: format!(
+            "sluice am: job {JOB} {}",
+            if job_succeeded { "succeeded" } else { "failed" }
+        ),
+        delivered: tally.delivered,
+        duplicates: tally.duplicates,
+        missing: tally.missing,
+        first_duplicates: tally.first_duplicates,
+        first_missing: tally.first_missing,
+        takeovers,
+        seconds,
+        hosts: plan.hosts,
+        void_reads: tally.void,
+        detections,
+        rows_per_s: options.rows as f64 / seconds,
+    })
+}
+
+impl<'a> Cluster<'a> {
+    /// Generates the data, writes the spec, and starts the AM, the daemons and the trainers.
+    fn start(options: &'a ChaosOptions, bed: &'a NetBed, hosts: usize) -> Result<Cluster<'a>> {
+        let shared = bed.shared_dir();
+        let logs = shared.join("logs");
+        std::fs::create_dir_all(&logs).map_err(setup(format!("creating {}", logs.display())))?;
+        let data = shared.join("data");
+        let mut generate = Command::new(&options.sluice);
+        generate
+            .args(["gen", "--out"])
+            .arg(&data)
+            .args(["--rows", &options.rows.to_string(), "--files", "8"])
+            .args(["--row-group-rows", "50000"]);
+        crate::command::run_timed(&mut generate, Duration::from_secs(600))?;
+        let spec = shared.join("chaos.yaml");
+        let text = format!(
+            r#"
+name: {JOB}
+data:
+  sources: [{{ uri: "file://{data}", format: parquet, columns: [id, label] }}]
+  task_rows: 50000
+  batch_size: 1000
+  shuffle: {{ seed: 3, window: 2 }}
+nodes: {hosts}
+launcher: {{ kind: external }}
+roles:
+  - {{ name: worker, num: {hosts} }}
+failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: {HEARTBEAT_TIMEOUT_MS}, hang: {{ after_s: {HANG_AFTER_S}, factor: 10, action: warn }} }}
+checkpoint: {{ uri: "file://{journal}" }}
+"#,
+            data = data.display(),
+            journal = shared.join("journal").display(),
+        );
+        std::fs::write(&spec, text).map_err(setup(format!("writing {}", spec.display())))?;
+        let mut cluster = Cluster {
+            options,
+            bed,
+            logs,
+            spec,
+            am_host: 0,
+            am: Command::new("true")
+                .spawn()
+                .map_err(setup("starting a placeholder"))?,
+            ams: 0,
+            nodes: Vec::new(),
+            am_exit: None,
+            takeovers: 0,
+            shared,
+        };
+        let _ = cluster.am.wait();
+        cluster.am = cluster.start_am()?;
+        for node in 0..hosts {
+            let mut entry = Node {
+                host: node + 2,
+                daemon: None,
+                daemons: 0,
+                trainer: None,
+                generations: Vec::new(),
+                trainer_done: false,
+            };
+            entry.daemon = Some(cluster.start_daemon(&mut entry)?);
+            entry.trainer = Some(cluster.start_trainer(&mut entry)?);
+            cluster.nodes.push(entry);
+        }
+        Ok(cluster)
+    }
+
+    fn host(&self, index: usize) -> &Host {
+        &self.bed.hosts()[index]
+    }
+
+    /// The current AM's address.
+    fn am_address(&self) -> String {
+        format!("{}:{AM_PORT}", self.host(self.am_host).address())
+    }
+
+    fn log(&self, name: &str) -> Result<std::fs::File> {
+        let path = self.logs.join(name);
+        std::fs::File::create(&path).map_err(setup(format!("creating {}", path.display())))
+    }
+
+    fn spawn(&self, mut command: Command, what: &str) -> Result<Child> {
+        command.spawn().map_err(|source| BenchError::ToolMissing {
+            program: self.options.sluice.display().to_string(),
+            purpose: what.to_owned(),
+            reason: source.to_string(),
+            fix: "build it with `cargo build --release -p sluice-cli`, beside sluice-bench; `nsenter` comes with util-linux".to_owned(),
+        })
+    }
+
+    /// Starts `sluice am` on the current AM host; it takes the job over from its journal when
+    /// there is one.
+    fn start_am(&mut self) -> Result<Child> {
+        let host = self.host(self.am_host);
+        let mut command = host.command(&self.options.sluice);
+        command
+            .arg("am")
+            .arg(&self.spec)
+            .args(["--listen", &self.am_address(), "--insecure"])
+            .env("SLUICE_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(self.log(&format!("am-{}.log", self.ams))?)
+            .stderr(self.log(&format!("am-{}.err", self.ams))?);
+        self.ams += 1;
+        self.spawn(command, "running the AM of the chaos job")
+    }
+
+    /// Starts the daemon of `node` with the job's name and no node id: it serves the node the AM
+    /// gives its host, and takes over the rings it finds there.
+    fn start_daemon(&self, node: &mut Node) -> Result<Child> {
+        let host = self.host(node.host);
+        let mut command = host.command(&self.options.sluice);
+        command
+            .args(["daemon", "--am", &self.am_address(), "--job", JOB])
+            .args(["--ring-size", &(64u64 << 20).to_string()])
+            .env("SLUICE_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(self.log(&format!("daemon-{}-{}.log", host.name(), node.daemons))?)
+            .stderr(self.log(&format!("daemon-{}-{}.err", host.name(), node.daemons))?);
+        node.daemons += 1;
+        self.spawn(command, "running a node daemon of the chaos job")
+    }
+
+    /// Starts the trainer of `node`, rank `node.host - 2` of the job, launched as torchrun would:
+    /// its rank and job come from the environment.
+    fn start_trainer(&self, node: &mut Node) -> Result<Child> {
+        let host = self.host(node.host);
+        let generation = node.generations.len();
+        let ids = self
+            .shared
+            .join(format!("ids-{}-{generation}.bin", host.name()));
+        let mut command = host.command(&self.options.sluice);
+        command
+            .arg("consume")
+            .arg("--ids-out")
+            .arg(&ids)
+            .args([
+                "--max-rows-per-s",
+                &self.options.trainer_rows_per_s.to_string(),
+            ])
+            .env("SLUICE_RANK", (node.host - 2).to_string())
+            .env(
+                "SLUICE_WORLD_SIZE",
+                (self.bed.hosts().len() - 2).to_string(),
+            )
+            .env("SLUICE_LOCAL_RANK", "0")
+            .env("SLUICE_LOCAL_WORLD_SIZE", "1")
+            .env("SLUICE_JOB", JOB)
+            .env_remove("SLUICE_RING")
+            .env_remove("SLUICE_RING_DIR")
+            .stdin(Stdio::null())
+            .stdout(self.log(&format!("trainer-{}-{generation}.log", host.name()))?)
+            .stderr(self.log(&format!("trainer-{}-{generation}.err", host.name()))?);
+        node.generations.push(Generation { ids, fenced: false });
+        self.spawn(command, "running a trainer of the chaos job")
+    }
+
+    /// Starts again what ended before the job did: a daemon that failed (killed, or fenced), and
+    /// a trainer that failed (its daemon fenced). Notes the AM's end.
+    fn tend(&mut self) -> Result<()> {
+        if self.am_exit.is_none()
+            && let Some(status) = self.am.try_wait().map_err(setup("waiting for the AM"))?
+        {
+            self.am_exit = Some(status.success());
+        }
+        for index in 0..self.nodes.len() {
+            let mut node = std::mem::replace(
+                &mut self.nodes[index],
+                Node {
+                    host: 0,
+                    daemon: None,
+                    daemons: 0,
+                    trainer: None,
+                    generations: Vec::new(),
+                    trainer_done: true,
+                },
+            );
+            let tended = self.tend_node(&mut node);
+            self.nodes[index] = node;
+            tended?;
+        }
+        Ok(())
+    }
+
+    fn tend_node(&mut self, node: &mut Node) -> Result<()> {
+        if let Some(daemon) = &mut node.daemon
+            && let Some(status) = daemon.try_wait().map_err(setup("waiting for a daemon"))?
+        {
+            node.daemon = None;
+            if !status.success() && self.am_exit.is_none() {
+                node.daemon = Some(self.start_daemon(node)?);
+            }
+        }
+        if let Some(trainer) = &mut node.trainer
+            && let Some(status) = trainer.try_wait().map_err(setup("waiting for a trainer"))?
+        {
+            node.trainer = None;
+            if status.success() {
+                node.trainer_done = true;
+            } else {
+                let host = self.host(node.host).name().to_owned();
+                let generation = node.generations.len() - 1;
+                let err = std::fs::read_to_string(
+                    self.logs.join(format!("trainer-{host}-{generation}.err")),
+                )
+                .unwrap_or_default();
+                node.generations[generation].fenced = err.contains(FENCED);
+                if self.am_exit.is_none() {
+                    node.trainer = Some(self.start_trainer(node)?);
+                } else {
+                    node.trainer_done = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ids the trainers have written so far.
+    fn delivered(&self) -> u64 {
+        self.nodes
+            .iter()
+            .flat_map(|node| &node.generations)
+            .map(|generation| std::fs::metadata(&generation.ids).map_or(0, |file| file.len() / 8))
+            .sum()
+    }
+
+    /// Tends the processes until `ready` holds, failing after `limit`; returns the time it took.
+    fn wait_until(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        mut ready: impl FnMut(&mut Self) -> bool,
+    ) -> Result<f64> {
+        let started = Instant::now();
+        loop {
+            self.tend()?;
+            if ready(self) {
+                return Ok(started.elapsed().as_secs_f64());
+            }
+            if started.elapsed() > limit {
+                return Err(BenchError::Chaos {
+                    reason: format!("{what}: not within {limit:?}"),
+                    logs: self.every_log(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The current AM's status, or `None` while it does not answer.
+    fn status(&self) -> Option<serde_json::Value> {
+        let output = Command::new(&self.options.sluice)
+            .args(["status", "--json", "--am", &self.am_address()])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        if !output.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&output.stdout).ok()
+    }
+
+    /// The standing of the node the AM's status lists for `host`.
+    fn node_state(&self, host: &str) -> Option<String> {
+        let status = self.status()?;
+        status["nodes"]
+            .as_array()?
+            .iter()
+            .find(|entry| entry["hostname"] == host)
+            .and_then(|entry| entry["state"].as_str().map(str::to_owned))
+    }
+
+    /// Runs the faults in a random order, each once the trainers received more ids, none after
+    /// 90 % of the rows; returns them with the detections they were timed by.
+    fn faults(
+        &mut self,
+        plan: &HostsPlan,
+        seed: u64,
+        started: Instant,
+    ) -> Result<(Vec<Kill>, Vec<Detection>)> {
+        let mut random = seed;
+        let mut faults: Vec<&'static str> =
+            std::iter::repeat_n("daemon", self.options.daemon_kills)
+                .chain(std::iter::repeat_n("am", self.options.am_kills))
+                .chain(std::iter::repeat_n("link", plan.link_cuts))
+                .chain(std::iter::repeat_n("hang", plan.hangs))
+                .collect();
+        for index in (1..faults.len()).rev() {
+            random = mix(random);
+            faults.swap(index, random as usize % (index + 1));
+        }
+        let late = self.options.rows * 9 / 10;
+        let mut kills = Vec::new();
+        let mut detections = Vec::new();
+        let mut last_seen = 0;
+        for fault in faults {
+            random = mix(random);
+            let pause = Duration::from_millis(1000 + random % 2000);
+            let resting = Instant::now();
+            self.wait_until(
+                "the trainers receive more ids",
+                self.options.watchdog,
+                |cluster| {
+                    let seen = cluster.delivered();
+                    let moved = (seen > last_seen || seen >= late) && resting.elapsed() >= pause;
+                    if moved {
+                        last_seen = seen;
+                    }
+                    moved || cluster.am_exit.is_some()
+                },
+            )?;
+            if self.am_exit.is_some() || last_seen >= late {
+                break;
+            }
+            let live: Vec<usize> = (0..self.nodes.len())
+                .filter(|node| !self.nodes[*node].trainer_done)
+                .collect();
+            let Some(&node) = live.get((random >> 32) as usize % live.len().max(1)) else {
+                break;
+            };
+            let at_s = started.elapsed().as_secs_f64();
+            kills.push(Kill {
+                what: fault,
+                after_ids: last_seen,
+                at_s,
+            });
+            match fault {
+                "daemon" => {
+                    if let Some(daemon) = &mut self.nodes[node].daemon {
+                        let _ = daemon.kill();
+                    }
+                }
+                "am" => detections.push(self.move_am()?),
+                "link" => detections.push(self.cut(node)?),
+                _ => detections.push(self.hang(node)?),
+            }
+        }
+        Ok((kills, detections))
+    }
+
+    /// Kills the AM and starts it on the other AM host; times until every node host with a live
+    /// daemon is heard by the new AM.
+    fn move_am(&mut self) -> Result<Detection> {
+        let _ = self.am.kill();
+        let _ = self.am.wait();
+        self.am_host = 1 - self.am_host;
+        self.am = self.start_am()?;
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|node| node.daemon.is_some())
+            .map(|node| self.host(node.host).name().to_owned())
+            .collect();
+        let seconds = self.wait_until(
+            "the daemons reach the moved AM",
+            DETECTION_LIMIT,
+            |cluster| {
+                let Some(status) = cluster.status() else {
+                    return cluster.am_exit.is_some();
+                };
+                let heard: HashMap<String, u64> = status["nodes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|entry| {
+                        Some((
+                            entry["hostname"].as_str()?.to_owned(),
+                            entry["since_last_heartbeat_ms"].as_u64()?,
+                        ))
+                    })
+                    .collect();
+                hosts
+                    .iter()
+                    .all(|host| heard.get(host).is_some_and(|since| *since < 1_000))
+            },
+        )?;
+        Ok(Detection {
+            what: "daemons reach the moved AM",
+            seconds,
+        })
+    }
+
+    /// Pulls the cable of `node` until the AM declares it lost, then plugs it back; times the
+    /// detection.
+    fn cut(&mut self, node: usize) -> Result<Detection> {
+        let host = self.host(self.nodes[node].host).name().to_owned();
+        self.host(self.nodes[node].host).link_down();
+        let detected = self.wait_until(
+            &format!("the AM declares the node of {host} lost"),
+            DETECTION_LIMIT,
+            |cluster| {
+                cluster.node_state(&host).as_deref() == Some("lost") || cluster.am_exit.is_some()
+            },
+        );
+        self.host(self.nodes[node].host).link_up();
+        Ok(Detection {
+            what: "node lost",
+            seconds: detected?,
+        })
+    }
+
+    /// Stops the trainer of `node` until the AM reports it hanging, then lets it go on; times the
+    /// detection.
+    fn hang(&mut self, node: usize) -> Result<Detection> {
+        let host = self.host(self.nodes[node].host).name().to_owned();
+        let Some(pid) = self.nodes[node].trainer.as_ref().map(Child::id) else {
+            return Ok(Detection {
+                what: "trainer hang (no trainer to stop)",
+                seconds: 0.0,
+            });
+        };
+        let signal = |signal: &str| {
+            Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status()
+                .is_ok_and(|status| status.success())
+        };
+        signal("-STOP");
+        let detected = self.wait_until(
+            &format!("the AM reports the stopped trainer of {host}"),
+            DETECTION_LIMIT,
+            |cluster| {
+                cluster.am_exit.is_some()
+                    || cluster.status().is_some_and(|status| {
+                        status["hangs"]
+                            .as_array()
+                            .is_some_and(|hangs| hangs.iter().any(|hang| hang["kind"] == "trainer"))
+                    })
+            },
+        );
+        signal("-CONT");
+        Ok(Detection {
+            what: "trainer hang",
+            seconds: detected?,
+        })
+    }
+
+    /// Waits for the job to end and every trainer with it; returns the run's wall time.
+    fn finish(&mut self, started: Instant) -> Result<f64> {
+        let watchdog = self.options.watchdog.saturating_sub(started.elapsed());
+        self.wait_until("the job ends", watchdog, |cluster| {
+            cluster.am_exit.is_some()
+        })?;
+        let seconds = started.elapsed().as_secs_f64();
+        self.wait_until("the trainers end", DETECTION_LIMIT, |cluster| {
+            cluster
+                .nodes
+                .iter()
+                .all(|node| node.trainer.is_none() && node.daemon.is_none())
+        })?;
+        self.takeovers = self
+            .every_log()
+            .matches("took over a ring this node fed before it restarted")
+            .count();
+        Ok(seconds)
+    }
+
+    /// Every ids file, in each host's order of generations, with whether its daemon was fenced.
+    fn tally(&self) -> Tally {
+        let files: Vec<(Vec<i64>, bool)> = self
+            .nodes
+            .iter()
+            .flat_map(|node| &node.generations)
+            .map(|generation| (read_ids(&generation.ids), generation.fenced))
+            .collect();
+        Tally::by_the_rule(&files, self.options.rows)
+    }
+
+    fn every_log(&self) -> String {
+        sluice_testkit::job::logs(&self.logs)
+    }
+
+    /// Copies the logs and ids files to the run's directory, when it has one.
+    fn keep_logs(&self) {
+        let Some(directory) = &self.options.directory else {
+            return;
+        };
+        let _ = std::fs::create_dir_all(directory);
+        for source in [&self.logs, &self.shared] {
+            let Ok(entries) = std::fs::read_dir(source) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let keep = path.is_file()
+                    && path.extension().is_some_and(|extension| {
+                        ["bin", "log", "err", "yaml"]
+                            .iter()
+                            .any(|kept| extension == *kept)
+                    });
+                if keep && let Some(name) = path.file_name() {
+                    let _ = std::fs::copy(&path, directory.join(name));
+                }
+            }
+        }
+    }
+
+    /// Kills every process of the run.
+    fn stop_everything(&mut self) {
+        let _ = self.am.kill();
+        let _ = self.am.wait();
+        for node in &mut self.nodes {
+            for child in [node.daemon.as_mut(), node.trainer.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                let _ = Command::new("kill")
+                    .args(["-CONT", &child.id().to_string()])
+                    .status();
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Drop for Cluster<'_> {
+    fn drop(&mut self) {
+        for host in self.bed.hosts() {
+            host.link_up();
+        }
+        self.stop_everything();
+    }
+}
