@@ -79,6 +79,8 @@ struct Cluster<'a> {
     /// How the AM ended, once it did.
     am_exit: Option<bool>,
     takeovers: usize,
+    /// When the AM was first started, the data being ready.
+    began: Instant,
 }
 
 /// Runs the chaos job across `plan.hosts` node hosts.
@@ -93,7 +95,7 @@ pub(super) fn run(options: &ChaosOptions, plan: &HostsPlan, seed: u64) -> Result
         logs: String::new(),
     })?;
     let mut cluster = Cluster::start(options, &bed, plan.hosts)?;
-    let started = Instant::now();
+    let started = cluster.began;
     let outcome = cluster
         .faults(plan, seed, started)
         .and_then(|(kills, detections)| {
@@ -184,8 +186,10 @@ checkpoint: {{ uri: "file://{journal}" }}
             am_exit: None,
             takeovers: 0,
             shared,
+            began: Instant::now(),
         };
         let _ = cluster.am.wait();
+        cluster.began = Instant::now();
         cluster.am = cluster.start_am()?;
         for node in 0..hosts {
             let mut entry = Node {
