@@ -100,6 +100,40 @@ impl From<JobId> for String {
     }
 }
 
+/// The longest job name: it names a directory on every node and, on Kubernetes, pods.
+pub const JOB_NAME_MAX_LEN: usize = 63;
+
+/// Why `value` cannot be a name that becomes one component of a path and a pod's name (a job's, a
+/// role's): what is wrong with it, and the fix; `None` when it can. Such a name is lowercase letters,
+/// digits, `-`, `_` and `.`, starting with a letter or digit (so never `..`, `/` or absolute), and at
+/// most `max_len` characters long. Names that come from the wire or the environment are checked
+/// with it as names from the spec are.
+pub fn slug_problem(value: &str, max_len: usize) -> Option<(String, String)> {
+    let fix = "use lowercase letters, digits, `-`, `_` and `.`, starting with a letter or digit";
+    if value.is_empty() {
+        return Some(("is empty".to_owned(), fix.to_owned()));
+    }
+    if value.len() > max_len {
+        return Some((
+            format!("is {} characters long", value.len()),
+            format!("shorten it to at most {max_len}"),
+        ));
+    }
+    let starts_well = value
+        .chars()
+        .next()
+        .is_some_and(|first| first.is_ascii_lowercase() || first.is_ascii_digit());
+    let all_allowed = value.chars().all(|character| {
+        character.is_ascii_lowercase() || character.is_ascii_digit() || "-_.".contains(character)
+    });
+    (!starts_well || !all_allowed).then(|| {
+        (
+            "has characters that cannot name files and pods".to_owned(),
+            fix.to_owned(),
+        )
+    })
+}
+
 /// Adds `authorization: Bearer <token>` to every call when a token is set: the shared token an AM
 /// started with `--token` requires of its callers.
 #[derive(Debug, Clone)]

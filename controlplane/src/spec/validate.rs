@@ -35,7 +35,7 @@ const MIN_FOLLOW_INTERVAL_MS: u64 = 10;
 const MIN_HEARTBEAT_INTERVAL_MS: u64 = 10;
 
 pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
-    let name = validate_slug("name", &raw.name, 63)?;
+    let name = validate_slug("name", &raw.name, sluice_proto::JOB_NAME_MAX_LEN)?;
     let data = validate_data(raw.data)?;
     let nodes = raw.nodes.unwrap_or(1);
     if nodes == 0 {
@@ -102,34 +102,17 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
     })
 }
 
-/// A lowercase name usable in paths and pod names.
+/// A lowercase name usable in paths and pod names (see [`sluice_proto::slug_problem`]).
 fn validate_slug(path: &str, value: &str, max_len: usize) -> Result<String, SpecError> {
-    let fix = "use lowercase letters, digits, `-`, `_` and `.`, starting with a letter or digit";
-    if value.is_empty() {
-        return Err(SpecError::invalid(path, "is empty", fix));
-    }
-    if value.len() > max_len {
-        return Err(SpecError::invalid(
+    match sluice_proto::slug_problem(value, max_len) {
+        Some((problem, fix)) if value.is_empty() => Err(SpecError::invalid(path, problem, fix)),
+        Some((problem, fix)) => Err(SpecError::invalid(
             path,
-            format!("is {} characters long", value.len()),
-            format!("shorten it to at most {max_len}"),
-        ));
-    }
-    let starts_well = value
-        .chars()
-        .next()
-        .is_some_and(|first| first.is_ascii_lowercase() || first.is_ascii_digit());
-    let all_allowed = value.chars().all(|character| {
-        character.is_ascii_lowercase() || character.is_ascii_digit() || "-_.".contains(character)
-    });
-    if !starts_well || !all_allowed {
-        return Err(SpecError::invalid(
-            path,
-            format!("`{value}` has characters that cannot name files and pods"),
+            format!("`{value}` {problem}"),
             fix,
-        ));
+        )),
+        None => Ok(value.to_owned()),
     }
-    Ok(value.to_owned())
 }
 
 fn validate_data(raw: RawData) -> Result<DataSpec, SpecError> {

@@ -44,6 +44,18 @@ pub enum DaemonError {
         /// The AM's answer.
         status: tonic::Status,
     },
+    /// A job name from the AM or the command line cannot name the job's ring directory.
+    #[error("{from} names the job {name:?}, which {problem}: {fix}")]
+    JobName {
+        /// Where the name came from.
+        from: &'static str,
+        /// The name.
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+        /// How to fix it.
+        fix: String,
+    },
     /// A daemon started without a node id found the rings of several nodes on its host.
     #[error(
         "{dir} holds the rings of {}, more than one node: start this daemon with --node-id to say which node it serves",

@@ -130,6 +130,9 @@ pub struct DaemonOptions {
 
 /// Runs the daemon until the AM shuts it down.
 pub async fn run(options: DaemonOptions) -> Result<()> {
+    if let Some(job) = &options.job {
+        check_job_name("--job (SLUICE_JOB)", job)?;
+    }
     let session = Session::connect(&options).await?;
     let job_id = options.job.clone().unwrap_or_default();
     let mut recovered = Recovered::default();
@@ -145,6 +148,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
         }
     }
     let mut reply = session.register(&job_id, recovered.held()?).await?;
+    check_job_name("the AM's answer to the registration", &reply.job_id)?;
     let node = session.node_id();
     let fenced = reply
         .commands
@@ -213,6 +217,20 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
     }
     tracing::info!(node = node.0, "daemon shut down");
     Ok(())
+}
+
+/// Refuses a job name that cannot be one directory under the ring directory (`..`, a path, an
+/// absolute path), as the spec's validation refuses it.
+fn check_job_name(from: &'static str, name: &str) -> Result<()> {
+    match sluice_proto::slug_problem(name, sluice_proto::JOB_NAME_MAX_LEN) {
+        Some((problem, fix)) => Err(DaemonError::JobName {
+            from,
+            name: name.to_owned(),
+            problem,
+            fix,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// How serving one registration ended.

@@ -168,8 +168,8 @@ fn attach(args: &ConsumeArgs) -> anyhow::Result<PathBuf> {
             "no ring to read: pass --ring (or SLUICE_RING), or launch the trainer with torchrun or srun (RANK or SLURM_PROCID) or SLUICE_RANK, and SLUICE_AM"
         );
     };
-    let job = match &args.job {
-        Some(job) => job.clone(),
+    let (job, from) = match &args.job {
+        Some(job) => (job.clone(), "--job (SLUICE_JOB)"),
         None => {
             let status = runtime(1)?.block_on(args.address.status())?;
             let expected: u32 = status.roles.iter().map(|role| role.num).sum();
@@ -180,9 +180,12 @@ fn attach(args: &ConsumeArgs) -> anyhow::Result<PathBuf> {
                     trainer.world_size
                 );
             }
-            status.job_id
+            (status.job_id, "the AM")
         }
     };
+    if let Some((problem, fix)) = sluice_proto::slug_problem(&job, sluice_proto::JOB_NAME_MAX_LEN) {
+        anyhow::bail!("{from} names the job {job:?}, which {problem}: {fix}");
+    }
     let job_dir = args.ring_dir.join(&job);
     trainer
         .write(&job_dir)
