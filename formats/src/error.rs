@@ -56,6 +56,14 @@ pub enum FormatError {
         /// Arrow's error.
         cause: arrow::error::ArrowError,
     },
+    /// A filter expression nests deeper, or compares more often, than a reader evaluates.
+    #[error("the filter {what}; {fix}")]
+    FilterTooLarge {
+        /// What is too large, with the limit.
+        what: String,
+        /// How to write it within the limit.
+        fix: String,
+    },
     /// A filter expression failed to parse.
     #[error("filter syntax error at byte {position}: {message}\n  {expression}\n  {caret:>width$}", caret = "^", width = position + 1)]
     FilterSyntax {

@@ -253,3 +253,33 @@ fn a_bad_spec_is_refused_with_the_key_and_the_fix() {
     let message = String::from_utf8_lossy(&output.stderr);
     assert!(message.contains("unknown key `colour`"), "{message}");
 }
+
+#[test]
+fn a_call_larger_than_the_limit_is_refused_and_the_am_serves_on() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let am = start(&job(directory.path(), ""), &[]);
+    common::runtime().block_on(async {
+        let mut client = daemon(&am.address).await;
+        let huge = v1::HeartbeatRequest {
+            node_id: 0,
+            hostname: "h".repeat(8 << 20),
+            ..v1::HeartbeatRequest::default()
+        };
+        let refused = client.heartbeat(huge).await.expect_err("an 8 MiB call");
+        assert!(
+            refused.message().contains("message length too large"),
+            "{refused:?}"
+        );
+        let registered = client
+            .register(v1::RegisterRequest {
+                node_id: 0,
+                job_id: "cli-test".into(),
+                hostname: "test".into(),
+                ..v1::RegisterRequest::default()
+            })
+            .await
+            .expect("the AM serves on")
+            .into_inner();
+        assert_eq!(registered.ranks, vec![0]);
+    });
+}

@@ -34,13 +34,15 @@ pub enum PlanError {
     },
     /// An epoch would have more tasks than the table can index.
     #[error(
-        "an epoch would have {tasks} tasks, more than {max}; raise data.task_rows so there are fewer"
+        "an epoch would have {tasks} tasks, more than {max}; raise data.task_rows to {task_rows} or more so there are fewer"
     )]
     TooManyTasks {
         /// The tasks the epoch would have.
         tasks: u64,
         /// The most an epoch may have.
         max: u64,
+        /// The least `task_rows` that makes few enough.
+        task_rows: u64,
     },
     /// There are more splits than the table can index.
     #[error(
@@ -182,8 +184,12 @@ pub struct JobState {
     pub(super) following: bool,
 }
 
-/// The largest number of slots in one epoch, so that a slot index fits in `u32`.
+/// The largest number of splits, so that a split index fits in `u32`.
 const MAX_SLOTS: u64 = u32::MAX as u64;
+
+/// The most tasks an epoch may have: the table keeps a few dozen bytes per task (about 300 MiB at
+/// ten million, see BENCHMARKS.md), so this bounds the AM's memory near 1.5 GiB.
+pub const MAX_EPOCH_TASKS: u64 = 50_000_000;
 
 impl JobState {
     /// Plans epoch 0 over splits with the given row counts; a split's index in `split_rows` is the
@@ -204,10 +210,11 @@ impl JobState {
         }
         let task_rows = config.task_rows.max(1);
         let tasks: u64 = split_rows.iter().map(|rows| rows.div_ceil(task_rows)).sum();
-        if tasks > MAX_SLOTS {
+        if tasks > MAX_EPOCH_TASKS {
             return Err(PlanError::TooManyTasks {
                 tasks,
-                max: MAX_SLOTS,
+                max: MAX_EPOCH_TASKS,
+                task_rows: epoch_rows.div_ceil(MAX_EPOCH_TASKS),
             });
         }
         let mut state = JobState {
@@ -1056,9 +1063,9 @@ impl JobState {
                 .iter()
                 .map(|rows| rows.div_ceil(task_rows))
                 .sum::<u64>();
-        if splits > MAX_SLOTS || tasks > MAX_SLOTS {
+        if splits > MAX_SLOTS || tasks > MAX_EPOCH_TASKS {
             let reason = format!(
-                "following: the job would have {splits} splits and {tasks} tasks, more than {MAX_SLOTS}; raise data.task_rows or end following sooner"
+                "following: the job would have {splits} splits and {tasks} tasks, more than {MAX_SLOTS} splits or {MAX_EPOCH_TASKS} tasks; raise data.task_rows or end following sooner"
             );
             self.finish(JobOutcome::Failed { reason }, actions);
             return;

@@ -142,6 +142,14 @@ fn planning_refuses_data_without_rows_or_with_too_many_tasks() {
     let error = JobState::new(one_row_tasks, vec![1 << 33]).expect_err("too many tasks");
     assert!(matches!(error, PlanError::TooManyTasks { .. }));
     assert!(error.to_string().contains("raise data.task_rows"));
+    // A billion one-row tasks would take the AM tens of GiB: refused, naming a task_rows that fits.
+    let error = JobState::new(one_row_tasks, vec![1_000_000_000]).expect_err("a billion tasks");
+    assert!(
+        error
+            .to_string()
+            .contains("more than 50000000; raise data.task_rows to 20 or more"),
+        "{error}"
+    );
 }
 
 #[test]

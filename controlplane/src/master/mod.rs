@@ -485,6 +485,21 @@ impl Master {
                 "role {role:?}: cannot scale to 0 trainers; a role keeps at least one, as in the job spec (stop the job with `sluice stop` to end it)"
             )));
         }
+        let others: u64 = self
+            .role_sizes
+            .iter()
+            .enumerate()
+            .filter(|(other, _)| *other != index)
+            .map(|(_, size)| u64::from(*size))
+            .sum();
+        if others + u64::from(num) > u64::from(crate::spec::MAX_TRAINERS) {
+            return Err(AmError::InvalidRequest(format!(
+                "role {role:?}: {num} trainers would make {} in all, more than the {} a job may have; scale to at most {}",
+                others + u64::from(num),
+                crate::spec::MAX_TRAINERS,
+                u64::from(crate::spec::MAX_TRAINERS).saturating_sub(others)
+            )));
+        }
         if let Some(why) = self.finishing() {
             return Err(AmError::FailedPrecondition(format!(
                 "role {role:?}: the job is finishing ({why}), so it is not scaled"

@@ -729,6 +729,15 @@ fn a_scale_is_refused_with_a_reason_for_bad_requests_and_finishing_jobs() {
     );
     let error = sut.scale("worker", 0).expect_err("zero trainers");
     assert!(error.to_string().contains("at least one"), "{error}");
+    let error = sut
+        .scale("worker", 4_000_000_000)
+        .expect_err("four billion trainers");
+    assert!(
+        error
+            .to_string()
+            .contains("more than the 1048576 a job may have"),
+        "{error}"
+    );
     let same = sut.scale("worker", 4).expect("the same size");
     assert!(same.entries.is_empty(), "the same size changes nothing");
     assert!(!sut.scaling());

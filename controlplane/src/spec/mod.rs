@@ -93,6 +93,12 @@ impl Format {
     }
 }
 
+/// The most node daemons a job may have.
+pub const MAX_NODES: u32 = 65_536;
+/// The most trainers a job may have, over all its roles: the AM keeps a record of each, and hands
+/// out ranks below this.
+pub const MAX_TRAINERS: u32 = 1 << 20;
+
 /// A validated job spec. Every optional key has its default filled in.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobSpec {

@@ -943,3 +943,54 @@ fn bad_transforms_are_refused_naming_the_key_and_the_fix() {
     let error = refused(&with_transforms("[{fill_null: {column: x}}]"));
     assert_error(&error, "data.transforms[0].fill_null.value", &["missing"]);
 }
+
+#[test]
+fn absurd_sizes_and_filters_are_refused_naming_the_limit() {
+    assert_error(
+        &refused(&minimal_with("nodes: 4000000000")),
+        "nodes",
+        &["is 4000000000", "65536", "at most 65536"],
+    );
+    assert_error(
+        &refused(&with_role(
+            "{ name: worker, num: 4000000000, command: [sluice, consume] }",
+        )),
+        "roles",
+        &["4000000000 trainers", "1048576"],
+    );
+    let two_roles = "name: small\ndata:\n  sources: [{ uri: 'file:///d', format: parquet }]\nroles:\n  - { name: a, num: 1048576, command: [sluice, consume] }\n  - { name: b, num: 1, command: [sluice, consume] }\n";
+    assert_error(&refused(two_roles), "roles", &["1048577 trainers"]);
+    let deep = format!("{}id = 1{}", "(".repeat(200_000), ")".repeat(200_000));
+    assert_error(
+        &refused(&with_source(&format!(
+            "{{ uri: 'file:///d', format: parquet, filter: '{deep}' }}"
+        ))),
+        "data.sources[0].filter",
+        &["more than 64 deep"],
+    );
+    let chain = vec!["id = 1"; 100_000].join(" and ");
+    assert_error(
+        &refused(&with_source(&format!(
+            "{{ uri: 'file:///d', format: parquet, filter: '{chain}' }}"
+        ))),
+        "data.sources[0].filter",
+        &["more than 1024 comparisons"],
+    );
+    let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x]\n");
+    for level in 1..10 {
+        let previous = format!("*a{}", level - 1);
+        bomb.push_str(&format!(
+            "a{level}: &a{level} [{}]\n",
+            [previous.as_str(); 9].join(", ")
+        ));
+    }
+    let message = refused(&format!("{bomb}{MINIMAL_YAML}")).to_string();
+    assert!(message.contains("repetition limit exceeded"), "{message}");
+    assert_error(
+        &refused(&with_source(
+            "{ uri: 'file:///d', format: parquet, filter: 'id >' }",
+        )),
+        "data.sources[0].filter",
+        &["filter syntax error at byte 4"],
+    );
+}

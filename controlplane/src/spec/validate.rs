@@ -7,8 +7,8 @@ use super::raw::{
 };
 use super::{
     CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, HangAction, HangSpec, JobSpec,
-    LauncherKind, Resources, RestartPolicy, RoleSpec, ShuffleSpec, SourceFormat, SourceSpec,
-    SpecError, TransformSpec,
+    LauncherKind, MAX_NODES, MAX_TRAINERS, Resources, RestartPolicy, RoleSpec, ShuffleSpec,
+    SourceFormat, SourceSpec, SpecError, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -43,6 +43,13 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
             "nodes",
             "is 0",
             "set it to 1 or more: every job needs a node daemon",
+        ));
+    }
+    if nodes > MAX_NODES {
+        return Err(SpecError::invalid(
+            "nodes",
+            format!("is {nodes}, more than the {MAX_NODES} node daemons a job may have"),
+            format!("set it to at most {MAX_NODES}, one per machine that runs trainers"),
         ));
     }
     if raw.roles.is_empty() {
@@ -82,6 +89,17 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
         roles.push(role);
     }
     let trainers: u64 = roles.iter().map(|role| u64::from(role.num)).sum();
+    if trainers > u64::from(MAX_TRAINERS) {
+        return Err(SpecError::invalid(
+            "roles",
+            format!(
+                "have {trainers} trainers in all (their `num`), more than the {MAX_TRAINERS} a job may have"
+            ),
+            format!(
+                "lower the roles' `num` to {MAX_TRAINERS} in all, or split the work into several jobs"
+            ),
+        ));
+    }
     let failover = validate_failover(raw.failover, u64::from(nodes) + trainers)?;
     if failover.hang.action == HangAction::Restart && launcher == LauncherKind::External {
         return Err(SpecError::invalid(
@@ -411,7 +429,18 @@ fn validate_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError
                 "write a filter expression, or remove the key to keep every row",
             ));
         }
-        other => other,
+        Some(filter) => {
+            // Parsed here so that a filter no daemon can read fails the spec, not every daemon.
+            if let Err(error) = sluice_formats::filter::Expr::parse(&filter) {
+                return Err(SpecError::invalid(
+                    at("filter"),
+                    error.to_string(),
+                    "fix the expression, for example `label = 1 and score >= 0.5`",
+                ));
+            }
+            Some(filter)
+        }
+        None => None,
     };
     let storage_options = string_map(&at("storage_options"), raw.storage_options, |_| Ok(()))?;
     let timestamp = raw.timestamp.map(|timestamp| timestamp.0);

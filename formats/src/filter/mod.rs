@@ -23,6 +23,9 @@
 //! Examples: `label = 1 and score >= 0.5`, `country in ('FR', 'DE') or name is null`,
 //! `not (id < 10)`, `"event time" > '2024-01-01T00:00:00Z'`.
 //!
+//! A filter nests parentheses and `not` at most [`MAX_FILTER_DEPTH`] deep and holds at most
+//! [`MAX_FILTER_TERMS`] predicates: evaluation and pruning recurse over the tree.
+//!
 //! # Semantics
 //!
 //! Comparisons follow SQL: a comparison with a null is unknown, `not unknown` is unknown, and a row is kept
@@ -48,4 +51,11 @@ mod parse;
 mod prune;
 
 pub use ast::{CompareOp, Expr, Literal};
+
+/// The deepest nesting of parentheses and `not` a filter may have.
+pub const MAX_FILTER_DEPTH: usize = 64;
+/// The most comparisons (`column op value`, `in`, `is null`) a filter may hold. Evaluation and
+/// pruning recurse over the expression, so both bounds keep a hostile filter from overflowing a
+/// reader's stack.
+pub const MAX_FILTER_TERMS: usize = 1024;
 pub use prune::PruningStatistics;

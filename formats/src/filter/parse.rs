@@ -2,6 +2,7 @@
 //! [`crate::filter`]).
 
 use super::ast::{CompareOp, Expr, Literal};
+use super::{MAX_FILTER_DEPTH, MAX_FILTER_TERMS};
 use crate::error::{FormatError, Result};
 
 impl Expr {
@@ -77,6 +78,10 @@ struct Parser<'a> {
     text: &'a str,
     tokens: Vec<(usize, Token)>,
     cursor: usize,
+    /// Parentheses and `not`s open around the cursor.
+    depth: usize,
+    /// Comparisons parsed so far.
+    terms: usize,
 }
 
 impl<'a> Parser<'a> {
@@ -86,7 +91,21 @@ impl<'a> Parser<'a> {
             text,
             tokens,
             cursor: 0,
+            depth: 0,
+            terms: 0,
         })
+    }
+
+    /// Opens one more level of parentheses or `not`.
+    fn enter(&mut self) -> Result<()> {
+        self.depth += 1;
+        if self.depth > MAX_FILTER_DEPTH {
+            return Err(FormatError::FilterTooLarge {
+                what: format!("nests parentheses and `not` more than {MAX_FILTER_DEPTH} deep"),
+                fix: "write it with fewer levels (`not (a and b)` is `not a or not b`)".to_owned(),
+            });
+        }
+        Ok(())
     }
 
     fn error(&self, position: usize, message: impl Into<String>) -> FormatError {
@@ -166,13 +185,25 @@ impl<'a> Parser<'a> {
 
     fn parse_unary(&mut self) -> Result<Expr> {
         if self.eat_keyword(Keyword::Not) {
-            return Ok(Expr::Not(Box::new(self.parse_unary()?)));
+            self.enter()?;
+            let inner = self.parse_unary()?;
+            self.depth -= 1;
+            return Ok(Expr::Not(Box::new(inner)));
         }
         if self.peek().1 == Token::LeftParen {
             self.advance();
+            self.enter()?;
             let inner = self.parse_or()?;
+            self.depth -= 1;
             self.expect(&Token::RightParen, "\")\"")?;
             return Ok(inner);
+        }
+        self.terms += 1;
+        if self.terms > MAX_FILTER_TERMS {
+            return Err(FormatError::FilterTooLarge {
+                what: format!("holds more than {MAX_FILTER_TERMS} comparisons"),
+                fix: "compare a column with a list of values as `column in (v1, v2, ...)`, or filter the data before the job".to_owned(),
+            });
         }
         self.parse_predicate()
     }
@@ -442,6 +473,29 @@ fn lex(text: &str) -> Result<Vec<(usize, Token)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_filter_too_deep_or_too_long_is_refused_naming_the_limit() {
+        let deep = format!("{}id = 1{}", "(".repeat(200_000), ")".repeat(200_000));
+        let nots = format!("{}id = 1", "not ".repeat(200_000));
+        let chain = vec!["id = 1"; 100_000].join(" and ");
+        for (text, limit) in [
+            (&deep, "64 deep"),
+            (&nots, "64 deep"),
+            (&chain, "1024 comparisons"),
+        ] {
+            let message = Expr::parse(text).expect_err("too large").to_string();
+            assert!(message.contains(limit), "{message}");
+            assert!(
+                message.len() < 300,
+                "the message does not repeat the filter: {message}"
+            );
+        }
+        let deepest = format!("{}id = 1{}", "(".repeat(64), ")".repeat(64));
+        Expr::parse(&deepest).expect("64 levels parse");
+        let longest = vec!["id = 1"; 1024].join(" or ");
+        Expr::parse(&longest).expect("1024 comparisons parse");
+    }
 
     #[test]
     fn syntax_errors_point_at_the_byte() {
