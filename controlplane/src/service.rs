@@ -210,10 +210,10 @@ impl Am {
                     continue;
                 }
                 seen.insert(key.clone(), Instant::now());
-                let verb = if key.daemon { "called the AM" } else { "read" };
                 let what = format!(
-                    "{} has not {verb} for {:.1} s (the bound is {:.1} s: failover.hang)",
+                    "{} has not {} for {:.1} s (the bound is {:.1} s: failover.hang)",
                     key.what(),
+                    key.verb(),
                     hang.stuck_ms as f64 / 1000.0,
                     hang.bound_ms as f64 / 1000.0
                 );
@@ -221,7 +221,7 @@ impl Am {
                 match action {
                     HangAction::Warn => {}
                     HangAction::Restart => {
-                        let executor = if key.daemon {
+                        let executor = if key.in_the_daemon() {
                             u32::try_from(hang.node_id).ok().map(ExecutorId::Daemon)
                         } else {
                             self.master().trainer_ids().into_iter().find(|id| {
@@ -233,7 +233,7 @@ impl Am {
                         }
                     }
                     HangAction::Fail => {
-                        if key.daemon {
+                        if key.kind == HangKind::Daemon {
                             hung_daemons.push(key.node);
                         }
                         failure.get_or_insert(format!(
@@ -736,29 +736,60 @@ fn trainer_command(command: &[String], rank: u32, sluice: &std::path::Path) -> V
         .collect()
 }
 
-/// What hangs: a node's daemon, or the trainer of one of its rings.
+/// What hangs: a node's daemon, the trainer of one of its rings, or a task its daemon reads.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct HangKey {
     node: NodeId,
-    daemon: bool,
     rank: u32,
+    kind: HangKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum HangKind {
+    Daemon,
+    Trainer,
+    /// A task whose source read makes no progress, by id.
+    Task(u64),
 }
 
 impl HangKey {
     fn of(hang: &v1::Hang) -> HangKey {
         HangKey {
             node: NodeId(hang.node_id),
-            daemon: hang.kind == "daemon",
             rank: hang.rank,
+            kind: match hang.kind.as_str() {
+                "daemon" => HangKind::Daemon,
+                "task" => HangKind::Task(hang.task_id),
+                _ => HangKind::Trainer,
+            },
         }
     }
 
     fn what(&self) -> String {
-        if self.daemon {
-            format!("the daemon of node {}", self.node.0)
-        } else {
-            format!("the trainer of ring {} on node {}", self.rank, self.node.0)
+        match self.kind {
+            HangKind::Daemon => format!("the daemon of node {}", self.node.0),
+            HangKind::Trainer => {
+                format!("the trainer of ring {} on node {}", self.rank, self.node.0)
+            }
+            HangKind::Task(task) => format!(
+                "task {task}, read for ring {} by the daemon of node {},",
+                self.rank, self.node.0
+            ),
         }
+    }
+
+    /// What it has not done.
+    fn verb(&self) -> &'static str {
+        match self.kind {
+            HangKind::Daemon => "called the AM",
+            HangKind::Trainer => "read",
+            HangKind::Task(_) => "given its ring a batch from its source",
+        }
+    }
+
+    /// Whether starting the node's daemon again is what restarts it.
+    fn in_the_daemon(&self) -> bool {
+        matches!(self.kind, HangKind::Daemon | HangKind::Task(_))
     }
 }
 

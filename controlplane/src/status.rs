@@ -86,6 +86,7 @@ pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
             "bound_ms": hang.bound_ms,
             "action": hang.action,
             "kind": hang.kind,
+            "task_id": hang.task_id,
         })).collect::<Vec<_>>(),
         "sources": reply.sources.iter().map(|source| serde_json::json!({
             "uri": source.uri,

@@ -156,6 +156,7 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                 daemon_wait_ns: 2,
                 reader_idle_ms: 0,
                 reader_interval_ms: 0,
+                ..RingStats::default()
             }],
         })
         .await

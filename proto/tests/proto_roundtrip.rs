@@ -51,6 +51,8 @@ fn heartbeat_request() -> HeartbeatRequest {
             daemon_wait_ns: 200,
             reader_idle_ms: 0,
             reader_interval_ms: 0,
+            source_wait_ms: 1_500,
+            source_task_id: 6,
         }],
     }
 }

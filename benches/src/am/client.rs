@@ -296,6 +296,7 @@ impl Daemon {
                 daemon_wait_ns: 0,
                 reader_idle_ms: 0,
                 reader_interval_ms: 0,
+                ..v1::RingStats::default()
             }],
         };
         let sent = Instant::now();

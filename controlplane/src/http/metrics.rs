@@ -143,19 +143,25 @@ fn register_job(registry: &mut Registry, status: &v1::StatusReply) {
 fn register_hangs(registry: &mut Registry, hangs: &[v1::Hang]) {
     let trainers = Family::<RingLabels, GaugeF64>::default();
     let daemons = Family::<NodeLabel, GaugeF64>::default();
+    let tasks = Family::<RingLabels, GaugeF64>::default();
     for hang in hangs {
         let seconds = hang.stuck_ms as f64 / 1000.0;
-        if hang.kind == "daemon" {
-            daemons
-                .get_or_create(&NodeLabel { node: hang.node_id })
-                .set(seconds);
-        } else {
-            trainers
-                .get_or_create(&RingLabels {
-                    node: hang.node_id,
-                    rank: hang.rank,
-                })
-                .set(seconds);
+        let ring = RingLabels {
+            node: hang.node_id,
+            rank: hang.rank,
+        };
+        match hang.kind.as_str() {
+            "daemon" => {
+                daemons
+                    .get_or_create(&NodeLabel { node: hang.node_id })
+                    .set(seconds);
+            }
+            "task" => {
+                tasks.get_or_create(&ring).set(seconds);
+            }
+            _ => {
+                trainers.get_or_create(&ring).set(seconds);
+            }
         }
     }
     registry.register(
@@ -167,6 +173,11 @@ fn register_hangs(registry: &mut Registry, hangs: &[v1::Hang]) {
         "daemon_hang_seconds",
         "Seconds a hung node daemon (past the spec's failover.hang bound, not yet declared lost) has not called the AM; only hung daemons are listed",
         daemons,
+    );
+    registry.register(
+        "task_hang_seconds",
+        "Seconds a ring's feeder has waited for the next batch of a task from its source, past the spec's failover.hang.after_s, in a live daemon; only rings whose task hangs are listed",
+        tasks,
     );
 }
 

@@ -117,6 +117,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
                 daemon_wait_ns: 500_000_000,
                 reader_idle_ms: 0,
                 reader_interval_ms: 0,
+                ..v1::RingStats::default()
             }],
         }),
         1_020,
@@ -311,6 +312,7 @@ fn reported_status() -> v1::StatusReply {
                         daemon_wait_ns: 0,
                         reader_idle_ms: 0,
                         reader_interval_ms: 0,
+                        ..v1::RingStats::default()
                     },
                     v1::RingStats {
                         rank: 1,
@@ -320,6 +322,7 @@ fn reported_status() -> v1::StatusReply {
                         daemon_wait_ns: 4_500_000_000,
                         reader_idle_ms: 0,
                         reader_interval_ms: 0,
+                        ..v1::RingStats::default()
                     },
                 ],
             },
@@ -352,6 +355,7 @@ fn reported_status() -> v1::StatusReply {
                 bound_ms: 5_000,
                 action: "warn".into(),
                 kind: "trainer".into(),
+                task_id: 0,
             },
             v1::Hang {
                 node_id: 0,
@@ -360,6 +364,16 @@ fn reported_status() -> v1::StatusReply {
                 bound_ms: 1_000,
                 action: "warn".into(),
                 kind: "daemon".into(),
+                task_id: 0,
+            },
+            v1::Hang {
+                node_id: 0,
+                rank: 1,
+                stuck_ms: 3_000,
+                bound_ms: 1_000,
+                action: "warn".into(),
+                kind: "task".into(),
+                task_id: 9,
             },
         ],
     }
@@ -398,6 +412,7 @@ fn exposition_lists_every_figure_with_help() {
         "sluice_am_ring_daemon_wait_seconds_total{node=\"0\",rank=\"1\"} 4.5",
         "sluice_am_trainer_hang_seconds{node=\"0\",rank=\"1\"} 7.5",
         "sluice_am_daemon_hang_seconds{node=\"0\"} 2.0",
+        "sluice_am_task_hang_seconds{node=\"0\",rank=\"1\"} 3.0",
     ] {
         assert!(
             samples.contains(&expected),

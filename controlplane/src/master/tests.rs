@@ -1440,6 +1440,32 @@ fn a_trainer_that_holds_its_ring_unread_past_the_bound_hangs_until_it_reads_agai
     );
     report(&mut sut, 400, ring(0, 40_000));
     assert!(sut.hangs(400).is_empty(), "reading again");
+
+    // A task whose source read makes no progress: the ring's feeder waits for it past `after_s`.
+    let waiting = |wait_ms: u64| v1::RingStats {
+        source_wait_ms: wait_ms,
+        source_task_id: 7,
+        ..ring(0, 40_000)
+    };
+    report(&mut sut, 500, waiting(299_999));
+    assert!(sut.hangs(500).is_empty(), "under the floor");
+    report(&mut sut, 600, waiting(300_000));
+    let hangs = sut.hangs(600);
+    assert_eq!(
+        hangs
+            .iter()
+            .map(|hang| (
+                hang.kind.as_str(),
+                hang.task_id,
+                hang.rank,
+                hang.stuck_ms,
+                hang.bound_ms
+            ))
+            .collect::<Vec<_>>(),
+        vec![("task", 7, 1, 300_000, 300_000)]
+    );
+    report(&mut sut, 700, waiting(0));
+    assert!(sut.hangs(700).is_empty(), "the batch came");
 }
 
 #[test]

@@ -67,6 +67,7 @@ impl Master {
         let policy = &self.spec.failover.hang;
         let action = policy.action.name();
         let daemon_bound_ms = policy.bound_ms(self.spec.failover.heartbeat_interval_ms);
+        let task_bound_ms = policy.bound_ms(0);
         let mut hangs = Vec::new();
         let alive = self
             .table
@@ -83,6 +84,7 @@ impl Master {
                     bound_ms: daemon_bound_ms,
                     action: action.to_owned(),
                     kind: "daemon".to_owned(),
+                    task_id: 0,
                 });
             }
             for ring in &info.rings {
@@ -95,6 +97,18 @@ impl Master {
                         bound_ms,
                         action: action.to_owned(),
                         kind: "trainer".to_owned(),
+                        task_id: 0,
+                    });
+                }
+                if ring.source_wait_ms >= task_bound_ms {
+                    hangs.push(v1::Hang {
+                        node_id: node.0,
+                        rank: ring.rank,
+                        stuck_ms: ring.source_wait_ms,
+                        bound_ms: task_bound_ms,
+                        action: action.to_owned(),
+                        kind: "task".to_owned(),
+                        task_id: ring.source_task_id,
                     });
                 }
             }

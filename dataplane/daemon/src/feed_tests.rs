@@ -11,7 +11,7 @@ use sluice_formats::{Dataset, Expr, FormatKind, OpenOptions, ReadOptions};
 use sluice_proto::v1;
 use tokio::sync::mpsc;
 
-use crate::feeder::{Control, Job, Pipeline, feed, lock, open_pipeline};
+use crate::feeder::{Control, Job, Pipeline, SourceWait, feed, lock, open_pipeline};
 use crate::shuffle::split_order;
 use crate::writer::Write;
 
@@ -147,7 +147,13 @@ async fn run_feeder(
     drop(jobs);
     // Every task is queued before the feeder starts, so that the interleave, which draws among the
     // tasks open at each batch, sees the same open tasks in every run.
-    let feeder = tokio::spawn(feed(queue, writer, pipeline, None));
+    let feeder = tokio::spawn(feed(
+        queue,
+        writer,
+        pipeline,
+        None,
+        Arc::new(SourceWait::default()),
+    ));
     let mut delivered = Vec::new();
     let mut stopped_at = None;
     while let Some(write) = written.recv().await {

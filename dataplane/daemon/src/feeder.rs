@@ -3,10 +3,10 @@
 //! stop row.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_formats::SplitBatch;
-use sluice_proto::v1;
+use sluice_proto::{TaskId, v1};
 use tokio::sync::mpsc;
 
 use crate::error::{DaemonError, FeedError, Result};
@@ -25,6 +25,32 @@ pub(crate) struct Control {
     pub(crate) sent_end: u64,
     /// Why reading failed.
     pub(crate) failed: Option<String>,
+}
+
+/// Which task a ring's feeder waits for the next batch of, from its source, and since when: a read
+/// that makes no progress in a live daemon shows here, for hang detection.
+#[derive(Debug, Default)]
+pub struct SourceWait(Mutex<Option<(TaskId, Instant)>>);
+
+impl SourceWait {
+    fn begin(&self, task: TaskId) {
+        *self.lock() = Some((task, Instant::now()));
+    }
+
+    fn end(&self) {
+        *self.lock() = None;
+    }
+
+    /// The task waited for and for how long, while the feeder waits for one.
+    pub fn waiting(&self) -> Option<(TaskId, Duration)> {
+        self.lock().map(|(task, since)| (task, since.elapsed()))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(TaskId, Instant)>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// A task on its way to a ring's feeder.
@@ -89,6 +115,7 @@ pub(crate) async fn feed(
     writer: mpsc::Sender<Write>,
     pipeline: Arc<Pipeline>,
     mut epoch: Option<u32>,
+    source_wait: Arc<SourceWait>,
 ) {
     let window = pipeline.shape.window();
     let seed = pipeline.shape.shuffle.map_or(0, |shuffle| shuffle.seed);
@@ -147,6 +174,7 @@ pub(crate) async fn feed(
             task,
             &writer,
             &pipeline.stages,
+            &source_wait,
         )
         .await
         {
@@ -293,8 +321,12 @@ async fn feed_task(
     task: &mut Pump,
     writer: &mpsc::Sender<Write>,
     stages: &Stages,
+    source_wait: &SourceWait,
 ) -> Result<Fed, FeedError> {
-    let Some(covered) = task.batches.recv().await.transpose()? else {
+    source_wait.begin(TaskId(assignment.task_id));
+    let next = task.batches.recv().await;
+    source_wait.end();
+    let Some(covered) = next.transpose()? else {
         return Ok(Fed::Done);
     };
     let decided = {

@@ -73,7 +73,13 @@ impl Rings {
             )
             .map_err(DaemonError::Writer)?;
             let (queue, jobs) = mpsc::unbounded_channel();
-            let feeder = tokio::spawn(feed(jobs, started.sender.clone(), pipeline.clone(), epoch));
+            let feeder = tokio::spawn(feed(
+                jobs,
+                started.sender.clone(),
+                pipeline.clone(),
+                epoch,
+                started.state.source_wait().clone(),
+            ));
             rings.push(RankRing {
                 rank: *rank,
                 queue,
@@ -278,11 +284,14 @@ pub(crate) fn ring_stats<'a>(
             let (used, capacity) = state.occupancy();
             let (trainer_wait, daemon_wait) = state.waits();
             let reading = state.reading();
+            let source_wait = state.source_wait().waiting();
             let millis =
                 |duration: Duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
             v1::RingStats {
                 reader_idle_ms: millis(reading.idle),
                 reader_interval_ms: reading.interval.map_or(0, millis),
+                source_wait_ms: source_wait.map_or(0, |(_, waited)| millis(waited).max(1)),
+                source_task_id: source_wait.map_or(0, |(task, _)| task.0),
                 rank,
                 used_bytes: used,
                 capacity_bytes: capacity,

@@ -169,6 +169,12 @@ pub(crate) fn prometheus(node: u64, stages: &[v1::StageStats], rings: &[v1::Ring
         "How long the trainer has held the ring's records without releasing any, since it first read (0 while it reads or the ring is empty).",
         &mut ring(|stats| stats.reader_idle_ms as f64 / 1e3),
     );
+    family(
+        "ring_source_wait_seconds",
+        "gauge",
+        "How long the ring's feeder has waited for the next batch of a task from its source (0 while it does not wait for one).",
+        &mut ring(|stats| stats.source_wait_ms as f64 / 1e3),
+    );
     out
 }
 
@@ -199,8 +205,14 @@ mod tests {
             daemon_wait_ns: 0,
             reader_idle_ms: 0,
             reader_interval_ms: 0,
+            source_wait_ms: 2_500,
+            source_task_id: 4,
         }];
         let text = prometheus(1, &report, &rings);
+        assert!(
+            text.contains("sluice_daemon_ring_source_wait_seconds{node=\"1\",rank=\"3\"} 2.5\n"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "sluice_daemon_stage_busy_seconds_total{node=\"1\",stage=\"decode\"} 0.02\n"

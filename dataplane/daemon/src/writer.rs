@@ -35,6 +35,7 @@ use sluice_ring::{
 };
 use tokio::sync::mpsc;
 
+use crate::feeder::SourceWait;
 use crate::lease::Lease;
 use crate::stats::Stages;
 
@@ -92,6 +93,8 @@ pub struct RingState {
     fence: Mutex<Option<String>>,
     /// How the trainer has been reading.
     reads: Mutex<ReadWatch>,
+    /// What the ring's feeder waits for from the sources.
+    source_wait: Arc<SourceWait>,
 }
 
 /// How a ring's trainer has been reading: where its read cursor stood when last looked at, when it
@@ -221,6 +224,11 @@ impl RingState {
         reads.cursor = read;
     }
 
+    /// What the ring's feeder waits for from the sources, shared with the feeder.
+    pub fn source_wait(&self) -> &Arc<SourceWait> {
+        &self.source_wait
+    }
+
     /// How the trainer reads, as of the last [`RingState::watch_reads`].
     pub fn reading(&self) -> Reading {
         let (used, _) = self.occupancy();
@@ -306,6 +314,7 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, WriterError> {
         giving_back: AtomicBool::new(false),
         ending: AtomicBool::new(false),
         fence: Mutex::new(None),
+        source_wait: Arc::default(),
     });
     Ok(Attached {
         producer,

@@ -353,16 +353,22 @@ fn write_status(out: &mut dyn Write, reply: &v1::StatusReply) -> std::io::Result
         writeln!(out, "  waiting: {waiting}")?;
     }
     for hang in &reply.hangs {
-        let (what, verb) = if hang.kind == "daemon" {
-            (
+        let (what, verb) = match hang.kind.as_str() {
+            "daemon" => (
                 format!("the daemon of node {}", hang.node_id),
                 "called the AM",
-            )
-        } else {
-            (
+            ),
+            "task" => (
+                format!(
+                    "task {}, read for ring {} by the daemon of node {},",
+                    hang.task_id, hang.rank, hang.node_id
+                ),
+                "given its ring a batch from its source",
+            ),
+            _ => (
                 format!("the trainer of ring {} on node {}", hang.rank, hang.node_id),
                 "read",
-            )
+            ),
         };
         writeln!(
             out,
