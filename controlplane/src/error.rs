@@ -32,6 +32,14 @@ pub enum AmError {
     /// The request cannot be served in the job's current state.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The AM's journal can record nothing more, so the AM stops acting and exits.
+    #[error(
+        "this AM steps down: {cause}. It leaves the executors running for the AM that took the job over; if none did, free the journal's storage and start the AM again, which takes the job over from its journal"
+    )]
+    SteppedDown {
+        /// Why the journal stopped.
+        cause: String,
+    },
     /// The journal could not be opened, read or written.
     #[error(transparent)]
     Journal(#[from] crate::journal::JournalError),
@@ -72,7 +80,10 @@ impl From<AmError> for tonic::Status {
             AmError::FailedPrecondition(_) | AmError::Restore(_) => {
                 tonic::Status::failed_precondition(message)
             }
-            AmError::Journal(_) => tonic::Status::unavailable(message),
+            // Unavailable: a daemon calls again, and looks for the AM that took the job over.
+            AmError::Journal(_) | AmError::SteppedDown { .. } => {
+                tonic::Status::unavailable(message)
+            }
             AmError::Source { .. }
             | AmError::Plan(_)
             | AmError::Serve { .. }

@@ -106,6 +106,12 @@ impl Persist {
         }
     }
 
+    /// Why the journal can record nothing more (a newer AM fenced it, or a write failed), once
+    /// that happened; `None` while it works, and always without a journal.
+    pub fn lost(&self) -> Option<String> {
+        Some(self.journal.as_ref()?.failure()?.to_string())
+    }
+
     /// Sequences `entries` after every earlier append and returns a future that resolves once they
     /// are durable. Called with the master locked, so the journal's order is the order of changes;
     /// a snapshot of `master`, when one is due, follows them, and is written in the background.

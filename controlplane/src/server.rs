@@ -291,6 +291,13 @@ impl AmServer {
                 if let Err(error) = am.tick().await {
                     tracing::error!(%error, "journaling a tick failed");
                 }
+                if let Some(cause) = am.journal_lost() {
+                    tracing::error!(
+                        cause,
+                        "the journal records nothing more: this AM steps down"
+                    );
+                    return;
+                }
                 if let Some(executors) = &launcher {
                     let supervising = am.clone();
                     let launcher = executors.clone();
@@ -351,6 +358,10 @@ impl AmServer {
                 address: address.to_string(),
                 source: std::io::Error::other(error),
             })?;
+        // Stepping down, the AM leaves the executors to the AM that took the job over.
+        if let Some(cause) = self.am.journal_lost() {
+            return Err(AmError::SteppedDown { cause });
+        }
         if let Some(executors) = &executors {
             let am = self.am.clone();
             let executors = executors.clone();

@@ -114,6 +114,20 @@ impl Am {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Why this AM steps down, once its journal can record nothing more: a newer AM fenced it, or
+    /// a write failed. It then changes nothing and acts on nothing, and its server ends.
+    pub fn journal_lost(&self) -> Option<String> {
+        self.persist.lost()
+    }
+
+    /// Refuses a change once the journal can record nothing more.
+    fn check_journal(&self) -> Result<(), AmError> {
+        match self.journal_lost() {
+            Some(cause) => Err(AmError::SteppedDown { cause }),
+            None => Ok(()),
+        }
+    }
+
     /// Applies `call` to the master and sequences its entries in the journal while the master is
     /// locked, so the journal's order is the order of the changes; returns the reply and a future
     /// that resolves once the entries are durable.
@@ -121,6 +135,7 @@ impl Am {
         &self,
         call: impl FnOnce(&mut Master) -> Result<Applied<T>, AmError>,
     ) -> Result<(T, Durable), AmError> {
+        self.check_journal()?;
         let mut master = self.master();
         let applied = call(&mut master)?;
         let durable = self.persist.append(&applied.entries, &master);
@@ -160,6 +175,7 @@ impl Am {
         &self,
         request: v1::HeartbeatRequest,
     ) -> Result<v1::HeartbeatReply, AmError> {
+        self.check_journal()?;
         let (reply, durable) = self.record_heartbeat(request);
         if let Some(durable) = durable {
             durable.await?;

@@ -414,6 +414,12 @@ impl<E, S> Journal<E, S> {
         self.shared.stats()
     }
 
+    /// Why the writer stopped, once a write failed or a newer writer fenced this one: every later
+    /// append fails with it, so its owner must stop acting on what it can no longer record.
+    pub fn failure(&self) -> Option<JournalError> {
+        self.shared.failure()
+    }
+
     /// Makes everything queued durable, then stops the writer.
     ///
     /// # Errors

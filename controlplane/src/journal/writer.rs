@@ -282,6 +282,11 @@ impl Shared {
         }
     }
 
+    /// Why the writer stopped, once it did: every later append fails with it.
+    pub(super) fn failure(&self) -> Option<JournalError> {
+        self.lock().failure.clone()
+    }
+
     /// Records a write failure: fails every queued op and every later append with it.
     fn fail(&self, error: &JournalError) {
         let ops = {
