@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use sluice_testkit::job::read_ids;
 use sluice_testkit::{Host, NetBed};
 
-use super::{ChaosOptions, ChaosReport, Detection, Kill, Tally, mix, setup};
+use super::{ChaosOptions, ChaosReport, Detection, Kill, Tally, generate, mix, setup};
 use crate::error::{BenchError, Result};
 
 /// The port every AM listens on, on its host's address.
@@ -73,7 +73,7 @@ struct Cluster<'a> {
     spec: PathBuf,
     /// The AM's host (0 or 1), the AM, and how often it was started.
     am_host: usize,
-    am: Child,
+    am: Option<Child>,
     ams: usize,
     nodes: Vec<Node>,
     /// How the AM ended, once it did.
@@ -145,13 +145,7 @@ impl<'a> Cluster<'a> {
         let logs = shared.join("logs");
         std::fs::create_dir_all(&logs).map_err(setup(format!("creating {}", logs.display())))?;
         let data = shared.join("data");
-        let mut generate = Command::new(&options.sluice);
-        generate
-            .args(["gen", "--out"])
-            .arg(&data)
-            .args(["--rows", &options.rows.to_string(), "--files", "8"])
-            .args(["--row-group-rows", "50000"]);
-        crate::command::run_timed(&mut generate, Duration::from_secs(600))?;
+        generate(options, &data)?;
         let spec = shared.join("chaos.yaml");
         let text = format!(
             r#"
@@ -178,9 +172,7 @@ checkpoint: {{ uri: "file://{journal}" }}
             logs,
             spec,
             am_host: 0,
-            am: Command::new("true")
-                .spawn()
-                .map_err(setup("starting a placeholder"))?,
+            am: None,
             ams: 0,
             nodes: Vec::new(),
             am_exit: None,
@@ -188,9 +180,8 @@ checkpoint: {{ uri: "file://{journal}" }}
             shared,
             began: Instant::now(),
         };
-        let _ = cluster.am.wait();
         cluster.began = Instant::now();
-        cluster.am = cluster.start_am()?;
+        cluster.am = Some(cluster.start_am()?);
         for node in 0..hosts {
             let mut entry = Node {
                 host: node + 2,
@@ -301,30 +292,19 @@ checkpoint: {{ uri: "file://{journal}" }}
     /// a trainer that failed (its daemon fenced). Notes the AM's end.
     fn tend(&mut self) -> Result<()> {
         if self.am_exit.is_none()
-            && let Some(status) = self.am.try_wait().map_err(setup("waiting for the AM"))?
+            && let Some(am) = &mut self.am
+            && let Some(status) = am.try_wait().map_err(setup("waiting for the AM"))?
         {
             self.am_exit = Some(status.success());
         }
-        for index in 0..self.nodes.len() {
-            let mut node = std::mem::replace(
-                &mut self.nodes[index],
-                Node {
-                    host: 0,
-                    daemon: None,
-                    daemons: 0,
-                    trainer: None,
-                    generations: Vec::new(),
-                    trainer_done: true,
-                },
-            );
-            let tended = self.tend_node(&mut node);
-            self.nodes[index] = node;
-            tended?;
-        }
-        Ok(())
+        // Out of `self` while tended, since starting a process reads the rest of `self`.
+        let mut nodes = std::mem::take(&mut self.nodes);
+        let tended = nodes.iter_mut().try_for_each(|node| self.tend_node(node));
+        self.nodes = nodes;
+        tended
     }
 
-    fn tend_node(&mut self, node: &mut Node) -> Result<()> {
+    fn tend_node(&self, node: &mut Node) -> Result<()> {
         if let Some(daemon) = &mut node.daemon
             && let Some(status) = daemon.try_wait().map_err(setup("waiting for a daemon"))?
         {
@@ -484,10 +464,12 @@ checkpoint: {{ uri: "file://{journal}" }}
     /// Kills the AM and starts it on the other AM host; times until every node host with a live
     /// daemon is heard by the new AM.
     fn move_am(&mut self) -> Result<Detection> {
-        let _ = self.am.kill();
-        let _ = self.am.wait();
+        if let Some(am) = &mut self.am {
+            let _ = am.kill();
+            let _ = am.wait();
+        }
         self.am_host = 1 - self.am_host;
-        self.am = self.start_am()?;
+        self.am = Some(self.start_am()?);
         let hosts: Vec<String> = self
             .nodes
             .iter()
@@ -640,8 +622,10 @@ checkpoint: {{ uri: "file://{journal}" }}
 
     /// Kills every process of the run.
     fn stop_everything(&mut self) {
-        let _ = self.am.kill();
-        let _ = self.am.wait();
+        if let Some(am) = &mut self.am {
+            let _ = am.kill();
+            let _ = am.wait();
+        }
         for node in &mut self.nodes {
             for child in [node.daemon.as_mut(), node.trainer.as_mut()]
                 .into_iter()

@@ -389,13 +389,7 @@ impl Job {
                 data.display()
             )))?;
         }
-        let mut generate = Command::new(&options.sluice);
-        generate
-            .args(["gen", "--out"])
-            .arg(&data)
-            .args(["--rows", &options.rows.to_string(), "--files", "8"])
-            .args(["--row-group-rows", "50000"]);
-        crate::command::run_timed(&mut generate, Duration::from_secs(600))?;
+        generate(options, &data)?;
         for rank in 0..TRAINERS {
             let ids = root.join(format!("ids-{rank}.bin"));
             if ids.exists() {
@@ -621,6 +615,18 @@ checkpoint: {{ uri: "file://{journal}" }}
             }
         }
     }
+}
+
+/// Generates the job's dataset, `options.rows` rows in eight Parquet files, into `data`.
+fn generate(options: &ChaosOptions, data: &Path) -> Result<()> {
+    let mut generate = Command::new(&options.sluice);
+    generate
+        .args(["gen", "--out"])
+        .arg(data)
+        .args(["--rows", &options.rows.to_string(), "--files", "8"])
+        .args(["--row-group-rows", "50000"]);
+    crate::command::run_timed(&mut generate, Duration::from_secs(600))?;
+    Ok(())
 }
 
 fn setup(operation: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
