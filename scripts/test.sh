@@ -2,11 +2,13 @@
 # Runs every test of the workspace: unit, integration and multi-process tests, the loom models of the
 # ring, the ring under Miri, and the Python client's tests. Installs first everything the tests need
 # beyond the Rust toolchain, so that it works on a fresh machine by itself: the Python packages
-# (pyarrow, the SeaweedFS S3 server, maturin, pytest, torch), Debian's Chromium and DejaVu fonts, and
-# the nightly toolchain's Miri. No test skips: a missing prerequisite fails its test, naming the fix.
-# The one exception: the multi-host tests (test binaries `netbed*`, hosts made of network namespaces)
-# need root; run without root and without CI=true, the script says they were skipped and why. As root,
-# or with CI=true, it runs them, and a refused namespace fails them.
+# (pyarrow, the SeaweedFS S3 server, maturin, pytest, torch), Debian's Chromium and DejaVu fonts,
+# Debian's Slurm, and the nightly toolchain's Miri. No test skips: a missing prerequisite fails its
+# test, naming the fix. The one exception: the tests that need root, the multi-host tests (test
+# binaries `netbed*`, hosts made of network namespaces) and the Slurm tests (test binary `slurm`, a
+# throw-away cluster of Debian's Slurm). Run without root and without CI=true, the script says they
+# were skipped and why. As root, or with CI=true, it runs them, and a refused namespace or a Slurm
+# that does not start fails them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -59,13 +61,17 @@ MATURIN_PEP517_ARGS="--profile dev" pip_install --no-build-isolation --force-rei
 echo "== workspace tests"
 cargo test --workspace
 
-echo "== multi-host tests (hosts made of network namespaces, the test binaries netbed*)"
-# `cargo test` lists them as ignored: they need root. Here they run, and fail if namespaces are refused.
+echo "== multi-host tests (hosts made of network namespaces, the test binaries netbed*) and the Slurm launcher on a throw-away Slurm cluster (Debian's Slurm, test binary slurm)"
+# `cargo test` lists them as ignored: they need root. Here they run, and fail if namespaces are
+# refused or Slurm does not install or start.
 if [ "$(id -u)" -eq 0 ] || [ "${CI:-}" = true ]; then
-    cargo test --workspace --test 'netbed*' -- --ignored
+    # shellcheck source=/dev/null
+    (source "$root/../shared/tools/slurm-ci.sh" && slurm_ci_install >/dev/null)
+    cargo test --workspace --test 'netbed*' --test slurm -- --ignored
 else
-    echo "skipped: the multi-host tests make network, mount and UTS namespaces, which needs root;"
-    echo "run ./scripts/test.sh as root to run them (with CI=true they run, and fail, without root)"
+    echo "skipped: the multi-host tests make network, mount and UTS namespaces, and Slurm's daemons"
+    echo "run as root; run ./scripts/test.sh as root to run them (with CI=true they run, and fail,"
+    echo "without root)"
 fi
 
 echo "== the python client against a real AM and daemon"

@@ -60,6 +60,8 @@ pub struct LaunchOptions {
     pub ring_dir: PathBuf,
     /// The size of each ring the daemons create, in bytes.
     pub ring_size: u64,
+    /// The CA executors check the AM's certificate with, when it serves TLS.
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// A bound, planned AM, ready to serve.
@@ -202,12 +204,21 @@ impl AmServer {
             );
         }
         let executors = options.launch.map(|launch| ExecutorLauncher {
+            // Executors on other hosts reach the AM where it says it is; local ones at loopback.
+            am_address: if launch.launcher.remote() {
+                options
+                    .advertise
+                    .clone()
+                    .unwrap_or_else(|| advertised(bound))
+            } else {
+                reachable(bound).to_string()
+            },
             launcher: launch.launcher,
             sluice: launch.sluice,
             ring_dir: launch.ring_dir,
             ring_size: launch.ring_size,
-            am_address: reachable(bound).to_string(),
             token: options.token.clone(),
+            tls_ca: launch.tls_ca,
         });
         let executors = match executors {
             Some(executors) => {

@@ -687,6 +687,9 @@ pub struct ExecutorLauncher {
     pub am_address: String,
     /// The AM's shared token, passed on to executors.
     pub token: Option<String>,
+    /// The CA that signed the AM's certificate, passed on to executors (`SLUICE_TLS_CA`) when the
+    /// AM serves TLS.
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl ExecutorLauncher {
@@ -698,6 +701,15 @@ impl ExecutorLauncher {
         if let Some(token) = &self.token {
             env.insert("SLUICE_TOKEN".to_owned(), token.clone());
         }
+        if let Some(ca) = &self.tls_ca {
+            env.insert("SLUICE_TLS_CA".to_owned(), ca.display().to_string());
+        }
+        let node = match id {
+            ExecutorId::Daemon(node) => *node,
+            ExecutorId::Trainer { rank, .. } => {
+                u32::try_from(master.node_of_rank(*rank).0).unwrap_or(u32::MAX)
+            }
+        };
         let command = match id {
             ExecutorId::Daemon(node) => vec![
                 self.sluice.display().to_string(),
@@ -730,6 +742,7 @@ impl ExecutorLauncher {
         };
         LaunchSpec {
             id: id.clone(),
+            node,
             command,
             env,
         }
@@ -950,6 +963,7 @@ failover: { max_failures: 1 }
             ring_size: 1 << 20,
             am_address: "127.0.0.1:7070".into(),
             token: None,
+            tls_ca: None,
         }
     }
 

@@ -18,6 +18,7 @@ fn trainer(rank: u32) -> ExecutorId {
 fn spec(id: ExecutorId, script: &str) -> LaunchSpec {
     LaunchSpec {
         id,
+        node: 0,
         command: vec!["sh".into(), "-c".into(), script.into()],
         env: BTreeMap::from([("SLUICE_RANK".to_owned(), "7".to_owned())]),
     }
@@ -109,6 +110,7 @@ fn a_missing_program_is_exit_code_127_with_a_message() {
     let (sut, mut events) = launcher(directory.path());
     sut.launch(&LaunchSpec {
         id: trainer(2),
+        node: 0,
         command: vec!["/nonexistent/trainer".into()],
         env: BTreeMap::new(),
     })

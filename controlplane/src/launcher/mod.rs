@@ -4,9 +4,10 @@
 //! [`supervise`] decides, as pure functions, what to launch again under the job's failover rules.
 //! [`local`] runs executors as processes on this machine, each under a small supervisor (`sluice
 //! shim`) in its own session, so they outlive an AM that is killed, and a new AM of the same job
-//! adopts them.
+//! adopts them. [`slurm`] runs each executor as a step of the Slurm allocation the AM runs in.
 
 pub mod local;
+pub mod slurm;
 pub mod supervise;
 
 use crate::error::Result;
@@ -46,6 +47,8 @@ impl fmt::Display for ExecutorId {
 pub struct LaunchSpec {
     /// The executor.
     pub id: ExecutorId,
+    /// The node it runs on: a daemon's own node, or the node that feeds a trainer's rank.
+    pub node: u32,
     /// The program and its arguments.
     pub command: Vec<String>,
     /// Environment variables added to the launcher's own.
@@ -116,4 +119,9 @@ pub trait Launcher: Send + Sync + fmt::Debug {
     fn kill(&self, id: &ExecutorId);
     /// The executors' events, to the first caller only.
     fn events(&self) -> Option<mpsc::UnboundedReceiver<ExecutorEvent>>;
+    /// Whether executors run on other hosts than the AM's, and so reach it at its advertised
+    /// address rather than at loopback.
+    fn remote(&self) -> bool {
+        false
+    }
 }

@@ -259,6 +259,13 @@ pub struct Standing {
 
 /// The trainer ranks node `node` of `nodes` feeds when the roles have `sizes` trainers: the ranks
 /// in contiguous blocks over the nodes.
+/// The node that feeds `rank` among `world` ranks over `nodes` nodes: the inverse of
+/// [`ranks_over`].
+fn node_over(rank: u32, world: u32, nodes: u32) -> NodeId {
+    let nodes = u64::from(nodes.max(1));
+    NodeId(u64::from(rank) * nodes / u64::from(world.max(1)))
+}
+
 fn ranks_over(sizes: &[u32], nodes: u32, node: NodeId) -> Vec<u32> {
     let nodes = u64::from(nodes.max(1));
     let world: u64 = sizes.iter().map(|size| u64::from(*size)).sum();
@@ -410,6 +417,11 @@ impl Master {
     /// The number of trainer ranks in the job: the processes of every role.
     pub fn world_size(&self) -> u32 {
         self.role_sizes.iter().sum()
+    }
+
+    /// The node that feeds trainer rank `rank`.
+    pub fn node_of_rank(&self, rank: u32) -> NodeId {
+        node_over(rank, self.world_size(), self.spec.nodes)
     }
 
     /// The trainer ranks node `node` feeds: the job's ranks in contiguous blocks over its nodes.

@@ -1488,3 +1488,24 @@ fn a_daemon_silent_past_the_bound_hangs_until_it_calls_again() {
     heartbeat(&mut sut, 0, 300_000, &[]);
     assert!(sut.hangs(300_001).is_empty(), "heard from again");
 }
+
+#[test]
+fn the_node_of_a_rank_is_the_node_that_feeds_it() {
+    for world in 1..=13u32 {
+        for nodes in 1..=5u32 {
+            let sizes = [world];
+            let mut fed = 0;
+            for node in 0..u64::from(nodes) {
+                for rank in ranks_over(&sizes, nodes, NodeId(node)) {
+                    assert_eq!(
+                        node_over(rank, world, nodes),
+                        NodeId(node),
+                        "rank {rank} of {world} over {nodes} nodes"
+                    );
+                    fed += 1;
+                }
+            }
+            assert_eq!(fed, world, "every rank has a node");
+        }
+    }
+}

@@ -114,6 +114,9 @@ pub struct JobSpec {
     pub failover: FailoverSpec,
     /// Where executors run (default `local`).
     pub launcher: LauncherKind,
+    /// What the batch script of `launcher: { kind: slurm }` asks of Slurm; empty for the other
+    /// launchers.
+    pub slurm: SlurmSpec,
     /// Where the journal and snapshots go; `None` means the job cannot resume after an AM restart.
     pub checkpoint: Option<CheckpointSpec>,
 }
@@ -421,6 +424,20 @@ pub enum LauncherKind {
 impl LauncherKind {
     /// The names accepted in `launcher.kind`.
     pub const NAMES: &'static [&'static str] = &["local", "kubernetes", "slurm", "external"];
+}
+
+/// The Slurm options of `launcher: { kind: slurm, partition, time, sbatch }`, written into the
+/// batch script that `sluice submit` hands to `sbatch`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SlurmSpec {
+    /// The partition (`#SBATCH --partition`); the cluster's default when absent.
+    pub partition: Option<String>,
+    /// The time limit (`#SBATCH --time`) in one of Slurm's forms: `MM`, `MM:SS`, `HH:MM:SS`,
+    /// `D-HH`, `D-HH:MM` or `D-HH:MM:SS`.
+    pub time: Option<String>,
+    /// More `sbatch` options, one per entry (`--account=ml`, `--qos=high`), each written as an
+    /// `#SBATCH` line.
+    pub sbatch: Vec<String>,
 }
 
 /// The `checkpoint` section.

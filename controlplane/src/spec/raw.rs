@@ -181,6 +181,9 @@ pub(crate) struct RawHang {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawLauncher {
     pub(crate) kind: String,
+    pub(crate) partition: Option<String>,
+    pub(crate) time: Option<String>,
+    pub(crate) sbatch: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -682,6 +682,68 @@ fn restart_policy_and_launcher_kind_are_checked_with_suggestions() {
 }
 
 #[test]
+fn slurm_options_are_checked_and_only_taken_by_the_slurm_launcher() {
+    let sut = parse_yaml(&minimal_with(
+        "launcher: { kind: slurm, partition: gpu-a100, time: \"1-12:00:00\", sbatch: [--account=ml, \"--qos=high\"] }",
+    ))
+    .expect("valid");
+    assert_eq!(
+        sut.slurm,
+        SlurmSpec {
+            partition: Some("gpu-a100".to_owned()),
+            time: Some("1-12:00:00".to_owned()),
+            sbatch: vec!["--account=ml".to_owned(), "--qos=high".to_owned()],
+        }
+    );
+    for time in ["90", "30:00", "12:00:00", "2-0", "2-12:30", "UNLIMITED"] {
+        let sut = parse_yaml(&minimal_with(&format!(
+            "launcher: {{ kind: slurm, time: \"{time}\" }}"
+        )));
+        assert!(sut.is_ok(), "`{time}` is a Slurm time limit: {sut:?}");
+    }
+    for time in ["", "1h", "1:2:3:4", "-5", "1-", "12:xx"] {
+        let error = refused(&minimal_with(&format!(
+            "launcher: {{ kind: slurm, time: \"{time}\" }}"
+        )));
+        assert_error(
+            &error,
+            "launcher.time",
+            &["not a Slurm time limit", "HH:MM:SS"],
+        );
+    }
+    let error = refused(&minimal_with("launcher: { kind: local, partition: gpu }"));
+    assert_error(
+        &error,
+        "launcher.partition",
+        &[
+            "option of the Slurm launcher",
+            "`kind` is `local`",
+            "set `kind: slurm`",
+        ],
+    );
+    let error = refused(&minimal_with(
+        "launcher: { kind: slurm, partition: \"gpu a\" }",
+    ));
+    assert_error(
+        &error,
+        "launcher.partition",
+        &["not a Slurm partition name"],
+    );
+    let error = refused(&minimal_with(
+        "launcher: { kind: slurm, sbatch: [\"--account=ml\\nrm -rf /\"] }",
+    ));
+    assert_error(
+        &error,
+        "launcher.sbatch[0]",
+        &["not one sbatch option", "--account=ml"],
+    );
+    let error = refused(&minimal_with(
+        "launcher: { kind: slurm, sbatch: [account=ml] }",
+    ));
+    assert_error(&error, "launcher.sbatch[0]", &["not one sbatch option"]);
+}
+
+#[test]
 fn an_external_launcher_needs_no_trainer_command() {
     let text = "name: a\ndata: {sources: [{uri: 'file:///d', format: parquet}]}\nnodes: 2\nlauncher: { kind: external }\nroles: [{name: worker, num: 4}]\n";
     let sut = parse_yaml(text).expect("valid");

@@ -2,13 +2,13 @@
 
 use super::error::suggest;
 use super::raw::{
-    RawCheckpoint, RawData, RawFailover, RawFollow, RawHang, RawJobSpec, RawResources, RawRole,
-    RawSource, RawTransform, ScalarString,
+    RawCheckpoint, RawData, RawFailover, RawFollow, RawHang, RawJobSpec, RawLauncher, RawResources,
+    RawRole, RawSource, RawTransform, ScalarString,
 };
 use super::{
     CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, HangAction, HangSpec, JobSpec,
     LauncherKind, MAX_NODES, MAX_TRAINERS, Resources, RestartPolicy, RoleSpec, ShuffleSpec,
-    SourceFormat, SourceSpec, SpecError, TransformSpec,
+    SlurmSpec, SourceFormat, SourceSpec, SpecError, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -59,21 +59,9 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
             "add at least one role, for example `{ name: worker, num: 1, command: [sluice, consume] }`",
         ));
     }
-    let launcher = match raw.launcher {
-        None => LauncherKind::Local,
-        Some(launcher) => match launcher.kind.as_str() {
-            "local" => LauncherKind::Local,
-            "kubernetes" => LauncherKind::Kubernetes,
-            "slurm" => LauncherKind::Slurm,
-            "external" => LauncherKind::External,
-            other => {
-                return Err(SpecError::invalid(
-                    "launcher.kind",
-                    format!("has unknown value `{other}`"),
-                    suggest(other, LauncherKind::NAMES),
-                ));
-            }
-        },
+    let (launcher, slurm) = match raw.launcher {
+        None => (LauncherKind::Local, SlurmSpec::default()),
+        Some(launcher) => validate_launcher(launcher)?,
     };
     let mut roles = Vec::with_capacity(raw.roles.len());
     let mut role_names = BTreeSet::new();
@@ -116,8 +104,105 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
         roles,
         failover,
         launcher,
+        slurm,
         checkpoint,
     })
+}
+
+/// The `launcher` section: its kind, and the Slurm options, which only `kind: slurm` takes.
+fn validate_launcher(raw: RawLauncher) -> Result<(LauncherKind, SlurmSpec), SpecError> {
+    let kind = match raw.kind.as_str() {
+        "local" => LauncherKind::Local,
+        "kubernetes" => LauncherKind::Kubernetes,
+        "slurm" => LauncherKind::Slurm,
+        "external" => LauncherKind::External,
+        other => {
+            return Err(SpecError::invalid(
+                "launcher.kind",
+                format!("has unknown value `{other}`"),
+                suggest(other, LauncherKind::NAMES),
+            ));
+        }
+    };
+    let options = [
+        ("partition", raw.partition.is_some()),
+        ("time", raw.time.is_some()),
+        ("sbatch", raw.sbatch.is_some()),
+    ];
+    if kind != LauncherKind::Slurm
+        && let Some((key, _)) = options.iter().find(|(_, given)| *given)
+    {
+        return Err(SpecError::invalid(
+            format!("launcher.{key}"),
+            format!(
+                "is an option of the Slurm launcher, but `kind` is `{}`",
+                raw.kind
+            ),
+            format!("remove `{key}`, or set `kind: slurm`"),
+        ));
+    }
+    if let Some(partition) = &raw.partition
+        && (partition.is_empty() || !partition.chars().all(slurm_name_char))
+    {
+        return Err(SpecError::invalid(
+            "launcher.partition",
+            format!("is `{partition}`, not a Slurm partition name"),
+            "give the name `sinfo` lists, for example `partition: gpu`",
+        ));
+    }
+    if let Some(time) = &raw.time
+        && !is_slurm_time(time)
+    {
+        return Err(SpecError::invalid(
+            "launcher.time",
+            format!("is `{time}`, not a Slurm time limit"),
+            "write it as minutes, `HH:MM:SS` or `D-HH:MM:SS`, for example `time: \"12:00:00\"`",
+        ));
+    }
+    let sbatch = raw.sbatch.unwrap_or_default();
+    for (index, option) in sbatch.iter().enumerate() {
+        if !option.starts_with('-') || option.chars().any(char::is_control) {
+            return Err(SpecError::invalid(
+                format!("launcher.sbatch[{index}]"),
+                format!("is `{}`, not one sbatch option", option.escape_debug()),
+                "give one option per entry as sbatch takes it, for example `--account=ml`",
+            ));
+        }
+    }
+    Ok((
+        kind,
+        SlurmSpec {
+            partition: raw.partition,
+            time: raw.time,
+            sbatch,
+        },
+    ))
+}
+
+/// Whether `c` may appear in a Slurm partition name.
+fn slurm_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
+}
+
+/// Whether `time` is one of Slurm's time limit forms: `MM`, `MM:SS`, `HH:MM:SS`, `D-HH`,
+/// `D-HH:MM` or `D-HH:MM:SS`, or `UNLIMITED`.
+fn is_slurm_time(time: &str) -> bool {
+    let number = |part: &str| {
+        !part.is_empty() && part.len() <= 9 && part.bytes().all(|b| b.is_ascii_digit())
+    };
+    if time.eq_ignore_ascii_case("unlimited") || time.eq_ignore_ascii_case("infinite") {
+        return true;
+    }
+    let (days, clock) = match time.split_once('-') {
+        Some((days, clock)) => (Some(days), clock),
+        None => (None, time),
+    };
+    let parts: Vec<&str> = clock.split(':').collect();
+    let fields_fit = match days {
+        Some(days) => number(days) && (1..=3).contains(&parts.len()),
+        None => (1..=3).contains(&parts.len()),
+    };
+    fields_fit && parts.iter().all(|part| number(part))
 }
 
 /// A lowercase name usable in paths and pod names (see [`sluice_proto::slug_problem`]).

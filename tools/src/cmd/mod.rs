@@ -12,4 +12,5 @@ pub mod progress;
 pub mod read;
 pub mod run;
 pub mod shim;
+pub mod slurm;
 pub mod token;

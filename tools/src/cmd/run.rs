@@ -8,12 +8,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use clap::ValueEnum as _;
+use sluice_am::launcher::Launcher;
 use sluice_am::launcher::local::{LAUNCH_MARK, LocalLauncher};
+use sluice_am::launcher::slurm::{Allocation, SlurmLauncher};
 use sluice_am::server::{AmOptions, LaunchOptions};
 use sluice_am::spec::{JobSpec, LauncherKind};
 
-use crate::cmd::am::serve_job;
-use crate::cmd::token;
+use crate::cmd::am::{TlsArgs, serve_job};
+use crate::cmd::{slurm, token};
 
 /// Arguments of `sluice run`.
 #[derive(Debug, clap::Args)]
@@ -24,6 +27,10 @@ pub struct RunArgs {
     /// The address of the AM's gRPC API.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
+    /// Where the executors run, in place of the spec's `launcher.kind`: `slurm` runs them as steps
+    /// of the Slurm allocation `sluice run` runs in.
+    #[arg(long, value_enum)]
+    pub launcher: Option<SubmitLauncher>,
     #[command(flatten)]
     pub options: JobOptions,
 }
@@ -52,6 +59,16 @@ pub struct JobOptions {
     /// port; the page's URL is printed).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub http: SocketAddr,
+    /// The address executors on other hosts reach the AM at (HOST:PORT); by default the --listen
+    /// address, or this host's name when it listens on every address.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise: Option<String>,
+    /// The CA that signed --tls-cert, handed to the executors (`SLUICE_TLS_CA`) so that they
+    /// check the AM's certificate.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 impl JobOptions {
@@ -71,6 +88,23 @@ impl JobOptions {
         }
         if let Some(checkpoint) = &self.resume_from {
             args.extend(["--resume-from".into(), checkpoint.into()]);
+        }
+        if let Some(advertise) = &self.advertise {
+            args.extend(["--advertise".into(), advertise.into()]);
+        }
+        let files = [
+            ("--tls-ca", &self.tls_ca),
+            ("--tls-cert", &self.tls.tls_cert),
+            ("--tls-key", &self.tls.tls_key),
+            ("--tls-client-ca", &self.tls.tls_client_ca),
+        ];
+        for (flag, file) in files {
+            if let Some(file) = file {
+                args.extend([flag.into(), absolute(file).into()]);
+            }
+        }
+        if self.tls.insecure {
+            args.push("--insecure".into());
         }
         args
     }
@@ -98,11 +132,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 .map_or_else(|| "JOB.yaml".to_owned(), |job| job.display().to_string())
         );
     }
-    if spec.launcher != LauncherKind::Local {
+    let kind = args.launcher.map_or(spec.launcher, SubmitLauncher::kind);
+    if kind == LauncherKind::Kubernetes {
         anyhow::bail!(
-            "job {}: `sluice run` launches executors on this machine, but the spec asks for the {:?} launcher; set `launcher: local`",
-            spec.name,
-            spec.launcher
+            "job {}: the Kubernetes launcher is not available in this build; run it with `launcher: local`, or under Slurm with `launcher: slurm`",
+            spec.name
+        );
+    }
+    if args.options.tls.tls_client_ca.is_some() {
+        anyhow::bail!(
+            "job {}: --tls-client-ca asks every daemon for a client certificate, which the executors `sluice run` launches do not have; leave it out (the job's token still guards the AM)",
+            spec.name
         );
     }
     let state_dir = args.options.state_dir_of(&spec.name);
@@ -112,7 +152,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let job_rings = args.options.ring_dir.join(&spec.name);
     sluice_ring::gc::collect(&job_rings)
         .with_context(|| format!("collecting dead rings in {}", job_rings.display()))?;
-    let launcher = Arc::new(LocalLauncher::new(&state_dir, &sluice)?);
+    let local = LocalLauncher::new(&state_dir, &sluice)?;
+    let launcher: Arc<dyn Launcher> = if kind == LauncherKind::Slurm {
+        let gpus = spec
+            .roles
+            .iter()
+            .map(|role| (role.name.clone(), role.resources.gpu))
+            .collect();
+        Arc::new(SlurmLauncher::new(
+            local,
+            Allocation::from_env()?,
+            &spec.name,
+            gpus,
+        ))
+    } else {
+        Arc::new(local)
+    };
     // Every job gets a token: one given, or the one made for it (kept in its state directory, so
     // that an AM started again has the token its running executors hold).
     let made_token = args.options.token.is_none();
@@ -129,10 +184,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             sluice,
             ring_dir: args.options.ring_dir,
             ring_size: args.options.ring_size,
+            tls_ca: args.options.tls_ca.clone(),
         }),
-        tls: None,
-        insecure: false,
-        advertise: None,
+        tls: args.options.tls.server_tls(),
+        insecure: args.options.tls.insecure,
+        advertise: args.options.advertise,
     };
     let notes = [format!("executor logs in {}", state_dir.display())];
     let served = sluice_am::server::runtime()
@@ -217,15 +273,25 @@ fn quickstart() -> anyhow::Result<JobSpec> {
     )?)
 }
 
-/// Where `sluice submit` runs the job.
+/// Where `sluice submit` and `sluice run` run the job's executors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SubmitLauncher {
     /// Processes on this machine.
     Local,
     /// One pod per node.
     Kubernetes,
-    /// `srun` steps.
+    /// Steps of a Slurm allocation.
     Slurm,
+}
+
+impl SubmitLauncher {
+    fn kind(self) -> LauncherKind {
+        match self {
+            SubmitLauncher::Local => LauncherKind::Local,
+            SubmitLauncher::Kubernetes => LauncherKind::Kubernetes,
+            SubmitLauncher::Slurm => LauncherKind::Slurm,
+        }
+    }
 }
 
 /// Arguments of `sluice submit`.
@@ -233,25 +299,56 @@ pub enum SubmitLauncher {
 pub struct SubmitArgs {
     /// The job spec (YAML, TOML or JSON).
     pub job: PathBuf,
-    /// Where the job runs.
-    #[arg(long, value_enum, default_value = "local")]
-    pub launcher: SubmitLauncher,
+    /// Where the job runs, in place of the spec's `launcher.kind`. Outside a Slurm allocation,
+    /// `slurm` hands the job to `sbatch`; inside one, the AM runs here and uses it.
+    #[arg(long, value_enum)]
+    pub launcher: Option<SubmitLauncher>,
     /// The address of the AM's gRPC API.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
+    /// Print the batch script that would go to `sbatch`, and submit nothing.
+    #[arg(long)]
+    pub dry_run: bool,
     #[command(flatten)]
     pub options: JobOptions,
 }
 
-/// Starts `sluice run` in the background and prints the AM's address once it serves.
+/// Starts a job in the background: `sluice run` on this machine, printing the AM's address once
+/// it serves, or, with the Slurm launcher outside an allocation, a batch job that runs it.
 pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
-    if args.launcher != SubmitLauncher::Local {
+    let spec = JobSpec::from_path(&args.job)?;
+    let kind = args.launcher.map_or(spec.launcher, SubmitLauncher::kind);
+    let in_allocation = std::env::var_os("SLURM_JOB_ID").is_some();
+    if kind == LauncherKind::Slurm && (!in_allocation || args.dry_run) {
+        let sluice = std::env::current_exe().context("locating the sluice binary")?;
+        let mut run_args: Vec<std::ffi::OsString> = vec![
+            absolute(&args.job).into(),
+            "--launcher".into(),
+            "slurm".into(),
+            "--listen".into(),
+            args.listen.to_string().into(),
+        ];
+        run_args.extend(args.options.to_args());
+        let script =
+            slurm::batch_script(&spec, &absolute(&sluice), &run_args, args.options.ring_size);
+        if args.dry_run {
+            print!("{script}");
+            return Ok(());
+        }
+        return slurm::sbatch(&spec.name, &script, args.options.token.as_deref());
+    }
+    if args.dry_run {
         anyhow::bail!(
-            "the {:?} launcher is not available in this build; submit with --launcher local",
-            args.launcher
+            "--dry-run shows the batch script of the Slurm launcher; job {} runs with the {kind:?} launcher",
+            spec.name
         );
     }
-    let spec = JobSpec::from_path(&args.job)?;
+    if !matches!(kind, LauncherKind::Local | LauncherKind::Slurm) {
+        anyhow::bail!(
+            "job {}: the {kind:?} launcher is not available in this build; submit with --launcher local or --launcher slurm",
+            spec.name
+        );
+    }
     let state_dir = args.options.state_dir_of(&spec.name);
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating {}", state_dir.display()))?;
@@ -266,6 +363,14 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         .arg("--listen")
         .arg(args.listen.to_string())
         .args(args.options.to_args());
+    if let Some(launcher) = args.launcher {
+        command.arg("--launcher").arg(
+            launcher
+                .to_possible_value()
+                .expect("no variant is skipped")
+                .get_name(),
+        );
+    }
     match &args.options.token {
         Some(token) => command.env("SLUICE_TOKEN", token),
         None => command.env_remove("SLUICE_TOKEN"),
@@ -296,6 +401,11 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// `path` made absolute against the working directory, for a command that runs elsewhere.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
 }
 
 #[cfg(test)]
