@@ -735,6 +735,18 @@ impl ExecutorLauncher {
                     "SLUICE_WORLD_SIZE".to_owned(),
                     master.world_size().to_string(),
                 );
+                // The ranks as torchrun gives them, so that `torch.distributed`'s `env://`
+                // start-up finds them; a role's own env wins.
+                let local_ranks = master.ranks_of(NodeId(u64::from(node)));
+                let local_rank = local_ranks.iter().position(|local| local == rank);
+                for (name, value) in [
+                    ("RANK", rank.to_string()),
+                    ("WORLD_SIZE", master.world_size().to_string()),
+                    ("LOCAL_RANK", local_rank.unwrap_or(0).to_string()),
+                    ("LOCAL_WORLD_SIZE", local_ranks.len().max(1).to_string()),
+                ] {
+                    env.entry(name.to_owned()).or_insert(value);
+                }
                 role_spec
                     .map(|found| trainer_command(&found.command, *rank, &self.sluice))
                     .unwrap_or_default()
@@ -1031,6 +1043,14 @@ failover: { max_failures: 1 }
         assert_eq!(rank_one.env["SLUICE_WORLD_SIZE"], "2");
         assert_eq!(rank_one.env["SLUICE_AM"], "127.0.0.1:7070");
         assert_eq!(rank_one.env["MODE"], "fast");
+        for (name, value) in [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ] {
+            assert_eq!(rank_one.env[name], value, "{name}, as torchrun sets it");
+        }
         let status = sut.master().status(0);
         assert_eq!(status.roles[0].running, 2);
     }

@@ -189,6 +189,20 @@ pub fn srun_command(
     srun
 }
 
+/// The environment of an executor's step: its own, and for a trainer `MASTER_ADDR`, where
+/// `torch.distributed`'s `env://` start-up meets: the allocation's first host, as in torchrun's
+/// static rendezvous (the trainer's code or env chooses `MASTER_PORT`). A role's env wins.
+fn step_env(allocation: &Allocation, spec: &LaunchSpec) -> BTreeMap<String, String> {
+    let mut env = spec.env.clone();
+    if let Some(first) = allocation.hosts.first()
+        && matches!(spec.id, ExecutorId::Trainer { .. })
+    {
+        env.entry("MASTER_ADDR".to_owned())
+            .or_insert_with(|| first.clone());
+    }
+    env
+}
+
 impl Launcher for SlurmLauncher {
     fn launch(&self, spec: &LaunchSpec) -> Result<()> {
         let host = self
@@ -218,7 +232,7 @@ impl Launcher for SlurmLauncher {
                 gpus,
                 &spec.command,
             ),
-            env: spec.env.clone(),
+            env: step_env(&self.allocation, spec),
         })
     }
 
@@ -264,5 +278,33 @@ mod tests {
             "a trainer's GPUs are asked of its step: {sut:?}"
         );
         assert_eq!(sut[sut.len() - 3..], ["--", "sluice", "daemon"]);
+    }
+
+    #[test]
+    fn trainers_meet_on_the_first_host_unless_their_role_says_otherwise() {
+        let allocation = Allocation {
+            job_id: "42".to_owned(),
+            hosts: vec!["gpu-1".to_owned(), "gpu-2".to_owned()],
+        };
+        let spec = |id: ExecutorId, env: &[(&str, &str)]| LaunchSpec {
+            id,
+            node: 1,
+            command: Vec::new(),
+            env: env
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect(),
+        };
+        let trainer = ExecutorId::Trainer {
+            role: "worker".to_owned(),
+            rank: 3,
+        };
+        let sut = step_env(&allocation, &spec(trainer.clone(), &[("RANK", "3")]));
+        assert_eq!(sut["MASTER_ADDR"], "gpu-1");
+        assert_eq!(sut["RANK"], "3");
+        let sut = step_env(&allocation, &spec(trainer, &[("MASTER_ADDR", "10.0.0.9")]));
+        assert_eq!(sut["MASTER_ADDR"], "10.0.0.9", "the role's env wins");
+        let sut = step_env(&allocation, &spec(ExecutorId::Daemon(1), &[]));
+        assert!(!sut.contains_key("MASTER_ADDR"), "daemons do not meet");
     }
 }
