@@ -437,3 +437,58 @@ fn the_slurm_launcher_outside_an_allocation_says_how_to_submit() {
         "{stderr}"
     );
 }
+
+#[test]
+#[ignore = "needs root to run Slurm's daemons: scripts/test.sh runs it as root"]
+fn a_partition_slurm_does_not_have_is_named_with_the_fix() {
+    let _one_cluster = CLUSTER
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let directory = tempfile::tempdir().expect("tempdir");
+    let root = directory.path();
+    let cluster = Cluster::start(root);
+    let spec = job_spec(root, "slurm-nowhere", 1_000, 1_000);
+    let text = std::fs::read_to_string(&spec)
+        .expect("spec")
+        .replace("partition: debug", "partition: nowhere");
+    std::fs::write(&spec, text).expect("spec");
+    let output = sluice()
+        .args(["submit", "--launcher", "slurm"])
+        .arg(&spec)
+        .env("SLURM_CONF", cluster.conf())
+        .current_dir(root)
+        .output()
+        .expect("run sluice submit");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("sbatch refused job slurm-nowhere")
+            && stderr.contains("`launcher.partition`")
+            && stderr.contains("sinfo"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_slurm_launcher_without_srun_says_what_to_install() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let root = directory.path();
+    let spec = job_spec(root, "slurm-no-srun", 1_000, 1_000);
+    let output = sluice()
+        .arg("run")
+        .arg(&spec)
+        .arg("--state-dir")
+        .arg(root.join("state"))
+        .env("SLURM_JOB_ID", "7")
+        .env("SLURM_JOB_NODELIST", "n[1-2]")
+        .env("PATH", root)
+        .output()
+        .expect("run sluice run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("runs `srun`, which is not on the PATH")
+            && stderr.contains("install Slurm's client commands"),
+        "{stderr}"
+    );
+}

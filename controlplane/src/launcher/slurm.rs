@@ -14,8 +14,29 @@ use super::local::LocalLauncher;
 use super::{ExecutorEvent, ExecutorId, LaunchSpec, Launcher};
 use crate::error::{AmError, Result};
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt as _;
 use std::process::Command;
 use tokio::sync::mpsc;
+
+/// The Slurm client commands the launcher runs.
+const CLIENT_COMMANDS: [&str; 4] = ["srun", "scontrol", "squeue", "scancel"];
+
+/// Checks that `program` is on the `PATH`, naming the fix when it is not.
+fn on_path(program: &str) -> Result<()> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path).any(|directory| {
+        std::fs::metadata(directory.join(program))
+            .is_ok_and(|metadata| metadata.is_file() && metadata.permissions().mode() & 0o111 != 0)
+    });
+    if found {
+        Ok(())
+    } else {
+        Err(AmError::FailedPrecondition(format!(
+            "the Slurm launcher runs `{program}`, which is not on the PATH ({}); install Slurm's client commands on the AM's host or add their directory to the PATH",
+            path.to_string_lossy()
+        )))
+    }
+}
 
 /// The Slurm allocation (a batch job or `salloc`) the AM runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +58,9 @@ impl Allocation {
         };
         let job_id = std::env::var("SLURM_JOB_ID").map_err(|_| outside())?;
         let node_list = std::env::var("SLURM_JOB_NODELIST").map_err(|_| outside())?;
+        for program in CLIENT_COMMANDS {
+            on_path(program)?;
+        }
         let output = Command::new("scontrol")
             .args(["show", "hostnames", &node_list])
             .output()

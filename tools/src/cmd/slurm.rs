@@ -127,10 +127,18 @@ pub fn sbatch(name: &str, script: &str, token: Option<&str>) -> anyhow::Result<(
         .context("writing the batch script to sbatch")?;
     let output = child.wait_with_output().context("waiting for sbatch")?;
     if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let setting = ["partition", "time"]
+            .into_iter()
+            .find(|setting| stderr.contains(setting))
+            .map_or_else(
+                || "the spec's `launcher.sbatch` options".to_owned(),
+                |setting| format!("the spec's `launcher.{setting}`"),
+            );
         anyhow::bail!(
-            "sbatch refused job {name} ({}): {}; `sluice submit --launcher slurm --dry-run` shows the script",
+            "sbatch refused job {name} ({}): {}; check {setting} (`sinfo` lists the partitions and their time limits); `sluice submit --launcher slurm --dry-run` shows the script",
             output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
+            stderr.trim()
         );
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
