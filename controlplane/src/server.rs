@@ -12,7 +12,7 @@ use crate::launcher::{ExecutorEvent, Launcher};
 use crate::master::Master;
 use crate::persist::Persist;
 use crate::plan::JobPlan;
-use crate::service::{Am, AmService, ExecutorLauncher, TokenCheck};
+use crate::service::{Am, AmService, ExecutorLauncher, ExecutorSetup, TokenCheck};
 use crate::spec::JobSpec;
 use crate::tls::{ServerTls, check_bind};
 use sluice_proto::v1;
@@ -204,21 +204,24 @@ impl AmServer {
             );
         }
         let executors = options.launch.map(|launch| ExecutorLauncher {
-            // Executors on other hosts reach the AM where it says it is; local ones at loopback.
-            am_address: if launch.launcher.remote() {
-                options
-                    .advertise
-                    .clone()
-                    .unwrap_or_else(|| advertised(bound))
-            } else {
-                reachable(bound).to_string()
+            setup: ExecutorSetup {
+                // Executors on other hosts reach the AM where it says it is; local ones at
+                // loopback.
+                am_address: if launch.launcher.remote() {
+                    options
+                        .advertise
+                        .clone()
+                        .unwrap_or_else(|| advertised(bound))
+                } else {
+                    reachable(bound).to_string()
+                },
+                sluice: launch.sluice,
+                ring_dir: launch.ring_dir,
+                ring_size: launch.ring_size,
+                token: options.token.clone(),
+                tls_ca: launch.tls_ca,
             },
             launcher: launch.launcher,
-            sluice: launch.sluice,
-            ring_dir: launch.ring_dir,
-            ring_size: launch.ring_size,
-            token: options.token.clone(),
-            tls_ca: launch.tls_ca,
         });
         let executors = match executors {
             Some(executors) => {

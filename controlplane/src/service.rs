@@ -24,9 +24,9 @@ use crate::launcher::{
     ExecutorEvent, ExecutorId, ExecutorState, Exit, LaunchAction, LaunchSpec, Launcher,
 };
 use crate::master::calls::RankCommit;
-use crate::master::{Applied, CommitOutcome, Master};
+use crate::master::{Applied, CommitOutcome, Master, Placement};
 use crate::persist::{Durable, Persist};
-use crate::spec::HangAction;
+use crate::spec::{HangAction, JobSpec};
 use crate::wire;
 use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_server::CheckpointService;
@@ -336,10 +336,13 @@ impl Am {
             tracing::warn!(executor = %id, "it hangs: killing it, to be started again");
             executors.launcher.kill(&id);
         }
-        for ExecutorEvent::Exited { id, exit } in ended {
-            tracing::info!(executor = %id, ?exit, "executor ended");
+        for ExecutorEvent::Exited { id, exit, cause } in ended {
+            tracing::info!(executor = %id, ?exit, ?cause, "executor ended");
             self.stopping().remove(&id);
-            durables.push(self.record_change(|master| master.executor_exited(id, exit)));
+            durables.push(self.record_change(|master| {
+                master.executor_cause(&id, cause);
+                master.executor_exited(id, exit)
+            }));
         }
         let retiring: Vec<ExecutorId> = self
             .master()
@@ -360,7 +363,12 @@ impl Am {
             (to_launch, over)
         };
         for LaunchAction::Launch(id) in to_launch {
-            let spec = executors.spec_for(&self.master(), &id);
+            let spec = {
+                let master = self.master();
+                executors
+                    .setup
+                    .spec_for(master.spec(), &master.placement(), &id)
+            };
             match executors.launcher.launch(&spec) {
                 Ok(()) => {
                     durables.push(self.record_change(|master| master.executor_launched(id)));
@@ -371,6 +379,7 @@ impl Am {
                     // would not count as a failure.
                     durables.push(self.record_change(|master| {
                         let mut applied = master.executor_launched(id.clone());
+                        master.executor_cause(&id, Some(format!("not launched: {error}")));
                         applied
                             .entries
                             .extend(master.executor_exited(id, Exit::Code(127)).entries);
@@ -671,12 +680,19 @@ impl tonic::service::Interceptor for TokenCheck {
     }
 }
 
-/// What the AM needs to launch its executors: a launcher, the `sluice` binary daemons run, and
-/// where rings and the API are.
+/// What the AM needs to launch its executors: a launcher, and what the executors are told.
 #[derive(Debug, Clone)]
 pub struct ExecutorLauncher {
     /// The launcher.
     pub launcher: Arc<dyn Launcher>,
+    /// The executors' commands and environment.
+    pub setup: ExecutorSetup,
+}
+
+/// How the AM's executors are started: the `sluice` binary daemons run, where rings and the API
+/// are, and how executors prove themselves to it.
+#[derive(Debug, Clone)]
+pub struct ExecutorSetup {
     /// The `sluice` binary, for `sluice daemon`.
     pub sluice: std::path::PathBuf,
     /// The directory rings live under (`<ring_dir>/<job>/<rank>.ring`).
@@ -692,10 +708,10 @@ pub struct ExecutorLauncher {
     pub tls_ca: Option<std::path::PathBuf>,
 }
 
-impl ExecutorLauncher {
-    /// The command and environment of an executor.
-    pub fn spec_for(&self, master: &Master, id: &ExecutorId) -> LaunchSpec {
-        let spec = master.spec();
+impl ExecutorSetup {
+    /// The command and environment of executor `id` of job `spec`, its trainers placed by
+    /// `placement`.
+    pub fn spec_for(&self, spec: &JobSpec, placement: &Placement, id: &ExecutorId) -> LaunchSpec {
         let mut env = std::collections::BTreeMap::new();
         env.insert("SLUICE_AM".to_owned(), self.am_address.clone());
         if let Some(token) = &self.token {
@@ -707,7 +723,7 @@ impl ExecutorLauncher {
         let node = match id {
             ExecutorId::Daemon(node) => *node,
             ExecutorId::Trainer { rank, .. } => {
-                u32::try_from(master.node_of_rank(*rank).0).unwrap_or(u32::MAX)
+                u32::try_from(placement.node_of_rank(*rank).0).unwrap_or(u32::MAX)
             }
         };
         let command = match id {
@@ -733,15 +749,15 @@ impl ExecutorLauncher {
                 env.insert("SLUICE_RANK".to_owned(), rank.to_string());
                 env.insert(
                     "SLUICE_WORLD_SIZE".to_owned(),
-                    master.world_size().to_string(),
+                    placement.world_size().to_string(),
                 );
                 // The ranks as torchrun gives them, so that `torch.distributed`'s `env://`
                 // start-up finds them; a role's own env wins.
-                let local_ranks = master.ranks_of(NodeId(u64::from(node)));
+                let local_ranks = placement.ranks_of(NodeId(u64::from(node)));
                 let local_rank = local_ranks.iter().position(|local| local == rank);
                 for (name, value) in [
                     ("RANK", rank.to_string()),
-                    ("WORLD_SIZE", master.world_size().to_string()),
+                    ("WORLD_SIZE", placement.world_size().to_string()),
                     ("LOCAL_RANK", local_rank.unwrap_or(0).to_string()),
                     ("LOCAL_WORLD_SIZE", local_ranks.len().max(1).to_string()),
                 ] {
@@ -867,7 +883,15 @@ pub(crate) mod tests {
     impl ScriptedLauncher {
         /// Executor `id` ends with `exit`.
         fn end(&self, id: ExecutorId, exit: Exit) {
-            self.events.send(ExecutorEvent::Exited { id, exit });
+            self.end_by(id, exit, None);
+        }
+
+        fn end_by(&self, id: ExecutorId, exit: Exit, cause: Option<&str>) {
+            self.events.send(ExecutorEvent::Exited {
+                id,
+                exit,
+                cause: cause.map(str::to_owned),
+            });
         }
     }
 
@@ -970,12 +994,14 @@ failover: { max_failures: 1 }
     fn launcher(scripted: &Arc<ScriptedLauncher>) -> ExecutorLauncher {
         ExecutorLauncher {
             launcher: scripted.clone(),
-            sluice: "/usr/bin/sluice".into(),
-            ring_dir: "/dev/shm/sluice".into(),
-            ring_size: 1 << 20,
-            am_address: "127.0.0.1:7070".into(),
-            token: None,
-            tls_ca: None,
+            setup: ExecutorSetup {
+                sluice: "/usr/bin/sluice".into(),
+                ring_dir: "/dev/shm/sluice".into(),
+                ring_size: 1 << 20,
+                am_address: "127.0.0.1:7070".into(),
+                token: None,
+                tls_ca: None,
+            },
         }
     }
 
@@ -1113,15 +1139,20 @@ failover: { max_failures: 1 }
     async fn a_trainer_past_max_failures_fails_the_job_and_the_others_are_stopped() {
         let sut = am();
         let (scripted, executors, mut events) = started(&sut).await;
-        for _ in 0..2 {
-            scripted.end(trainer(0), Exit::Code(1));
-            supervise(&sut, &executors, &mut events).await;
-        }
+        scripted.end_by(trainer(0), Exit::Code(1), Some("an earlier cause"));
+        supervise(&sut, &executors, &mut events).await;
+        scripted.end_by(
+            trainer(0),
+            Exit::Killed,
+            Some("OOMKilled: over its 1Gi limit"),
+        );
+        supervise(&sut, &executors, &mut events).await;
         assert_eq!(sut.master().outcome(), Some(JobPhase::Failed));
         let reason = sut.master().failure_reason().expect("a reason");
         assert!(
-            reason.contains("trainer-worker-0 failed 2 times"),
-            "{reason}"
+            reason.contains("trainer-worker-0 failed 2 times")
+                && reason.ends_with("; trainer-worker-0 last ended: OOMKilled: over its 1Gi limit"),
+            "the launcher's cause of the last end is named: {reason}"
         );
         assert!(
             scripted.killed.lock().expect("lock").contains(&trainer(1)),

@@ -28,7 +28,10 @@ fn spec(id: ExecutorId, script: &str) -> LaunchSpec {
 fn wait_exit(events: &mut UnboundedReceiver<ExecutorEvent>, id: &ExecutorId) -> Exit {
     let started = Instant::now();
     loop {
-        if let Ok(ExecutorEvent::Exited { id: ended, exit }) = events.try_recv() {
+        if let Ok(ExecutorEvent::Exited {
+            id: ended, exit, ..
+        }) = events.try_recv()
+        {
             assert_eq!(&ended, id, "the end of another executor came first");
             return exit;
         }

@@ -126,7 +126,11 @@ impl Local {
                 Observation::Unknown => Exit::Killed,
             };
             lock(&self.followed).remove(&id);
-            self.events.send(ExecutorEvent::Exited { id, exit });
+            self.events.send(ExecutorEvent::Exited {
+                id,
+                exit,
+                cause: None,
+            });
         }
     }
 

@@ -64,6 +64,9 @@ pub enum ExecutorEvent {
         id: ExecutorId,
         /// How it ended; an executor the launcher knows nothing of counts as killed.
         exit: Exit,
+        /// What the launcher knows of why, beyond the exit (`OOMKilled`, an eviction, an image
+        /// that cannot be pulled), for the job's error.
+        cause: Option<String>,
     },
 }
 

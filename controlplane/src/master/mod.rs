@@ -79,7 +79,7 @@ use crate::decide::{
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit, LaunchAction};
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
-use crate::spec::{JobSpec, LauncherKind};
+use crate::spec::{JobSpec, LauncherKind, RoleSpec};
 use calls::{Heartbeat, JobPhase, NodeCommand, Registered, Registration, Scaled, TaskReport};
 pub use checkpoint::{CommitOutcome, ReadyCheckpoint};
 use checkpoint::{PendingCheckpoint, RestoredAt};
@@ -235,6 +235,9 @@ pub struct Master {
     follows: Vec<Option<SourceFollow>>,
     /// Polls of each source this AM finished: a statistic, not journaled.
     polls: Vec<u64>,
+    /// Why executors last ended, where their launcher knew more than the exit (an OOM kill, an
+    /// eviction, an image that cannot be pulled): for the job's error, not journaled.
+    exit_causes: BTreeMap<ExecutorId, String>,
     /// The files and splits followed sources added after the stored plan, as journaled.
     added_files: Vec<PlannedFile>,
     added_splits: Vec<PlannedSplit>,
@@ -259,6 +262,56 @@ pub struct Standing {
 
 /// The trainer ranks node `node` of `nodes` feeds when the roles have `sizes` trainers: the ranks
 /// in contiguous blocks over the nodes.
+/// Where a job's trainer ranks are fed: the ranks of its roles, in contiguous blocks over its
+/// nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    sizes: Vec<u32>,
+    nodes: u32,
+}
+
+impl Placement {
+    /// The placement of a job as its spec starts it.
+    pub fn of(spec: &JobSpec) -> Placement {
+        Placement {
+            sizes: spec.roles.iter().map(|role| role.num).collect(),
+            nodes: spec.nodes,
+        }
+    }
+
+    /// The number of trainer ranks: the processes of every role.
+    pub fn world_size(&self) -> u32 {
+        self.sizes.iter().sum()
+    }
+
+    /// The node that feeds trainer rank `rank`.
+    pub fn node_of_rank(&self, rank: u32) -> NodeId {
+        node_over(rank, self.world_size(), self.nodes)
+    }
+
+    /// The trainer ranks node `node` feeds.
+    pub fn ranks_of(&self, node: NodeId) -> Vec<u32> {
+        ranks_over(&self.sizes, self.nodes, node)
+    }
+
+    /// Every trainer as the executor that runs it, ranks numbered across `roles` (the spec's, in
+    /// order) by their sizes here.
+    pub fn trainer_ids(&self, roles: &[RoleSpec]) -> Vec<ExecutorId> {
+        let mut rank = 0;
+        let mut ids = Vec::new();
+        for (role, size) in roles.iter().zip(&self.sizes) {
+            for _ in 0..*size {
+                ids.push(ExecutorId::Trainer {
+                    role: role.name.clone(),
+                    rank,
+                });
+                rank += 1;
+            }
+        }
+        ids
+    }
+}
+
 /// The node that feeds `rank` among `world` ranks over `nodes` nodes: the inverse of
 /// [`ranks_over`].
 fn node_over(rank: u32, world: u32, nodes: u32) -> NodeId {
@@ -315,6 +368,7 @@ impl Master {
             rescale: None,
             follows,
             polls: Vec::new(),
+            exit_causes: BTreeMap::new(),
             added_files: Vec::new(),
             added_splits: Vec::new(),
             restored: None,
@@ -336,13 +390,7 @@ impl Master {
     /// Every trainer of the job as the executor that runs it, ranks numbered across roles in spec
     /// order.
     pub fn trainer_ids(&self) -> Vec<ExecutorId> {
-        self.trainer_ranks()
-            .into_iter()
-            .map(|(role, rank)| ExecutorId::Trainer {
-                role: role.to_owned(),
-                rank,
-            })
-            .collect()
+        self.placement().trainer_ids(&self.spec.roles)
     }
 
     /// Every trainer of the job as (role, rank), ranks numbered across roles in spec order.
@@ -384,6 +432,15 @@ impl Master {
         }
     }
 
+    /// Records why an executor is about to be recorded as ended, when its launcher knows more
+    /// than the exit, for the job's error; `None` forgets an earlier cause.
+    pub fn executor_cause(&mut self, id: &ExecutorId, cause: Option<String>) {
+        match cause {
+            Some(cause) => self.exit_causes.insert(id.clone(), cause),
+            None => self.exit_causes.remove(id),
+        };
+    }
+
     /// Records how an executor ended; the failover rules decide whether it runs again.
     pub fn executor_exited(&mut self, id: ExecutorId, exit: Exit) -> Applied<()> {
         // A daemon exits with code 0 once told that the job is over. One that did so while the job
@@ -419,9 +476,12 @@ impl Master {
         self.role_sizes.iter().sum()
     }
 
-    /// The node that feeds trainer rank `rank`.
-    pub fn node_of_rank(&self, rank: u32) -> NodeId {
-        node_over(rank, self.world_size(), self.spec.nodes)
+    /// Where the job's trainer ranks are fed, at its current role sizes.
+    pub fn placement(&self) -> Placement {
+        Placement {
+            sizes: self.role_sizes.clone(),
+            nodes: self.spec.nodes,
+        }
     }
 
     /// The trainer ranks node `node` feeds: the job's ranks in contiguous blocks over its nodes.
@@ -1068,9 +1128,15 @@ impl Master {
                 None => reason.clone(),
             });
         }
-        self.executors
-            .as_ref()
-            .and_then(|executors| executors.failure().map(str::to_owned))
+        let failure = self.executors.as_ref()?.failure()?;
+        let cause = self
+            .exit_causes
+            .iter()
+            .find(|(id, _)| failure.starts_with(&format!("{id} failed")));
+        Some(match cause {
+            Some((id, cause)) => format!("{failure}; {id} last ended: {cause}"),
+            None => failure.to_owned(),
+        })
     }
 
     /// Where the job stands as a whole.

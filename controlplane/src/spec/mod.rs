@@ -16,6 +16,7 @@ mod vars;
 mod tests;
 
 pub use error::SpecError;
+pub use validate::{KUBERNETES_JOB_NAME_MAX_LEN, KUBERNETES_ROLE_NAME_MAX_LEN};
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -117,6 +118,9 @@ pub struct JobSpec {
     /// What the batch script of `launcher: { kind: slurm }` asks of Slurm; empty for the other
     /// launchers.
     pub slurm: SlurmSpec,
+    /// Where and how `launcher: { kind: kubernetes }` runs the job's pods; `None` for the other
+    /// launchers.
+    pub kubernetes: Option<KubernetesSpec>,
     /// Where the journal and snapshots go; `None` means the job cannot resume after an AM restart.
     pub checkpoint: Option<CheckpointSpec>,
 }
@@ -290,6 +294,8 @@ pub struct RoleSpec {
     pub env: BTreeMap<String, String>,
     /// What each process needs.
     pub resources: Resources,
+    /// Its container image under the Kubernetes launcher, in place of `launcher.image`.
+    pub image: Option<String>,
 }
 
 /// Resources of one trainer process.
@@ -438,6 +444,35 @@ pub struct SlurmSpec {
     /// More `sbatch` options, one per entry (`--account=ml`, `--qos=high`), each written as an
     /// `#SBATCH` line.
     pub sbatch: Vec<String>,
+}
+
+/// The Kubernetes options of `launcher: { kind: kubernetes, image, namespace, ... }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KubernetesSpec {
+    /// The container image of the AM, the node daemons and, unless a role names its own, the
+    /// trainers: it has `sluice` on its `PATH`.
+    pub image: String,
+    /// The namespace of every object of the job (default `default`).
+    pub namespace: String,
+    /// Labels a node must have to run the job's node pods.
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the node pods tolerate.
+    pub tolerations: Vec<Toleration>,
+    /// Secrets to pull the images with.
+    pub image_pull_secrets: Vec<String>,
+}
+
+/// A taint a pod tolerates, as Kubernetes writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Toleration {
+    /// The taint's key; `None` with `Exists` tolerates every taint.
+    pub key: Option<String>,
+    /// `Equal` (the default) or `Exists`.
+    pub operator: String,
+    /// The value an `Equal` toleration matches.
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`; `None` matches them all.
+    pub effect: Option<String>,
 }
 
 /// The `checkpoint` section.

@@ -144,6 +144,7 @@ pub(crate) struct RawRole {
     pub(crate) command: Option<Vec<String>>,
     pub(crate) env: Option<BTreeMap<String, ScalarString>>,
     pub(crate) resources: Option<RawResources>,
+    pub(crate) image: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -184,6 +185,20 @@ pub(crate) struct RawLauncher {
     pub(crate) partition: Option<String>,
     pub(crate) time: Option<String>,
     pub(crate) sbatch: Option<Vec<String>>,
+    pub(crate) image: Option<String>,
+    pub(crate) namespace: Option<String>,
+    pub(crate) node_selector: Option<BTreeMap<String, ScalarString>>,
+    pub(crate) tolerations: Option<Vec<RawToleration>>,
+    pub(crate) image_pull_secrets: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawToleration {
+    pub(crate) key: Option<String>,
+    pub(crate) operator: Option<String>,
+    pub(crate) value: Option<String>,
+    pub(crate) effect: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

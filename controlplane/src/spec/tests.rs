@@ -716,7 +716,7 @@ fn slurm_options_are_checked_and_only_taken_by_the_slurm_launcher() {
         &error,
         "launcher.partition",
         &[
-            "option of the Slurm launcher",
+            "option of the slurm launcher",
             "`kind` is `local`",
             "set `kind: slurm`",
         ],
@@ -741,6 +741,83 @@ fn slurm_options_are_checked_and_only_taken_by_the_slurm_launcher() {
         "launcher: { kind: slurm, sbatch: [account=ml] }",
     ));
     assert_error(&error, "launcher.sbatch[0]", &["not one sbatch option"]);
+}
+
+#[test]
+fn kubernetes_options_are_checked_and_the_image_is_required() {
+    let sut = parse_yaml(&minimal_with(
+        "launcher: { kind: kubernetes, image: \"ghcr.io/acme/train:1.4\", namespace: ml, node_selector: { gpu: a100 }, tolerations: [{ key: gpu, value: \"yes\", effect: NoSchedule }, { operator: Exists }], image_pull_secrets: [regcred] }",
+    ))
+    .expect("valid");
+    let kubernetes = sut.kubernetes.expect("kubernetes options");
+    assert_eq!(kubernetes.image, "ghcr.io/acme/train:1.4");
+    assert_eq!(kubernetes.namespace, "ml");
+    assert_eq!(kubernetes.node_selector["gpu"], "a100");
+    assert_eq!(kubernetes.tolerations[0].operator, "Equal");
+    assert_eq!(kubernetes.tolerations[1].key, None);
+    assert_eq!(kubernetes.image_pull_secrets, ["regcred"]);
+    let sut = parse_yaml(&minimal_with(
+        "launcher: { kind: kubernetes, image: train }",
+    ))
+    .expect("valid");
+    assert_eq!(sut.kubernetes.expect("options").namespace, "default");
+    let error = refused(&minimal_with("launcher: { kind: kubernetes }"));
+    assert_error(
+        &error,
+        "launcher.image",
+        &["is missing", "has `sluice` on its PATH"],
+    );
+    let error = refused(&minimal_with(
+        "launcher: { kind: kubernetes, image: \"a b\" }",
+    ));
+    assert_error(&error, "launcher.image", &["not a container image name"]);
+    let error = refused(&minimal_with(
+        "launcher: { kind: kubernetes, image: t, namespace: ML }",
+    ));
+    assert_error(&error, "launcher.namespace", &["not a Kubernetes name"]);
+    let error = refused(&minimal_with(
+        "launcher: { kind: kubernetes, image: t, tolerations: [{ key: a, effect: NoSchedul }] }",
+    ));
+    assert_error(
+        &error,
+        "launcher.tolerations[0].effect",
+        &["did you mean `NoSchedule`?"],
+    );
+    let error = refused(&minimal_with(
+        "launcher: { kind: kubernetes, image: t, tolerations: [{ operator: Exists, value: x }] }",
+    ));
+    assert_error(&error, "launcher.tolerations[0].value", &["remove `value`"]);
+    let error = refused(&minimal_with("launcher: { kind: slurm, image: t }"));
+    assert_error(
+        &error,
+        "launcher.image",
+        &[
+            "option of the kubernetes launcher",
+            "set `kind: kubernetes`",
+        ],
+    );
+    let error = refused(&MINIMAL_YAML.replace(
+        "command: [sluice, consume] }",
+        "command: [sluice, consume], image: t }",
+    ));
+    assert_error(
+        &error,
+        "roles[0].image",
+        &["option of the kubernetes launcher"],
+    );
+    let kubernetes = minimal_with("launcher: { kind: kubernetes, image: t }");
+    let error = refused(&kubernetes.replace("name: small", "name: small_job"));
+    assert_error(
+        &error,
+        "name",
+        &["cannot start the names of Kubernetes objects"],
+    );
+    let error = refused(&kubernetes.replace("name: worker", "name: work.er"));
+    assert_error(
+        &error,
+        "roles[0].name",
+        &["cannot start a container's name"],
+    );
 }
 
 #[test]

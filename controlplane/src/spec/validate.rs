@@ -3,12 +3,12 @@
 use super::error::suggest;
 use super::raw::{
     RawCheckpoint, RawData, RawFailover, RawFollow, RawHang, RawJobSpec, RawLauncher, RawResources,
-    RawRole, RawSource, RawTransform, ScalarString,
+    RawRole, RawSource, RawToleration, RawTransform, ScalarString,
 };
 use super::{
     CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, HangAction, HangSpec, JobSpec,
-    LauncherKind, MAX_NODES, MAX_TRAINERS, Resources, RestartPolicy, RoleSpec, ShuffleSpec,
-    SlurmSpec, SourceFormat, SourceSpec, SpecError, TransformSpec,
+    KubernetesSpec, LauncherKind, MAX_NODES, MAX_TRAINERS, Resources, RestartPolicy, RoleSpec,
+    ShuffleSpec, SlurmSpec, SourceFormat, SourceSpec, SpecError, Toleration, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -59,8 +59,8 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
             "add at least one role, for example `{ name: worker, num: 1, command: [sluice, consume] }`",
         ));
     }
-    let (launcher, slurm) = match raw.launcher {
-        None => (LauncherKind::Local, SlurmSpec::default()),
+    let (launcher, slurm, kubernetes) = match raw.launcher {
+        None => (LauncherKind::Local, SlurmSpec::default(), None),
         Some(launcher) => validate_launcher(launcher)?,
     };
     let mut roles = Vec::with_capacity(raw.roles.len());
@@ -75,6 +75,9 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
             ));
         }
         roles.push(role);
+    }
+    if launcher == LauncherKind::Kubernetes {
+        check_kubernetes_names(&name, &roles)?;
     }
     let trainers: u64 = roles.iter().map(|role| u64::from(role.num)).sum();
     if trainers > u64::from(MAX_TRAINERS) {
@@ -105,12 +108,16 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
         failover,
         launcher,
         slurm,
+        kubernetes,
         checkpoint,
     })
 }
 
-/// The `launcher` section: its kind, and the Slurm options, which only `kind: slurm` takes.
-fn validate_launcher(raw: RawLauncher) -> Result<(LauncherKind, SlurmSpec), SpecError> {
+/// The `launcher` section: its kind, and the options only `kind: slurm` or `kind: kubernetes`
+/// takes.
+fn validate_launcher(
+    raw: RawLauncher,
+) -> Result<(LauncherKind, SlurmSpec, Option<KubernetesSpec>), SpecError> {
     let kind = match raw.kind.as_str() {
         "local" => LauncherKind::Local,
         "kubernetes" => LauncherKind::Kubernetes,
@@ -125,20 +132,47 @@ fn validate_launcher(raw: RawLauncher) -> Result<(LauncherKind, SlurmSpec), Spec
         }
     };
     let options = [
-        ("partition", raw.partition.is_some()),
-        ("time", raw.time.is_some()),
-        ("sbatch", raw.sbatch.is_some()),
+        ("partition", raw.partition.is_some(), LauncherKind::Slurm),
+        ("time", raw.time.is_some(), LauncherKind::Slurm),
+        ("sbatch", raw.sbatch.is_some(), LauncherKind::Slurm),
+        ("image", raw.image.is_some(), LauncherKind::Kubernetes),
+        (
+            "namespace",
+            raw.namespace.is_some(),
+            LauncherKind::Kubernetes,
+        ),
+        (
+            "node_selector",
+            raw.node_selector.is_some(),
+            LauncherKind::Kubernetes,
+        ),
+        (
+            "tolerations",
+            raw.tolerations.is_some(),
+            LauncherKind::Kubernetes,
+        ),
+        (
+            "image_pull_secrets",
+            raw.image_pull_secrets.is_some(),
+            LauncherKind::Kubernetes,
+        ),
     ];
-    if kind != LauncherKind::Slurm
-        && let Some((key, _)) = options.iter().find(|(_, given)| *given)
+    if let Some((key, _, owner)) = options
+        .iter()
+        .find(|(_, given, owner)| *given && *owner != kind)
     {
+        let owner = if *owner == LauncherKind::Slurm {
+            "slurm"
+        } else {
+            "kubernetes"
+        };
         return Err(SpecError::invalid(
             format!("launcher.{key}"),
             format!(
-                "is an option of the Slurm launcher, but `kind` is `{}`",
+                "is an option of the {owner} launcher, but `kind` is `{}`",
                 raw.kind
             ),
-            format!("remove `{key}`, or set `kind: slurm`"),
+            format!("remove `{key}`, or set `kind: {owner}`"),
         ));
     }
     if let Some(partition) = &raw.partition
@@ -169,14 +203,206 @@ fn validate_launcher(raw: RawLauncher) -> Result<(LauncherKind, SlurmSpec), Spec
             ));
         }
     }
+    let slurm = SlurmSpec {
+        partition: raw.partition,
+        time: raw.time,
+        sbatch,
+    };
+    if kind != LauncherKind::Kubernetes {
+        return Ok((kind, slurm, None));
+    }
+    let image = match raw.image {
+        Some(image) => validate_image("launcher.image", image)?,
+        None => {
+            return Err(SpecError::invalid(
+                "launcher.image",
+                "is missing",
+                "give the container image that has `sluice` on its PATH (and, unless a role names its own `image`, the trainers' code), for example `image: ghcr.io/acme/train:1.4`",
+            ));
+        }
+    };
+    let namespace = match raw.namespace {
+        Some(namespace) => validate_dns_label("launcher.namespace", namespace)?,
+        None => "default".to_owned(),
+    };
+    let node_selector = string_map("launcher.node_selector", raw.node_selector, |key| {
+        if key.is_empty() || key.len() > 253 || key.chars().any(|c| c.is_whitespace()) {
+            Err((
+                "is not a Kubernetes label key".to_owned(),
+                "write it as `prefix/name` or `name`, for example `node.kubernetes.io/instance-type`".to_owned(),
+            ))
+        } else {
+            Ok(())
+        }
+    })?;
+    let tolerations = raw
+        .tolerations
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(index, toleration)| validate_toleration(index, toleration))
+        .collect::<Result<Vec<_>, _>>()?;
+    let image_pull_secrets = raw
+        .image_pull_secrets
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(index, name)| {
+            validate_dns_subdomain(&format!("launcher.image_pull_secrets[{index}]"), name)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok((
         kind,
-        SlurmSpec {
-            partition: raw.partition,
-            time: raw.time,
-            sbatch,
-        },
+        slurm,
+        Some(KubernetesSpec {
+            image,
+            namespace,
+            node_selector,
+            tolerations,
+            image_pull_secrets,
+        }),
     ))
+}
+
+/// The longest job name under the Kubernetes launcher: its objects are named `<job>-node-<n>`,
+/// and its Service, a DNS label of at most 63 characters, `<job>-am`.
+pub const KUBERNETES_JOB_NAME_MAX_LEN: usize = 50;
+
+/// The longest role name under the Kubernetes launcher: its containers, DNS labels of at most 63
+/// characters, are named `<role>-<rank>`.
+pub const KUBERNETES_ROLE_NAME_MAX_LEN: usize = 55;
+
+/// Under the Kubernetes launcher the job's name starts object names (DNS labels that start with a
+/// letter) and each role's name starts its containers' names (DNS labels).
+fn check_kubernetes_names(job: &str, roles: &[RoleSpec]) -> Result<(), SpecError> {
+    let label = |value: &str, max_len: usize| {
+        value.len() <= max_len
+            && value
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !value.ends_with('-')
+    };
+    if !label(job, KUBERNETES_JOB_NAME_MAX_LEN)
+        || !job.starts_with(|c: char| c.is_ascii_lowercase())
+    {
+        return Err(SpecError::invalid(
+            "name",
+            format!("is `{job}`, which cannot start the names of Kubernetes objects"),
+            format!(
+                "under `launcher: {{ kind: kubernetes }}` use at most {KUBERNETES_JOB_NAME_MAX_LEN} lowercase letters, digits and `-`, starting with a letter and ending with a letter or digit"
+            ),
+        ));
+    }
+    for (index, role) in roles.iter().enumerate() {
+        if !label(&role.name, KUBERNETES_ROLE_NAME_MAX_LEN) {
+            return Err(SpecError::invalid(
+                format!("roles[{index}].name"),
+                format!("is `{}`, which cannot start a container's name", role.name),
+                format!(
+                    "under `launcher: {{ kind: kubernetes }}` use at most {KUBERNETES_ROLE_NAME_MAX_LEN} lowercase letters, digits and `-`, ending with a letter or digit"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A container image reference: no spaces or control characters.
+fn validate_image(path: &str, image: String) -> Result<String, SpecError> {
+    if image.is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(SpecError::invalid(
+            path,
+            format!("is `{}`, not a container image name", image.escape_debug()),
+            "write it as `registry/repository:tag`, for example `ghcr.io/acme/train:1.4`",
+        ));
+    }
+    Ok(image)
+}
+
+/// A Kubernetes DNS label (RFC 1123): a namespace.
+fn validate_dns_label(path: &str, name: String) -> Result<String, SpecError> {
+    let valid = (1..=63).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if valid {
+        Ok(name)
+    } else {
+        Err(SpecError::invalid(
+            path,
+            format!("is `{}`, not a Kubernetes name", name.escape_debug()),
+            "use at most 63 lowercase letters, digits and `-`, starting and ending with a letter or digit",
+        ))
+    }
+}
+
+/// A Kubernetes DNS subdomain (RFC 1123): a secret's name.
+fn validate_dns_subdomain(path: &str, name: String) -> Result<String, SpecError> {
+    let valid = (1..=253).contains(&name.len())
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if valid {
+        Ok(name)
+    } else {
+        Err(SpecError::invalid(
+            path,
+            format!("is `{}`, not a Kubernetes name", name.escape_debug()),
+            "use lowercase letters, digits, `-` and `.`, as `kubectl get secrets` lists it",
+        ))
+    }
+}
+
+/// One of `launcher.tolerations`.
+fn validate_toleration(index: usize, raw: RawToleration) -> Result<Toleration, SpecError> {
+    let at = |key: &str| format!("launcher.tolerations[{index}].{key}");
+    let operator = raw.operator.unwrap_or_else(|| "Equal".to_owned());
+    if !matches!(operator.as_str(), "Equal" | "Exists") {
+        return Err(SpecError::invalid(
+            at("operator"),
+            format!("has unknown value `{operator}`"),
+            suggest(&operator, &["Equal", "Exists"]),
+        ));
+    }
+    if let Some(effect) = &raw.effect
+        && !matches!(
+            effect.as_str(),
+            "NoSchedule" | "PreferNoSchedule" | "NoExecute"
+        )
+    {
+        return Err(SpecError::invalid(
+            at("effect"),
+            format!("has unknown value `{effect}`"),
+            suggest(effect, &["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+        ));
+    }
+    if operator == "Exists" && raw.value.is_some() {
+        return Err(SpecError::invalid(
+            at("value"),
+            "is given with `operator: Exists`, which matches any value",
+            "remove `value`, or use `operator: Equal`",
+        ));
+    }
+    if operator == "Equal" && raw.key.is_none() {
+        return Err(SpecError::invalid(
+            at("key"),
+            "is missing, and `operator: Equal` needs one",
+            "name the taint's key, or use `operator: Exists` to tolerate every taint",
+        ));
+    }
+    Ok(Toleration {
+        key: raw.key,
+        operator,
+        value: raw.value,
+        effect: raw.effect,
+    })
 }
 
 /// Whether `c` may appear in a Slurm partition name.
@@ -718,12 +944,24 @@ fn validate_role(
         Ok(())
     })?;
     let resources = validate_resources(&at("resources"), raw.resources)?;
+    let image = match raw.image {
+        Some(_) if launcher != LauncherKind::Kubernetes => {
+            return Err(SpecError::invalid(
+                at("image"),
+                "is an option of the kubernetes launcher, which runs trainers in containers",
+                "remove `image`, or set `launcher: { kind: kubernetes, image: ... }`",
+            ));
+        }
+        Some(image) => Some(validate_image(&at("image"), image)?),
+        None => None,
+    };
     Ok(RoleSpec {
         name,
         num,
         command,
         env,
         resources,
+        image,
     })
 }
 

@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod demo;
 pub mod gc;
 pub mod r#gen;
+pub mod manifests;
 pub mod plan;
 pub mod progress;
 pub mod read;
