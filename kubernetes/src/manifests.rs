@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use serde_json::{Value, json};
 use sluice_am::launcher::LaunchSpec;
@@ -252,15 +252,7 @@ pub fn node_pod(
         "node",
     );
     metadata["labels"][NODE_LABEL] = json!(node.to_string());
-    // Not the pod's controller: the Job controller counts only the AM's own pods.
-    metadata["ownerReferences"] = json!([{
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "name": owner.name,
-        "uid": owner.uid,
-        "controller": false,
-        "blockOwnerDeletion": true,
-    }]);
+    metadata["ownerReferences"] = owner_references(owner);
     let mut pod_spec = json!({
         "restartPolicy": restart_policy(spec.failover.restart),
         "shareProcessNamespace": true,
@@ -326,6 +318,39 @@ fn add_placement(pod_spec: &mut Value, kubernetes: &KubernetesSpec) {
                 .collect(),
         );
     }
+}
+
+/// The Secret holding the job's token, owned by the AM's Job: the AM makes it when it first
+/// runs, and node pods read the token from it.
+pub fn token_secret(
+    spec: &JobSpec,
+    kubernetes: &KubernetesSpec,
+    owner: &Owner,
+    token: &str,
+) -> Secret {
+    let names = Names::of(&spec.name);
+    let mut metadata = metadata(&names.token(), &kubernetes.namespace, &spec.name, "am");
+    metadata["ownerReferences"] = owner_references(owner);
+    typed(json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "stringData": { TOKEN_KEY: token },
+    }))
+}
+
+/// References to the AM's Job as an owner that is not the controller: the Job controller counts
+/// only the AM's own pods.
+fn owner_references(owner: &Owner) -> Value {
+    json!([{
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": false,
+        "blockOwnerDeletion": true,
+    }])
 }
 
 /// The objects that run the AM of job `spec`, whose spec file reads `spec_text`: in the order

@@ -215,6 +215,33 @@ impl PodWatch {
         end_all(&mut seen, &cause)
     }
 
+    /// The events of a new listing of the job's pods (after the watch started again, when
+    /// deletions may have been missed): every pod not among the `present` uids was deleted.
+    pub fn relisted(&mut self, present: &BTreeSet<String>) -> Vec<ExecutorEvent> {
+        let gone: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|uid| !present.contains(*uid))
+            .cloned()
+            .collect();
+        let mut events = Vec::new();
+        for uid in gone {
+            if let Some(mut seen) = self.pods.remove(&uid) {
+                let cause = format!(
+                    "pod {} is gone (deleted while the watch was away)",
+                    seen.name
+                );
+                events.extend(end_all(&mut seen, &cause));
+            }
+        }
+        events
+    }
+
+    /// Whether a pod of node `node` is known, live or ended.
+    pub fn knows(&self, node: u32) -> bool {
+        self.pods.values().any(|pod| pod.node == node)
+    }
+
     /// The events of the passing of time to `now`: pods unschedulable past the pending limit.
     pub fn tick(&mut self, now: Instant) -> Vec<ExecutorEvent> {
         let limit = self.pending_limit;

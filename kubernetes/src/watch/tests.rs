@@ -326,3 +326,22 @@ fn each_failed_image_pull_counts_once_and_names_the_image() {
         assert_eq!(events.len(), told, "{reason}");
     }
 }
+
+#[test]
+fn a_pod_missing_from_a_new_listing_was_deleted_unseen() {
+    let now = Instant::now();
+    let mut sut = PodWatch::new(LIMIT);
+    sut.observe(&pod("a", "Running", &all_running(0), json!({})), now);
+    assert!(sut.relisted(&BTreeSet::from(["a".to_owned()])).is_empty());
+    assert!(sut.knows(1));
+    let events = sut.relisted(&BTreeSet::new());
+    assert_eq!(
+        summary(&events, "pod job-node-1 is gone"),
+        [
+            (ExecutorId::Daemon(1), Exit::Killed, true),
+            (worker(2), Exit::Killed, true),
+            (worker(3), Exit::Killed, true),
+        ]
+    );
+    assert!(!sut.knows(1));
+}

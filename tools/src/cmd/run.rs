@@ -14,6 +14,7 @@ use sluice_am::launcher::local::{LAUNCH_MARK, LocalLauncher};
 use sluice_am::launcher::slurm::{Allocation, SlurmLauncher};
 use sluice_am::server::{AmOptions, LaunchOptions};
 use sluice_am::spec::{JobSpec, LauncherKind};
+use sluice_kube::launcher::KubernetesLauncher;
 
 use crate::cmd::am::{TlsArgs, serve_job};
 use crate::cmd::{slurm, token};
@@ -133,47 +134,56 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         );
     }
     let kind = args.launcher.map_or(spec.launcher, SubmitLauncher::kind);
-    if kind == LauncherKind::Kubernetes {
-        anyhow::bail!(
-            "job {}: the Kubernetes launcher is not available in this build; run it with `launcher: local`, or under Slurm with `launcher: slurm`",
-            spec.name
-        );
-    }
     if args.options.tls.tls_client_ca.is_some() {
         anyhow::bail!(
             "job {}: --tls-client-ca asks every daemon for a client certificate, which the executors `sluice run` launches do not have; leave it out (the job's token still guards the AM)",
             spec.name
         );
     }
+    let runtime = sluice_am::server::runtime().context("starting the AM's runtime")?;
     let state_dir = args.options.state_dir_of(&spec.name);
-    let sluice = std::env::current_exe().context("locating the sluice binary")?;
+    let mut sluice = std::env::current_exe().context("locating the sluice binary")?;
     // A trainer must never find a finished ring of an earlier run and take it for its data: rings
     // that no live process uses are removed before anything is launched.
     let job_rings = args.options.ring_dir.join(&spec.name);
     sluice_ring::gc::collect(&job_rings)
         .with_context(|| format!("collecting dead rings in {}", job_rings.display()))?;
-    let local = LocalLauncher::new(&state_dir, &sluice)?;
-    let launcher: Arc<dyn Launcher> = if kind == LauncherKind::Slurm {
-        let gpus = spec
-            .roles
-            .iter()
-            .map(|role| (role.name.clone(), role.resources.gpu))
-            .collect();
-        Arc::new(SlurmLauncher::new(
-            local,
-            Allocation::from_env()?,
-            &spec.name,
-            gpus,
-        ))
-    } else {
-        Arc::new(local)
-    };
     // Every job gets a token: one given, or the one made for it (kept in its state directory, so
-    // that an AM started again has the token its running executors hold).
-    let made_token = args.options.token.is_none();
-    let token = match args.options.token {
-        Some(token) => token,
-        None => token::for_job(&state_dir)?,
+    // that an AM started again has the token its running executors hold; on Kubernetes, in a
+    // Secret of the job).
+    let mut made_token = args.options.token.is_none();
+    let (launcher, token): (Arc<dyn Launcher>, String) = match kind {
+        LauncherKind::Kubernetes => {
+            if args.options.token.is_some() {
+                anyhow::bail!(
+                    "job {}: on Kubernetes the job's token is kept in its Secret, which the node pods read; leave --token out",
+                    spec.name
+                );
+            }
+            let (launcher, token) =
+                runtime.block_on(KubernetesLauncher::connect(&spec, args.options.ring_size))?;
+            // The node pods' image has `sluice` on its PATH.
+            sluice = PathBuf::from("sluice");
+            made_token = false;
+            (Arc::new(launcher), token)
+        }
+        LauncherKind::Slurm => {
+            let gpus = spec
+                .roles
+                .iter()
+                .map(|role| (role.name.clone(), role.resources.gpu))
+                .collect();
+            let local = LocalLauncher::new(&state_dir, &sluice)?;
+            let launcher = SlurmLauncher::new(local, Allocation::from_env()?, &spec.name, gpus);
+            (
+                Arc::new(launcher),
+                job_token(args.options.token, &state_dir)?,
+            )
+        }
+        LauncherKind::Local | LauncherKind::External => (
+            Arc::new(LocalLauncher::new(&state_dir, &sluice)?),
+            job_token(args.options.token, &state_dir)?,
+        ),
     };
     let options = AmOptions {
         listen: args.listen,
@@ -191,17 +201,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         advertise: args.options.advertise,
     };
     let notes = [format!("executor logs in {}", state_dir.display())];
-    let served = sluice_am::server::runtime()
-        .context("starting the AM's runtime")?
-        .block_on(serve_job(
-            "sluice run",
-            spec,
-            options,
-            Some(args.options.http),
-            &notes,
-            true,
-            made_token,
-        ));
+    let served = runtime.block_on(serve_job(
+        "sluice run",
+        spec,
+        options,
+        Some(args.options.http),
+        &notes,
+        true,
+        made_token,
+    ));
     served.map_err(|error| {
         let mut message = format!("{error:#}");
         for (executor, last_error) in executor_errors(&message, &state_dir) {
@@ -209,6 +217,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         anyhow::anyhow!(message)
     })
+}
+
+/// The token given, or the one made for the job whose state directory is `state_dir`.
+fn job_token(given: Option<String>, state_dir: &Path) -> anyhow::Result<String> {
+    match given {
+        Some(token) => Ok(token),
+        None => token::for_job(state_dir),
+    }
 }
 
 /// The last error that each executor a failed job's message names (`<executor> failed ...`) wrote
@@ -343,10 +359,18 @@ pub fn submit(args: SubmitArgs) -> anyhow::Result<()> {
             spec.name
         );
     }
-    if !matches!(kind, LauncherKind::Local | LauncherKind::Slurm) {
+    if kind == LauncherKind::Kubernetes {
         anyhow::bail!(
-            "job {}: the {kind:?} launcher is not available in this build; submit with --launcher local or --launcher slurm",
-            spec.name
+            "job {}: on Kubernetes the job runs from its objects: `sluice manifests {} | kubectl apply -f -`",
+            spec.name,
+            args.job.display()
+        );
+    }
+    if kind == LauncherKind::External {
+        anyhow::bail!(
+            "job {}: under `launcher: {{ kind: external }}` nothing is launched; serve it with `sluice am {}`",
+            spec.name,
+            args.job.display()
         );
     }
     let state_dir = args.options.state_dir_of(&spec.name);

@@ -1,7 +1,10 @@
-//! `sluice manifests`: the Kubernetes objects of a job pass strict validation against the schema
-//! of a pinned Kubernetes release (the `kubernetes-validate` package, release 1.37), and say what
-//! the job asks for: the AM's Job, its access and Service, and node pods with the daemon as a
-//! native sidecar, a container per trainer rank of the node, and a shared memory-backed `/dev/shm`.
+//! The Kubernetes launcher as far as it goes without an API server, which cannot run here:
+//! `sluice manifests` prints objects that pass strict validation against the schema of a pinned
+//! Kubernetes release (the `kubernetes-validate` package, release 1.37) and say what the job asks
+//! for (the AM's Job, its access and Service, and node pods with the daemon as a native sidecar, a
+//! container per trainer rank of the node, and a shared memory-backed `/dev/shm`); an AM that
+//! cannot reach a cluster, and `sluice submit`, say what to do. The watch's handling of pod states
+//! is tested on recorded sequences in the `sluice-kube` crate.
 
 mod common;
 
@@ -108,6 +111,27 @@ fn every_object_passes_the_schema_of_the_pinned_release() {
             "{resource} validated: {report}"
         );
     }
+}
+
+#[test]
+fn the_example_job_passes_the_schema_too() {
+    sluice_testkit::require_program(
+        "kubernetes-validate",
+        "pip install kubernetes-validate (scripts/test.sh installs it)",
+    );
+    let directory = tempfile::tempdir().expect("tempdir");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/kubernetes.yaml");
+    let (apply, pods) = manifests(&example);
+    let file = directory.path().join("all.yaml");
+    std::fs::write(&file, format!("{apply}{pods}")).expect("write");
+    let output = Command::new("kubernetes-validate")
+        .args(["--strict", "--kubernetes-version", KUBERNETES_RELEASE])
+        .arg(&file)
+        .output()
+        .expect("run kubernetes-validate");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{report}");
+    assert_eq!(report.matches("passed for resource").count(), 8, "{report}");
 }
 
 #[test]
@@ -262,4 +286,34 @@ fn a_job_not_on_kubernetes_is_told_how_to_get_there() {
         stderr.contains("does not run on Kubernetes") && stderr.contains("kind: kubernetes"),
         "{stderr}"
     );
+}
+
+#[test]
+fn an_am_out_of_a_cluster_says_where_the_kubernetes_launcher_runs() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let spec = common::write_spec(directory.path(), JOB);
+    let output = sluice()
+        .args(["run", "--state-dir"])
+        .arg(directory.path().join("state"))
+        .arg(&spec)
+        .env("KUBECONFIG", directory.path().join("no-kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .expect("run sluice run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("cannot reach the Kubernetes API")
+            && stderr.contains("sluice manifests JOB.yaml"),
+        "{stderr}"
+    );
+    let output = sluice()
+        .args(["submit"])
+        .arg(&spec)
+        .output()
+        .expect("run sluice submit");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("| kubectl apply -f -"), "{stderr}");
 }
