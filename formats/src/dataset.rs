@@ -357,6 +357,7 @@ impl Dataset {
                         PageIndexNeed::Nothing,
                     )
                     .await?
+                    .metadata
                     .schema(),
             ),
             other => {
@@ -463,7 +464,7 @@ impl Dataset {
                         PageIndexNeed::Nothing,
                     )
                     .await?;
-                Ok(crate::parquet::row_group_rows(footer.metadata()))
+                Ok(crate::parquet::row_group_rows(footer.metadata.metadata()))
             }
             other => {
                 let rows = RowFileFormat::from_kind(other)?

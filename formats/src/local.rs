@@ -8,9 +8,15 @@
 //! [`COALESCE_GAP_BYTES`] as one read. A batch decoded from a mapping goes through [`Settle::settle`]
 //! before it leaves: arrays that still point into the mapping are copied out of it, and a mapping that
 //! faulted is an error, so bytes of zeros never reach a reader as data.
+//!
+//! A file rewritten in place at the same length, or replaced by a rename onto its path, raises no fault:
+//! the mapping's pages, or the next read, hold another file's bytes. So a file is opened as the version
+//! whose footer was read (its [`FileIdentity`]), and every batch decoded from it leaves only once
+//! [`FileGuard::settle`] found the file still that version, open and at its path.
 
 use std::fs::File;
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{ArrayData, RecordBatch, RecordBatchOptions, make_array};
@@ -21,7 +27,7 @@ use futures::future::{BoxFuture, FutureExt};
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::file::metadata::ParquetMetaData;
-use sluice_io::{LazyMapping, LocalReader, Mapping};
+use sluice_io::{FileIdentity, LazyMapping, LocalReader, Mapping};
 
 use crate::fetch::FetchStats;
 
@@ -55,41 +61,60 @@ pub(crate) struct LocalFileReader {
     file: Arc<File>,
     file_size: u64,
     uri: String,
-    mapping: LazyMapping,
+    guard: FileGuard,
     fetch: Arc<FetchStats>,
 }
 
 impl LocalFileReader {
-    /// Opens `path` on the blocking pool.
+    /// Opens `path` on the blocking pool. With `expected`, the file opened must be that version of the
+    /// file (the one a footer was read from), or the open fails.
     pub(crate) async fn open(
         reader: LocalReader,
-        path: std::path::PathBuf,
+        path: PathBuf,
         file_size: u64,
         uri: &str,
         fetch: Arc<FetchStats>,
+        expected: Option<FileIdentity>,
     ) -> std::io::Result<Self> {
-        let file = tokio::task::spawn_blocking(move || File::open(path))
-            .await
-            .map_err(std::io::Error::other)??;
+        let (file, path, identity) = tokio::task::spawn_blocking(move || {
+            let file = File::open(&path)?;
+            let identity = match expected {
+                Some(expected) => {
+                    expected.verify(&file, &path)?;
+                    expected
+                }
+                None => FileIdentity::of(&file)?,
+            };
+            Ok::<_, std::io::Error>((file, path, identity))
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        let file = Arc::new(file);
         Ok(Self {
             reader,
-            file: Arc::new(file),
+            file: Arc::clone(&file),
             file_size,
             uri: uri.to_string(),
-            mapping: LazyMapping::default(),
+            guard: FileGuard {
+                file,
+                path: Arc::from(path),
+                identity,
+                mapping: LazyMapping::default(),
+            },
             fetch,
         })
     }
 
-    /// The mapping the column chunk reads use, for settling what is decoded from them.
-    pub(crate) fn mapping(&self) -> LazyMapping {
-        self.mapping.clone()
+    /// What settles the batches decoded from this reader's bytes.
+    pub(crate) fn guard(&self) -> FileGuard {
+        self.guard.clone()
     }
 
     /// `range` straight from a mapping of the file when the page cache holds all of it. A page evicted
     /// between this check and the decode is read back by a page fault on the decoder's thread.
     fn mapped(&self, range: &Range<u64>) -> Option<Bytes> {
         let mapping = self
+            .guard
             .mapping
             .get_or_map(&self.file, self.file_size, &self.uri)?;
         let range = usize::try_from(range.start).ok()?..usize::try_from(range.end).ok()?;
@@ -166,6 +191,38 @@ impl AsyncFileReader for LocalFileReader {
     ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
         let file_size = self.file_size;
         crate::parquet::load_metadata(self, file_size, options).boxed()
+    }
+}
+
+/// One local file as it was opened for a read: the version of the file its bytes must come from, and
+/// the mapping its column chunks may be read from.
+#[derive(Debug, Clone)]
+pub(crate) struct FileGuard {
+    file: Arc<File>,
+    path: Arc<Path>,
+    identity: FileIdentity,
+    mapping: LazyMapping,
+}
+
+impl FileGuard {
+    /// The version of the file that was opened.
+    pub(crate) fn identity(&self) -> FileIdentity {
+        self.identity
+    }
+
+    /// Makes a batch decoded from the file safe to hand on: the mapping settles it ([`Settle`]), then the
+    /// file must still be the version that was opened, open and at its path; an error otherwise.
+    pub(crate) fn settle(&self, batch: RecordBatch) -> std::io::Result<RecordBatch> {
+        let batch = self.mapping.settle(batch)?;
+        self.identity.verify(&self.file, &self.path)?;
+        Ok(batch)
+    }
+
+    /// The cause to give for a decoder's error, when there is one: the file shrank under its mapping, or
+    /// it changed while it was read.
+    pub(crate) fn check(&self) -> std::io::Result<()> {
+        self.mapping.check()?;
+        self.identity.verify(&self.file, &self.path)
     }
 }
 

@@ -48,9 +48,9 @@ use crate::coverage::{Coverage, SplitBatch, covered_stream};
 use crate::error::{FormatError, Result};
 use crate::fetch::{FetchStats, Measured};
 use crate::filter::{CompareOp, Expr, Literal, PruningStatistics};
-use crate::local::{LocalFileReader, Settle};
+use crate::local::{FileGuard, LocalFileReader};
 use crate::read::ReadPlan;
-use sluice_io::{LazyMapping, LocalReader};
+use sluice_io::{FileIdentity, LocalReader};
 
 /// How many bytes at the end of a file are fetched at first, to read a footer in one request.
 const FOOTER_PREFETCH_BYTES: usize = 64 * 1024;
@@ -160,10 +160,17 @@ impl FileAccess {
         &self.fetch
     }
 
-    /// Opens a file for reads. Batches decoded from its column chunks must go through the mapping's
-    /// `settle` before they leave (see [`crate::local`]).
-    pub(crate) async fn open(&self, path: &Path, uri: &str, size: u64) -> Result<OpenFile> {
-        let mut mapping = LazyMapping::default();
+    /// Opens a file for reads. Batches decoded from a local file must go through its guard's `settle`
+    /// before they leave (see [`crate::local`]). With `expected`, a local file must be that version of the
+    /// file (the one its footer was read from), or the open fails.
+    pub(crate) async fn open(
+        &self,
+        path: &Path,
+        uri: &str,
+        size: u64,
+        expected: Option<FileIdentity>,
+    ) -> Result<OpenFile> {
+        let mut guard = None;
         let reader: Box<dyn AsyncFileReader> = match &self.route {
             Route::Store(store) => {
                 Box::new(StoreReader::new(Arc::clone(store), path.clone(), size))
@@ -190,16 +197,17 @@ impl FileAccess {
                     size,
                     uri,
                     Arc::clone(&self.fetch),
+                    expected,
                 )
                 .await
                 .map_err(|error| FormatError::io(format!("opening {uri}"), error))?;
-                mapping = file.mapping();
+                guard = Some(file.guard());
                 Box::new(file)
             }
         };
         Ok(OpenFile {
             reader: Box::new(Measured::new(reader, Arc::clone(&self.fetch), size)),
-            mapping,
+            guard,
         })
     }
 }
@@ -207,8 +215,8 @@ impl FileAccess {
 /// A file opened by [`FileAccess::open`].
 pub(crate) struct OpenFile {
     pub(crate) reader: Box<dyn AsyncFileReader>,
-    /// The mapping its column chunk reads may make; empty for files that are not local.
-    pub(crate) mapping: LazyMapping,
+    /// What settles the batches decoded from a local file; `None` for files read through an object store.
+    pub(crate) guard: Option<FileGuard>,
 }
 
 /// The parts of the page index a read needs from a footer.
@@ -252,16 +260,25 @@ impl PageIndexNeed {
     }
 }
 
+/// A file's footer, and the version of the file it was read from.
+#[derive(Debug, Clone)]
+pub(crate) struct Footer {
+    pub(crate) metadata: ArrowReaderMetadata,
+    /// The identity of the local file the footer was read from: the file a read of it opens must still
+    /// be that version. `None` for files read through an object store.
+    pub(crate) identity: Option<FileIdentity>,
+}
+
 /// Footers already read, by file URI: planning and reading the same dataset reads each footer once, and
 /// once more at most when a read needs more of the page index than the cached footer holds.
 #[derive(Debug, Default)]
 pub(crate) struct FooterCache {
-    entries: Mutex<HashMap<String, ArrowReaderMetadata>>,
+    entries: Mutex<HashMap<String, Footer>>,
 }
 
 impl FooterCache {
     /// Returns the footer of a file, reading it when it is not cached or lacks a part of the page index
-    /// that is needed.
+    /// that is needed (from the version of the file the cached footer came from).
     pub(crate) async fn get(
         &self,
         access: &FileAccess,
@@ -269,21 +286,23 @@ impl FooterCache {
         uri: &str,
         size: u64,
         need: PageIndexNeed,
-    ) -> Result<ArrowReaderMetadata> {
+    ) -> Result<Footer> {
         let cached = self.lookup(uri);
         if let Some(cached) = &cached
-            && need.met_by(cached.metadata())
+            && need.met_by(cached.metadata.metadata())
         {
             return Ok(cached.clone());
         }
-        let mut reader = access.open(path, uri, size).await?.reader;
+        let expected = cached.as_ref().and_then(|cached| cached.identity);
+        let OpenFile { mut reader, guard } = access.open(path, uri, size, expected).await?;
         let metadata = match cached {
             // The footer is known: only the page index is missing, so only the page index is read.
             Some(cached) => {
-                let mut loader =
-                    ParquetMetaDataReader::new_with_metadata(cached.metadata().as_ref().clone())
-                        .with_offset_index_policy(need.reader_options().offset_index_policy())
-                        .with_column_index_policy(need.reader_options().column_index_policy());
+                let mut loader = ParquetMetaDataReader::new_with_metadata(
+                    cached.metadata.metadata().as_ref().clone(),
+                )
+                .with_offset_index_policy(need.reader_options().offset_index_policy())
+                .with_column_index_policy(need.reader_options().column_index_policy());
                 loader
                     .load_page_index(&mut reader)
                     .await
@@ -298,13 +317,17 @@ impl FooterCache {
                 .await
                 .map_err(|error| FormatError::parquet(uri, error))?,
         };
+        let footer = Footer {
+            metadata,
+            identity: guard.as_ref().map(FileGuard::identity),
+        };
         if let Ok(mut entries) = self.entries.lock() {
-            entries.insert(uri.to_string(), metadata.clone());
+            entries.insert(uri.to_string(), footer.clone());
         }
-        Ok(metadata)
+        Ok(footer)
     }
 
-    fn lookup(&self, uri: &str) -> Option<ArrowReaderMetadata> {
+    fn lookup(&self, uri: &str) -> Option<Footer> {
         self.entries
             .lock()
             .ok()
@@ -647,7 +670,10 @@ pub(crate) async fn read_split(
             need,
         )
     };
-    let mut metadata = footer(footer_need).await?;
+    let Footer {
+        mut metadata,
+        identity,
+    } = footer(footer_need).await?;
     let group_rows = row_group_rows(metadata.metadata());
     let total: u64 = group_rows.iter().sum();
     if request
@@ -684,14 +710,14 @@ pub(crate) async fn read_split(
         .iter()
         .any(|(group, selection)| !selects_whole_group(selection, group_rows[*group]));
     if partial && footer_need < PageIndexNeed::Offsets {
-        metadata = footer(PageIndexNeed::Offsets).await?;
+        metadata = footer(PageIndexNeed::Offsets).await?.metadata;
     }
     let parquet_metadata = Arc::clone(metadata.metadata());
     let file_schema: SchemaRef = Arc::clone(metadata.schema());
 
-    let OpenFile { reader, mapping } = request
+    let OpenFile { reader, guard } = request
         .access
-        .open(request.path, request.uri, request.file_size)
+        .open(request.path, request.uri, request.file_size, identity)
         .await?;
     let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata.clone());
 
@@ -837,12 +863,14 @@ pub(crate) async fn read_split(
             let uri = uri.clone();
             move |decoded| {
                 let reading = |error| FormatError::io(format!("reading parquet file {uri}"), error);
-                match decoded {
-                    Ok(batch) => mapping.settle(batch).map_err(reading),
-                    // Bytes of zeros from a file that shrank fail to decode; the shrink is the cause.
-                    Err(error) => Err(match mapping.check() {
-                        Ok(()) => FormatError::parquet(uri.clone(), error),
-                        Err(shrank) => reading(shrank),
+                match (decoded, &guard) {
+                    (Ok(batch), Some(guard)) => guard.settle(batch).map_err(reading),
+                    (Ok(batch), None) => Ok(batch),
+                    // Bytes of zeros from a file that shrank, or bytes of another file, fail to decode;
+                    // the shrink or the change is the cause.
+                    (Err(error), guard) => Err(match guard.as_ref().map(FileGuard::check) {
+                        Some(Err(cause)) => reading(cause),
+                        Some(Ok(())) | None => FormatError::parquet(uri.clone(), error),
                     }),
                 }
             }
@@ -919,7 +947,8 @@ mod tests {
         let footer = FooterCache::default()
             .get(&access, &object_path, &path.to_string_lossy(), size, need)
             .await
-            .expect("footer");
+            .expect("footer")
+            .metadata;
         (access, object_path, size, footer)
     }
 
@@ -928,7 +957,7 @@ mod tests {
         let path = testdata_file("data_index_bloom_encoding_stats.parquet");
         let (access, object_path, size, footer) = footer_of(&path, PageIndexNeed::Nothing).await;
         let reader = access
-            .open(&object_path, &path.to_string_lossy(), size)
+            .open(&object_path, &path.to_string_lossy(), size, None)
             .await
             .expect("opens")
             .reader;
@@ -1095,7 +1124,10 @@ mod tests {
         assert_eq!(loaded_indexes(&plain), (false, false));
         let sut = FooterCache::default();
         let uri = path.to_string_lossy();
-        let get = |need| sut.get(&access, &object_path, &uri, size, need);
+        let get = |need| {
+            let footer = sut.get(&access, &object_path, &uri, size, need);
+            async move { footer.await.map(|footer| footer.metadata) }
+        };
         let first = get(PageIndexNeed::Nothing).await.expect("footer");
         assert_eq!(loaded_indexes(&first), (false, false));
         let offsets = get(PageIndexNeed::Offsets).await.expect("offsets");
@@ -1164,7 +1196,7 @@ mod tests {
             .await
             .expect("cached");
         assert_eq!(
-            loaded_indexes(&cached),
+            loaded_indexes(&cached.metadata),
             (false, false),
             "whole row groups need no page index"
         );
@@ -1175,7 +1207,7 @@ mod tests {
             .await
             .expect("cached");
         assert_eq!(
-            loaded_indexes(&cached),
+            loaded_indexes(&cached.metadata),
             (true, false),
             "a split inside a row group loaded the offset index"
         );

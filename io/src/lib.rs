@@ -7,7 +7,9 @@
 //!   finished reads again.
 //! - [`mapped`]: a [`Mapping`] of a local file, read-only and shared, whose pages a `SIGBUS` handler
 //!   replaces with zeros when the file shrinks under it, flagging the mapping so that the caller fails
-//!   what it decoded instead of the process dying.
+//!   what it decoded instead of the process dying; and the [`FileIdentity`] of a file (device and inode,
+//!   size, modification and status change times), which the caller verifies after decoding, so that a
+//!   file rewritten in place or replaced while it was read is an error as well.
 //!
 //! - [`allocator`]: the glibc allocator settings decoding and local reads are fast under, which the
 //!   binaries set first thing in `main`.
@@ -24,5 +26,5 @@ pub mod allocator;
 pub mod mapped;
 pub mod uring;
 
-pub use mapped::{LazyMapping, Mapping};
+pub use mapped::{FileIdentity, LazyMapping, Mapping};
 pub use uring::{LocalBackend, LocalIo, LocalReader};

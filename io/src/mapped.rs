@@ -15,6 +15,13 @@
 //! mapping whatever still points into it ([`Mapping::overlaps`] tells), then calls [`Mapping::check`],
 //! for which a mapping that faulted is an error, so bytes of zeros never reach a reader as data.
 //!
+//! A mapping has a second hazard, which raises no signal: a file rewritten in place at the same length, or
+//! rewritten past the pages already read, hands the decoder other bytes than those of the file it
+//! planned from. [`FileIdentity`] records what tells one version of a file from another (device and
+//! inode, size, and the modification and status change times to the nanosecond); a user of a mapping
+//! records it when it opens the file and calls [`FileIdentity::verify`] after decoding, with the open file
+//! and its path, so that a file rewritten or replaced while it was read is an error too.
+//!
 //! The handler finds the mapping of an address in a fixed table of slots that it reads without blocking:
 //! each slot's range sits behind a sequence number that is odd while the range changes. A mapping takes
 //! a slot after `mmap` and gives it back before `munmap`, so a registered range is always mapped.
@@ -22,6 +29,8 @@
 use std::ffi::c_void;
 use std::fs::File;
 use std::ops::Range;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -344,6 +353,85 @@ impl LazyMapping {
     }
 }
 
+/// What tells one version of a local file from another, as `stat` gives it: a file rewritten in place
+/// changes its size, its modification time or its status change time (which no user can set back), and
+/// a file replaced through a rename onto its path is another inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    device: u64,
+    inode: u64,
+    size: u64,
+    /// Modification time: seconds and nanoseconds since the epoch.
+    modified: (i64, i64),
+    /// Status change time: seconds and nanoseconds since the epoch.
+    changed: (i64, i64),
+}
+
+impl FileIdentity {
+    /// The identity of an open file (`fstat`).
+    pub fn of(file: &File) -> std::io::Result<Self> {
+        Ok(Self::from_metadata(&file.metadata()?))
+    }
+
+    /// The identity of the file at `path` now (`stat`, through symbolic links).
+    fn at(path: &Path) -> std::io::Result<Self> {
+        Ok(Self::from_metadata(&std::fs::metadata(path)?))
+    }
+
+    fn from_metadata(metadata: &std::fs::Metadata) -> Self {
+        Self {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            size: metadata.size(),
+            modified: (metadata.mtime(), metadata.mtime_nsec()),
+            changed: (metadata.ctime(), metadata.ctime_nsec()),
+        }
+    }
+
+    /// The names of what differs between `self` and `other`, in the order `stat` lists them.
+    fn differences(&self, other: &Self) -> Vec<&'static str> {
+        [
+            ("device", self.device != other.device),
+            ("inode", self.inode != other.inode),
+            ("size", self.size != other.size),
+            ("mtime", self.modified != other.modified),
+            ("ctime", self.changed != other.changed),
+        ]
+        .into_iter()
+        .filter_map(|(name, differs)| differs.then_some(name))
+        .collect()
+    }
+
+    /// An error (`Other`) when the file at `path`, or `file` (the same file, opened by that path), is not
+    /// this version of the file any more: it was rewritten in place, replaced by a rename onto its path,
+    /// or removed; bytes read from it since it had this identity may be another file's.
+    pub fn verify(&self, file: &File, path: &Path) -> std::io::Result<()> {
+        let at_path = match Self::at(path) {
+            Ok(identity) => identity,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Err(std::io::Error::other(format!(
+                    "the file was removed or renamed while it was read; {MUST_NOT_CHANGE}"
+                )));
+            }
+            Err(error) => return Err(error),
+        };
+        for now in [at_path, Self::of(file)?] {
+            let differences = self.differences(&now);
+            if !differences.is_empty() {
+                return Err(std::io::Error::other(format!(
+                    "the file was replaced or rewritten while it was read ({} changed); {MUST_NOT_CHANGE}",
+                    differences.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The rule and the fix that the errors of [`FileIdentity::verify`] end with.
+const MUST_NOT_CHANGE: &str = "a data file must not change while a job reads it: write new data to \
+    files of new names instead";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,6 +530,77 @@ mod tests {
         assert!(sut.overlaps(&bytes[content.len() - 1..]));
         assert!(!other.overlaps(&bytes[..16]));
         assert!(!sut.overlaps(&content[..16]), "a copy is not the mapping");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "stat, rename and utimensat, which Miri cannot run")]
+    fn an_identity_tells_a_file_rewritten_in_place_at_the_same_length() {
+        let (file, content) = paged_file(2);
+        let sut = FileIdentity::of(file.as_file()).expect("fstat");
+        sut.verify(file.as_file(), file.path())
+            .expect("an unchanged file passes");
+        let modified = file
+            .as_file()
+            .metadata()
+            .expect("stat")
+            .modified()
+            .expect("mtime");
+        // A status change time later than the recorded one also where file times keep the granularity of
+        // a clock tick (Linux before 6.13 gives the time of the last tick, not of the change).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut rewrite = std::fs::OpenOptions::new()
+            .write(true)
+            .open(file.path())
+            .expect("open for writing");
+        rewrite.write_all(&vec![9; content.len()]).expect("rewrite");
+        // The same size, and the mtime the file had: only the status change time tells the rewrite.
+        rewrite.set_modified(modified).expect("set mtime");
+        let error = sut
+            .verify(file.as_file(), file.path())
+            .expect_err("a rewritten file fails");
+        assert_eq!(
+            error.to_string(),
+            "the file was replaced or rewritten while it was read (ctime changed); a data file must \
+             not change while a job reads it: write new data to files of new names instead"
+        );
+        rewrite
+            .set_modified(modified + std::time::Duration::from_secs(1))
+            .expect("set mtime");
+        let error = sut
+            .verify(file.as_file(), file.path())
+            .expect_err("a rewritten file fails");
+        assert!(
+            error.to_string().contains("(mtime, ctime changed)"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "stat, rename and utimensat, which Miri cannot run")]
+    fn an_identity_tells_a_file_replaced_by_a_rename_or_removed() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("data");
+        std::fs::write(&path, [1; 64]).expect("write");
+        let file = File::open(&path).expect("open");
+        let sut = FileIdentity::of(&file).expect("fstat");
+        let other = directory.path().join("other");
+        std::fs::write(&other, [1; 64]).expect("write");
+        std::fs::rename(&other, &path).expect("rename onto the path");
+        let error = sut.verify(&file, &path).expect_err("a replaced file fails");
+        assert!(
+            error
+                .to_string()
+                .contains("replaced or rewritten while it was read (inode"),
+            "{error}"
+        );
+        std::fs::remove_file(&path).expect("remove");
+        let error = sut.verify(&file, &path).expect_err("a removed file fails");
+        assert!(
+            error
+                .to_string()
+                .starts_with("the file was removed or renamed while it was read"),
+            "{error}"
+        );
     }
 
     #[test]
