@@ -30,9 +30,58 @@ impl ProcessId {
         Ok(ProcessId { pid, start_ticks })
     }
 
+    /// Returns the identity of the process `pid` as it is now.
+    ///
+    /// # Errors
+    ///
+    /// Returns the error of reading `/proc/<pid>/stat`: `NotFound` when no such process runs.
+    pub fn of(pid: u32) -> std::io::Result<Self> {
+        let start_ticks = start_ticks_of(&pid.to_string())?;
+        Ok(ProcessId { pid, start_ticks })
+    }
+
+    /// The process group of this process while it runs (not a zombie), `None` once it is gone.
+    pub fn group(&self) -> Option<u32> {
+        match stat_of(&self.pid.to_string()) {
+            Ok(stat)
+                if stat.start_ticks == self.start_ticks
+                    && stat.state != 'Z'
+                    && stat.state != 'X' =>
+            {
+                Some(stat.group)
+            }
+            _ => None,
+        }
+    }
+
     /// Tells whether this process is still running (and not a zombie).
     pub fn is_alive(&self) -> bool {
         matches!(stat_of(&self.pid.to_string()), Ok(stat) if stat.start_ticks == self.start_ticks && stat.state != 'Z' && stat.state != 'X')
+    }
+
+    /// Sends `signal` to process group `group`, as `killpg` does.
+    ///
+    /// The caller checks first that a live process it knows by its identity is in the group
+    /// ([`ProcessId::group`]): the kernel gives no process the id of a group that still has members,
+    /// so the group is the one the caller means.
+    ///
+    /// # Errors
+    ///
+    /// Returns the OS error: `ESRCH` when no process is in the group, `EPERM` when the caller may not
+    /// signal it.
+    pub fn signal_group_id(group: u32, signal: libc::c_int) -> std::io::Result<()> {
+        let group = libc::pid_t::try_from(group).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{group} is not a process group id"),
+            )
+        })?;
+        // SAFETY: `killpg` takes two integers and touches no memory of this process.
+        let result = unsafe { libc::killpg(group, signal) };
+        if result != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Sends `signal` to the process group whose leader is this process, as `killpg` does.
@@ -45,18 +94,7 @@ impl ProcessId {
     /// Returns the OS error: `ESRCH` when no process is in the group, `EPERM` when the caller may not
     /// signal it, `EINVAL` for a signal that does not exist.
     pub fn signal_group(&self, signal: libc::c_int) -> std::io::Result<()> {
-        let group = libc::pid_t::try_from(self.pid).map_err(|_| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("pid {} is not a process group id", self.pid),
-            )
-        })?;
-        // SAFETY: `killpg` takes two integers and touches no memory of this process.
-        let result = unsafe { libc::killpg(group, signal) };
-        if result != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        ProcessId::signal_group_id(self.pid, signal)
     }
 }
 
@@ -68,6 +106,7 @@ impl fmt::Display for ProcessId {
 
 struct Stat {
     state: char,
+    group: u32,
     start_ticks: u64,
 }
 
@@ -91,9 +130,15 @@ fn parse_stat(text: &str) -> Option<Stat> {
     let after_command = &text[text.rfind(')')? + 1..];
     let mut fields = after_command.split_ascii_whitespace();
     let state = fields.next()?.chars().next()?;
-    // Fields 4..=21 lie between the state (field 3) and the start time (field 22).
-    let start_ticks = fields.nth(18)?.parse().ok()?;
-    Some(Stat { state, start_ticks })
+    // Field 4 is the parent, field 5 the process group.
+    let group = fields.nth(1)?.parse().ok()?;
+    // Fields 6..=21 lie between the group and the start time (field 22).
+    let start_ticks = fields.nth(16)?.parse().ok()?;
+    Some(Stat {
+        state,
+        group,
+        start_ticks,
+    })
 }
 
 #[cfg(test)]
@@ -106,9 +151,25 @@ mod tests {
             "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 150 0 0 0 3 1 0 0 20 0 1 0 987654 1000 10";
         let stat = parse_stat(line).expect("parses");
         assert_eq!(stat.state, 'S');
+        assert_eq!(stat.group, 4242);
         assert_eq!(stat.start_ticks, 987654);
         assert!(parse_stat("garbage").is_none());
         assert!(parse_stat("1 (x) R 1 2").is_none());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "reads /proc, which Miri cannot")]
+    fn a_live_process_tells_its_group_and_a_gone_one_none() {
+        let sut = ProcessId::current().expect("own identity");
+        // SAFETY: `getpgrp` takes nothing and cannot fail.
+        let group = unsafe { libc::getpgrp() };
+        assert_eq!(sut.group(), u32::try_from(group).ok());
+        assert_eq!(ProcessId::of(sut.pid).expect("of"), sut);
+        let gone = ProcessId {
+            pid: sut.pid,
+            start_ticks: sut.start_ticks + 1,
+        };
+        assert_eq!(gone.group(), None);
     }
 
     #[test]

@@ -122,3 +122,93 @@ fn a_missing_program_is_exit_code_127_with_a_message() {
     let log = std::fs::read_to_string(sut.log_file(&trainer(2))).expect("log");
     assert!(log.contains("cannot start /nonexistent/trainer"), "{log}");
 }
+
+/// The identities `<state>/<executor>.pid` holds once the shim started its command: the shim's
+/// pid and the command's pid.
+fn recorded_pids(directory: &std::path::Path, id: &ExecutorId) -> (u32, u32) {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(directory.join(format!("{id}.pid"))).unwrap_or_default();
+        let numbers: Vec<u32> = text
+            .split_ascii_whitespace()
+            .filter_map(|word| word.parse().ok())
+            .collect();
+        if let [shim, _, command, _] = numbers[..] {
+            return (shim, command);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the shim recorded no command: {text:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or_default()
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+#[test]
+fn a_killed_supervisor_leaves_no_orphan_and_its_end_comes_once_the_command_is_gone() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let (sut, mut events) = launcher(directory.path());
+    let id = ExecutorId::Daemon(0);
+    // A command with a child of its own, both in the shim's process group.
+    sut.launch(&spec(id.clone(), "sleep 300 & wait"))
+        .expect("launch");
+    let (shim, command) = recorded_pids(directory.path(), &id);
+    assert!(alive(command));
+    let status = std::process::Command::new("kill")
+        .args(["-9", &shim.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    assert_eq!(wait_exit(&mut events, &id), Exit::Killed);
+    assert!(
+        !alive(command),
+        "the orphaned command is gone before its end is told"
+    );
+    let sleepers = std::process::Command::new("pgrep")
+        .args(["-g", &shim.to_string()])
+        .output()
+        .expect("pgrep");
+    let left: Vec<u32> = String::from_utf8_lossy(&sleepers.stdout)
+        .split_ascii_whitespace()
+        .filter_map(|pid| pid.parse().ok())
+        .filter(|pid| alive(*pid))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "nothing of its process group is left: {left:?}"
+    );
+}
+
+#[test]
+fn an_adopted_executor_whose_supervisor_died_is_ended_before_the_new_am_launches_it() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let id = trainer(1);
+    let (shim, command) = {
+        let (first, _events) = launcher(directory.path());
+        first
+            .launch(&spec(id.clone(), "exec sleep 300"))
+            .expect("launch");
+        recorded_pids(directory.path(), &id)
+    };
+    let status = std::process::Command::new("kill")
+        .args(["-9", &shim.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    assert!(alive(command), "the command outlives its shim");
+    let (second, mut events) = launcher(directory.path());
+    second.adopt(&id);
+    assert_eq!(wait_exit(&mut events, &id), Exit::Killed);
+    assert!(!alive(command), "the new AM ended the orphan");
+}

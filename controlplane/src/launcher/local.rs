@@ -1,13 +1,16 @@
 //! Executors as processes on this machine.
 //!
 //! # Implementation
-//! Each executor runs under `sluice shim`, started in a session of its own so that it survives the
-//! AM. The shim records its identity (pid and start time) in `<state>/<executor>.pid`, starts the
-//! command in its process group, waits for it, and writes the exit code (128 + signal for a
-//! signal) to `<state>/<executor>.exit` by rename, so the file is whole or absent. Any AM of the job
-//! reads those two files: an exit file means the executor ended; a live shim means it runs; a dead
-//! shim without an exit file means the shim itself was killed, and the executor with it. Output goes
-//! to `<state>/<executor>.log`, appended by every launch after a line of its own.
+//! Each executor runs under `sluice shim`, started in a process group of its own so that it
+//! survives the AM. The shim records its identity (pid and start time) in `<state>/<executor>.pid`,
+//! starts the command in its process group, records the command's identity beside its own, waits
+//! for it, and writes the exit code (128 + signal for a signal) to `<state>/<executor>.exit` by
+//! rename, so the file is whole or absent. Any AM of the job reads those files: an exit file means
+//! the executor ended; a live shim means it runs; a dead shim without an exit file means the shim
+//! itself was killed. Its command may outlive it, holding its ring: the launcher then kills the
+//! command's process group (the shim's), found through the command's recorded identity, and tells
+//! the executor's end only once the command is gone, so that a relaunch never meets its orphan.
+//! Output goes to `<state>/<executor>.log`, appended by every launch after a line of its own.
 //! [`Launcher::terminate`] sends SIGTERM to the group: `sluice shim` outlives it and records how its
 //! command ended, so a command that handles SIGTERM ends in its own time.
 //!
@@ -138,13 +141,44 @@ impl Local {
         self.state_dir.join(format!("{id}.{extension}"))
     }
 
-    fn shim_process(&self, id: &ExecutorId) -> Option<ProcessId> {
+    /// The identities the shim of executor `id` recorded: its own, and its command's once started.
+    fn recorded(&self, id: &ExecutorId) -> Option<(ProcessId, Option<ProcessId>)> {
         let text = std::fs::read_to_string(self.file(id, "pid")).ok()?;
-        let (pid, start_ticks) = text.trim().split_once(' ')?;
-        Some(ProcessId {
-            pid: pid.parse().ok()?,
-            start_ticks: start_ticks.parse().ok()?,
-        })
+        let numbers: Vec<u64> = text
+            .split_ascii_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let identity = |pid: u64, start_ticks: u64| {
+            Some(ProcessId {
+                pid: u32::try_from(pid).ok()?,
+                start_ticks,
+            })
+        };
+        match numbers[..] {
+            [pid, ticks] => Some((identity(pid, ticks)?, None)),
+            [pid, ticks, command, command_ticks] => Some((
+                identity(pid, ticks)?,
+                Some(identity(command, command_ticks)?),
+            )),
+            _ => None,
+        }
+    }
+
+    fn shim_process(&self, id: &ExecutorId) -> Option<ProcessId> {
+        self.recorded(id).map(|(shim, _)| shim)
+    }
+
+    /// The process group of executor `id` while any process of it that the launcher knows runs:
+    /// the shim's, or, once the shim is gone, its command's if that still runs in the shim's group.
+    fn live_group(&self, id: &ExecutorId) -> Option<u32> {
+        let (shim, command) = self.recorded(id)?;
+        if shim.is_alive() {
+            return Some(shim.pid);
+        }
+        command
+            .and_then(|command| command.group())
+            .filter(|group| *group == shim.pid)
     }
 
     /// Reaps a shim this AM started once it has exited, so it leaves no zombie.
@@ -240,7 +274,17 @@ impl Local {
         }
         match self.shim_process(id) {
             Some(shim) if shim.is_alive() => Observation::Running,
-            Some(_) => Observation::Exited(Exit::Killed),
+            Some(_) => match self.live_group(id) {
+                // The shim was killed and left its command running: the command ends first.
+                Some(group) => {
+                    tracing::warn!(executor = %id, group, "its supervisor died: killing its orphaned processes");
+                    if let Err(error) = ProcessId::signal_group_id(group, libc::SIGKILL) {
+                        tracing::warn!(executor = %id, %error, "killing the orphaned processes failed");
+                    }
+                    Observation::Running
+                }
+                None => Observation::Exited(Exit::Killed),
+            },
             // The shim has not written its pid yet: it runs if this AM holds it unreaped.
             None if !reaped => Observation::Running,
             None if self.file(id, "log").exists() => Observation::Exited(Exit::Killed),
@@ -248,15 +292,14 @@ impl Local {
         }
     }
 
-    /// Sends `signal` to the process group of a live executor's shim.
+    /// Sends `signal` to the process group of a live executor: its shim's, which its command
+    /// shares, also when the shim is gone and the command is not.
     fn signal(&self, id: &ExecutorId, signal: libc::c_int) {
-        if let Some(shim) = self.shim_process(id)
-            && shim.is_alive()
+        // The group is checked through the identity (pid and start time) of a live member.
+        if let Some(group) = self.live_group(id)
+            && let Err(error) = ProcessId::signal_group_id(group, signal)
         {
-            // The group is the shim's own, whose identity was just checked against its start time.
-            if let Err(error) = shim.signal_group(signal) {
-                tracing::warn!(executor = %id, signal, %error, "signalling the executor failed");
-            }
+            tracing::warn!(executor = %id, signal, %error, "signalling the executor failed");
         }
     }
 }
@@ -291,8 +334,34 @@ pub fn run_shim(pid_file: &Path, exit_file: &Path, command: &[String]) -> std::i
         std::io::Error::new(std::io::ErrorKind::InvalidInput, "no command to run")
     })?;
     let me = ProcessId::current()?;
-    write_atomically(pid_file, &format!("{} {}\n", me.pid, me.start_ticks))?;
-    let code = match Command::new(program).args(arguments).status() {
+    let shim = format!("{} {}", me.pid, me.start_ticks);
+    write_atomically(pid_file, &format!("{shim}\n"))?;
+    let status = Command::new(program)
+        .args(arguments)
+        .spawn()
+        .and_then(|mut child| {
+            // The command's identity beside the shim's: should the shim be killed, the launcher finds
+            // the command it left by it.
+            let recorded = ProcessId::of(child.id()).and_then(|command| {
+                write_atomically(
+                    pid_file,
+                    &format!("{shim} {} {}\n", command.pid, command.start_ticks),
+                )
+            });
+            match recorded {
+                // Gone already: `wait` tells how it ended.
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    // Unrecorded, it could outlive this shim unseen: it does not run.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(error);
+                }
+            }
+            child.wait()
+        });
+    let code = match status {
         Ok(status) => {
             use std::os::unix::process::ExitStatusExt;
             status
