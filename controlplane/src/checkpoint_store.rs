@@ -113,12 +113,35 @@ impl CheckpointStore {
         }
     }
 
+    /// Deletes the checkpoint named `token`, pruned by `checkpoint.keep`; one already gone is no
+    /// error.
+    pub async fn delete(&self, token: &str) -> Result<()> {
+        check_token(token)?;
+        match self {
+            CheckpointStore::Memory(positions) => {
+                positions
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .remove(token);
+                Ok(())
+            }
+            CheckpointStore::Object { store, prefix, uri } => {
+                match store.delete(&object(prefix, token)).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(error) => Err(AmError::FailedPrecondition(format!(
+                        "deleting data checkpoint {token} under {uri}: {error}"
+                    ))),
+                }
+            }
+        }
+    }
+
     /// Loads the checkpoint named `token`.
     pub async fn get(&self, token: &str) -> Result<DataPosition> {
         check_token(token)?;
         let unknown = |place: &str| {
             AmError::NotFound(format!(
-                "data checkpoint {token} is not in {place}; pass a token that CommitDataCheckpoint returned for this job"
+                "data checkpoint {token} is not in {place}; pass a token that CommitDataCheckpoint returned for this job, and not one that `checkpoint.keep` pruned"
             ))
         };
         match self {
@@ -206,4 +229,38 @@ fn decode_plan(bytes: &[u8]) -> std::result::Result<JobPlan, String> {
     postcard::from_bytes(body).map_err(|error| {
         format!("is damaged: {error}; remove the checkpoint location to plan the job afresh")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_deleted_checkpoint_is_gone_and_deleting_it_again_is_no_error() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let uri = format!("file://{}", directory.path().display());
+        let master = crate::service::tests::one_file_master(
+            "name: store\ndata: { sources: [{ uri: 'file:///d', format: parquet }] }\nroles: [{ name: w, command: [x] }]\n",
+            10,
+        );
+        let position = master.table().position();
+        for sut in [
+            CheckpointStore::in_memory(),
+            CheckpointStore::at(&uri, &Default::default()).expect("store"),
+        ] {
+            sut.put("store-step1-0000abcd", &position)
+                .await
+                .expect("put");
+            assert_eq!(
+                sut.get("store-step1-0000abcd").await.expect("get"),
+                position
+            );
+            sut.delete("store-step1-0000abcd").await.expect("delete");
+            sut.delete("store-step1-0000abcd")
+                .await
+                .expect("deleting again");
+            let error = sut.get("store-step1-0000abcd").await.expect_err("gone");
+            assert!(error.to_string().contains("checkpoint.keep"), "{error}");
+        }
+    }
 }

@@ -23,7 +23,7 @@ use crate::error::AmError;
 use crate::launcher::{
     ExecutorEvent, ExecutorId, ExecutorState, Exit, LaunchAction, LaunchSpec, Launcher,
 };
-use crate::master::calls::RankCommit;
+use crate::master::calls::{JobPhase, RankCommit};
 use crate::master::{Applied, CommitOutcome, Master, Placement};
 use crate::persist::{Durable, Persist};
 use crate::spec::{HangAction, JobSpec};
@@ -55,6 +55,8 @@ pub struct Am {
     hangs: Mutex<BTreeMap<HangKey, Instant>>,
     /// Hung executors to kill, so that the failover rules start them again.
     restarts: Mutex<Vec<ExecutorId>>,
+    /// The AM time (ms) before which each executor that failed is not launched again.
+    backoff: Mutex<BTreeMap<ExecutorId, u64>>,
     /// The time the master is handed, continued from the latest time of its journal.
     clock: AmClock,
 }
@@ -82,6 +84,7 @@ impl Am {
             stopping: Mutex::new(BTreeMap::new()),
             hangs: Mutex::new(BTreeMap::new()),
             restarts: Mutex::new(Vec::new()),
+            backoff: Mutex::new(BTreeMap::new()),
             clock,
         }
     }
@@ -150,6 +153,44 @@ impl Am {
         let (reply, durable) = self.record(call)?;
         durable.await?;
         Ok(reply)
+    }
+
+    /// Makes executor `id`, which just failed, wait before it is launched again, the longer the
+    /// more it failed (`failover.restart_backoff_ms`), so that a failure that repeats at once does
+    /// not spend the failure budget in a moment.
+    fn back_off(&self, id: ExecutorId) {
+        let wait = {
+            let master = self.master();
+            let failures = master
+                .executors()
+                .and_then(|executors| {
+                    executors
+                        .records()
+                        .find(|(record_id, _)| **record_id == id)
+                        .map(|(_, record)| record.failures)
+                })
+                .unwrap_or(1);
+            master.spec().failover.restart_backoff(failures)
+        };
+        let at = self
+            .now_ms()
+            .saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+        lock(&self.backoff).insert(id, at);
+    }
+
+    /// Stops the job at once, as two `sluice stop`s do: a followed job ends its following and
+    /// stops too, rather than delivering the rows it planned first.
+    pub async fn stop_now(&self, reason: &str) -> Result<JobPhase, AmError> {
+        self.apply(|master| {
+            let mut applied = master.stop(reason.to_owned());
+            if matches!(master.phase(), JobPhase::Starting | JobPhase::Running) {
+                let again = master.stop(reason.to_owned());
+                applied.entries.extend(again.entries);
+                applied.reply = again.reply;
+            }
+            Ok(applied)
+        })
+        .await
     }
 
     /// Applies a heartbeat and sequences its entries. Returns the reply and, unless the heartbeat
@@ -293,8 +334,15 @@ impl Am {
             CommitOutcome::Ready(ready) => {
                 self.checkpoints.put(&ready.token, &ready.position).await?;
                 let token = ready.token.clone();
-                self.apply(|master| Ok(master.checkpoint_stored(ready.step, ready.token)))
+                let pruned = self
+                    .apply(|master| Ok(master.checkpoint_stored(ready.step, ready.token)))
                     .await?;
+                for old in pruned {
+                    // A checkpoint left behind costs only space; the next prune does not see it.
+                    if let Err(error) = self.checkpoints.delete(&old).await {
+                        tracing::warn!(token = old, %error, "deleting a pruned data checkpoint failed");
+                    }
+                }
                 v1::commit_data_checkpoint_reply::State::Token(token)
             }
         };
@@ -339,10 +387,15 @@ impl Am {
         for ExecutorEvent::Exited { id, exit, cause } in ended {
             tracing::info!(executor = %id, ?exit, ?cause, "executor ended");
             self.stopping().remove(&id);
+            let failed = exit != Exit::Code(0);
+            let backoff_id = id.clone();
             durables.push(self.record_change(|master| {
                 master.executor_cause(&id, cause);
                 master.executor_exited(id, exit)
             }));
+            if failed {
+                self.back_off(backoff_id);
+            }
         }
         let retiring: Vec<ExecutorId> = self
             .master()
@@ -362,7 +415,12 @@ impl Am {
             };
             (to_launch, over)
         };
+        let now_ms = self.now_ms();
         for LaunchAction::Launch(id) in to_launch {
+            if lock(&self.backoff).get(&id).is_some_and(|at| *at > now_ms) {
+                // Launched on a later pass, once its wait is over.
+                continue;
+            }
             let spec = {
                 let master = self.master();
                 executors
@@ -965,7 +1023,7 @@ data: { sources: [{ uri: "file:///d", format: parquet }], task_rows: 10 }
 nodes: 1
 roles:
   - { name: worker, num: 2, command: [train, "--out", "/tmp/ids-{rank}"], env: { MODE: fast } }
-failover: { max_failures: 1 }
+failover: { max_failures: 1, restart_backoff_ms: 0 }
 "#;
         let mut master = one_file_master(text, 20);
         master.launch_executors();
@@ -1133,6 +1191,61 @@ failover: { max_failures: 1 }
             "the trainer that succeeded is not followed again"
         );
         assert!(adopting.launched.lock().expect("lock").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_executor_waits_longer_after_each_failure_before_it_is_launched_again() {
+        let text = r#"
+name: backoff
+data: { sources: [{ uri: "file:///d", format: parquet }], task_rows: 10 }
+nodes: 1
+roles:
+  - { name: worker, num: 1, command: [train] }
+failover: { max_failures: 5, restart_backoff_ms: 100, restart_backoff_max_ms: 300 }
+"#;
+        let mut master = one_file_master(text, 20);
+        master.launch_executors();
+        let clock = Arc::new(SimulatedClock::at_wall(0));
+        let sut = Am::with_clock(
+            master,
+            Persist::in_memory(),
+            CheckpointStore::in_memory(),
+            clock.clone(),
+        );
+        let (scripted, executors, mut events) = started(&sut).await;
+        let launches = |scripted: &ScriptedLauncher| {
+            scripted
+                .launched
+                .lock()
+                .expect("lock")
+                .iter()
+                .filter(|spec| spec.id == trainer(0))
+                .count()
+        };
+        assert_eq!(launches(&scripted), 1);
+        for (failure, wait_ms) in [(1, 100), (2, 200), (3, 300), (4, 300)] {
+            scripted.end(trainer(0), Exit::Code(1));
+            supervise(&sut, &executors, &mut events).await;
+            assert_eq!(
+                launches(&scripted),
+                failure,
+                "failure {failure}: not at once"
+            );
+            clock.advance(Duration::from_millis(wait_ms - 1));
+            supervise(&sut, &executors, &mut events).await;
+            assert_eq!(
+                launches(&scripted),
+                failure,
+                "failure {failure}: not before {wait_ms} ms"
+            );
+            clock.advance(Duration::from_millis(1));
+            supervise(&sut, &executors, &mut events).await;
+            assert_eq!(
+                launches(&scripted),
+                failure + 1,
+                "failure {failure}: after {wait_ms} ms"
+            );
+        }
     }
 
     #[tokio::test]

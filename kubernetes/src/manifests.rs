@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use serde_json::{Value, json};
 use sluice_am::launcher::LaunchSpec;
-use sluice_am::spec::{JobSpec, KubernetesSpec, RestartPolicy};
+use sluice_am::spec::{Gang, JobSpec, KubernetesSpec, RestartPolicy};
 
 /// The port of the AM's gRPC API and JSON calls.
 pub const AM_PORT: u16 = 7070;
@@ -49,6 +49,9 @@ pub const COMPONENT_LABEL: &str = "sluice.dev/component";
 
 /// The label of a node pod with its node's number.
 pub const NODE_LABEL: &str = "sluice.dev/node";
+
+/// The annotation that puts a pod in a Volcano PodGroup.
+pub const VOLCANO_GROUP_ANNOTATION: &str = "scheduling.k8s.io/group-name";
 
 /// The name of the daemon's container in a node pod.
 pub const DAEMON_CONTAINER: &str = "sluice-daemon";
@@ -86,6 +89,11 @@ impl Names {
     /// The Secret holding the job's token.
     pub fn token(&self) -> String {
         format!("{}-token", self.job)
+    }
+
+    /// The Volcano PodGroup of the node pods.
+    pub fn pod_group(&self) -> String {
+        format!("{}-nodes", self.job)
     }
 
     /// The pod of node `node`.
@@ -275,6 +283,10 @@ pub fn node_pod(
         }],
     });
     add_placement(&mut pod_spec, kubernetes);
+    if let Gang::Volcano { .. } = kubernetes.gang {
+        pod_spec["schedulerName"] = json!("volcano");
+        metadata["annotations"] = json!({ VOLCANO_GROUP_ANNOTATION: names.pod_group() });
+    }
     typed(json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -511,6 +523,22 @@ pub fn am_objects(
         service,
         job,
     }
+}
+
+/// Under `gang: volcano`, the PodGroup of the job's node pods: Volcano starts them all at once
+/// or none, in the spec's queue. A custom resource of Volcano (`scheduling.volcano.sh/v1beta1`),
+/// so written as plain JSON.
+pub fn pod_group(spec: &JobSpec, kubernetes: &KubernetesSpec) -> Option<Value> {
+    let Gang::Volcano { queue } = &kubernetes.gang else {
+        return None;
+    };
+    let names = Names::of(&spec.name);
+    Some(json!({
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": metadata(&names.pod_group(), &kubernetes.namespace, &spec.name, "node"),
+        "spec": { "minMember": spec.nodes, "queue": queue },
+    }))
 }
 
 /// `objects` as one YAML stream, each document after a `---` line.

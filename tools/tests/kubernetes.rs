@@ -317,3 +317,50 @@ fn an_am_out_of_a_cluster_says_where_the_kubernetes_launcher_runs() {
     assert!(!output.status.success());
     assert!(stderr.contains("| kubectl apply -f -"), "{stderr}");
 }
+
+#[test]
+fn a_volcano_gang_puts_every_node_pod_in_one_pod_group() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let text = JOB.replace(
+        "  namespace: ml\n",
+        "  namespace: ml\n  gang: volcano\n  queue: research\n",
+    );
+    let spec = common::write_spec(directory.path(), &text);
+    let (apply, pods) = manifests(&spec);
+    let objects = documents(&apply);
+    let group = objects
+        .iter()
+        .find(|object| object["kind"] == "PodGroup")
+        .expect("a PodGroup");
+    assert_eq!(group["apiVersion"], "scheduling.volcano.sh/v1beta1");
+    assert_eq!(group["metadata"]["name"], "train-nodes");
+    assert_eq!(group["spec"]["minMember"], 2, "every node pod or none");
+    assert_eq!(group["spec"]["queue"], "research");
+    for pod in documents(&pods) {
+        assert_eq!(pod["spec"]["schedulerName"], "volcano");
+        assert_eq!(
+            pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"],
+            "train-nodes"
+        );
+    }
+    // The PodGroup is Volcano's custom resource, outside Kubernetes' schema: the rest is checked.
+    sluice_testkit::require_program(
+        "kubernetes-validate",
+        "pip install kubernetes-validate (scripts/test.sh installs it)",
+    );
+    let core: String = apply
+        .split("---\n")
+        .filter(|document| !document.trim().is_empty() && !document.contains("kind: PodGroup"))
+        .map(|document| format!("---\n{document}"))
+        .collect();
+    let file = directory.path().join("core.yaml");
+    std::fs::write(&file, format!("{core}{pods}")).expect("write");
+    let output = Command::new("kubernetes-validate")
+        .args(["--strict", "--kubernetes-version", KUBERNETES_RELEASE])
+        .arg(&file)
+        .output()
+        .expect("run kubernetes-validate");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{report}");
+    assert_eq!(report.matches("passed for resource").count(), 8, "{report}");
+}

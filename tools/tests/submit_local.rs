@@ -323,11 +323,19 @@ fn a_submitted_job_runs_to_its_end_and_another_stops_on_sluice_stop() {
     let state = job.wait_for_end(started);
     assert_eq!(state, "succeeded", "{}", job.logs());
     assert_every_id_once(root, ROWS as i64, &job.logs());
-    let sizes = job.ring_file_sizes();
-    assert!(
-        !sizes.is_empty() && sizes.iter().all(|size| *size == RING_SIZE + 4096),
-        "rings of --ring-size {RING_SIZE} under --ring-dir: {sizes:?}"
-    );
+    let rings = ring_dir(&name).join(&name);
+    let ended = Instant::now();
+    while rings.exists() {
+        assert!(
+            ended.elapsed() < Duration::from_secs(10),
+            "the job's rings are removed once it is over: {:?}",
+            std::fs::read_dir(&rings).map(|entries| entries
+                .flatten()
+                .map(|entry| entry.path())
+                .collect::<Vec<_>>())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(
         !root.join("sluice").join(&name).exists(),
         "state went to the temp dir, not to --state-dir"
@@ -341,6 +349,11 @@ fn a_submitted_job_runs_to_its_end_and_another_stops_on_sluice_stop() {
     slow.wait_for("rows consumed", started, |status| {
         status["tasks"]["rows_consumed"].as_u64() > Some(0)
     });
+    let sizes = slow.ring_file_sizes();
+    assert!(
+        !sizes.is_empty() && sizes.iter().all(|size| *size == RING_SIZE + 4096),
+        "rings of --ring-size {RING_SIZE} under --ring-dir: {sizes:?}"
+    );
     // The job got a token of its own: the CLI finds it (every call above went without one), a
     // wrong one is refused, and it sits in a file only its user reads.
     let refused = slow.control(&["status", "--token", "wrong"]);

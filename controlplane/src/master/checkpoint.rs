@@ -238,12 +238,26 @@ impl Master {
         }))
     }
 
-    /// Records that the checkpoint of `step` was stored under `token`.
-    pub fn checkpoint_stored(&mut self, step: u64, token: String) -> Applied<()> {
+    /// Records that the checkpoint of `step` was stored under `token`, and forgets the oldest
+    /// stored checkpoints past `checkpoint.keep`. Returns the tokens forgotten, whose objects the
+    /// caller deletes once the entry is durable.
+    pub fn checkpoint_stored(&mut self, step: u64, token: String) -> Applied<Vec<String>> {
         self.checkpoints.remove(&step);
         self.stored.insert(step, token.clone());
+        let keep = self
+            .spec
+            .checkpoint
+            .as_ref()
+            .and_then(|checkpoint| checkpoint.keep)
+            .map_or(usize::MAX, |keep| keep as usize);
+        let mut pruned = Vec::new();
+        while self.stored.len() > keep {
+            if let Some((_, oldest)) = self.stored.pop_first() {
+                pruned.push(oldest);
+            }
+        }
         Applied {
-            reply: (),
+            reply: pruned,
             entries: vec![Entry::CheckpointStored { step, token }],
         }
     }

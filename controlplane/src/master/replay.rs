@@ -144,8 +144,8 @@ impl Master {
                 self.record_rank(step, rank, world_size, epoch, positions)?;
             }
             Entry::CheckpointStored { step, token } => {
-                self.checkpoints.remove(&step);
-                self.stored.insert(step, token);
+                // The checkpoints it pruned were deleted, or are left, by the AM that wrote it.
+                self.checkpoint_stored(step, token);
             }
             Entry::Restored {
                 token,

@@ -1509,3 +1509,34 @@ fn the_node_of_a_rank_is_the_node_that_feeds_it() {
         }
     }
 }
+
+#[test]
+fn stored_checkpoints_past_keep_are_pruned_oldest_first_and_replay_prunes_the_same() {
+    let text = format!("{SPEC}checkpoint: {{ uri: \"file:///tmp/unit-checkpoints\", keep: 2 }}\n");
+    let spec = Arc::new(JobSpec::parse(&text, Format::Yaml).expect("valid spec"));
+    let plan = Arc::new(master().plan().clone());
+    let mut sut = Master::new(spec.clone(), plan.clone()).expect("master");
+    let mut journal = Vec::new();
+    let mut pruned = Vec::new();
+    for (step, token) in [(1, "a"), (2, "b"), (3, "c"), (5, "e"), (4, "d")] {
+        let applied = sut.checkpoint_stored(step, token.to_owned());
+        pruned.push(applied.reply);
+        journal.extend(applied.entries);
+    }
+    assert_eq!(
+        pruned,
+        [
+            Vec::<String>::new(),
+            Vec::new(),
+            vec!["a".to_owned()],
+            vec!["b".to_owned()],
+            vec!["c".to_owned()],
+        ],
+        "the newest two by step are kept"
+    );
+    let mut replayed = Master::new(spec, plan).expect("master");
+    for entry in journal {
+        replayed.replay(entry).expect("replay");
+    }
+    assert_eq!(replayed.snapshot(), sut.snapshot());
+}

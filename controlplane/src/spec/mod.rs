@@ -333,6 +333,24 @@ pub struct FailoverSpec {
     pub task_failed_percent: f64,
     /// What a hang is, and what the AM does about one.
     pub hang: HangSpec,
+    /// How long an executor that failed waits before it is launched again (default 250 ms); each
+    /// failure of it after the first doubles the wait, up to `restart_backoff_max_ms`. 0 launches
+    /// it again at once.
+    pub restart_backoff_ms: u64,
+    /// The longest wait before a relaunch (default 10,000 ms).
+    pub restart_backoff_max_ms: u64,
+}
+
+impl FailoverSpec {
+    /// How long an executor that failed `failures` times waits before it is launched again.
+    pub fn restart_backoff(&self, failures: u32) -> std::time::Duration {
+        let doublings = failures.saturating_sub(1).min(32);
+        let wait = self
+            .restart_backoff_ms
+            .saturating_mul(1 << doublings)
+            .min(self.restart_backoff_max_ms);
+        std::time::Duration::from_millis(wait)
+    }
 }
 
 /// The `failover.hang` section: when a trainer that stopped reading its ring counts as hung, and
@@ -460,6 +478,21 @@ pub struct KubernetesSpec {
     pub tolerations: Vec<Toleration>,
     /// Secrets to pull the images with.
     pub image_pull_secrets: Vec<String>,
+    /// How the node pods start together.
+    pub gang: Gang,
+}
+
+/// How a job's node pods start together on Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum Gang {
+    /// As the default scheduler places each (`gang: none`, the default).
+    None,
+    /// All at once or none, by Volcano (`gang: volcano`): a PodGroup of every node pod, in the
+    /// Volcano queue named (`queue`, default `default`).
+    Volcano {
+        /// The Volcano queue.
+        queue: String,
+    },
 }
 
 /// A taint a pod tolerates, as Kubernetes writes it.
@@ -482,6 +515,9 @@ pub struct CheckpointSpec {
     pub uri: String,
     /// Seconds between compacted snapshots (default 300).
     pub interval_s: u64,
+    /// How many data checkpoints are kept: the newest by step; an older one is deleted once a
+    /// newer one is stored past the count. `None` (the default) keeps them all.
+    pub keep: Option<u32>,
 }
 
 impl JobSpec {

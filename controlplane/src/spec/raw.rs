@@ -168,6 +168,8 @@ pub(crate) struct RawFailover {
     pub(crate) task_success_percent: Option<f64>,
     pub(crate) task_failed_percent: Option<f64>,
     pub(crate) hang: Option<RawHang>,
+    pub(crate) restart_backoff_ms: Option<u64>,
+    pub(crate) restart_backoff_max_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -190,6 +192,8 @@ pub(crate) struct RawLauncher {
     pub(crate) node_selector: Option<BTreeMap<String, ScalarString>>,
     pub(crate) tolerations: Option<Vec<RawToleration>>,
     pub(crate) image_pull_secrets: Option<Vec<String>>,
+    pub(crate) gang: Option<String>,
+    pub(crate) queue: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -206,6 +210,7 @@ pub(crate) struct RawToleration {
 pub(crate) struct RawCheckpoint {
     pub(crate) uri: String,
     pub(crate) interval_s: Option<u64>,
+    pub(crate) keep: Option<u32>,
 }
 
 /// A string that may be written as a bare scalar (`AWS_ALLOW_HTTP: true`, `OMP_NUM_THREADS: 4`), as

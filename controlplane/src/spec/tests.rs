@@ -107,7 +107,8 @@ fn quickstart_spec_parses_into_typed_values() {
         sut.checkpoint,
         Some(CheckpointSpec {
             uri: "file:///tmp/sluice/ckpt".to_owned(),
-            interval_s: 300
+            interval_s: 300,
+            keep: None,
         })
     );
 }
@@ -805,6 +806,24 @@ fn kubernetes_options_are_checked_and_the_image_is_required() {
         "roles[0].image",
         &["option of the kubernetes launcher"],
     );
+    let sut = parse_yaml(&minimal_with(
+        "launcher: { kind: kubernetes, image: t, gang: volcano, queue: research }",
+    ))
+    .expect("valid");
+    assert_eq!(
+        sut.kubernetes.expect("options").gang,
+        Gang::Volcano {
+            queue: "research".to_owned()
+        }
+    );
+    let error = refused(&minimal_with(
+        "launcher: { kind: kubernetes, image: t, gang: volcanoes }",
+    ));
+    assert_error(&error, "launcher.gang", &["did you mean `volcano`?"]);
+    let error = refused(&minimal_with(
+        "launcher: { kind: kubernetes, image: t, queue: q }",
+    ));
+    assert_error(&error, "launcher.queue", &["set `gang: volcano`"]);
     let kubernetes = minimal_with("launcher: { kind: kubernetes, image: t }");
     let error = refused(&kubernetes.replace("name: small", "name: small_job"));
     assert_error(
@@ -817,6 +836,45 @@ fn kubernetes_options_are_checked_and_the_image_is_required() {
         &error,
         "roles[0].name",
         &["cannot start a container's name"],
+    );
+}
+
+#[test]
+fn checkpoint_keep_is_at_least_one() {
+    let sut =
+        parse_yaml(&minimal_with("checkpoint: { uri: \"file:///c\", keep: 3 }")).expect("valid");
+    assert_eq!(sut.checkpoint.expect("checkpoint").keep, Some(3));
+    let error = refused(&minimal_with("checkpoint: { uri: \"file:///c\", keep: 0 }"));
+    assert_error(&error, "checkpoint.keep", &["is 0", "keep at least 1"]);
+}
+
+#[test]
+fn relaunches_back_off_exponentially_up_to_a_cap() {
+    let sut = parse_yaml(MINIMAL_YAML).expect("valid").failover;
+    let waits: Vec<u64> = (1..=8)
+        .map(|failures| sut.restart_backoff(failures).as_millis() as u64)
+        .collect();
+    assert_eq!(waits, [250, 500, 1000, 2000, 4000, 8000, 10_000, 10_000]);
+    assert_eq!(
+        sut.restart_backoff(u32::MAX).as_millis(),
+        10_000,
+        "no overflow"
+    );
+    let sut = parse_yaml(&minimal_with("failover: { restart_backoff_ms: 0 }"))
+        .expect("valid")
+        .failover;
+    assert_eq!(
+        sut.restart_backoff(5).as_millis(),
+        0,
+        "0 relaunches at once"
+    );
+    let error = refused(&minimal_with(
+        "failover: { restart_backoff_max_ms: 99999999999 }",
+    ));
+    assert_error(
+        &error,
+        "failover.restart_backoff_max_ms",
+        &["at most an hour"],
     );
 }
 

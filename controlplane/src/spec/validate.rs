@@ -6,7 +6,7 @@ use super::raw::{
     RawRole, RawSource, RawToleration, RawTransform, ScalarString,
 };
 use super::{
-    CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, HangAction, HangSpec, JobSpec,
+    CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, Gang, HangAction, HangSpec, JobSpec,
     KubernetesSpec, LauncherKind, MAX_NODES, MAX_TRAINERS, Resources, RestartPolicy, RoleSpec,
     ShuffleSpec, SlurmSpec, SourceFormat, SourceSpec, SpecError, Toleration, TransformSpec,
 };
@@ -27,6 +27,8 @@ const RESERVED_ENV: &[&str] = &[
 
 /// The most attempts a task may be given; a larger number hides a broken task.
 const MAX_TASK_ATTEMPTS: u32 = 1000;
+/// The longest wait before a relaunch: an hour.
+const MAX_RESTART_BACKOFF_MS: u64 = 3_600_000;
 
 /// The shortest poll interval of a followed source: polling lists the source each time.
 const MIN_FOLLOW_INTERVAL_MS: u64 = 10;
@@ -156,6 +158,8 @@ fn validate_launcher(
             raw.image_pull_secrets.is_some(),
             LauncherKind::Kubernetes,
         ),
+        ("gang", raw.gang.is_some(), LauncherKind::Kubernetes),
+        ("queue", raw.queue.is_some(), LauncherKind::Kubernetes),
     ];
     if let Some((key, _, owner)) = options
         .iter()
@@ -251,6 +255,29 @@ fn validate_launcher(
             validate_dns_subdomain(&format!("launcher.image_pull_secrets[{index}]"), name)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let gang = match (raw.gang.as_deref(), raw.queue) {
+        (None | Some("none"), None) => Gang::None,
+        (None | Some("none"), Some(_)) => {
+            return Err(SpecError::invalid(
+                "launcher.queue",
+                "names a Volcano queue, but the node pods are not a gang",
+                "set `gang: volcano`, or remove `queue`",
+            ));
+        }
+        (Some("volcano"), queue) => Gang::Volcano {
+            queue: match queue {
+                Some(queue) => validate_dns_subdomain("launcher.queue", queue)?,
+                None => "default".to_owned(),
+            },
+        },
+        (Some(other), _) => {
+            return Err(SpecError::invalid(
+                "launcher.gang",
+                format!("has unknown value `{other}`"),
+                suggest(other, &["none", "volcano"]),
+            ));
+        }
+    };
     Ok((
         kind,
         slurm,
@@ -260,6 +287,7 @@ fn validate_launcher(
             node_selector,
             tolerations,
             image_pull_secrets,
+            gang,
         }),
     ))
 }
@@ -1053,6 +1081,8 @@ fn validate_failover(raw: Option<RawFailover>, executors: u64) -> Result<Failove
         task_success_percent: None,
         task_failed_percent: None,
         hang: None,
+        restart_backoff_ms: None,
+        restart_backoff_max_ms: None,
     });
     let restart = match raw.restart.as_deref() {
         None | Some("on-failure") => RestartPolicy::OnFailure,
@@ -1083,6 +1113,22 @@ fn validate_failover(raw: Option<RawFailover>, executors: u64) -> Result<Failove
         raw.blacklist_after_failures,
         max_failures.max(1),
     )?;
+    let restart_backoff_ms = raw.restart_backoff_ms.unwrap_or(250);
+    let restart_backoff_max_ms = raw
+        .restart_backoff_max_ms
+        .unwrap_or(10_000)
+        .max(restart_backoff_ms);
+    if restart_backoff_max_ms > MAX_RESTART_BACKOFF_MS {
+        return Err(SpecError::invalid(
+            if raw.restart_backoff_ms.unwrap_or(0) > MAX_RESTART_BACKOFF_MS {
+                "failover.restart_backoff_ms"
+            } else {
+                "failover.restart_backoff_max_ms"
+            },
+            format!("is more than {MAX_RESTART_BACKOFF_MS} ms"),
+            "wait at most an hour between relaunches",
+        ));
+    }
     let heartbeat_interval_ms = raw.heartbeat_interval_ms.unwrap_or(1000);
     if heartbeat_interval_ms < MIN_HEARTBEAT_INTERVAL_MS {
         return Err(SpecError::invalid(
@@ -1125,6 +1171,8 @@ fn validate_failover(raw: Option<RawFailover>, executors: u64) -> Result<Failove
         task_success_percent,
         task_failed_percent,
         hang,
+        restart_backoff_ms,
+        restart_backoff_max_ms,
     })
 }
 
@@ -1189,8 +1237,16 @@ fn percent(path: &str, value: Option<f64>, default: f64) -> Result<f64, SpecErro
 fn validate_checkpoint(raw: RawCheckpoint) -> Result<CheckpointSpec, SpecError> {
     validate_uri("checkpoint.uri", &raw.uri)?;
     let interval_s = positive_u64("checkpoint.interval_s", raw.interval_s, 300)?;
+    if raw.keep == Some(0) {
+        return Err(SpecError::invalid(
+            "checkpoint.keep",
+            "is 0, which would delete every data checkpoint as it is made",
+            "keep at least 1, or leave `keep` out to keep them all",
+        ));
+    }
     Ok(CheckpointSpec {
         uri: raw.uri,
         interval_s,
+        keep: raw.keep,
     })
 }

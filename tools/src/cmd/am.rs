@@ -97,30 +97,55 @@ pub fn run(args: AmArgs) -> anyhow::Result<()> {
     sluice_am::server::runtime()
         .context("starting the AM's runtime")?
         .block_on(serve_job(
-            "sluice am",
             spec,
             options,
-            args.http,
-            &[],
-            false,
-            false,
+            Serving {
+                label: "sluice am",
+                http: args.http,
+                notes: &[],
+                progress: false,
+                publish_token: false,
+                // A signal ends this AM alone: an AM started again takes the job over.
+                stop_on_signal: false,
+            },
         ))
 }
 
-/// Serves a job's AM (and its status page when `http` is set) until the job is over, printing
-/// where it serves, then `notes`, then (with `progress`) a live progress line and a closing summary,
-/// then how the job ended, each line prefixed with `label`. With `publish_token`, the AM's token
-/// (made for the job) is written where the user's own commands find it while the AM serves (see
-/// [`token`](crate::cmd::token)).
+/// How [`serve_job`] serves a job and speaks of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Serving<'a> {
+    /// The prefix of every line printed (`sluice run`, `sluice am`).
+    pub label: &'a str,
+    /// The address of the status page, when it is served.
+    pub http: Option<SocketAddr>,
+    /// Lines printed after where the AM serves.
+    pub notes: &'a [String],
+    /// Print a live progress line and a closing summary.
+    pub progress: bool,
+    /// Write the AM's token, made for the job, where the user's own commands find it (see
+    /// [`token`](crate::cmd::token)).
+    pub publish_token: bool,
+    /// Stop the job on SIGINT or SIGTERM (a second one ends this process at once), rather than
+    /// leave its executors to an AM started again.
+    pub stop_on_signal: bool,
+}
+
+/// Serves a job's AM (and its status page when `serving.http` is set) until the job is over,
+/// printing where it serves, then the notes, then (with `progress`) a live progress line and a
+/// closing summary, then how the job ended, each line prefixed with the label.
 pub async fn serve_job(
-    label: &str,
     spec: JobSpec,
     options: AmOptions,
-    http: Option<SocketAddr>,
-    notes: &[String],
-    progress: bool,
-    publish_token: bool,
+    serving: Serving<'_>,
 ) -> anyhow::Result<()> {
+    let Serving {
+        label,
+        http,
+        notes,
+        progress,
+        publish_token,
+        stop_on_signal,
+    } = serving;
     let name = spec.name.clone();
     let token = options.token.clone();
     let tls = options.tls.clone();
@@ -169,6 +194,9 @@ pub async fn serve_job(
     stdout.flush()?;
     let started = std::time::Instant::now();
     let am = server.am();
+    if stop_on_signal {
+        stop_on_signals(label.to_owned(), am.clone())?;
+    }
     let progress = progress.then(|| crate::cmd::progress::spawn(label.to_owned(), am.clone()));
     let end = server.serve().await?;
     let seconds = started.elapsed().as_secs_f64();
@@ -190,6 +218,36 @@ pub async fn serve_job(
             end.failure_reason.unwrap_or_default()
         )),
     }
+}
+
+/// Stops the job on the first SIGINT or SIGTERM, so that its executors end and its rings go;
+/// ends this process at once on the second.
+fn stop_on_signals(
+    label: String,
+    am: std::sync::Arc<sluice_am::service::Am>,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("handling SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("handling SIGTERM")?;
+    tokio::spawn(async move {
+        let mut signals = 0;
+        loop {
+            let name = tokio::select! {
+                _ = interrupt.recv() => "SIGINT",
+                _ = terminate.recv() => "SIGTERM",
+            };
+            signals += 1;
+            if signals > 1 {
+                eprintln!("{label}: {name} again: exiting at once, executors may be left running");
+                std::process::exit(130);
+            }
+            eprintln!("{label}: {name}: stopping the job (again to exit at once)");
+            if let Err(error) = am.stop_now(&format!("stopped by {name}")).await {
+                eprintln!("{label}: stopping the job failed: {error}");
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Where to reach an AM.

@@ -39,6 +39,9 @@ pub fn run(args: ManifestsArgs) -> anyhow::Result<()> {
     out.push_str(&manifests::to_yaml(&[am.role_binding])?);
     out.push_str(&manifests::to_yaml(&[am.service])?);
     out.push_str(&manifests::to_yaml(&[am.job])?);
+    if let Some(group) = manifests::pod_group(&spec, &kubernetes) {
+        out.push_str(&manifests::to_yaml(&[group])?);
+    }
     print!("{out}");
     let pods = node_pods(&spec, args.ring_size)?;
     println!(

@@ -16,7 +16,7 @@ use sluice_am::server::{AmOptions, LaunchOptions};
 use sluice_am::spec::{JobSpec, LauncherKind};
 use sluice_kube::launcher::KubernetesLauncher;
 
-use crate::cmd::am::{TlsArgs, serve_job};
+use crate::cmd::am::{Serving, TlsArgs, serve_job};
 use crate::cmd::{slurm, token};
 
 /// Arguments of `sluice run`.
@@ -202,14 +202,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let notes = [format!("executor logs in {}", state_dir.display())];
     let served = runtime.block_on(serve_job(
-        "sluice run",
         spec,
         options,
-        Some(args.options.http),
-        &notes,
-        true,
-        made_token,
+        Serving {
+            label: "sluice run",
+            http: Some(args.options.http),
+            notes: &notes,
+            progress: true,
+            publish_token: made_token,
+            // In its pod, a signal is Kubernetes moving the AM: the AM its Job starts again takes
+            // the job over.
+            stop_on_signal: kind != LauncherKind::Kubernetes,
+        },
     ));
+    if kind != LauncherKind::Kubernetes {
+        remove_rings(&job_rings);
+    }
     served.map_err(|error| {
         let mut message = format!("{error:#}");
         for (executor, last_error) in executor_errors(&message, &state_dir) {
@@ -217,6 +225,41 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         anyhow::anyhow!(message)
     })
+}
+
+/// How long the job's processes have, once its AM is done, to be gone before their rings are
+/// left to `sluice gc`.
+const RINGS_GONE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Removes the job's rings once the processes that used them are gone, and their directory once
+/// empty; a ring still in use after [`RINGS_GONE_WITHIN`] is left, and said so.
+fn remove_rings(job_rings: &Path) {
+    let started = Instant::now();
+    loop {
+        match sluice_ring::gc::collect(job_rings) {
+            Ok(report) if report.kept.is_empty() => {
+                // Left empty: it goes too. Anything else in it stays, as `sluice gc` leaves it.
+                let _ = std::fs::remove_dir(job_rings);
+                return;
+            }
+            Ok(report) if started.elapsed() > RINGS_GONE_WITHIN => {
+                eprintln!(
+                    "sluice run: {} ring(s) under {} are still in use by live processes; `sluice gc` removes them once those are gone",
+                    report.kept.len(),
+                    job_rings.display()
+                );
+                return;
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(100)),
+            Err(error) => {
+                eprintln!(
+                    "sluice run: removing the rings under {}: {error}",
+                    job_rings.display()
+                );
+                return;
+            }
+        }
+    }
 }
 
 /// The token given, or the one made for the job whose state directory is `state_dir`.
