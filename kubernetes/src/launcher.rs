@@ -216,19 +216,43 @@ async fn follow(shared: std::sync::Weak<Shared>) {
                 if let Some(uid) = &pod.metadata.uid {
                     listing.insert(uid.clone());
                 }
-                if let Some(node) = node_of(&pod) {
+                let mut watch = lock(&shared.watch);
+                let events = watch.observe(&pod, now);
+                let followed = pod
+                    .metadata
+                    .uid
+                    .as_deref()
+                    .is_some_and(|uid| watch.tracks(uid));
+                if let (true, Some(node)) = (followed, node_of(&pod)) {
                     lock(&shared.created).insert(node);
                 }
-                lock(&shared.watch).observe(&pod, now)
+                events
             }
             watcher::Event::Delete(pod) => {
-                if let Some(node) = node_of(&pod) {
+                let mut watch = lock(&shared.watch);
+                // A pod forgotten since its node's pod was created again leaves that one be.
+                let followed = pod
+                    .metadata
+                    .uid
+                    .as_deref()
+                    .is_some_and(|uid| watch.tracks(uid));
+                if let (true, Some(node)) = (followed, node_of(&pod)) {
                     lock(&shared.created).remove(&node);
                 }
-                lock(&shared.watch).deleted(&pod)
+                watch.deleted(&pod)
             }
             watcher::Event::InitDone => {
                 let mut ended = lock(&shared.watch).relisted(&listing);
+                // Every pod runs its node's daemon: a pod gone unseen ended its daemon.
+                for event in &ended {
+                    if let ExecutorEvent::Exited {
+                        id: ExecutorId::Daemon(node),
+                        ..
+                    } = event
+                    {
+                        lock(&shared.created).remove(node);
+                    }
+                }
                 ended.extend(shared.unfound_adopted());
                 ended
             }
@@ -319,6 +343,7 @@ impl Shared {
             &trainers,
             self.ring_size,
         );
+        lock(&self.watch).forget_node(node);
         lock(&self.created).insert(node);
         let shared = self.clone();
         self.runtime.spawn(async move {

@@ -321,6 +321,11 @@ fn add_placement(pod_spec: &mut Value, kubernetes: &KubernetesSpec) {
                 .collect(),
         );
     }
+    add_pull_secrets(pod_spec, kubernetes);
+}
+
+/// The spec's image pull secrets, on a pod spec.
+fn add_pull_secrets(pod_spec: &mut Value, kubernetes: &KubernetesSpec) {
     if !kubernetes.image_pull_secrets.is_empty() {
         pod_spec["imagePullSecrets"] = Value::Array(
             kubernetes
@@ -494,15 +499,7 @@ pub fn am_objects(
             { "name": "state", "emptyDir": {} },
         ],
     });
-    if !kubernetes.image_pull_secrets.is_empty() {
-        pod_spec["imagePullSecrets"] = Value::Array(
-            kubernetes
-                .image_pull_secrets
-                .iter()
-                .map(|name| json!({ "name": name }))
-                .collect(),
-        );
-    }
+    add_pull_secrets(&mut pod_spec, kubernetes);
     let job = typed(json!({
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -61,6 +61,8 @@ struct PodSeen {
 #[derive(Debug)]
 pub struct PodWatch {
     pods: BTreeMap<String, PodSeen>,
+    /// Pods of nodes whose pod was created again: what they do no longer tells anything.
+    forgotten: BTreeSet<String>,
     pending_limit: Duration,
 }
 
@@ -120,6 +122,7 @@ impl PodWatch {
     pub fn new(pending_limit: Duration) -> PodWatch {
         PodWatch {
             pods: BTreeMap::new(),
+            forgotten: BTreeSet::new(),
             pending_limit,
         }
     }
@@ -131,11 +134,34 @@ impl PodWatch {
             .any(|pod| pod.node == node && pod.ended.is_empty())
     }
 
+    /// Forgets the pods of node `node`, whose pod is being created again: their later states and
+    /// their deletion tell nothing, since their executors' ends were told.
+    pub fn forget_node(&mut self, node: u32) {
+        let uids: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(_, pod)| pod.node == node)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in uids {
+            self.pods.remove(&uid);
+            self.forgotten.insert(uid);
+        }
+    }
+
+    /// Whether the pod of uid `uid` is followed.
+    pub fn tracks(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
+    }
+
     /// The events a pod's new state tells, seen at `now`.
     pub fn observe(&mut self, pod: &Pod, now: Instant) -> Vec<ExecutorEvent> {
         let (Some(uid), Some(node)) = (pod.metadata.uid.clone(), node_of(pod)) else {
             return Vec::new();
         };
+        if self.forgotten.contains(&uid) {
+            return Vec::new();
+        }
         let name = pod.metadata.name.clone().unwrap_or_default();
         let seen = self.pods.entry(uid).or_insert_with(|| PodSeen {
             name: name.clone(),
@@ -205,6 +231,7 @@ impl PodWatch {
         let Some(uid) = &pod.metadata.uid else {
             return Vec::new();
         };
+        self.forgotten.remove(uid);
         let Some(mut seen) = self.pods.remove(uid) else {
             return Vec::new();
         };

@@ -619,12 +619,24 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 10000 }}
         "n1 read the data from S3 through the proxy: {} bytes read, {written} written",
         proxy.bytes_to_client()
     );
-    // The trainers' rings stay behind in n1's /dev/shm, and there only.
-    let ring = format!("/dev/shm/sluice/{job}/0.ring");
-    let has_ring = |host: &Host| shell(host, &format!("test -e {ring} && echo yes || echo no"));
-    assert_eq!(has_ring(bed.host("n1")), "yes\n", "n1 has the ring {ring}");
-    assert_eq!(has_ring(bed.host("n2")), "no\n", "n2 does not have {ring}");
-    assert!(!Path::new(&ring).exists(), "the test does not have {ring}");
+    // `sluice run` removed the trainers' rings from n1's /dev/shm at its end; no other host, nor
+    // the test, had them.
+    let rings = format!("/dev/shm/sluice/{job}");
+    let has_rings = |host: &Host| shell(host, &format!("test -e {rings} && echo yes || echo no"));
+    assert_eq!(
+        has_rings(bed.host("n1")),
+        "no\n",
+        "n1's rings {rings} are removed"
+    );
+    assert_eq!(
+        has_rings(bed.host("n2")),
+        "no\n",
+        "n2 does not have {rings}"
+    );
+    assert!(
+        !Path::new(&rings).exists(),
+        "the test does not have {rings}"
+    );
 }
 
 /// `--storage-option key=value` for each S3 option that reaches `endpoint`.

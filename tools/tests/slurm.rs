@@ -36,6 +36,21 @@ fn slurm_ci_script() -> PathBuf {
 }
 
 impl Cluster {
+    /// A cluster in a temporary directory, once no other test has one: the guard that keeps the
+    /// others out, the directory, and the cluster, to drop in that order's reverse.
+    fn start_alone() -> (
+        std::sync::MutexGuard<'static, ()>,
+        tempfile::TempDir,
+        Cluster,
+    ) {
+        let alone = CLUSTER
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let directory = tempfile::tempdir().expect("tempdir");
+        let cluster = Cluster::start(directory.path());
+        (alone, directory, cluster)
+    }
+
     fn start(directory: &Path) -> Cluster {
         let directory = directory.join("slurm");
         let status = Command::new("bash")
@@ -235,12 +250,8 @@ fn assert_every_row_once(root: &Path, name: &str, job_id: &str, rows: u64) {
 #[test]
 #[ignore = "needs root to run Slurm's daemons: scripts/test.sh runs it as root"]
 fn a_submitted_job_runs_its_executors_as_steps_on_their_nodes_and_delivers_every_row_once() {
-    let _one_cluster = CLUSTER
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let directory = tempfile::tempdir().expect("tempdir");
+    let (_one_cluster, directory, cluster) = Cluster::start_alone();
     let root = directory.path();
-    let cluster = Cluster::start(root);
     let name = "slurm-once";
     let rows = 60_000;
     let spec = job_spec(root, name, rows, 5_000);
@@ -277,12 +288,8 @@ fn a_submitted_job_runs_its_executors_as_steps_on_their_nodes_and_delivers_every
 #[test]
 #[ignore = "needs root to run Slurm's daemons: scripts/test.sh runs it as root"]
 fn a_daemon_step_cancelled_mid_run_is_launched_again_and_every_row_arrives_once() {
-    let _one_cluster = CLUSTER
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let directory = tempfile::tempdir().expect("tempdir");
+    let (_one_cluster, directory, cluster) = Cluster::start_alone();
     let root = directory.path();
-    let cluster = Cluster::start(root);
     let name = "slurm-kill";
     let rows = 100_000;
     let spec = job_spec(root, name, rows, 4_000);
@@ -327,12 +334,8 @@ fn a_daemon_step_cancelled_mid_run_is_launched_again_and_every_row_arrives_once(
 #[test]
 #[ignore = "needs root to run Slurm's daemons: scripts/test.sh runs it as root"]
 fn sluice_stop_cancels_the_steps_and_ends_the_batch_job() {
-    let _one_cluster = CLUSTER
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let directory = tempfile::tempdir().expect("tempdir");
+    let (_one_cluster, directory, cluster) = Cluster::start_alone();
     let root = directory.path();
-    let cluster = Cluster::start(root);
     let name = "slurm-stop";
     let spec = job_spec(root, name, 100_000, 1_000);
     let address = common::free_address();
@@ -441,12 +444,8 @@ fn the_slurm_launcher_outside_an_allocation_says_how_to_submit() {
 #[test]
 #[ignore = "needs root to run Slurm's daemons: scripts/test.sh runs it as root"]
 fn a_partition_slurm_does_not_have_is_named_with_the_fix() {
-    let _one_cluster = CLUSTER
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let directory = tempfile::tempdir().expect("tempdir");
+    let (_one_cluster, directory, cluster) = Cluster::start_alone();
     let root = directory.path();
-    let cluster = Cluster::start(root);
     let spec = job_spec(root, "slurm-nowhere", 1_000, 1_000);
     let text = std::fs::read_to_string(&spec)
         .expect("spec")

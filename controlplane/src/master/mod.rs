@@ -540,6 +540,11 @@ impl Master {
                 "role {role:?}: this AM launches no executors, so it cannot scale them; run the job with `sluice run` or `sluice submit` to let the AM launch them"
             )));
         }
+        if self.spec.launcher == LauncherKind::Kubernetes {
+            return Err(AmError::FailedPrecondition(format!(
+                "role {role:?}: on Kubernetes a node's pod holds its trainers, created once for the ranks the spec gives; change `roles[].num` in the spec and run the job again instead"
+            )));
+        }
         let Some(index) = self.spec.roles.iter().position(|found| found.name == role) else {
             let names: Vec<&str> = self
                 .spec

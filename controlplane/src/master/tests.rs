@@ -1540,3 +1540,18 @@ fn stored_checkpoints_past_keep_are_pruned_oldest_first_and_replay_prunes_the_sa
     }
     assert_eq!(replayed.snapshot(), sut.snapshot());
 }
+
+#[test]
+fn a_role_on_kubernetes_is_not_scaled_in_place() {
+    let text = format!("{SPEC}launcher: {{ kind: kubernetes, image: train }}\n");
+    let spec = Arc::new(JobSpec::parse(&text, Format::Yaml).expect("valid spec"));
+    let mut sut = Master::new(spec, Arc::new(master().plan().clone())).expect("master");
+    sut.launch_executors();
+    let error = sut.scale("worker", 6).expect_err("refused");
+    assert!(
+        error
+            .to_string()
+            .contains("change `roles[].num` in the spec"),
+        "{error}"
+    );
+}

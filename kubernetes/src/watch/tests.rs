@@ -345,3 +345,26 @@ fn a_pod_missing_from_a_new_listing_was_deleted_unseen() {
     );
     assert!(!sut.knows(1));
 }
+
+#[test]
+fn a_node_whose_pod_is_created_again_forgets_the_old_one() {
+    let now = Instant::now();
+    let mut sut = PodWatch::new(LIMIT);
+    let extra = json!({ "reason": "Evicted" });
+    let old = pod("a", "Failed", &all_running(0), extra);
+    assert_eq!(sut.observe(&old, now).len(), 3);
+    assert!(sut.knows(1) && !sut.serves(1));
+    sut.forget_node(1);
+    assert!(!sut.knows(1) && !sut.tracks("a"));
+    assert!(
+        sut.observe(&old, now).is_empty(),
+        "its later states tell nothing"
+    );
+    assert!(!sut.knows(1), "nor bring it back");
+    assert!(sut.deleted(&old).is_empty(), "nor its deletion");
+    assert!(
+        sut.observe(&pod("b", "Running", &all_running(0), json!({})), now)
+            .is_empty()
+    );
+    assert!(sut.serves(1));
+}
