@@ -118,7 +118,9 @@ impl JobOptions {
     }
 }
 
-/// Runs a job to its end with the local launcher; exits non-zero when it fails.
+/// Runs a job to its end with the launcher its spec (or `--launcher`) names: processes on this
+/// machine, steps of the Slurm allocation it runs in, or pods from the AM's pod on Kubernetes;
+/// exits non-zero when the job fails.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let spec = match &args.job {
         Some(job) => JobSpec::from_path(job)?,
