@@ -688,6 +688,14 @@ impl ControlService for AmService {
     }
 }
 
+/// A fresh shared token for a job: 32 bytes from the kernel's random source, hex-encoded.
+pub fn new_token() -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0_u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
 /// Checks the shared token of a request, when the AM has one: the one check of the gRPC API, the
 /// JSON API on its port and the status page.
 #[derive(Debug, Clone)]
@@ -778,12 +786,7 @@ impl ExecutorSetup {
         if let Some(ca) = &self.tls_ca {
             env.insert("SLUICE_TLS_CA".to_owned(), ca.display().to_string());
         }
-        let node = match id {
-            ExecutorId::Daemon(node) => *node,
-            ExecutorId::Trainer { rank, .. } => {
-                u32::try_from(placement.node_of_rank(*rank).0).unwrap_or(u32::MAX)
-            }
-        };
+        let node = placement.node_of(id);
         let command = match id {
             ExecutorId::Daemon(node) => vec![
                 self.sluice.display().to_string(),

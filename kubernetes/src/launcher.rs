@@ -72,16 +72,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The node an executor runs on.
-fn node_of_executor(placement: &Placement, id: &ExecutorId) -> u32 {
-    match id {
-        ExecutorId::Daemon(node) => *node,
-        ExecutorId::Trainer { rank, .. } => {
-            u32::try_from(placement.node_of_rank(*rank).0).unwrap_or(u32::MAX)
-        }
-    }
-}
-
 impl KubernetesLauncher {
     /// Connects to the cluster's API (in the AM's pod, or through `KUBECONFIG`), finds the AM's
     /// Job, which owns the node pods, and the job's token (made and kept in a Secret the first
@@ -136,7 +126,11 @@ impl KubernetesLauncher {
                     ))
                 })?,
             None => {
-                let token = new_token()?;
+                let token = sluice_am::service::new_token().map_err(|error| {
+                    AmError::FailedPrecondition(format!(
+                        "reading /dev/urandom for the job's token: {error}"
+                    ))
+                })?;
                 let secret = manifests::token_secret(spec, &kubernetes, &owner, &token);
                 secrets
                     .create(&PostParams::default(), &secret)
@@ -167,20 +161,6 @@ impl KubernetesLauncher {
         tokio::spawn(tick(Arc::downgrade(&shared)));
         Ok((KubernetesLauncher { shared }, token))
     }
-}
-
-/// A fresh token: 32 bytes of the kernel's randomness, hex-encoded.
-fn new_token() -> Result<String> {
-    use std::io::Read as _;
-    let mut bytes = [0_u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut random| random.read_exact(&mut bytes))
-        .map_err(|error| {
-            AmError::FailedPrecondition(format!(
-                "reading /dev/urandom for the job's token: {error}"
-            ))
-        })?;
-    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
 /// Follows the job's pods until the launcher is dropped, sending the executor events they tell.
@@ -286,7 +266,7 @@ impl Shared {
         let watch = lock(&self.watch);
         adopted
             .into_iter()
-            .filter(|id| !watch.knows(node_of_executor(&placement, id)))
+            .filter(|id| !watch.knows(placement.node_of(id)))
             .map(|id| ExecutorEvent::Exited {
                 id,
                 exit: Exit::Killed,
@@ -419,12 +399,12 @@ impl Launcher for KubernetesLauncher {
     }
 
     fn terminate(&self, id: &ExecutorId) {
-        let node = node_of_executor(&Placement::of(&self.shared.spec), id);
+        let node = Placement::of(&self.shared.spec).node_of(id);
         self.shared.delete(node, false);
     }
 
     fn kill(&self, id: &ExecutorId) {
-        let node = node_of_executor(&Placement::of(&self.shared.spec), id);
+        let node = Placement::of(&self.shared.spec).node_of(id);
         self.shared.delete(node, true);
     }
 
@@ -446,7 +426,7 @@ fn executors_by_node(spec: &JobSpec) -> BTreeMap<u32, BTreeSet<ExecutorId>> {
         .chain(placement.trainer_ids(&spec.roles))
     {
         by_node
-            .entry(node_of_executor(&placement, &id))
+            .entry(placement.node_of(&id))
             .or_default()
             .insert(id);
     }

@@ -289,6 +289,16 @@ impl Placement {
         node_over(rank, self.world_size(), self.nodes)
     }
 
+    /// The node an executor runs on: a daemon's own, or the node that feeds a trainer's rank.
+    pub fn node_of(&self, id: &ExecutorId) -> u32 {
+        match id {
+            ExecutorId::Daemon(node) => *node,
+            ExecutorId::Trainer { rank, .. } => {
+                u32::try_from(self.node_of_rank(*rank).0).unwrap_or(u32::MAX)
+            }
+        }
+    }
+
     /// The trainer ranks node `node` feeds.
     pub fn ranks_of(&self, node: NodeId) -> Vec<u32> {
         ranks_over(&self.sizes, self.nodes, node)

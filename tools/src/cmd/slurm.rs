@@ -8,6 +8,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::Context;
+use sluice_am::launcher::ExecutorId;
+use sluice_am::master::Placement;
 use sluice_am::spec::JobSpec;
 
 /// What the trainers of the busiest node need, summed over the ranks it feeds, the way Slurm asks
@@ -20,22 +22,29 @@ struct NodeNeeds {
     gpu: u32,
 }
 
-/// The most any one node needs: ranks are spread over nodes in contiguous blocks, rank `r` of `W`
-/// fed by node `r * N / W`, as the AM places them.
+/// The most any one node needs, with the trainers placed on nodes as the AM places them.
 fn node_needs(spec: &JobSpec) -> NodeNeeds {
-    let nodes = u64::from(spec.nodes.max(1));
-    let world: u64 = spec.roles.iter().map(|role| u64::from(role.num)).sum();
-    let mut per_node = vec![NodeNeeds::default(); nodes as usize];
-    let mut rank = 0u64;
-    for role in &spec.roles {
-        for _ in 0..role.num {
-            let node = &mut per_node[(rank * nodes / world.max(1)) as usize];
-            node.ranks += 1;
-            node.cpu += role.resources.cpu.unwrap_or(0.0);
-            node.memory_bytes += role.resources.memory_bytes.unwrap_or(0);
-            node.gpu += role.resources.gpu;
-            rank += 1;
-        }
+    let placement = Placement::of(spec);
+    let mut per_node = vec![NodeNeeds::default(); spec.nodes.max(1) as usize];
+    for id in placement.trainer_ids(&spec.roles) {
+        let ExecutorId::Trainer { role, .. } = &id else {
+            continue;
+        };
+        let Some(resources) = spec
+            .roles
+            .iter()
+            .find(|candidate| candidate.name == *role)
+            .map(|found| found.resources)
+        else {
+            continue;
+        };
+        let Some(node) = per_node.get_mut(placement.node_of(&id) as usize) else {
+            continue;
+        };
+        node.ranks += 1;
+        node.cpu += resources.cpu.unwrap_or(0.0);
+        node.memory_bytes += resources.memory_bytes.unwrap_or(0);
+        node.gpu += resources.gpu;
     }
     per_node
         .into_iter()

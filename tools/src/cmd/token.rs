@@ -10,7 +10,7 @@
 //! status`, `stop`, `scale` and `consume` given no token read it there for the address they call.
 
 use std::fs::{DirBuilder, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::PathBuf;
 
@@ -18,11 +18,7 @@ use anyhow::Context;
 
 /// A fresh token: 32 bytes from the kernel's random source, hex-encoded.
 pub fn generate() -> anyhow::Result<String> {
-    let mut bytes = [0_u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut random| random.read_exact(&mut bytes))
-        .context("reading /dev/urandom for the job's token")?;
-    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+    sluice_am::service::new_token().context("reading /dev/urandom for the job's token")
 }
 
 /// The token of the job whose state directory is `state_dir`: the one an earlier AM of the job
