@@ -39,6 +39,267 @@ pub(super) struct PendingCheckpoint {
     ranks: BTreeMap<u32, RankPositions>,
 }
 
+/// The data checkpoints of a job: the steps whose ranks are still reporting, the stored ones by
+/// step, and the one the task table was last reset to.
+///
+/// Pure like the task table's [`decide`](crate::decide::decide): [`decide`] takes the checkpoints
+/// and one [`CheckpointEvent`], changes them, and says what the master does next. Building a
+/// step's position from the ranks' reports is left to the master ([`position_at_step`]), since it
+/// reads the task table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Checkpoints {
+    pending: BTreeMap<u64, PendingCheckpoint>,
+    stored: BTreeMap<u64, String>,
+    restored: Option<RestoredAt>,
+}
+
+/// The parts of [`Checkpoints`] as the journal's snapshots hold them.
+pub(super) type CheckpointParts = (
+    BTreeMap<u64, PendingCheckpoint>,
+    BTreeMap<u64, String>,
+    Option<RestoredAt>,
+);
+
+/// What happened that the data checkpoints follow; each kind of event is answered by its own
+/// kind of action.
+pub(super) trait CheckpointEvent {
+    /// What the master does after the event: a `Result` for an event that can be refused.
+    type Action;
+
+    /// Applies the event to `state`; an event that is refused changes nothing.
+    fn apply(self, state: &mut Checkpoints) -> Self::Action;
+}
+
+/// Applies `event` to the checkpoints and says what the master does next; a report or a restore
+/// that cannot be taken is an error that changes nothing.
+pub(super) fn decide<E: CheckpointEvent>(state: &mut Checkpoints, event: E) -> E::Action {
+    event.apply(state)
+}
+
+/// A rank reported its position at a step.
+#[derive(Debug)]
+pub(super) struct RankReported {
+    /// The trainer's step.
+    pub(super) step: u64,
+    /// The rank.
+    pub(super) rank: u32,
+    /// Ranks that report for the step.
+    pub(super) world_size: u32,
+    /// The rank's epoch.
+    pub(super) epoch: u32,
+    /// Split row up to which the rank consumed each task it read.
+    pub(super) positions: RankPositions,
+    /// Why the report does not fit the task table ([`check_report`]), if it does not: it is
+    /// refused unless the step was stored already.
+    pub(super) problem: Option<AmError>,
+}
+
+/// What the master does after a rank's report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ReportAction {
+    /// The step waits for other ranks.
+    Pending {
+        /// Ranks reported so far.
+        reported: u32,
+        /// Ranks that must report.
+        world_size: u32,
+    },
+    /// The step was stored before, under this token: the report changes nothing.
+    AlreadyStored(String),
+    /// The report completes the step: the master builds its position from every rank's report
+    /// ([`Checkpoints::reports`]) and stores it. The reports stay until it is stored, so that any
+    /// rank's next commit completes the step again if storing it failed.
+    Complete {
+        /// The step's epoch.
+        epoch: u32,
+    },
+}
+
+impl CheckpointEvent for RankReported {
+    type Action = Result<ReportAction>;
+
+    fn apply(self, state: &mut Checkpoints) -> Result<ReportAction> {
+        let RankReported {
+            step,
+            rank,
+            world_size,
+            epoch,
+            positions,
+            problem,
+        } = self;
+        if let Some(token) = state.stored.get(&step) {
+            return Ok(ReportAction::AlreadyStored(token.clone()));
+        }
+        if let Some(problem) = problem {
+            return Err(problem);
+        }
+        if world_size == 0 || rank >= world_size {
+            return Err(AmError::InvalidRequest(format!(
+                "data checkpoint of step {step}: rank {rank} is not below world size {world_size}; pass SLUICE_RANK and SLUICE_WORLD_SIZE as the AM set them"
+            )));
+        }
+        if let Some(pending) = state.pending.get(&step)
+            && (pending.world_size != world_size || pending.epoch != epoch)
+        {
+            return Err(AmError::InvalidRequest(format!(
+                "data checkpoint of step {step}: rank {rank} reports world size {world_size} in epoch {epoch}, but other ranks reported world size {} in epoch {}; every rank must checkpoint the same step",
+                pending.world_size, pending.epoch
+            )));
+        }
+        let pending = state
+            .pending
+            .entry(step)
+            .or_insert_with(|| PendingCheckpoint {
+                world_size,
+                epoch,
+                ranks: BTreeMap::new(),
+            });
+        pending.ranks.insert(rank, positions);
+        if pending.ranks.len() < world_size as usize {
+            return Ok(ReportAction::Pending {
+                reported: pending.ranks.len() as u32,
+                world_size,
+            });
+        }
+        Ok(ReportAction::Complete { epoch })
+    }
+}
+
+/// The checkpoint of `step` was stored under `token`; at most `keep` stay stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Stored {
+    /// The trainer's step.
+    pub(super) step: u64,
+    /// The token that names it.
+    pub(super) token: String,
+    /// How many stored checkpoints to keep, `None` for all.
+    pub(super) keep: Option<u32>,
+}
+
+impl CheckpointEvent for Stored {
+    /// The tokens of the stored checkpoints now past `keep`, oldest first: the master deletes
+    /// their objects.
+    type Action = Vec<String>;
+
+    fn apply(self, state: &mut Checkpoints) -> Vec<String> {
+        state.pending.remove(&self.step);
+        state.stored.insert(self.step, self.token);
+        let keep = self.keep.map_or(usize::MAX, |keep| keep as usize);
+        let mut forgotten = Vec::new();
+        while state.stored.len() > keep {
+            if let Some((_, oldest)) = state.stored.pop_first() {
+                forgotten.push(oldest);
+            }
+        }
+        forgotten
+    }
+}
+
+/// A restore to `token` was asked while `rows_consumed` rows are consumed in all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RestoreAsked {
+    /// The checkpoint's token.
+    pub(super) token: String,
+    /// The rows the job has consumed in all.
+    pub(super) rows_consumed: u64,
+}
+
+/// What the master does after a restore was asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RestoreAction {
+    /// The job stands at that checkpoint, with no row consumed since: change nothing.
+    AlreadyThere,
+    /// Reset the task table to the checkpoint.
+    Reset,
+}
+
+impl CheckpointEvent for RestoreAsked {
+    type Action = Result<RestoreAction>;
+
+    fn apply(self, state: &mut Checkpoints) -> Result<RestoreAction> {
+        let RestoreAsked {
+            token,
+            rows_consumed,
+        } = self;
+        match &state.restored {
+            Some(at) if at.rows_consumed == rows_consumed && at.token != token => {
+                Err(AmError::FailedPrecondition(format!(
+                    "data checkpoint {token}: the job was restored to data checkpoint {} and no row was consumed since, so the ranks loaded different checkpoints ({} and {token}); load the states that every rank saved at the same step",
+                    at.token, at.token
+                )))
+            }
+            Some(at) if at.rows_consumed == rows_consumed => Ok(RestoreAction::AlreadyThere),
+            _ => Ok(RestoreAction::Reset),
+        }
+    }
+}
+
+/// The task table was reset to `token`, with `rows_consumed` rows consumed in all after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ResetTo {
+    /// The checkpoint's token.
+    pub(super) token: String,
+    /// The rows the job has consumed in all after the reset.
+    pub(super) rows_consumed: u64,
+}
+
+impl CheckpointEvent for ResetTo {
+    type Action = ();
+
+    fn apply(self, state: &mut Checkpoints) {
+        state.pending.clear();
+        state.restored = Some(RestoredAt {
+            token: self.token,
+            rows_consumed: self.rows_consumed,
+        });
+    }
+}
+
+/// The ranks changed (a scale, a restore): the steps still reporting can no longer complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RanksChanged;
+
+impl CheckpointEvent for RanksChanged {
+    type Action = ();
+
+    fn apply(self, state: &mut Checkpoints) {
+        state.pending.clear();
+    }
+}
+
+impl Checkpoints {
+    /// The checkpoints as a snapshot left them.
+    pub(super) fn from_parts((pending, stored, restored): CheckpointParts) -> Checkpoints {
+        Checkpoints {
+            pending,
+            stored,
+            restored,
+        }
+    }
+
+    /// The parts a snapshot holds.
+    pub(super) fn to_parts(&self) -> CheckpointParts {
+        (
+            self.pending.clone(),
+            self.stored.clone(),
+            self.restored.clone(),
+        )
+    }
+
+    /// The reports of a step still waiting to be stored, by rank.
+    pub(super) fn reports(&self, step: u64) -> Option<&BTreeMap<u32, RankPositions>> {
+        self.pending.get(&step).map(|pending| &pending.ranks)
+    }
+
+    /// The step whose checkpoint is stored under `token`, if this AM stored it.
+    pub(super) fn step_of(&self, token: &str) -> Option<u64> {
+        self.stored
+            .iter()
+            .find(|(_, stored)| *stored == token)
+            .map(|(step, _)| *step)
+    }
+}
+
 /// A data checkpoint whose ranks have all reported: the service stores `position` under `token`,
 /// journals [`Entry::CheckpointStored`], then answers with the token.
 #[derive(Debug, Clone)]
@@ -70,6 +331,44 @@ pub enum CommitOutcome {
 /// One rank's report for a step: the split row up to which it consumed each task it read.
 pub type RankPositions = BTreeMap<TaskId, u64>;
 
+/// Checks a report of the rows consumed at a step against the current table: the job is still in
+/// the report's epoch, and every task it names is a task of that epoch, reported consumed up to a
+/// row within the task's rows.
+pub fn check_report(
+    table: &JobState,
+    origins: &TaskOrigins,
+    epoch: u32,
+    positions: &RankPositions,
+) -> Result<()> {
+    if table.epoch() != epoch {
+        return Err(AmError::FailedPrecondition(format!(
+            "data checkpoint of epoch {epoch}: the job has moved on to epoch {}; commit a checkpoint at a later step",
+            table.epoch()
+        )));
+    }
+    let first = table.first_task_id();
+    for (task, end_row) in positions {
+        let span = task
+            .0
+            .checked_sub(first)
+            .and_then(|slot| u32::try_from(slot).ok())
+            .and_then(|slot| Some((slot, table.task_span(slot)?)));
+        let Some((slot, span)) = span else {
+            return Err(AmError::InvalidRequest(format!(
+                "data checkpoint: {task} is not a task of epoch {epoch}; report only the tasks of the current epoch"
+            )));
+        };
+        let origin = origins.origin(table, slot);
+        if *end_row < origin || *end_row > span.end {
+            return Err(AmError::InvalidRequest(format!(
+                "data checkpoint: {task} is reported consumed up to row {end_row}, outside its rows [{origin}, {})",
+                span.end
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Builds the data position of `epoch` at a step from the ranks' reports, over the tasks of the
 /// current table. Every task not fully consumed is pending, tasks in progress at the step first.
 pub fn position_at_step(
@@ -78,30 +377,16 @@ pub fn position_at_step(
     epoch: u32,
     ranks: &BTreeMap<u32, RankPositions>,
 ) -> Result<DataPosition> {
-    let current = table.position();
-    if current.epoch != epoch {
-        return Err(AmError::FailedPrecondition(format!(
-            "data checkpoint of epoch {epoch}: the job has moved on to epoch {}; commit a checkpoint at a later step",
-            current.epoch
-        )));
-    }
-    let mut consumed_to: BTreeMap<TaskId, u64> = BTreeMap::new();
+    let mut consumed_to: RankPositions = BTreeMap::new();
     for positions in ranks.values() {
         for (task, end_row) in positions {
             let entry = consumed_to.entry(*task).or_insert(*end_row);
             *entry = (*entry).max(*end_row);
         }
     }
+    check_report(table, origins, epoch, &consumed_to)?;
+    let current = table.position();
     let first = current.first_task_id;
-    let task_count = current.tasks.len() as u64;
-    if let Some((task, _)) = consumed_to
-        .iter()
-        .find(|(task, _)| task.0 < first || task.0 - first >= task_count)
-    {
-        return Err(AmError::InvalidRequest(format!(
-            "data checkpoint: {task} is not a task of epoch {epoch}; report only the tasks of the current epoch"
-        )));
-    }
 
     let mut started = Vec::new();
     let mut tasks = Vec::with_capacity(current.tasks.len());
@@ -110,12 +395,6 @@ pub fn position_at_step(
         let task = TaskId(first + index as u64);
         let origin = origins.origin(table, index as u32);
         let end_row = consumed_to.get(&task).copied().unwrap_or(origin);
-        if end_row < origin || end_row > record.end {
-            return Err(AmError::InvalidRequest(format!(
-                "data checkpoint: {task} is reported consumed up to row {end_row}, outside its rows [{origin}, {})",
-                record.end
-            )));
-        }
         done_rows += end_row - origin;
         let was_started = end_row > origin || matches!(record.status, TaskStatus::InFlight { .. });
         let status = if end_row == record.end {
@@ -171,13 +450,8 @@ impl Master {
             epoch,
             positions,
         } = commit;
-        if let Some(token) = self.stored.get(&step) {
-            return Ok(Applied {
-                reply: CommitOutcome::Stored(token.clone()),
-                entries: Vec::new(),
-            });
-        }
         let positions: RankPositions = positions.into_iter().collect();
+        let problem = check_report(&self.table, &self.origins, epoch, &positions).err();
         let entry = Entry::RankCommitted {
             step,
             rank,
@@ -185,79 +459,89 @@ impl Master {
             epoch,
             positions: positions.clone(),
         };
-        let outcome = self.record_rank(step, rank, world_size, epoch, positions)?;
+        let report = RankReported {
+            step,
+            rank,
+            world_size,
+            epoch,
+            positions,
+            problem,
+        };
+        let reply = match decide(&mut self.checkpoints, report)? {
+            ReportAction::AlreadyStored(token) => {
+                return Ok(Applied {
+                    reply: CommitOutcome::Stored(token),
+                    entries: Vec::new(),
+                });
+            }
+            ReportAction::Pending {
+                reported,
+                world_size,
+            } => CommitOutcome::Pending {
+                reported,
+                world_size,
+            },
+            ReportAction::Complete { epoch } => {
+                let ranks = self.checkpoints.reports(step).ok_or_else(|| {
+                    AmError::FailedPrecondition(format!(
+                        "data checkpoint of step {step}: its reports are gone; commit it again"
+                    ))
+                })?;
+                let position = position_at_step(&self.table, &self.origins, epoch, ranks)?;
+                let digest = crc32c::crc32c(
+                    &serde_json::to_vec(&position).expect("a data position serializes to JSON"),
+                );
+                CommitOutcome::Ready(ReadyCheckpoint {
+                    step,
+                    token: format!("{}-step{step}-{digest:08x}", self.spec.name),
+                    position,
+                })
+            }
+        };
         Ok(Applied {
-            reply: outcome,
+            reply,
             entries: vec![entry],
         })
     }
 
-    /// Makes the position of a step whose every rank reported, and names it.
-    pub(super) fn record_rank(
+    /// Replays a rank's report. The report was checked when it was journaled, and the position of
+    /// a step it completed is not built again: the step's [`Entry::CheckpointStored`] follows.
+    pub(super) fn replay_report(
         &mut self,
         step: u64,
         rank: u32,
         world_size: u32,
         epoch: u32,
         positions: RankPositions,
-    ) -> Result<CommitOutcome> {
-        if world_size == 0 || rank >= world_size {
-            return Err(AmError::InvalidRequest(format!(
-                "data checkpoint of step {step}: rank {rank} is not below world size {world_size}; pass SLUICE_RANK and SLUICE_WORLD_SIZE as the AM set them"
-            )));
-        }
-        let pending = self
-            .checkpoints
-            .entry(step)
-            .or_insert_with(|| PendingCheckpoint {
-                world_size,
-                epoch,
-                ranks: BTreeMap::new(),
-            });
-        if pending.world_size != world_size || pending.epoch != epoch {
-            return Err(AmError::InvalidRequest(format!(
-                "data checkpoint of step {step}: rank {rank} reports world size {world_size} in epoch {epoch}, but other ranks reported world size {} in epoch {}; every rank must checkpoint the same step",
-                pending.world_size, pending.epoch
-            )));
-        }
-        pending.ranks.insert(rank, positions);
-        if pending.ranks.len() < world_size as usize {
-            return Ok(CommitOutcome::Pending {
-                reported: pending.ranks.len() as u32,
-                world_size,
-            });
-        }
-        let position = position_at_step(&self.table, &self.origins, epoch, &pending.ranks)?;
-        let digest = crc32c::crc32c(
-            &serde_json::to_vec(&position).expect("a data position serializes to JSON"),
-        );
-        Ok(CommitOutcome::Ready(ReadyCheckpoint {
+    ) -> Result<()> {
+        let report = RankReported {
             step,
-            token: format!("{}-step{step}-{digest:08x}", self.spec.name),
-            position,
-        }))
+            rank,
+            world_size,
+            epoch,
+            positions,
+            problem: None,
+        };
+        decide(&mut self.checkpoints, report).map(drop)
     }
 
     /// Records that the checkpoint of `step` was stored under `token`, and forgets the oldest
     /// stored checkpoints past `checkpoint.keep`. Returns the tokens forgotten, whose objects the
     /// caller deletes once the entry is durable.
     pub fn checkpoint_stored(&mut self, step: u64, token: String) -> Applied<Vec<String>> {
-        self.checkpoints.remove(&step);
-        self.stored.insert(step, token.clone());
         let keep = self
             .spec
             .checkpoint
             .as_ref()
-            .and_then(|checkpoint| checkpoint.keep)
-            .map_or(usize::MAX, |keep| keep as usize);
-        let mut pruned = Vec::new();
-        while self.stored.len() > keep {
-            if let Some((_, oldest)) = self.stored.pop_first() {
-                pruned.push(oldest);
-            }
-        }
+            .and_then(|checkpoint| checkpoint.keep);
+        let event = Stored {
+            step,
+            token: token.clone(),
+            keep,
+        };
+        let forgotten = decide(&mut self.checkpoints, event);
         Applied {
-            reply: pruned,
+            reply: forgotten,
             entries: vec![Entry::CheckpointStored { step, token }],
         }
     }
@@ -272,43 +556,38 @@ impl Master {
         position: DataPosition,
         now_ms: u64,
     ) -> Result<Applied<Restored>> {
-        let step = self
-            .stored
-            .iter()
-            .find(|(_, stored)| **stored == token)
-            .map_or(0, |(step, _)| *step);
         let mut reply = Restored {
-            step,
+            step: self.checkpoints.step_of(&token).unwrap_or(0),
             epoch: position.epoch,
             effect: self.restore_effect(),
         };
-        if let Some(at) = &self.restored
-            && at.rows_consumed == self.rows_consumed_total()
-        {
-            if at.token != token {
-                return Err(AmError::FailedPrecondition(format!(
-                    "data checkpoint {token}: the job was restored to data checkpoint {} and no row was consumed since, so the ranks loaded different checkpoints ({} and {token}); load the states that every rank saved at the same step",
-                    at.token, at.token
-                )));
+        let event = RestoreAsked {
+            token: token.clone(),
+            rows_consumed: self.rows_consumed_total(),
+        };
+        match decide(&mut self.checkpoints, event)? {
+            RestoreAction::AlreadyThere => {
+                if self.rescale.is_none() {
+                    reply.effect = RestoreEffect::AlreadyThere;
+                }
+                Ok(Applied {
+                    reply,
+                    entries: Vec::new(),
+                })
             }
-            if self.rescale.is_none() {
-                reply.effect = RestoreEffect::AlreadyThere;
+            RestoreAction::Reset => {
+                self.apply_restore(token.clone(), position.clone(), now_ms)?;
+                tracing::info!(%token, step = reply.step, "job reset to a data checkpoint: the trainers restart");
+                Ok(Applied {
+                    reply,
+                    entries: vec![Entry::Restored {
+                        token,
+                        position,
+                        now_ms,
+                    }],
+                })
             }
-            return Ok(Applied {
-                reply,
-                entries: Vec::new(),
-            });
         }
-        self.apply_restore(token.clone(), position.clone(), now_ms)?;
-        tracing::info!(%token, step, "job reset to a data checkpoint: the trainers restart");
-        Ok(Applied {
-            reply,
-            entries: vec![Entry::Restored {
-                token,
-                position,
-                now_ms,
-            }],
-        })
     }
 
     /// What a restore that changes the job does beside the task table.
@@ -337,10 +616,11 @@ impl Master {
             |rescale| rescale.previous_sizes.clone(),
         );
         self.take_rings_back(previous_sizes, true);
-        self.restored = Some(RestoredAt {
+        let event = ResetTo {
             token,
             rows_consumed: self.rows_consumed_total(),
-        });
+        };
+        decide(&mut self.checkpoints, event);
         Ok(())
     }
 
@@ -374,7 +654,7 @@ impl Master {
         self.origins.pieces = pieces;
         let planned_splits = self.plan.splits.len() - self.added_splits.len();
         self.origins.place_added(&self.table, planned_splits);
-        self.checkpoints.clear();
+        decide(&mut self.checkpoints, RanksChanged);
         self.stop_reason = None;
         self.last_task_failure = None;
         if let Some(executors) = &mut self.executors {
@@ -393,5 +673,162 @@ impl Master {
         } else {
             BTreeMap::new()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn report(step: u64, rank: u32, world_size: u32) -> RankReported {
+        RankReported {
+            step,
+            rank,
+            world_size,
+            epoch: 0,
+            positions: BTreeMap::from([(TaskId(u64::from(rank)), 1)]),
+            problem: None,
+        }
+    }
+
+    proptest! {
+        /// A step completes on the report that brings its last missing rank, whatever the order and
+        /// the repeats before it; its reports stay until it is stored, and a report after that is
+        /// answered with the token.
+        #[test]
+        fn a_step_completes_when_every_rank_reported_and_stays_until_stored(
+            world_size in 1u32..6,
+            ranks in proptest::collection::vec(0u32..6, 1..24),
+        ) {
+            let mut sut = Checkpoints::default();
+            let mut seen = std::collections::BTreeSet::new();
+            for rank in ranks.into_iter().map(|rank| rank % world_size) {
+                seen.insert(rank);
+                let action = decide(&mut sut, report(7, rank, world_size)).expect("a valid report");
+                if seen.len() == world_size as usize {
+                    prop_assert_eq!(action, ReportAction::Complete { epoch: 0 });
+                    let reports = sut.reports(7).expect("the reports stay until stored");
+                    prop_assert_eq!(reports.keys().copied().collect::<Vec<_>>(), (0..world_size).collect::<Vec<_>>());
+                } else {
+                    prop_assert_eq!(action, ReportAction::Pending { reported: seen.len() as u32, world_size });
+                }
+            }
+            let forgotten = decide(&mut sut, Stored { step: 7, token: "t7".into(), keep: None });
+            prop_assert!(forgotten.is_empty());
+            prop_assert!(sut.reports(7).is_none());
+            prop_assert_eq!(
+                decide(&mut sut, report(7, 0, world_size)).expect("a late report"),
+                ReportAction::AlreadyStored("t7".into())
+            );
+        }
+
+        /// Stored checkpoints past `keep` are forgotten oldest step first, each once.
+        #[test]
+        fn stored_checkpoints_past_keep_are_forgotten_oldest_first(
+            keep in 1u32..5,
+            steps in proptest::collection::btree_set(0u64..100, 0..20),
+            order in any::<u64>(),
+        ) {
+            let mut steps: Vec<u64> = steps.into_iter().collect();
+            let len = steps.len().max(1);
+            steps.rotate_left((order as usize) % len);
+            let mut sut = Checkpoints::default();
+            let mut forgotten = Vec::new();
+            for step in &steps {
+                forgotten.extend(decide(&mut sut, Stored { step: *step, token: format!("t{step}"), keep: Some(keep) }));
+                prop_assert!(sut.stored.len() <= keep as usize);
+                if let Some((oldest, _)) = sut.stored.first_key_value() {
+                    let step_of = |token: &String| token[1..].parse::<u64>().expect("a step");
+                    prop_assert!(forgotten.iter().all(|token| step_of(token) < *oldest), "only older steps are forgotten");
+                }
+            }
+            let kept: std::collections::BTreeSet<u64> = sut.stored.keys().copied().collect();
+            prop_assert_eq!(kept.len() + forgotten.len(), steps.len());
+            let mut all: Vec<String> = forgotten.clone();
+            all.extend(sut.stored.values().cloned());
+            all.sort();
+            all.dedup();
+            prop_assert_eq!(all.len(), steps.len(), "every stored checkpoint is kept or forgotten, once");
+        }
+    }
+
+    #[test]
+    fn a_refused_report_changes_nothing() {
+        let mut sut = Checkpoints::default();
+        decide(&mut sut, report(1, 0, 2)).expect("rank 0");
+        let before = sut.clone();
+        let mut bad = report(1, 1, 2);
+        bad.problem = Some(AmError::InvalidRequest("outside its rows".into()));
+        assert!(decide(&mut sut, bad).is_err());
+        let disagreeing = report(1, 1, 3);
+        let error = decide(&mut sut, disagreeing).expect_err("another world size");
+        assert!(error.to_string().contains("world size 3"), "{error}");
+        let outside = report(1, 2, 2);
+        assert!(decide(&mut sut, outside).is_err(), "rank 2 of 2");
+        assert_eq!(sut, before);
+    }
+
+    #[test]
+    fn changed_ranks_drop_the_steps_still_reporting_but_not_the_stored_ones() {
+        let mut sut = Checkpoints::default();
+        decide(
+            &mut sut,
+            Stored {
+                step: 1,
+                token: "t1".into(),
+                keep: None,
+            },
+        );
+        decide(&mut sut, report(2, 0, 2)).expect("rank 0");
+        decide(&mut sut, RanksChanged);
+        assert!(sut.reports(2).is_none());
+        assert_eq!(
+            decide(&mut sut, report(2, 1, 2)).expect("rank 1"),
+            ReportAction::Pending {
+                reported: 1,
+                world_size: 2
+            },
+            "the step starts over"
+        );
+        assert_eq!(sut.step_of("t1"), Some(1));
+    }
+
+    #[test]
+    fn a_restore_to_where_the_job_stands_changes_nothing_and_one_elsewhere_then_is_refused() {
+        let mut sut = Checkpoints::default();
+        let asked = |token: &str, rows_consumed| RestoreAsked {
+            token: token.into(),
+            rows_consumed,
+        };
+        assert_eq!(
+            decide(&mut sut, asked("a", 0)).expect("a first restore"),
+            RestoreAction::Reset
+        );
+        decide(&mut sut, report(3, 0, 2)).expect("rank 0");
+        decide(
+            &mut sut,
+            ResetTo {
+                token: "a".into(),
+                rows_consumed: 40,
+            },
+        );
+        assert!(
+            sut.reports(3).is_none(),
+            "a reset drops the steps reporting"
+        );
+        assert_eq!(
+            decide(&mut sut, asked("a", 40)).expect("the same again"),
+            RestoreAction::AlreadyThere
+        );
+        let error = decide(&mut sut, asked("b", 40)).expect_err("another checkpoint");
+        assert!(
+            error.to_string().contains("loaded different checkpoints"),
+            "{error}"
+        );
+        assert_eq!(
+            decide(&mut sut, asked("b", 41)).expect("after rows were consumed"),
+            RestoreAction::Reset
+        );
     }
 }

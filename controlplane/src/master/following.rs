@@ -3,11 +3,16 @@
 //! The follower ([`crate::follow`]) polls the sources and hands the master what it found; the master
 //! journals it ([`Entry::SplitsAdded`], [`Entry::FollowEnded`]) and the task table takes the new
 //! splits' tasks.
+//!
+//! Pure like the task table's [`decide`](crate::decide::decide): [`decide`] takes where following
+//! stands and one [`FollowEvent`], changes it, and says whether following ended for every source,
+//! which the master then tells the task table.
 
 use super::{Applied, Entry, Master};
 use crate::decide::Event;
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
 use crate::spec::FollowSpec;
+use crate::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -20,6 +25,129 @@ pub struct SourceFollow {
     pub version: Option<u64>,
     /// Why following ended, once it has.
     pub ended: Option<String>,
+}
+
+/// Where following every source of a job stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Follows {
+    /// Each source's, by index; `None` for a source not followed.
+    sources: Vec<Option<SourceFollow>>,
+    /// Polls of each source this AM finished: a statistic, not journaled.
+    polls: Vec<u64>,
+}
+
+/// What happened that following follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum FollowEvent {
+    /// The follower finished a poll of `source`, whatever it found.
+    Polled {
+        /// The index of the source in the spec.
+        source: u32,
+    },
+    /// A followed source grew, for a Delta table up to `version`.
+    Grew {
+        /// The index of the source in the spec.
+        source: u32,
+        /// For a Delta table, the version planned up to.
+        version: Option<u64>,
+    },
+    /// A source is no longer followed, for `reason`.
+    Ended {
+        /// The index of the source in the spec.
+        source: u32,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Following ended for every source: the task table's epoch may end once its rows are consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AllEnded;
+
+/// Applies `event` to where following stands; returns [`AllEnded`] when a source's end leaves no
+/// source followed.
+pub(super) fn decide(state: &mut Follows, event: FollowEvent) -> Option<AllEnded> {
+    match event {
+        FollowEvent::Polled { source } => {
+            let index = source as usize;
+            if state.polls.len() <= index {
+                state.polls.resize(index + 1, 0);
+            }
+            state.polls[index] += 1;
+            None
+        }
+        FollowEvent::Grew { source, version } => {
+            if let Some(Some(follow)) = state.sources.get_mut(source as usize)
+                && version.is_some()
+            {
+                follow.version = version;
+            }
+            None
+        }
+        FollowEvent::Ended { source, reason } => {
+            if let Some(Some(follow)) = state.sources.get_mut(source as usize) {
+                if !follow.following {
+                    return None;
+                }
+                follow.following = false;
+                follow.ended = Some(reason);
+            }
+            state.following().next().is_none().then_some(AllEnded)
+        }
+    }
+}
+
+impl Follows {
+    /// Following as a job starts: every source with a `follow` setting is followed, a Delta
+    /// table from the version planned.
+    pub(super) fn new(spec: &JobSpec, plan: &JobPlan) -> Follows {
+        let sources = spec
+            .data
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(index, source)| {
+                source.follow.as_ref().map(|_| SourceFollow {
+                    following: true,
+                    version: plan.versions.get(index).copied().flatten(),
+                    ended: None,
+                })
+            })
+            .collect();
+        Follows {
+            sources,
+            polls: Vec::new(),
+        }
+    }
+
+    /// Where following stands as a snapshot left it, with this AM's poll counts.
+    pub(super) fn restore(&mut self, sources: Vec<Option<SourceFollow>>) {
+        self.sources = sources;
+    }
+
+    /// The sources still followed, by index.
+    pub(super) fn following(&self) -> impl Iterator<Item = u32> + '_ {
+        self.sources
+            .iter()
+            .enumerate()
+            .filter(|(_, follow)| follow.as_ref().is_some_and(|follow| follow.following))
+            .map(|(index, _)| index as u32)
+    }
+
+    /// Where following source `source` stands, `None` for a source not followed.
+    pub(super) fn source(&self, source: u32) -> Option<&SourceFollow> {
+        self.sources.get(source as usize)?.as_ref()
+    }
+
+    /// Every source's, by index.
+    pub(super) fn sources(&self) -> &[Option<SourceFollow>] {
+        &self.sources
+    }
+
+    /// The polls of source `source` this AM finished.
+    pub(super) fn polls(&self, source: u32) -> u64 {
+        self.polls.get(source as usize).copied().unwrap_or(0)
+    }
 }
 
 /// What the follower needs to poll a source that is still followed.
@@ -36,18 +164,9 @@ pub struct FollowTarget {
 }
 
 impl Master {
-    /// The sources still followed, by index.
-    pub(super) fn following_sources(&self) -> impl Iterator<Item = u32> + '_ {
-        self.follows
-            .iter()
-            .enumerate()
-            .filter(|(_, follow)| follow.as_ref().is_some_and(|follow| follow.following))
-            .map(|(index, _)| index as u32)
-    }
-
     /// What polling source `source` needs, while the job runs and the source is followed.
     pub fn follow_target(&self, source: u32) -> Option<FollowTarget> {
-        let follow = self.follows.get(source as usize)?.as_ref()?;
+        let follow = self.follows.source(source)?;
         if !follow.following || self.table.outcome().is_some() || self.stop_reason.is_some() {
             return None;
         }
@@ -74,16 +193,12 @@ impl Master {
 
     /// The follower finished a poll of source `source`, whatever it found.
     pub fn source_polled(&mut self, source: u32) {
-        let index = source as usize;
-        if self.polls.len() <= index {
-            self.polls.resize(index + 1, 0);
-        }
-        self.polls[index] += 1;
+        decide(&mut self.follows, FollowEvent::Polled { source });
     }
 
     /// Where following each source stands, `None` for a source not followed.
     pub fn follows(&self) -> &[Option<SourceFollow>] {
-        &self.follows
+        self.follows.sources()
     }
 
     /// A followed source grew by `block`'s files and splits (for a Delta table, up to `version`).
@@ -125,11 +240,7 @@ impl Master {
         files: Vec<PlannedFile>,
         splits: Vec<PlannedSplit>,
     ) {
-        if let Some(Some(follow)) = self.follows.get_mut(source as usize)
-            && version.is_some()
-        {
-            follow.version = version;
-        }
+        decide(&mut self.follows, FollowEvent::Grew { source, version });
         let first_split = self.plan.splits.len();
         let split_rows: Vec<u64> = splits.iter().map(|split| split.row_count).collect();
         let first_file = self.added_files.len() as u32;
@@ -148,16 +259,71 @@ impl Master {
     }
 
     pub(super) fn apply_follow_ended(&mut self, source: u32, reason: String) {
-        if let Some(Some(follow)) = self.follows.get_mut(source as usize) {
-            if !follow.following {
-                return;
-            }
-            follow.following = false;
-            follow.ended = Some(reason.clone());
+        let was_followed = self
+            .follows
+            .source(source)
+            .is_some_and(|follow| follow.following);
+        if was_followed {
+            tracing::info!(source, %reason, "source no longer followed");
         }
-        tracing::info!(source, %reason, "source no longer followed");
-        if self.table.following() && self.following_sources().next().is_none() {
+        let all_ended = decide(&mut self.follows, FollowEvent::Ended { source, reason });
+        if all_ended.is_some() && self.table.following() {
             self.apply_event(None, Event::FollowEnded);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn followed(version: Option<u64>) -> Option<SourceFollow> {
+        Some(SourceFollow {
+            following: true,
+            version,
+            ended: None,
+        })
+    }
+
+    #[test]
+    fn following_ends_for_all_once_the_last_followed_source_ends() {
+        let mut sut = Follows {
+            sources: vec![followed(None), None, followed(Some(3))],
+            polls: Vec::new(),
+        };
+        let ended = |source: u32| FollowEvent::Ended {
+            source,
+            reason: format!("stop {source}"),
+        };
+        assert_eq!(decide(&mut sut, ended(2)), None, "source 0 is followed");
+        assert_eq!(sut.following().collect::<Vec<_>>(), [0]);
+        assert_eq!(
+            sut.source(2).and_then(|follow| follow.ended.as_deref()),
+            Some("stop 2")
+        );
+        assert_eq!(decide(&mut sut, ended(2)), None, "ended before");
+        assert_eq!(decide(&mut sut, ended(0)), Some(AllEnded));
+        assert_eq!(decide(&mut sut, ended(0)), None, "ended before");
+    }
+
+    #[test]
+    fn a_delta_source_that_grew_is_followed_from_its_new_version_and_polls_are_counted() {
+        let mut sut = Follows {
+            sources: vec![followed(Some(3)), followed(None)],
+            polls: Vec::new(),
+        };
+        let grew = |source, version| FollowEvent::Grew { source, version };
+        assert_eq!(decide(&mut sut, grew(0, Some(5))), None);
+        assert_eq!(
+            decide(&mut sut, grew(0, None)),
+            None,
+            "a directory's growth"
+        );
+        assert_eq!(decide(&mut sut, grew(7, Some(1))), None, "no such source");
+        assert_eq!(sut.source(0).and_then(|follow| follow.version), Some(5));
+        for _ in 0..3 {
+            decide(&mut sut, FollowEvent::Polled { source: 1 });
+        }
+        assert_eq!((sut.polls(0), sut.polls(1), sut.polls(9)), (0, 3, 0));
     }
 }

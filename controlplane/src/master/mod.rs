@@ -13,9 +13,11 @@
 //! - the task table, [`crate::decide`]: `decide(state, event) -> actions`;
 //! - the rescale, `rescale`: which nodes give their rings back for a scale or a restore, and when
 //!   the trainers launch again, also `decide(state, event)`;
-//! - data checkpoints, [`checkpoint`]: the position at a step from the ranks' reports, storing and
-//!   restoring it;
-//! - following sources, `following`: added splits and the end of following;
+//! - data checkpoints, [`checkpoint`]: which steps wait for ranks, which are stored and pruned, and
+//!   whether a restore resets the table, also `decide(state, event)`; the position at a step is
+//!   built from the ranks' reports;
+//! - following sources, `following`: the sources still followed and the end of following, also
+//!   `decide(state, event)`;
 //! - the journal, `replay`: the [`Entry`]s, the [`Snapshot`], and rebuilding the state from them;
 //! - the views, `views`: the status and the task table's view, read only.
 //!
@@ -81,8 +83,9 @@ use crate::launcher::{ExecutorId, Executors, Exit, LaunchAction};
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
 use crate::spec::{JobSpec, LauncherKind, RoleSpec};
 use calls::{Heartbeat, JobPhase, NodeCommand, Registered, Registration, Scaled, TaskReport};
+use checkpoint::{Checkpoints, RanksChanged};
 pub use checkpoint::{CommitOutcome, ReadyCheckpoint};
-use checkpoint::{PendingCheckpoint, RestoredAt};
+use following::Follows;
 pub use following::{FollowTarget, SourceFollow};
 pub use replay::{Entry, Snapshot};
 use rescale::{Rescale, RescaleEvent};
@@ -223,18 +226,14 @@ pub struct Master {
     origins: TaskOrigins,
     outbox: BTreeMap<NodeId, Vec<NodeCommand>>,
     nodes: BTreeMap<NodeId, NodeInfo>,
-    checkpoints: BTreeMap<u64, PendingCheckpoint>,
-    stored: BTreeMap<u64, String>,
+    checkpoints: Checkpoints,
     stop_reason: Option<String>,
     /// The last task that failed for good, and why: the cause a failed job's reason names.
     last_task_failure: Option<String>,
     shut_down: BTreeSet<NodeId>,
     throughput: Throughput,
     executors: Option<Executors>,
-    /// Where following each source stands; `None` for a source not followed.
-    follows: Vec<Option<SourceFollow>>,
-    /// Polls of each source this AM finished: a statistic, not journaled.
-    polls: Vec<u64>,
+    follows: Follows,
     /// Why executors last ended, where their launcher knew more than the exit (an OOM kill, an
     /// eviction, an image that cannot be pulled): for the job's error, not journaled.
     exit_causes: BTreeMap<ExecutorId, String>,
@@ -244,7 +243,6 @@ pub struct Master {
     /// Each role's number of trainers, in spec order: the spec's, or a scale's.
     role_sizes: Vec<u32>,
     rescale: Option<Rescale>,
-    restored: Option<RestoredAt>,
     /// The latest time of a change applied, journaled or replayed: the time a new AM's clock
     /// continues from, so that the journal's times never go back.
     latest_ms: u64,
@@ -260,8 +258,6 @@ pub struct Standing {
     over: bool,
 }
 
-/// The trainer ranks node `node` of `nodes` feeds when the roles have `sizes` trainers: the ranks
-/// in contiguous blocks over the nodes.
 /// Where a job's trainer ranks are fed: the ranks of its roles, in contiguous blocks over its
 /// nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -346,19 +342,7 @@ impl Master {
         let origins = TaskOrigins::new(&split_rows, config.task_rows);
         let table = JobState::new(config, split_rows)?;
         let role_sizes = spec.roles.iter().map(|role| role.num).collect();
-        let follows = spec
-            .data
-            .sources
-            .iter()
-            .enumerate()
-            .map(|(index, source)| {
-                source.follow.as_ref().map(|_| SourceFollow {
-                    following: true,
-                    version: plan.versions.get(index).copied().flatten(),
-                    ended: None,
-                })
-            })
-            .collect();
+        let follows = Follows::new(&spec, &plan);
         Ok(Master {
             spec,
             plan,
@@ -367,8 +351,7 @@ impl Master {
             origins,
             outbox: BTreeMap::new(),
             nodes: BTreeMap::new(),
-            checkpoints: BTreeMap::new(),
-            stored: BTreeMap::new(),
+            checkpoints: Checkpoints::default(),
             stop_reason: None,
             last_task_failure: None,
             shut_down: BTreeSet::new(),
@@ -377,11 +360,9 @@ impl Master {
             role_sizes,
             rescale: None,
             follows,
-            polls: Vec::new(),
             exit_causes: BTreeMap::new(),
             added_files: Vec::new(),
             added_splits: Vec::new(),
-            restored: None,
             latest_ms: 0,
         })
     }
@@ -660,7 +641,7 @@ impl Master {
     /// Starts taking every live node's rings back once the retiring trainers are gone. The rings
     /// the nodes hold are ranked over `previous_sizes`.
     fn take_rings_back(&mut self, previous_sizes: Vec<u32>, restore: bool) {
-        self.checkpoints.clear();
+        checkpoint::decide(&mut self.checkpoints, RanksChanged);
         let event = RescaleEvent::Started {
             previous_sizes,
             live: self.table.alive_nodes().collect(),
@@ -952,7 +933,7 @@ impl Master {
             };
         }
         if self.table.following() {
-            let sources: Vec<u32> = self.following_sources().collect();
+            let sources: Vec<u32> = self.follows.following().collect();
             let mut entries = Vec::new();
             for source in sources {
                 entries.extend(self.end_follow(source, reason.clone()).entries);

@@ -6,7 +6,7 @@
 //! [`crate::checkpoint_store`] and the golden journal of `tests/journal_format.rs`).
 
 use super::calls::NodeCommand;
-use super::checkpoint::{PendingCheckpoint, RankPositions, RestoredAt};
+use super::checkpoint::{Checkpoints, PendingCheckpoint, RankPositions, RestoredAt};
 use super::rescale::Rescale;
 use super::{Master, SourceFollow};
 use crate::decide::{DataPosition, Event, JobState, NodeId, RestoreMode, TableSnapshot, TaskId};
@@ -140,9 +140,7 @@ impl Master {
                 world_size,
                 epoch,
                 positions,
-            } => {
-                self.record_rank(step, rank, world_size, epoch, positions)?;
-            }
+            } => self.replay_report(step, rank, world_size, epoch, positions)?,
             Entry::CheckpointStored { step, token } => {
                 // The checkpoints it pruned were deleted, or are left, by the AM that wrote it.
                 self.checkpoint_stored(step, token);
@@ -189,6 +187,7 @@ impl Master {
     /// Cheap enough to take under the master's lock: the task table is captured, not copied (see
     /// [`JobState::capture`]), and encoding the snapshot is left to the journal's own threads.
     pub fn snapshot(&self) -> Snapshot {
+        let (checkpoints_pending, stored, restored) = self.checkpoints.to_parts();
         Snapshot {
             position: self.table.capture(),
             last_seen_ms: self
@@ -197,17 +196,17 @@ impl Master {
                 .map(|(node, view)| (node, view.last_seen_ms))
                 .collect(),
             pieces: self.origins.pieces.clone(),
-            checkpoints: self.checkpoints.clone(),
-            stored: self.stored.clone(),
+            checkpoints: checkpoints_pending,
+            stored,
             stop_reason: self.stop_reason.clone(),
             executors: self.executors.clone(),
             last_task_failure: self.last_task_failure.clone(),
             role_sizes: self.role_sizes.clone(),
             rescale: self.rescale.clone(),
-            follows: self.follows.clone(),
+            follows: self.follows.sources().to_vec(),
             added_files: self.added_files.clone(),
             added_splits: self.added_splits.clone(),
-            restored: self.restored.clone(),
+            restored,
         }
     }
 
@@ -227,7 +226,7 @@ impl Master {
             }));
         self.added_files = snapshot.added_files;
         self.added_splits = snapshot.added_splits;
-        self.follows = snapshot.follows;
+        self.follows.restore(snapshot.follows);
         let mut table = JobState::restore(
             self.config,
             self.plan.split_rows(),
@@ -240,8 +239,8 @@ impl Master {
         self.table = table;
         self.origins.pieces = snapshot.pieces;
         self.origins.place_added(&self.table, planned_splits);
-        self.checkpoints = snapshot.checkpoints;
-        self.stored = snapshot.stored;
+        self.checkpoints =
+            Checkpoints::from_parts((snapshot.checkpoints, snapshot.stored, snapshot.restored));
         self.stop_reason = snapshot.stop_reason;
         self.last_task_failure = snapshot.last_task_failure;
         if snapshot.executors.is_some() {
@@ -251,7 +250,6 @@ impl Master {
             self.role_sizes = snapshot.role_sizes;
         }
         self.rescale = snapshot.rescale;
-        self.restored = snapshot.restored;
         Ok(())
     }
 

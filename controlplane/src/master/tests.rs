@@ -628,9 +628,22 @@ fn a_checkpoint_with_a_position_outside_a_task_is_refused() {
     let mut sut = master();
     register(&mut sut, 0, 0);
     let tasks = assigned(&acquire(&mut sut, 0, 1, 1));
-    commit(&mut sut, 1, 0, &[(tasks[0].task_id, tasks[0].end + 1)]).expect("rank 0");
-    let error = commit(&mut sut, 1, 1, &[]).expect_err("rows past the task's end");
+    let error = commit(&mut sut, 1, 0, &[(tasks[0].task_id, tasks[0].end + 1)])
+        .expect_err("rows past the task's end");
     assert!(error.to_string().contains("outside its rows"), "{error}");
+    let pending = commit(&mut sut, 1, 1, &[]).expect("rank 1");
+    assert!(
+        matches!(
+            pending.reply,
+            CommitOutcome::Pending {
+                reported: 1,
+                world_size: 2
+            }
+        ),
+        "the refused report is not kept: the step waits for rank 0"
+    );
+    let ready = commit(&mut sut, 1, 0, &[(tasks[0].task_id, tasks[0].end)]).expect("rank 0");
+    assert!(matches!(ready.reply, CommitOutcome::Ready(_)));
     let mismatch = commit(&mut sut, 2, 0, &[]).and_then(|_| {
         sut.commit_checkpoint(RankCommit {
             step: 2,

@@ -150,7 +150,7 @@ impl Master {
             .iter()
             .enumerate()
             .map(|(index, source)| {
-                let follow = self.follows.get(index).and_then(Option::as_ref);
+                let follow = self.follows.source(index as u32);
                 v1::SourceStatus {
                     uri: source.uri.clone(),
                     followed: follow.is_some(),
@@ -168,7 +168,7 @@ impl Master {
                         .filter(|file| file.source as usize == index)
                         .count() as u64,
                     follow_ended: follow.and_then(|follow| follow.ended.clone()),
-                    polls: self.polls.get(index).copied().unwrap_or(0),
+                    polls: self.follows.polls(index as u32),
                 }
             })
             .collect()
