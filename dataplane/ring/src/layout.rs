@@ -411,6 +411,7 @@ impl RecordHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn record_sizes_are_aligned() {
@@ -462,5 +463,140 @@ mod tests {
         assert!(check_retained(1024, 512, 576, 1024).is_err());
         assert!(check_retained(2048, 1536, 960, 1024).is_err());
         assert!(check_retained(1024, 512, 65, 1024).is_err());
+    }
+
+    /// One field of a valid header changed, with the checksum sealed over the change or not.
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        /// A payload length whose record runs past the committed or contiguous bytes.
+        Length(u64),
+        /// Another sequence number.
+        Sequence(u64),
+        /// A kind that is neither a user kind nor padding.
+        Kind(u32),
+        /// One of the checksummed words with bits flipped, the checksum left as it was.
+        Unsealed { word: usize, flip: u64 },
+    }
+
+    fn any_meta() -> impl Strategy<Value = Option<RecordMeta>> {
+        let kind = prop_oneof![
+            Just(RecordKind::Schema),
+            Just(RecordKind::Batch),
+            Just(RecordKind::EndOfEpoch),
+            Just(RecordKind::Error),
+        ];
+        proptest::option::of((kind, any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+            |(kind, task_id, first_row, row_count)| RecordMeta {
+                kind,
+                task_id,
+                first_row,
+                row_count,
+            },
+        ))
+    }
+
+    fn any_mutation() -> impl Strategy<Value = Mutation> {
+        // Lengths past the room, from just past it to the ones whose size overflows.
+        let excess = prop_oneof![0u64..256, any::<u64>(), (u64::MAX - 256)..=u64::MAX];
+        prop_oneof![
+            excess.prop_map(Mutation::Length),
+            (1..=u64::MAX).prop_map(Mutation::Sequence),
+            prop_oneof![Just(0u32), 6u32..64, any::<u32>()]
+                .prop_filter("not a known kind", |kind| *kind == 0
+                    || *kind > PADDING_KIND)
+                .prop_map(Mutation::Kind),
+            (0usize..6, 1..=u64::MAX).prop_map(|(word, flip)| Mutation::Unsealed { word, flip }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 16 } else { 2048 }))]
+
+        /// A header built by the real constructor passes; one field changed after it, with the
+        /// checksum sealed over the change, is caught by the check of that field; a change the
+        /// checksum was not sealed over is caught by the checksum.
+        #[test]
+        fn each_changed_field_of_a_valid_header_is_caught_by_its_own_check(
+            meta in any_meta(),
+            payload_len in 0u64..65_536,
+            sequence in any::<u64>(),
+            spare_room in 0u64..64,
+            spare_contiguous in 0u64..64,
+            mutation in any_mutation(),
+        ) {
+            let size = record_size(payload_len).expect("a small payload");
+            let room = size + spare_room * RECORD_ALIGN;
+            let contiguous = size + spare_contiguous * RECORD_ALIGN;
+            let valid = RecordHeader::new(payload_len, sequence, meta);
+            prop_assert_eq!(
+                valid.validate(room, contiguous, Some(sequence)),
+                Ok(ValidRecord { sequence, meta, payload_len, size })
+            );
+            let mut sut = valid;
+            let expected = match mutation {
+                Mutation::Length(excess) => {
+                    // The smallest payload whose record takes more than `fits` bytes is `fits - 63`.
+                    let fits = room.min(contiguous);
+                    sut.payload_len = (fits - (RECORD_ALIGN - 1)).saturating_add(excess);
+                    RecordFault::Length { payload_len: sut.payload_len, room: fits }
+                }
+                Mutation::Sequence(delta) => {
+                    sut.sequence = sequence.wrapping_add(delta);
+                    RecordFault::Sequence { found: sut.sequence, expected: sequence }
+                }
+                Mutation::Kind(kind) => {
+                    sut.kind = kind;
+                    RecordFault::Kind(kind)
+                }
+                Mutation::Unsealed { word, flip } => {
+                    match word {
+                        0 => sut.payload_len ^= flip,
+                        1 => sut.sequence ^= flip,
+                        2 => sut.task_id ^= flip,
+                        3 => sut.first_row ^= flip,
+                        4 => sut.row_count ^= flip,
+                        _ => sut.kind ^= (flip as u32).max(1),
+                    }
+                    RecordFault::Checksum
+                }
+            };
+            if !matches!(mutation, Mutation::Unsealed { .. }) {
+                sut.check = sut.checksum();
+            }
+            prop_assert_eq!(sut.validate(room, contiguous, Some(sequence)), Err(expected));
+        }
+
+        /// Any 64 bytes at a record boundary, with any room, validate or fail without a panic, and a
+        /// record that validates fits the room it was given. Half the headers carry their own
+        /// checksum, so that the checks after it see any values too.
+        #[test]
+        fn any_header_bytes_validate_within_their_room(
+            payload_len in prop_oneof![0u64..8192, any::<u64>()],
+            words in proptest::array::uniform4(any::<u64>()),
+            kind in prop_oneof![0u32..8, any::<u32>()],
+            check in any::<u32>(),
+            sealed in any::<bool>(),
+            room in prop_oneof![0u64..8192, any::<u64>()],
+            contiguous in prop_oneof![0u64..8192, any::<u64>()],
+            expected_sequence in proptest::option::of(any::<u64>()),
+        ) {
+            let mut sut = RecordHeader {
+                payload_len,
+                sequence: words[0],
+                task_id: words[1],
+                first_row: words[2],
+                row_count: words[3],
+                kind,
+                check,
+                reserved: [0; 2],
+            };
+            if sealed {
+                sut.check = sut.checksum();
+            }
+            if let Ok(valid) = sut.validate(room, contiguous, expected_sequence) {
+                prop_assert!(valid.size <= room && valid.size <= contiguous);
+                prop_assert!(valid.payload_len + RECORD_HEADER_LEN <= valid.size);
+            }
+        }
     }
 }

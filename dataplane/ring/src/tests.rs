@@ -668,6 +668,109 @@ proptest! {
     }
 }
 
+/// The bytes of a record header as the producer lays them in the ring.
+fn header_bytes(header: &layout::RecordHeader) -> [u8; RECORD_HEADER_LEN as usize] {
+    let mut bytes = [0; RECORD_HEADER_LEN as usize];
+    let words = [
+        header.payload_len,
+        header.sequence,
+        header.task_id,
+        header.first_row,
+        header.row_count,
+    ];
+    for (index, word) in words.iter().enumerate() {
+        bytes[index * 8..index * 8 + 8].copy_from_slice(&word.to_le_bytes());
+    }
+    bytes[40..44].copy_from_slice(&header.kind.to_le_bytes());
+    bytes[44..48].copy_from_slice(&header.check.to_le_bytes());
+    bytes
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Records committed by the producer, one of whose headers is built again by the real header
+    /// constructor with a payload length past the committed bytes or another sequence number: the
+    /// checksum holds, the consumer reads the records before it and stops at it with the error of
+    /// the length or sequence check, and the producer's walk over the unread records stops at a
+    /// wrong length too.
+    #[test]
+    #[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
+    fn a_sealed_header_with_a_wrong_length_or_sequence_stops_the_reader_at_it(
+        lengths in proptest::collection::vec(0usize..3000, 2..8),
+        target in any::<proptest::sample::Index>(),
+        change_length in any::<bool>(),
+        excess in prop_oneof![0u64..256, any::<u64>()],
+        delta in 1..=u64::MAX,
+    ) {
+        use std::os::unix::fs::FileExt;
+
+        let (_directory, path, sut) = file_ring(1 << 16);
+        let mut producer = sut.producer().expect("producer");
+        let mut positions = Vec::new();
+        let mut written = 0;
+        for (row, &len) in lengths.iter().enumerate() {
+            positions.push(written);
+            write(&mut producer, &pattern(row as u64, len), batch(1, row as u64, 1));
+            written += layout::record_size(len as u64).expect("a small record");
+        }
+        producer.flush();
+        let corrupt = 1 + target.index(lengths.len() - 1);
+        let position = positions[corrupt];
+        let meta = batch(1, corrupt as u64, 1);
+        let (header, fault) = if change_length {
+            // The smallest payload whose record takes more than the `room` bytes left is `room - 63`.
+            let room = written - position;
+            let payload_len = (room - (layout::RECORD_ALIGN - 1)).saturating_add(excess);
+            (
+                layout::RecordHeader::new(payload_len, corrupt as u64, Some(meta)),
+                layout::RecordFault::Length { payload_len, room },
+            )
+        } else {
+            let sequence = (corrupt as u64).wrapping_add(delta);
+            (
+                layout::RecordHeader::new(lengths[corrupt] as u64, sequence, Some(meta)),
+                layout::RecordFault::Sequence { found: sequence, expected: corrupt as u64 },
+            )
+        };
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open")
+            .write_all_at(&header_bytes(&header), HEADER_LEN as u64 + position)
+            .expect("write the header");
+
+        let mut consumer = sut.consumer().expect("consumer");
+        for (row, &len) in lengths.iter().enumerate().take(corrupt) {
+            let record = consumer
+                .next()
+                .expect("a record before the changed one")
+                .expect("record");
+            prop_assert_eq!(record.sequence(), row as u64);
+            prop_assert_eq!(record.payload(), &pattern(row as u64, len)[..]);
+        }
+        match consumer.next() {
+            Err(RecvError::Corrupt { position: at, reason, .. }) => {
+                prop_assert_eq!(at, position);
+                prop_assert_eq!(reason, fault.to_string());
+            }
+            Err(other) => prop_assert!(false, "another error: {other}"),
+            Ok(record) => prop_assert!(false, "read {:?}", record.map(|record| record.meta())),
+        }
+        drop(consumer);
+        let unread = producer.unread(|_| {});
+        if change_length {
+            match unread {
+                Err(FoldError::Corrupt { position: at, reason, .. }) => {
+                    prop_assert_eq!(at, position);
+                    prop_assert_eq!(reason, fault.to_string());
+                }
+                Ok(()) => prop_assert!(false, "the unread records were walked past the changed one"),
+            }
+        }
+    }
+}
+
 #[test]
 fn header_offsets_used_by_tests_match_the_layout() {
     let sut = Ring::in_memory(4096).expect("ring");
