@@ -325,6 +325,7 @@ pub fn tfrecord_encode<'a>(payloads: impl IntoIterator<Item = &'a [u8]>) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn masked_crc_of_the_standard_check_input() {
@@ -352,5 +353,128 @@ mod tests {
         let truncated = &encoded[..encoded.len() - 3];
         let error = tfrecord_records(truncated, "mem").expect_err("truncated");
         assert!(error.to_string().contains("truncated"), "{error}");
+    }
+
+    /// The offset of each record of a framed file, and the file's length after them.
+    fn record_offsets(payloads: &[Vec<u8>]) -> Vec<usize> {
+        let mut offsets = vec![0];
+        for payload in payloads {
+            offsets.push(offsets.last().expect("an offset") + 16 + payload.len());
+        }
+        offsets
+    }
+
+    /// The offset of the record holding byte `index` of the file.
+    fn record_holding(offsets: &[usize], index: usize) -> usize {
+        offsets[offsets.partition_point(|&offset| offset <= index) - 1]
+    }
+
+    /// The offset a TFRecord error names, failing the case on any other error.
+    fn error_offset(outcome: Result<Vec<&[u8]>>) -> std::result::Result<u64, TestCaseError> {
+        match outcome {
+            Err(FormatError::TfRecord { file, offset, .. }) => {
+                prop_assert_eq!(file, "mem");
+                Ok(offset)
+            }
+            other => Err(TestCaseError::fail(format!(
+                "expected a tfrecord error, got {other:?}"
+            ))),
+        }
+    }
+
+    fn any_payloads() -> impl Strategy<Value = Vec<Vec<u8>>> {
+        proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..8)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Payloads framed as a TFRecord file split back into the same payloads.
+        #[test]
+        fn framed_payloads_split_back(payloads in any_payloads()) {
+            let encoded = tfrecord_encode(payloads.iter().map(Vec::as_slice));
+            let sut = tfrecord_records(&encoded, "mem").expect("a framed file");
+            prop_assert_eq!(sut, payloads.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        }
+
+        /// Any bytes split into records or fail with an error naming an offset inside them, and
+        /// the records they split into frame back into the same bytes.
+        #[test]
+        fn any_bytes_split_or_fail_within_the_file(
+            bytes in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..512),
+                // A header with a valid length CRC, so that the length checks are reached.
+                (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64)).prop_map(
+                    |(length, rest)| {
+                        let length = length.to_le_bytes();
+                        let mut bytes = length.to_vec();
+                        bytes.extend_from_slice(&masked_crc32c(&length).to_le_bytes());
+                        bytes.extend_from_slice(&rest);
+                        bytes
+                    }
+                ),
+            ],
+        ) {
+            match tfrecord_records(&bytes, "mem") {
+                Ok(records) => prop_assert_eq!(tfrecord_encode(records), bytes),
+                outcome => prop_assert!(error_offset(outcome)? < bytes.len() as u64),
+            }
+        }
+
+        /// A framed file with one byte changed fails at the record that holds the byte: both CRCs
+        /// catch any change within 32 bits.
+        #[test]
+        fn a_changed_byte_fails_at_its_record(
+            payloads in any_payloads().prop_filter("some bytes", |payloads| !payloads.is_empty()),
+            at in any::<proptest::sample::Index>(),
+            flip in 1..=u8::MAX,
+        ) {
+            let mut encoded = tfrecord_encode(payloads.iter().map(Vec::as_slice));
+            let index = at.index(encoded.len());
+            encoded[index] ^= flip;
+            let expected = record_holding(&record_offsets(&payloads), index) as u64;
+            prop_assert_eq!(error_offset(tfrecord_records(&encoded, "mem"))?, expected);
+        }
+
+        /// A framed file cut short splits into the records before the cut when it falls between
+        /// records, and fails at the cut record otherwise.
+        #[test]
+        fn a_cut_file_keeps_the_whole_records_or_fails_at_the_cut_one(
+            payloads in any_payloads(),
+            at in any::<proptest::sample::Index>(),
+        ) {
+            let encoded = tfrecord_encode(payloads.iter().map(Vec::as_slice));
+            let cut = at.index(encoded.len() + 1);
+            let offsets = record_offsets(&payloads);
+            let outcome = tfrecord_records(&encoded[..cut], "mem");
+            match offsets.iter().position(|&offset| offset == cut) {
+                Some(whole) => prop_assert_eq!(
+                    outcome.expect("whole records"),
+                    payloads[..whole].iter().map(Vec::as_slice).collect::<Vec<_>>()
+                ),
+                None => {
+                    prop_assert_eq!(error_offset(outcome)?, record_holding(&offsets, cut) as u64)
+                }
+            }
+        }
+
+        /// A record whose length is changed and its length CRC computed again passes the length
+        /// CRC and fails at that record: its length runs past the file or its data CRC is wrong.
+        #[test]
+        fn a_resealed_length_fails_at_its_record(
+            payloads in any_payloads().prop_filter("a record", |payloads| !payloads.is_empty()),
+            target in any::<proptest::sample::Index>(),
+            length in prop_oneof![0u64..2048, any::<u64>()],
+        ) {
+            let mut encoded = tfrecord_encode(payloads.iter().map(Vec::as_slice));
+            let changed = target.index(payloads.len());
+            prop_assume!(length != payloads[changed].len() as u64);
+            let offset = record_offsets(&payloads)[changed];
+            let length_bytes = length.to_le_bytes();
+            encoded[offset..offset + 8].copy_from_slice(&length_bytes);
+            encoded[offset + 8..offset + 12]
+                .copy_from_slice(&masked_crc32c(&length_bytes).to_le_bytes());
+            prop_assert_eq!(error_offset(tfrecord_records(&encoded, "mem"))?, offset as u64);
+        }
     }
 }

@@ -473,6 +473,7 @@ fn lex(text: &str) -> Result<Vec<(usize, Token)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn a_filter_too_deep_or_too_long_is_refused_naming_the_limit() {
@@ -522,5 +523,191 @@ mod tests {
             message.contains("byte 4") && message.contains("end of expression"),
             "{message}"
         );
+    }
+
+    fn any_column() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z_][a-z0-9_.$]{0,6}",
+            "\\PC{0,6}",
+            Just("AND".to_string()),
+            Just("\"".to_string()),
+        ]
+    }
+
+    fn any_literal() -> impl Strategy<Value = Literal> {
+        use proptest::num::f64::{NEGATIVE, NORMAL, POSITIVE, SUBNORMAL, ZERO};
+        prop_oneof![
+            any::<i64>().prop_map(Literal::Int),
+            (POSITIVE | NEGATIVE | NORMAL | SUBNORMAL | ZERO).prop_map(Literal::Float),
+            "\\PC{0,6}".prop_map(Literal::Str),
+            Just(Literal::Str("it's".to_string())),
+            any::<bool>().prop_map(Literal::Bool),
+        ]
+    }
+
+    fn any_op() -> impl Strategy<Value = CompareOp> {
+        prop_oneof![
+            Just(CompareOp::Eq),
+            Just(CompareOp::NotEq),
+            Just(CompareOp::Lt),
+            Just(CompareOp::LtEq),
+            Just(CompareOp::Gt),
+            Just(CompareOp::GtEq),
+        ]
+    }
+
+    /// Filters within the limits: at most 8 levels deep.
+    fn any_expr() -> impl Strategy<Value = Expr> {
+        let predicate =
+            prop_oneof![
+                (any_column(), any_op(), any_literal())
+                    .prop_map(|(column, op, value)| Expr::Compare { column, op, value }),
+                (
+                    any_column(),
+                    proptest::collection::vec(any_literal(), 1..4),
+                    any::<bool>()
+                )
+                    .prop_map(|(column, values, negated)| Expr::InList {
+                        column,
+                        values,
+                        negated
+                    }),
+                (any_column(), any::<bool>())
+                    .prop_map(|(column, negated)| Expr::IsNull { column, negated }),
+            ];
+        predicate.prop_recursive(8, 48, 2, |inner| {
+            prop_oneof![
+                (inner.clone(), inner.clone())
+                    .prop_map(|(left, right)| Expr::And(Box::new(left), Box::new(right))),
+                (inner.clone(), inner.clone())
+                    .prop_map(|(left, right)| Expr::Or(Box::new(left), Box::new(right))),
+                inner.prop_map(|inner| Expr::Not(Box::new(inner))),
+            ]
+        })
+    }
+
+    /// Text made of the language's tokens and a few bytes outside it, so that most inputs get past
+    /// the lexer and into the parser.
+    fn any_token_text() -> impl Strategy<Value = String> {
+        let token = prop_oneof![
+            proptest::sample::select(vec![
+                "(",
+                ")",
+                ",",
+                "=",
+                "==",
+                "!=",
+                "<>",
+                "<",
+                "<=",
+                ">",
+                ">=",
+                "!",
+                " and ",
+                " or ",
+                "not ",
+                " in ",
+                " is ",
+                "null",
+                "true",
+                "FALSE",
+                "'",
+                "\"",
+                "''",
+                "-",
+                ".",
+                "e",
+                "1e",
+                "-9223372036854775808",
+                "9223372036854775808",
+                "1.5e-3",
+                "0x1",
+                "id",
+                "é",
+                " ",
+                "\t",
+                "$x",
+            ])
+            .prop_map(str::to_string),
+            "\\PC{0,3}",
+        ];
+        proptest::collection::vec(token, 0..48).prop_map(|tokens| tokens.concat())
+    }
+
+    /// Asserts that parsing `text` gives a filter that prints back to one that parses to itself,
+    /// or an error of the filter language pointing inside the text.
+    fn parses_or_fails_cleanly(text: &str) -> std::result::Result<(), TestCaseError> {
+        match Expr::parse(text) {
+            Ok(expr) => {
+                let printed = expr.to_string();
+                prop_assert_eq!(
+                    Expr::parse(&printed).ok(),
+                    Some(expr),
+                    "printed as {}",
+                    printed
+                );
+            }
+            Err(FormatError::FilterSyntax {
+                position,
+                expression,
+                ..
+            }) => {
+                prop_assert!(
+                    position <= text.len(),
+                    "position {} in {:?}",
+                    position,
+                    text
+                );
+                prop_assert_eq!(expression, text);
+            }
+            Err(FormatError::FilterTooLarge { .. }) => {}
+            Err(other) => prop_assert!(false, "another error: {}", other),
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// A filter prints as text that parses back to the same filter.
+        #[test]
+        fn printed_filters_parse_back_to_themselves(sut in any_expr()) {
+            let printed = sut.to_string();
+            prop_assert_eq!(Expr::parse(&printed).ok(), Some(sut), "printed as {}", printed);
+        }
+
+        /// A printed filter with characters deleted, inserted or swapped parses to a filter that
+        /// round-trips or fails with an error of the filter language.
+        #[test]
+        fn edited_filters_parse_or_fail_cleanly(
+            expr in any_expr(),
+            edits in proptest::collection::vec(
+                (any::<proptest::sample::Index>(), 0u8..3, proptest::char::any()),
+                1..6,
+            ),
+        ) {
+            let mut characters: Vec<char> = expr.to_string().chars().collect();
+            for (at, edit, character) in edits {
+                let index = at.index(characters.len() + 1);
+                match edit {
+                    0 if index < characters.len() => {
+                        characters.remove(index);
+                    }
+                    1 if index < characters.len() => characters[index] = character,
+                    _ => characters.insert(index, character),
+                }
+            }
+            let text: String = characters.into_iter().collect();
+            parses_or_fails_cleanly(&text)?;
+        }
+
+        /// Any text, of the language's tokens or not, parses or fails with an error of the filter
+        /// language.
+        #[test]
+        fn any_text_parses_or_fails_cleanly(
+            text in prop_oneof![any_token_text(), "\\PC{0,64}", ".{0,64}"],
+        ) {
+            parses_or_fails_cleanly(&text)?;
+        }
     }
 }
