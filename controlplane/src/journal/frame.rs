@@ -254,6 +254,7 @@ pub(super) fn open_snapshot(bytes: &[u8], sequence: u64) -> Result<&[u8], (u64, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn segment(bodies: &[&[u8]]) -> Vec<u8> {
         let mut bytes = SEGMENT_MAGIC.to_vec();
@@ -340,5 +341,165 @@ mod tests {
                 .0,
             16
         );
+    }
+
+    fn any_records() -> impl Strategy<Value = Vec<(RecordKind, Vec<u8>)>> {
+        let kind = prop_oneof![Just(RecordKind::Open), Just(RecordKind::Entry)];
+        proptest::collection::vec((kind, proptest::collection::vec(any::<u8>(), 0..200)), 0..8)
+    }
+
+    /// The segment of `records`, and the offset of each frame and of the segment's end.
+    fn framed(records: &[(RecordKind, Vec<u8>)]) -> (Vec<u8>, Vec<u64>) {
+        let mut bytes = SEGMENT_MAGIC.to_vec();
+        let mut offsets = Vec::new();
+        for (kind, body) in records {
+            offsets.push(bytes.len() as u64);
+            push_frame(&mut bytes, *kind, body);
+        }
+        offsets.push(bytes.len() as u64);
+        (bytes, offsets)
+    }
+
+    /// The index of the frame holding byte `index` of a segment (at or past the magic).
+    fn frame_holding(offsets: &[u64], index: usize) -> usize {
+        offsets.partition_point(|&offset| offset <= index as u64) - 1
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Frames read back as they were pushed, up to any limit.
+        #[test]
+        fn pushed_frames_read_back(records in any_records(), limit in proptest::option::of(0u64..10)) {
+            let (bytes, offsets) = framed(&records);
+            let sut = parse_segment(&bytes, limit).expect("a segment");
+            let read = limit.map_or(records.len(), |limit| records.len().min(limit as usize));
+            prop_assert_eq!(sut.bad, None);
+            prop_assert_eq!(sut.end, offsets[read]);
+            let frames: Vec<(u64, RecordKind, &[u8])> =
+                sut.frames.iter().map(|frame| (frame.offset, frame.kind, frame.body)).collect();
+            let expected: Vec<(u64, RecordKind, &[u8])> = records[..read]
+                .iter()
+                .zip(&offsets)
+                .map(|((kind, body), &offset)| (offset, *kind, body.as_slice()))
+                .collect();
+            prop_assert_eq!(frames, expected);
+        }
+
+        /// Any bytes after the magic read as frames lying end to end from the magic on, then stop
+        /// at the end or at a bad frame, and a well-formed frame after it is one that reads.
+        #[test]
+        fn any_segment_bytes_read_as_frames_end_to_end(
+            tail in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..512),
+                // Frames with their CRC, then noise, so that the reads after the CRC are reached.
+                (any_records(), proptest::collection::vec(any::<u8>(), 0..64)).prop_map(
+                    |(records, noise)| {
+                        let mut bytes = framed(&records).0.split_off(SEGMENT_MAGIC.len());
+                        bytes.extend_from_slice(&noise);
+                        bytes
+                    }
+                ),
+            ],
+        ) {
+            let mut bytes = SEGMENT_MAGIC.to_vec();
+            bytes.extend_from_slice(&tail);
+            let sut = parse_segment(&bytes, None).expect("a segment");
+            let mut offset = SEGMENT_MAGIC.len() as u64;
+            for frame in &sut.frames {
+                prop_assert_eq!(frame.offset, offset);
+                offset += (FRAME_HEADER + 1 + frame.body.len()) as u64;
+            }
+            prop_assert_eq!(sut.end, offset);
+            match sut.bad {
+                None => prop_assert_eq!(sut.end, bytes.len() as u64),
+                Some(bad) => {
+                    prop_assert_eq!(bad.offset, sut.end);
+                    if let Some(after) = bad.valid_frame_after {
+                        prop_assert!(after > bad.offset);
+                        prop_assert!(read_frame(&bytes, after as usize).is_ok());
+                    }
+                }
+            }
+        }
+
+        /// A segment with one byte changed reads the frames before the frame that holds it and
+        /// stops there; the next frame, if any, is found well formed after it.
+        #[test]
+        fn a_changed_byte_stops_the_segment_at_its_frame(
+            records in any_records().prop_filter("a frame", |records| !records.is_empty()),
+            at in any::<proptest::sample::Index>(),
+            flip in 1..=u8::MAX,
+        ) {
+            let (mut bytes, offsets) = framed(&records);
+            let index = SEGMENT_MAGIC.len() + at.index(bytes.len() - SEGMENT_MAGIC.len());
+            bytes[index] ^= flip;
+            let changed = frame_holding(&offsets, index);
+            let sut = parse_segment(&bytes, None).expect("a segment");
+            prop_assert_eq!(sut.frames.len(), changed);
+            let bad = sut.bad.expect("the change is caught");
+            prop_assert_eq!(bad.offset, offsets[changed]);
+            if changed + 1 < records.len() {
+                prop_assert_eq!(bad.valid_frame_after, Some(offsets[changed + 1]));
+            }
+        }
+
+        /// A segment cut short reads the whole frames before the cut; a cut inside a frame is a
+        /// torn tail, with no well-formed frame after it.
+        #[test]
+        fn a_cut_segment_is_a_torn_tail(
+            records in any_records(),
+            at in any::<proptest::sample::Index>(),
+        ) {
+            let (bytes, offsets) = framed(&records);
+            let cut = SEGMENT_MAGIC.len() + at.index(bytes.len() - SEGMENT_MAGIC.len() + 1);
+            let sut = parse_segment(&bytes[..cut], None).expect("a segment");
+            let whole = frame_holding(&offsets, cut);
+            prop_assert_eq!(sut.frames.len(), whole);
+            if offsets[whole] == cut as u64 {
+                prop_assert_eq!(sut.bad, None);
+            } else {
+                let bad = sut.bad.expect("the cut frame does not read");
+                prop_assert_eq!((bad.offset, bad.valid_frame_after), (offsets[whole], None));
+            }
+        }
+
+        /// Any bytes open as a snapshot or fail naming an offset in its header; a sealed snapshot
+        /// opens to its body under its own sequence only, and a changed byte fails at the field that
+        /// holds it (the CRC for the body).
+        #[test]
+        fn snapshots_open_only_whole_and_under_their_sequence(
+            body in proptest::collection::vec(any::<u8>(), 0..300),
+            sequence in any::<u64>(),
+            other_sequence in any::<u64>(),
+            at in any::<proptest::sample::Index>(),
+            flip in 1..=u8::MAX,
+            noise in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let mut sealed = snapshot_buffer();
+            sealed.extend_from_slice(&body);
+            seal_snapshot(&mut sealed, sequence);
+            prop_assert_eq!(open_snapshot(&sealed, sequence), Ok(&body[..]));
+            if other_sequence != sequence {
+                prop_assert_eq!(open_snapshot(&sealed, other_sequence).map_err(|error| error.0), Err(8));
+            }
+            let mut changed = sealed.clone();
+            let index = at.index(changed.len());
+            changed[index] ^= flip;
+            let field = match index {
+                0..8 => 0,
+                8..16 => 8,
+                16..24 => 16,
+                _ => 24,
+            };
+            prop_assert_eq!(open_snapshot(&changed, sequence).map_err(|error| error.0), Err(field));
+            let mut foreign = SNAPSHOT_MAGIC.to_vec();
+            foreign.extend_from_slice(&noise);
+            for bytes in [&noise, &foreign] {
+                if let Err((offset, _)) = open_snapshot(bytes, sequence) {
+                    prop_assert!(offset < SNAPSHOT_HEADER as u64);
+                }
+            }
+        }
     }
 }

@@ -54,6 +54,8 @@ mod store;
 mod writer;
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
 
 pub use error::{JournalError, Result};
