@@ -235,6 +235,28 @@ fn the_recorded_journal_replays_as_the_masters_records() {
     }
 }
 
+#[test]
+fn a_sequence_past_the_largest_is_an_error_naming_the_object() {
+    let mut stored = recorded_journal(false);
+    Change::Sequences {
+        snapshot: u64::MAX - 14,
+        segments: vec![u64::MAX - 18],
+    }
+    .apply(&mut stored);
+    let error = replay::<Entry, Snapshot>("mem", stored, false).expect_err("a foreign sequence");
+    assert!(
+        matches!(
+            &error,
+            JournalError::Corrupt { object, .. } if object == "snapshot/00000000000000000030.snap"
+        ),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("sequence 18446744073709551601"),
+        "{error}"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 

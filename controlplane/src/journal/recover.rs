@@ -27,6 +27,10 @@ use super::store::{
 const READ_CONCURRENCY: usize = 16;
 /// How many times reading starts over when another writer changed the journal meanwhile.
 const ATTEMPTS: u32 = 16;
+/// No journal numbers this many records (at a million a second, that takes 290,000 years), so an
+/// object whose name gives a sequence at or past it was not made by a writer. Below it, a
+/// sequence plus the records of a segment never overflows.
+pub(super) const MAX_SEQUENCE: u64 = 1 << 63;
 
 /// What was durable in a journal.
 #[derive(Debug)]
@@ -185,6 +189,21 @@ where
     E: DeserializeOwned,
     S: DeserializeOwned,
 {
+    if let Some(foreign) = stored
+        .snapshot
+        .iter()
+        .chain(&stored.segments)
+        .find(|object| object.sequence >= MAX_SEQUENCE)
+    {
+        return Err(JournalError::Corrupt {
+            object: foreign.object.clone(),
+            offset: 0,
+            reason: format!(
+                "its name gives sequence {}, past the largest a journal reaches ({MAX_SEQUENCE}): no Sluice AM wrote it; move it out of the journal",
+                foreign.sequence
+            ),
+        });
+    }
     let (start, snapshot) = match stored.snapshot {
         None => (0, None),
         Some(snapshot) => {
