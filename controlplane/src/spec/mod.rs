@@ -13,6 +13,8 @@ mod validate;
 mod vars;
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
 
 pub use error::SpecError;
