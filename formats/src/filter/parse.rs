@@ -444,10 +444,19 @@ fn lex(text: &str) -> Result<Vec<(usize, Token)>> {
                 let number = &text[start..index];
                 let literal = if let Ok(integer) = number.parse::<i64>() {
                     Literal::Int(integer)
-                } else if let Ok(float) = number.parse::<f64>() {
-                    Literal::Float(float)
                 } else {
-                    return Err(error(start, format!("invalid number {number:?}")));
+                    match number.parse::<f64>() {
+                        Ok(float) if float.is_finite() => Literal::Float(float),
+                        Ok(_) => {
+                            return Err(error(
+                                start,
+                                format!(
+                                    "number {number} is beyond the range of a 64-bit float (about 1.8e308); write a smaller one"
+                                ),
+                            ));
+                        }
+                        Err(_) => return Err(error(start, format!("invalid number {number:?}"))),
+                    }
                 };
                 tokens.push((start, Token::Literal(literal)));
             }
@@ -523,6 +532,24 @@ mod tests {
             message.contains("byte 4") && message.contains("end of expression"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_number_beyond_the_float_range_is_an_error_naming_it() {
+        for text in ["x < 1e999", "x < -4371159928937E296", "x in (1, 1e309)"] {
+            match Expr::parse(text) {
+                Err(FormatError::FilterSyntax {
+                    position, message, ..
+                }) => {
+                    assert!(message.contains("beyond the range"), "{text}: {message}");
+                    assert!(
+                        text[position..].starts_with(['1', '-']),
+                        "{text}: {position}"
+                    );
+                }
+                other => panic!("{text}: expected a syntax error, got {other:?}"),
+            }
+        }
     }
 
     fn any_column() -> impl Strategy<Value = String> {
