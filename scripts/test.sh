@@ -5,8 +5,9 @@
 # (pyarrow, the SeaweedFS S3 server, maturin, pytest, torch), Debian's Chromium and DejaVu fonts,
 # Debian's Slurm, and the nightly toolchain's Miri. No test skips: a missing prerequisite fails its
 # test, naming the fix. The one exception: the tests that need root, the multi-host tests (test
-# binaries `netbed*`, hosts made of network namespaces) and the Slurm tests (test binary `slurm`, a
-# throw-away cluster of Debian's Slurm). Run without root and without CI=true, the script says they
+# binaries `netbed*`, hosts made of network namespaces), the Slurm tests (test binary `slurm`, a
+# throw-away cluster of Debian's Slurm) and the full-journal test (test binary `journal_full`, a
+# journal on a 1 MiB tmpfs). Run without root and without CI=true, the script says they
 # were skipped and why. As root, or with CI=true, it runs them, and a refused namespace or a Slurm
 # that does not start fails them.
 set -euo pipefail
@@ -61,17 +62,17 @@ MATURIN_PEP517_ARGS="--profile dev" pip_install --no-build-isolation --force-rei
 echo "== workspace tests"
 cargo test --workspace
 
-echo "== multi-host tests (hosts made of network namespaces, the test binaries netbed*) and the Slurm launcher on a throw-away Slurm cluster (Debian's Slurm, test binary slurm)"
+echo "== tests as root: multi-host tests (hosts made of network namespaces, the test binaries netbed*), the Slurm launcher on a throw-away Slurm cluster (Debian's Slurm, test binary slurm), an AM whose journal's tmpfs is full (test binary journal_full)"
 # `cargo test` lists them as ignored: they need root. Here they run, and fail if namespaces are
-# refused or Slurm does not install or start.
+# refused, Slurm does not install or start, or a tmpfs cannot be mounted.
 if [ "$(id -u)" -eq 0 ] || [ "${CI:-}" = true ]; then
     # shellcheck source=/dev/null
     (source "$root/../shared/tools/slurm-ci.sh" && slurm_ci_install >/dev/null)
-    cargo test --workspace --test 'netbed*' --test slurm -- --ignored
+    cargo test --workspace --test 'netbed*' --test slurm --test journal_full -- --ignored
 else
-    echo "skipped: the multi-host tests make network, mount and UTS namespaces, and Slurm's daemons"
-    echo "run as root; run ./scripts/test.sh as root to run them (with CI=true they run, and fail,"
-    echo "without root)"
+    echo "skipped: the multi-host tests make network, mount and UTS namespaces, Slurm's daemons run"
+    echo "as root, and the full-journal test mounts a tmpfs; run ./scripts/test.sh as root to run"
+    echo "them (with CI=true they run, and fail, without root)"
 fi
 
 echo "== the python client against a real AM and daemon"

@@ -313,20 +313,7 @@ impl AmServer {
                     return;
                 }
                 if let Some(executors) = &launcher {
-                    let supervising = am.clone();
-                    let launcher = executors.clone();
-                    let durable = tokio::task::spawn_blocking(move || {
-                        supervising.supervise(&launcher, ended)
-                    })
-                    .await;
-                    match durable {
-                        Ok(durable) => {
-                            if let Err(error) = durable.await {
-                                tracing::error!(%error, "journaling an executor change failed");
-                            }
-                        }
-                        Err(error) => tracing::error!(%error, "supervising executors failed"),
-                    }
+                    supervise(&am, executors, ended).await;
                 }
                 let waiting = am.master().waiting();
                 say_waiting(waiting, &shown, &mut said_waiting);
@@ -413,6 +400,42 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// The address executors on this machine reach a listener at: an unspecified address (`0.0.0.0`)
 /// becomes loopback.
+/// One pass of the AM's supervision of its executors: their ends and the launches due are
+/// journaled, and only once that is durable are the executors started.
+async fn supervise(am: &Arc<Am>, executors: &ExecutorLauncher, ended: Vec<ExecutorEvent>) {
+    let supervising = am.clone();
+    let launcher = executors.clone();
+    let supervision =
+        tokio::task::spawn_blocking(move || supervising.supervise(&launcher, ended)).await;
+    let supervision = match supervision {
+        Ok(supervision) => supervision,
+        Err(error) => {
+            tracing::error!(%error, "supervising executors failed");
+            return;
+        }
+    };
+    if let Err(error) = supervision.durable.await {
+        tracing::error!(%error, "journaling an executor change failed: nothing is launched");
+        return;
+    }
+    if supervision.launches.is_empty() {
+        return;
+    }
+    let launching = am.clone();
+    let launcher = executors.clone();
+    let launched =
+        tokio::task::spawn_blocking(move || launching.launch(&launcher, supervision.launches))
+            .await;
+    match launched {
+        Ok(durable) => {
+            if let Err(error) = durable.await {
+                tracing::error!(%error, "journaling a failed launch failed");
+            }
+        }
+        Err(error) => tracing::error!(%error, "launching executors failed"),
+    }
+}
+
 fn reachable(bound: SocketAddr) -> SocketAddr {
     if bound.ip().is_unspecified() {
         SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), bound.port())

@@ -374,10 +374,16 @@ impl Am {
     }
 
     /// Follows the executors: records the ones that `ended` (the launcher's events since the last
-    /// call), stops the trainers a scale retired, launches the ones the failover rules want
-    /// running, and kills the trainers that still run once the job is over. Blocks on process and
-    /// file operations, so it runs on a blocking thread.
-    pub fn supervise(&self, executors: &ExecutorLauncher, ended: Vec<ExecutorEvent>) -> Durable {
+    /// call), stops the trainers a scale retired, records the launches of the ones the failover
+    /// rules want running, and kills the trainers that still run once the job is over. The
+    /// launches themselves wait for [`Am::launch`], once the records are durable: an AM whose
+    /// journal fails or was fenced launches nothing the journal does not hold. Blocks on process
+    /// and file operations, so it runs on a blocking thread.
+    pub fn supervise(
+        &self,
+        executors: &ExecutorLauncher,
+        ended: Vec<ExecutorEvent>,
+    ) -> Supervision {
         let mut durables = Vec::new();
         let restarts = std::mem::take(&mut *lock(&self.restarts));
         for id in restarts {
@@ -416,6 +422,7 @@ impl Am {
             (to_launch, over)
         };
         let now_ms = self.now_ms();
+        let mut launches = Vec::new();
         for LaunchAction::Launch(id) in to_launch {
             if lock(&self.backoff).get(&id).is_some_and(|at| *at > now_ms) {
                 // Launched on a later pass, once its wait is over.
@@ -427,30 +434,40 @@ impl Am {
                     .setup
                     .spec_for(master.spec(), &master.placement(), &id)
             };
-            match executors.launcher.launch(&spec) {
-                Ok(()) => {
-                    durables.push(self.record_change(|master| master.executor_launched(id)));
-                }
-                Err(error) => {
-                    tracing::error!(executor = %id, %error, "launch failed");
-                    // Both changes are journaled: a replayed exit of an executor never launched
-                    // would not count as a failure.
-                    durables.push(self.record_change(|master| {
-                        let mut applied = master.executor_launched(id.clone());
-                        master.executor_cause(&id, Some(format!("not launched: {error}")));
-                        applied
-                            .entries
-                            .extend(master.executor_exited(id, Exit::Code(127)).entries);
-                        applied
-                    }));
-                }
-            }
+            durables.push(self.record_change(|master| master.executor_launched(id)));
+            launches.push(spec);
         }
         if over {
             let trainers = self.running_executors(|id| matches!(id, ExecutorId::Trainer { .. }));
             for id in trainers {
                 tracing::info!(executor = %id, "the job is over: stopping trainer");
                 executors.launcher.kill(&id);
+            }
+        }
+        Supervision {
+            durable: Box::pin(async move {
+                for durable in durables {
+                    durable.await?;
+                }
+                Ok(())
+            }),
+            launches,
+        }
+    }
+
+    /// Starts the executors whose launches [`Am::supervise`] recorded, once those records are
+    /// durable. A launch that fails is recorded as the executor's exit, with code 127, and counts
+    /// as a failure. Blocks on process operations, so it runs on a blocking thread.
+    pub fn launch(&self, executors: &ExecutorLauncher, launches: Vec<LaunchSpec>) -> Durable {
+        let mut durables = Vec::new();
+        for spec in launches {
+            if let Err(error) = executors.launcher.launch(&spec) {
+                tracing::error!(executor = %spec.id, %error, "launch failed");
+                let id = spec.id;
+                durables.push(self.record_change(|master| {
+                    master.executor_cause(&id, Some(format!("not launched: {error}")));
+                    master.executor_exited(id, Exit::Code(127))
+                }));
             }
         }
         Box::pin(async move {
@@ -746,6 +763,25 @@ impl tonic::service::Interceptor for TokenCheck {
     }
 }
 
+/// One pass of [`Am::supervise`]: the changes it recorded, and the executors to start once they
+/// are durable.
+#[must_use = "the recorded launches start only through Am::launch, once `durable` resolves"]
+pub struct Supervision {
+    /// Resolves once every change of the pass is durable.
+    pub durable: Durable,
+    /// The executors whose launches were recorded, for [`Am::launch`].
+    pub launches: Vec<LaunchSpec>,
+}
+
+impl std::fmt::Debug for Supervision {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Supervision")
+            .field("launches", &self.launches)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What the AM needs to launch its executors: a launcher, and what the executors are told.
 #[derive(Debug, Clone)]
 pub struct ExecutorLauncher {
@@ -966,7 +1002,11 @@ pub(crate) mod tests {
         while let Ok(event) = events.try_recv() {
             ended.push(event);
         }
-        sut.supervise(executors, ended).await.expect("durable");
+        let supervision = sut.supervise(executors, ended);
+        supervision.durable.await.expect("durable");
+        sut.launch(executors, supervision.launches)
+            .await
+            .expect("durable");
     }
 
     impl Launcher for ScriptedLauncher {
@@ -1535,6 +1575,46 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
             third.table().node_status(crate::decide::NodeId(0)),
             Some(crate::decide::NodeStatus::Alive)
         );
+    }
+
+    #[tokio::test]
+    async fn launches_wait_for_their_records_and_a_fenced_am_launches_nothing() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let uri = directory.path().display().to_string();
+        let options = crate::journal::StorageOptions::default();
+        let open = || {
+            crate::journal::open::<crate::master::Entry, crate::master::Snapshot>(
+                &uri,
+                &options,
+                crate::journal::JournalConfig::new("fenced"),
+            )
+        };
+        let (journal, _) = open().await.expect("open the journal");
+        let sut = Am::new(
+            master(),
+            Persist::journal(journal, std::time::Duration::from_secs(3600)),
+            CheckpointStore::in_memory(),
+        );
+        let scripted = Arc::new(ScriptedLauncher::default());
+        let executors = launcher(&scripted);
+        let (_newer, _) = open().await.expect("a newer AM opens the journal");
+
+        let supervision = sut.supervise(&executors, Vec::new());
+        assert_eq!(
+            supervision.launches.len(),
+            3,
+            "the daemon and two trainers are due"
+        );
+        assert!(
+            scripted.launched.lock().expect("lock").is_empty(),
+            "nothing starts before its launch is durable"
+        );
+        let error = supervision
+            .durable
+            .await
+            .expect_err("the journal was fenced");
+        assert!(error.to_string().contains("fenced"), "{error}");
+        assert!(sut.journal_lost().is_some(), "the AM steps down");
     }
 
     #[tokio::test]

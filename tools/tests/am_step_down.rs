@@ -9,8 +9,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::AmProcess;
-use sluice_proto::v1;
-use sluice_proto::v1::daemon_service_client::DaemonServiceClient;
 
 #[test]
 fn an_am_fenced_by_a_newer_one_refuses_changes_and_exits_naming_the_fence() {
@@ -47,33 +45,11 @@ checkpoint: {{ uri: "file://{}" }}
         .stderr(std::fs::File::create(&first_err).expect("a log"))
         .spawn()
         .expect("spawn the first sluice am");
-    let runtime = common::runtime();
-    let register = |address: String| {
-        runtime.block_on(async move {
-            let started = Instant::now();
-            let mut client = loop {
-                match DaemonServiceClient::connect(format!("http://{address}")).await {
-                    Ok(client) => break client,
-                    Err(error) => {
-                        assert!(started.elapsed() < Duration::from_secs(30), "{error}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            };
-            client
-                .register(v1::RegisterRequest {
-                    node_id: 0,
-                    job_id: "step-down".into(),
-                    hostname: "test".into(),
-                    ..v1::RegisterRequest::default()
-                })
-                .await
-        })
-    };
-    register(first_address.clone()).expect("the first AM serves");
+    common::register_node(&first_address, "step-down").expect("the first AM serves");
 
     let second = AmProcess::start(&spec, "127.0.0.1:0", &[]);
-    let refused = register(first_address).expect_err("the first AM was fenced");
+    let refused =
+        common::register_node(&first_address, "step-down").expect_err("the first AM was fenced");
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     assert!(
         refused.message().contains("fenced by a newer writer"),
@@ -96,5 +72,5 @@ checkpoint: {{ uri: "file://{}" }}
         stderr.contains("this AM steps down") && stderr.contains("fenced by a newer writer"),
         "{stderr}"
     );
-    register(second.address.clone()).expect("the second AM serves the job");
+    common::register_node(&second.address, "step-down").expect("the second AM serves the job");
 }

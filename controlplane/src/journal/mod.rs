@@ -187,6 +187,9 @@ where
         let local = Arc::clone(local);
         blocking(store.uri(), move || local.create_folders()).await?;
     }
+    if let Store::Object(object) = &store {
+        object.check_create_if_absent().await?;
+    }
     check_identity(&store, &config.identity).await?;
     let write_interval = config.write_interval.unwrap_or(match store {
         Store::Local(_) => Duration::ZERO,

@@ -10,6 +10,7 @@ use std::io::Write;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -26,6 +27,8 @@ pub(super) const JOURNAL_DIR: &str = "journal";
 pub(super) const SNAPSHOT_DIR: &str = "snapshot";
 /// The folder of writer generations (local directories only).
 pub(super) const WRITERS_DIR: &str = "writers";
+/// The folder of the objects that check a store honours create-if-absent (object stores only).
+const PROBES_DIR: &str = "probes";
 /// The object that holds the journal's identity.
 pub(super) const IDENTITY_OBJECT: &str = "identity.json";
 /// The prefix of files being written before they are linked into place (local directories only).
@@ -361,13 +364,17 @@ impl LocalStore {
 
     /// Takes the next writer generation by creating its file exclusively, and returns it.
     pub fn take_generation(&self, record: &OpenRecord) -> Result<u64> {
-        let mut generation = self
+        let latest = self
             .list(WRITERS_DIR)?
             .iter()
             .filter_map(|name| parse_numbered(name, ""))
             .max()
-            .unwrap_or(0)
-            + 1;
+            .unwrap_or(0);
+        let mut generation = latest.checked_add(1).ok_or_else(|| JournalError::Corrupt {
+            object: format!("{}/{WRITERS_DIR}/{latest:020}", self.uri),
+            offset: 0,
+            reason: "its name is the largest generation there is, so no writer can come after it: no Sluice AM wrote it; move it out of the journal".into(),
+        })?;
         loop {
             let name = format!("{WRITERS_DIR}/{generation:020}");
             let opened = File::options()
@@ -491,6 +498,36 @@ impl ObjectPrefix {
             Ok(_) => Ok(Created::Created(())),
             Err(object_store::Error::AlreadyExists { .. }) => Ok(Created::Exists),
             Err(error) => Err(self.error(name, "writing with create-if-absent", error)),
+        }
+    }
+
+    /// Checks that the store refuses to create an object that exists, which fencing a journal's
+    /// writers relies on: a store that overwrites instead would let two AMs write one journal.
+    pub async fn check_create_if_absent(&self) -> Result<()> {
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let name = format!(
+            "{PROBES_DIR}/{}-{}",
+            std::process::id(),
+            since_epoch.as_nanos()
+        );
+        let first = self.create(&name, Bytes::from_static(b"1")).await;
+        let second = match &first {
+            Ok(Created::Created(())) => Some(self.create(&name, Bytes::from_static(b"2")).await),
+            _ => None,
+        };
+        if let Err(error) = self.delete(vec![name.clone()]).await {
+            tracing::debug!(object = format!("{}/{name}", self.uri), %error, "removing the create-if-absent probe failed");
+        }
+        match (first?, second.transpose()?) {
+            (Created::Created(()), Some(Created::Exists)) => Ok(()),
+            _ => Err(JournalError::Unsupported {
+                uri: self.uri.clone(),
+                reason: format!(
+                    "the object store wrote {name} twice although both writes asked to create it only if absent (`If-None-Match: *`); fencing an AM that lost its journal relies on that refusal, so two AMs could write this journal: use a store that honours conditional writes (AWS S3, GCS, Azure, MinIO, SeaweedFS) or a local directory"
+                ),
+            }),
         }
     }
 

@@ -11,7 +11,7 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 use serde::{Deserialize, Serialize};
 
@@ -67,6 +67,9 @@ fn local() -> Fixture {
 struct RemoteLike {
     inner: InMemory,
     puts: AtomicU64,
+    /// Whether it overwrites an object a put asked to create only if absent, as some S3-compatible
+    /// servers do.
+    overwrites: bool,
 }
 
 impl fmt::Display for RemoteLike {
@@ -86,6 +89,11 @@ impl ObjectStore for RemoteLike {
         // Relaxed: a statistic, read after the writes it counts were awaited.
         self.puts.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(Duration::from_millis(1)).await;
+        let options = if self.overwrites {
+            PutOptions::from(PutMode::Overwrite)
+        } else {
+            options
+        };
         self.inner.put_opts(location, payload, options).await
     }
 
@@ -270,8 +278,8 @@ async fn many_concurrent_appenders_share_writes() {
             let puts = remote.puts.load(Ordering::Relaxed);
             assert_eq!(
                 puts,
-                stats.writes + 2,
-                "the identity, the open record, and the batches"
+                stats.writes + 4,
+                "the create-if-absent probe's two puts, the identity, the open record, and the batches"
             );
         }
         assert!(
@@ -612,4 +620,46 @@ async fn dropping_the_journal_still_writes_what_was_queued() {
         let (_sut, recovered) = reopen(&fixture.store).await;
         assert_eq!(recovered.entries, entries(0..50), "{}", fixture.name);
     }
+}
+
+#[tokio::test]
+async fn a_store_that_overwrites_what_it_was_asked_to_create_only_if_absent_is_refused_at_open() {
+    let remote = Arc::new(RemoteLike {
+        overwrites: true,
+        ..RemoteLike::default()
+    });
+    let prefix = ObjectPrefix::new(remote, "jobs/one", "memory:///jobs/one");
+    let Err(error) = open_as(&Store::Object(Arc::new(prefix)), "job-1").await else {
+        panic!("a store that cannot fence writers is refused");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains("memory:///jobs/one") && message.contains("only if absent"),
+        "{message}"
+    );
+    let honest = memory();
+    open_as(&honest.store, "job-1")
+        .await
+        .expect("a store that refuses the second create opens");
+    let probes = honest.store.list("probes").await.expect("lists");
+    assert!(probes.is_empty(), "the probe is removed: {probes:?}");
+}
+
+#[tokio::test]
+async fn a_writer_generation_named_with_the_largest_number_is_an_error_naming_it() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let path = directory.path().join("ckpt");
+    let store = Store::open(path.to_str().expect("utf-8"), &StorageOptions::new()).expect("local");
+    let (journal, _) = reopen(&store).await;
+    journal.close().await.expect("closes");
+    let planted = format!("writers/{:020}", u64::MAX);
+    std::fs::write(path.join(&planted), b"").expect("plant a generation");
+    let Err(error) = open_as(&store, "job-1").await else {
+        panic!("no generation comes after it");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains(&planted) && message.contains("move it out"),
+        "{message}"
+    );
 }

@@ -180,3 +180,32 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("runtime")
 }
+
+/// Registers node 0 of job `job` with the AM at `address` as a daemon would, waiting up to 30 s for
+/// the AM to listen.
+pub fn register_node(
+    address: &str,
+    job: &str,
+) -> Result<tonic::Response<sluice_proto::v1::RegisterReply>, tonic::Status> {
+    use sluice_proto::v1::daemon_service_client::DaemonServiceClient;
+    runtime().block_on(async move {
+        let started = Instant::now();
+        let mut client = loop {
+            match DaemonServiceClient::connect(format!("http://{address}")).await {
+                Ok(client) => break client,
+                Err(error) => {
+                    assert!(started.elapsed() < Duration::from_secs(30), "{error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        client
+            .register(sluice_proto::v1::RegisterRequest {
+                node_id: 0,
+                job_id: job.into(),
+                hostname: "test".into(),
+                ..sluice_proto::v1::RegisterRequest::default()
+            })
+            .await
+    })
+}
