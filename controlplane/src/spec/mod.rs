@@ -7,6 +7,7 @@
 //! `validate`, which fills the defaults and checks every rule, naming the key and the fix.
 
 mod error;
+mod nesting;
 mod raw;
 mod tree;
 mod validate;
@@ -541,6 +542,7 @@ impl JobSpec {
         let syntax_error = |message: String| SpecError::Syntax { format, message };
         let document: tree::Node = match format {
             Format::Yaml => {
+                nesting::check_flow_depth(text).map_err(syntax_error)?;
                 serde_norway::from_str(text).map_err(|error| syntax_error(error.to_string()))?
             }
             Format::Toml => {
