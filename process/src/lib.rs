@@ -1,4 +1,5 @@
-//! The identity of a process, its liveness, and signals to its process group.
+//! The identity of a process, its liveness, and signals to its process group; and the scheduling
+//! class of background threads.
 //!
 //! A pid alone is not an identity: Linux reuses pids. A [`ProcessId`] is a pid together with the
 //! process's start time (field 22 of `/proc/<pid>/stat`, in clock ticks since boot), which together never
@@ -104,6 +105,21 @@ impl fmt::Display for ProcessId {
     }
 }
 
+/// Makes the calling thread run only on CPU time no other thread wants (Linux's `SCHED_IDLE`), for
+/// background work that must not delay the threads that answer requests: encoding a large
+/// snapshot, for instance, on an AM whose requests wait for the same core.
+pub fn make_current_thread_idle_priority() -> std::io::Result<()> {
+    let parameters = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `sched_setscheduler` reads `parameters`, a valid `sched_param` that outlives the
+    // call, and with pid 0 changes the calling thread alone.
+    let result = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &parameters) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 struct Stat {
     state: char,
     group: u32,
@@ -170,6 +186,23 @@ mod tests {
             start_ticks: sut.start_ticks + 1,
         };
         assert_eq!(gone.group(), None);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "changes the scheduling class, which Miri cannot")]
+    fn a_thread_made_idle_priority_is_idle_and_its_siblings_are_not() {
+        let policy = || {
+            // SAFETY: `sched_getscheduler` with pid 0 reads the calling thread's policy.
+            unsafe { libc::sched_getscheduler(0) }
+        };
+        let idle = std::thread::spawn(move || {
+            make_current_thread_idle_priority().expect("SCHED_IDLE needs no privilege");
+            policy()
+        })
+        .join()
+        .expect("the thread ends");
+        assert_eq!(idle, libc::SCHED_IDLE);
+        assert_eq!(policy(), libc::SCHED_OTHER, "only the thread that asked");
     }
 
     #[test]

@@ -443,6 +443,31 @@ async fn write_snapshots(
     }
 }
 
+/// Runs `encode` on a thread of its own at idle priority (see
+/// [`sluice_process::make_current_thread_idle_priority`]): encoding the snapshot of a large job
+/// takes a core for a second or more, and the threads that answer the daemons come first. It still
+/// runs at once on a core nothing else wants.
+async fn encode_in_background(
+    uri: &str,
+    encode: impl FnOnce() -> Result<Vec<u8>> + Send + 'static,
+) -> Result<Vec<u8>> {
+    let (sender, receiver) = oneshot::channel();
+    let thread_uri = uri.to_string();
+    std::thread::Builder::new()
+        .name("sluice-snapshot".into())
+        .spawn(move || {
+            if let Err(error) = sluice_process::make_current_thread_idle_priority() {
+                tracing::debug!(uri = thread_uri, %error, "encoding a snapshot at normal priority");
+            }
+            // The writer may have stopped meanwhile; nothing waits then.
+            let _ = sender.send(encode());
+        })
+        .map_err(|error| JournalError::io(uri, "starting the snapshot thread", error))?;
+    receiver.await.map_err(|_| JournalError::WriterStopped {
+        uri: uri.to_string(),
+    })?
+}
+
 /// A local writer's generation, checked before it acknowledges anything or deletes anything.
 #[derive(Debug, Clone)]
 pub(super) struct Fence {
@@ -604,7 +629,7 @@ impl SnapshotWriter {
     /// Encodes a snapshot and makes it durable under `snapshot/<sequence>.snap`.
     async fn write(&self, sequence: u64, encode: SnapshotEncoder) -> Result<()> {
         let name = snapshot_name(sequence);
-        let content = blocking(self.store.uri(), move || {
+        let content = encode_in_background(self.store.uri(), move || {
             let mut buffer = encode()?;
             frame::seal_snapshot(&mut buffer, sequence);
             Ok(buffer)
