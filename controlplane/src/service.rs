@@ -992,6 +992,35 @@ pub(crate) mod tests {
         }
     }
 
+    /// Opens the AM journal in `directory`, as an AM of the job named `identity` does when it
+    /// starts, fencing any AM that had it open.
+    async fn open_journal(
+        directory: &std::path::Path,
+        identity: &str,
+    ) -> (
+        crate::journal::Journal<crate::master::Entry, crate::master::Snapshot>,
+        crate::journal::Recovered<crate::master::Entry, crate::master::Snapshot>,
+    ) {
+        crate::journal::open(
+            &directory.display().to_string(),
+            &crate::journal::StorageOptions::default(),
+            crate::journal::JournalConfig::new(identity),
+        )
+        .await
+        .expect("open the journal")
+    }
+
+    /// An AM of [`master`] that records its changes in `journal`, snapshotting it only hourly.
+    fn journaled_am(
+        journal: crate::journal::Journal<crate::master::Entry, crate::master::Snapshot>,
+    ) -> Am {
+        Am::new(
+            master(),
+            Persist::journal(journal, std::time::Duration::from_secs(3600)),
+            CheckpointStore::in_memory(),
+        )
+    }
+
     /// One pass of the AM's supervision with the launcher's events so far, as its loop runs it.
     async fn supervise(
         sut: &Am,
@@ -1495,19 +1524,11 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
     async fn an_am_taking_a_job_over_continues_the_journals_clock_so_a_later_am_replays_its_decisions()
      {
         let directory = tempfile::tempdir().expect("tempdir");
-        let uri = directory.path().display().to_string();
-        let options = crate::journal::StorageOptions::default();
-        let open = || {
-            crate::journal::open::<crate::master::Entry, crate::master::Snapshot>(
-                &uri,
-                &options,
-                crate::journal::JournalConfig::new("clock"),
-            )
-        };
+        let open = || open_journal(directory.path(), "clock");
         let interval = Duration::from_secs(3600);
 
         // The first AM has run for five hours when the nodes register.
-        let (journal, _) = open().await.expect("open the journal");
+        let (journal, _) = open().await;
         let first_clock = Arc::new(SimulatedClock::at_wall(0));
         let first = Arc::new(Am::with_clock(
             two_node_master(),
@@ -1522,7 +1543,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
 
         // The second AM's monotonic clock starts from zero; it takes the job over, and node 1
         // never reports to it.
-        let (journal, recovered) = open().await.expect("reopen the journal");
+        let (journal, recovered) = open().await;
         let mut master = two_node_master();
         for entry in recovered.entries {
             master.replay(entry).expect("replay");
@@ -1561,7 +1582,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
         drop(service);
         drop(second);
 
-        let (_, recovered) = open().await.expect("reopen the journal again");
+        let (_, recovered) = open().await;
         let mut third = two_node_master();
         for entry in recovered.entries {
             third.replay(entry).expect("replay");
@@ -1580,24 +1601,11 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
     #[tokio::test]
     async fn launches_wait_for_their_records_and_a_fenced_am_launches_nothing() {
         let directory = tempfile::tempdir().expect("tempdir");
-        let uri = directory.path().display().to_string();
-        let options = crate::journal::StorageOptions::default();
-        let open = || {
-            crate::journal::open::<crate::master::Entry, crate::master::Snapshot>(
-                &uri,
-                &options,
-                crate::journal::JournalConfig::new("fenced"),
-            )
-        };
-        let (journal, _) = open().await.expect("open the journal");
-        let sut = Am::new(
-            master(),
-            Persist::journal(journal, std::time::Duration::from_secs(3600)),
-            CheckpointStore::in_memory(),
-        );
+        let open = || open_journal(directory.path(), "fenced");
+        let sut = journaled_am(open().await.0);
         let scripted = Arc::new(ScriptedLauncher::default());
         let executors = launcher(&scripted);
-        let (_newer, _) = open().await.expect("a newer AM opens the journal");
+        let (_newer, _) = open().await;
 
         let supervision = sut.supervise(&executors, Vec::new());
         assert_eq!(
@@ -1620,21 +1628,8 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
     #[tokio::test]
     async fn the_executor_changes_supervising_journals_replay_to_the_same_records() {
         let directory = tempfile::tempdir().expect("tempdir");
-        let uri = directory.path().display().to_string();
-        let options = crate::journal::StorageOptions::default();
-        let open = || {
-            crate::journal::open::<crate::master::Entry, crate::master::Snapshot>(
-                &uri,
-                &options,
-                crate::journal::JournalConfig::new("sup"),
-            )
-        };
-        let (journal, _) = open().await.expect("open the journal");
-        let sut = Am::new(
-            master(),
-            Persist::journal(journal, std::time::Duration::from_secs(3600)),
-            CheckpointStore::in_memory(),
-        );
+        let open = || open_journal(directory.path(), "sup");
+        let sut = journaled_am(open().await.0);
         let scripted = Arc::new(ScriptedLauncher::default());
         scripted.refused.lock().expect("lock").push(trainer(1));
         let executors = launcher(&scripted);
@@ -1643,7 +1638,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
         scripted.end(trainer(0), Exit::Code(4));
         supervise(&sut, &executors, &mut events).await;
 
-        let (_, recovered) = open().await.expect("reopen the journal");
+        let (_, recovered) = open().await;
         let mut replayed = master();
         for entry in recovered.entries {
             replayed.replay(entry).expect("replay");

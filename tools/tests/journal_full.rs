@@ -7,8 +7,9 @@ mod common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+
+use common::LoggedAm;
 
 /// A tmpfs mounted for the test, unmounted when dropped.
 struct Tmpfs {
@@ -52,61 +53,20 @@ fn an_am_whose_journal_disk_is_full_refuses_the_change_and_exits_naming_the_caus
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
     let disk = Tmpfs::mount(&root.join("small"), "1m");
-    let data = common::generate(root, 1_000, 2, 100);
-    let spec = common::write_spec(
-        root,
-        &format!(
-            r#"
-name: full
-data:
-  sources: [{{ uri: "file://{}", format: parquet }}]
-  task_rows: 250
-nodes: 1
-roles:
-  - {{ name: worker, num: 1, command: [sluice, consume] }}
-failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 30000 }}
-checkpoint: {{ uri: "file://{}" }}
-"#,
-            data.display(),
-            disk.path.join("journal").display()
-        ),
-    );
-    let address = common::free_address();
-    let log = root.join("am.err");
-    let mut am = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("am")
-        .arg(&spec)
-        .args(["--listen", &address])
-        .env_remove("SLUICE_TOKEN")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("a log"))
-        .spawn()
-        .expect("spawn sluice am");
-    common::register_node(&address, "full").expect("the AM serves");
+    let spec = common::one_node_spec(root, "full", &disk.path.join("journal"));
+    let am = LoggedAm::start(&spec, &root.join("am.err"));
+    common::register_node(&am.address, "full").expect("the AM serves");
 
     disk.fill();
     // An append that still fits the last page of the segment succeeds: register until one does not.
     let refused = (0..1_000)
-        .find_map(|_| common::register_node(&address, "full").err())
+        .find_map(|_| common::register_node(&am.address, "full").err())
         .expect("a registration the full disk cannot record is refused");
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
-
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = am.try_wait().expect("try_wait") {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the AM that lost its journal did not exit"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stderr = std::fs::read_to_string(&log).expect("the AM's log");
-    assert!(!status.success(), "the AM exits non-zero: {stderr}");
+    let (succeeded, log) = am.exit();
+    assert!(!succeeded, "the AM exits non-zero: {log}");
     assert!(
-        stderr.contains("this AM steps down") && stderr.contains("No space left on device"),
-        "{stderr}"
+        log.contains("this AM steps down") && log.contains("No space left on device"),
+        "{log}"
     );
 }

@@ -209,3 +209,83 @@ pub fn register_node(
             .await
     })
 }
+
+/// Writes the spec of a one-node job named `name` over 1,000 generated rows in `root`, with its
+/// journal at `journal`: for tests of the AM alone, which register the node themselves.
+pub fn one_node_spec(root: &Path, name: &str, journal: &Path) -> PathBuf {
+    let data = generate(root, 1_000, 2, 100);
+    write_spec(
+        root,
+        &format!(
+            r#"
+name: {name}
+data:
+  sources: [{{ uri: "file://{}", format: parquet }}]
+  task_rows: 250
+nodes: 1
+roles:
+  - {{ name: worker, num: 1, command: [sluice, consume] }}
+failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 30000 }}
+checkpoint: {{ uri: "file://{}" }}
+"#,
+            data.display(),
+            journal.display()
+        ),
+    )
+}
+
+/// A running `sluice am` whose log goes to a file, for tests that read what it said once it
+/// exited; killed with SIGKILL when dropped.
+pub struct LoggedAm {
+    child: Child,
+    log: PathBuf,
+    /// Its gRPC address.
+    pub address: String,
+}
+
+impl LoggedAm {
+    /// Starts `sluice am SPEC` on a free loopback address, its log in `log`.
+    pub fn start(spec: &Path, log: &Path) -> LoggedAm {
+        let address = free_address();
+        let child = sluice()
+            .arg("am")
+            .arg(spec)
+            .args(["--listen", &address])
+            .env_remove("SLUICE_TOKEN")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("a log"))
+            .spawn()
+            .expect("spawn sluice am");
+        LoggedAm {
+            child,
+            log: log.to_path_buf(),
+            address,
+        }
+    }
+
+    /// Waits for the AM to exit, at most 30 s (a deadlock watchdog), and returns whether it
+    /// succeeded and its log.
+    pub fn exit(mut self) -> (bool, String) {
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "sluice am did not exit within 30 s (deadlock watchdog)"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = std::fs::read_to_string(&self.log).expect("the AM's log");
+        (status.success(), log)
+    }
+}
+
+impl Drop for LoggedAm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
