@@ -100,6 +100,10 @@ struct ChaosArgs {
     /// AM processes killed.
     #[arg(long, default_value_t = 2)]
     am_kills: usize,
+    /// Supervisors (`sluice shim`) of node daemons killed, leaving their daemons to the launcher:
+    /// on one machine only, where `sluice run` supervises its executors.
+    #[arg(long, default_value_t = 0, conflicts_with = "hosts")]
+    shim_kills: usize,
     /// Rows per second each of the four trainers takes at most, standing for its compute.
     #[arg(long, default_value_t = 25_000, value_parser = clap::value_parser!(u64).range(1..))]
     trainer_rows_per_s: u64,
@@ -395,6 +399,7 @@ fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         rows: args.rows,
         daemon_kills: args.daemon_kills,
         am_kills: args.am_kills,
+        shim_kills: args.shim_kills,
         trainer_rows_per_s: args.trainer_rows_per_s,
         seed: args.seed,
         directory: args.dir,

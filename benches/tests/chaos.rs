@@ -1,6 +1,7 @@
 //! Chaos: `sluice-bench chaos` at its default size, two million rows with two node daemons and four
-//! trainers, three daemons and two AMs killed with `kill -9` at random moments. The launcher starts
-//! each daemon again, which takes its rings over from their ledgers; the AM is started again as an
+//! trainers, three daemons, two daemons' supervisors (`sluice shim`) and two AMs killed with `kill -9`
+//! at random moments. The launcher starts each daemon again (a daemon whose shim died, once it has
+//! stopped it), which takes its rings over from their ledgers; the AM is started again as an
 //! operator would, replays its journal and adopts the executors. The trainers, which live through it
 //! all, still see every id exactly once: the bench checks it, and so does this test, from the ids
 //! files the bench leaves in its directory.
@@ -14,13 +15,21 @@ use sluice_testkit::job::{logs, read_ids};
 const ROWS: i64 = 2_000_000;
 
 #[test]
-fn daemons_and_the_am_killed_at_random_moments_lose_and_repeat_no_row() {
+fn daemons_their_shims_and_the_am_killed_at_random_moments_lose_and_repeat_no_row() {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
     common::sluice();
     let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
         .args(["chaos", "--json", "--rows", &ROWS.to_string()])
-        .args(["--daemon-kills", "3", "--am-kills", "2", "--dir"])
+        .args([
+            "--daemon-kills",
+            "3",
+            "--am-kills",
+            "2",
+            "--shim-kills",
+            "2",
+            "--dir",
+        ])
         .arg(root)
         .output()
         .expect("run sluice-bench chaos");
@@ -34,9 +43,9 @@ fn daemons_and_the_am_killed_at_random_moments_lose_and_repeat_no_row() {
     );
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
     let kills = report["kills"].as_array().expect("kills");
-    let am_kills = kills.iter().filter(|kill| kill["what"] == "am").count();
+    let count = |what: &str| kills.iter().filter(|kill| kill["what"] == what).count();
     assert!(
-        am_kills == 2 && kills.len() >= 4,
+        count("am") == 2 && count("shim") >= 1 && kills.len() >= 5,
         "too few kills mid-run ({kills:?}): the run proves little"
     );
     assert!(

@@ -1,14 +1,16 @@
-//! `sluice-bench chaos`: a job whose node daemons and AM are killed with `kill -9` at random moments,
-//! and started again as an operator (or the launcher) would; every id must still reach the trainers
-//! exactly once.
+//! `sluice-bench chaos`: a job whose node daemons, their supervisors (`sluice shim`) and AM are
+//! killed with `kill -9` at random moments, and started again as an operator (or the launcher)
+//! would; every id must still reach the trainers exactly once.
 //!
 //! The job reads `rows` generated rows in eight Parquet files with two node daemons and four reference
 //! trainers (`sluice consume --ids-out`), each paced at `trainer_rows_per_s`, shuffled. The launcher
 //! starts a killed daemon again (`restart: on-failure`) with the same node id, job and ring directory,
-//! and it takes its rings over from their ledgers; a killed AM (`sluice run`) is started again with the
-//! same spec, address and state, replays its journal and adopts the executors. Each kill lands 1 to 3 s
-//! after the previous one, once the trainers have received more ids, and none after 90% of the rows. The
-//! trainers live through it all; their ids files are then checked: every id once.
+//! and it takes its rings over from their ledgers; a daemon whose shim was killed is stopped by the
+//! launcher, which finds it from the identity the shim recorded, and launched again the same way; a
+//! killed AM (`sluice run`) is started again with the same spec, address and state, replays its
+//! journal and adopts the executors. Each kill lands 1 to 3 s after the previous one, once the
+//! trainers have received more ids, and none after 90% of the rows. The trainers live through it all;
+//! their ids files are then checked: every id once.
 //!
 //! With [`ChaosOptions::across`], the job runs across the hosts of a test bed instead, with link
 //! cuts, AM moves and hangs beside the kills (see [`hosts`]).
@@ -44,6 +46,8 @@ pub struct ChaosOptions {
     pub daemon_kills: usize,
     /// AM processes killed.
     pub am_kills: usize,
+    /// Supervisors (`sluice shim`) of node daemons killed; on one machine only.
+    pub shim_kills: usize,
     /// Rows per second each trainer takes at most, standing for its compute.
     pub trainer_rows_per_s: u64,
     /// The seed of the kill schedule (default: from the clock; the report gives it).
@@ -61,8 +65,8 @@ pub struct ChaosOptions {
 /// One fault.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Kill {
-    /// `daemon` or `am` (across hosts, the AM moves to the other AM host), `link` (a node cable
-    /// pulled) or `hang` (a trainer stopped).
+    /// `daemon`, `shim` (the supervisor of a daemon) or `am` (across hosts, the AM moves to the
+    /// other AM host), `link` (a node cable pulled) or `hang` (a trainer stopped).
     pub what: &'static str,
     /// Ids the trainers had received when it landed.
     pub after_ids: u64,
@@ -229,6 +233,7 @@ impl ChaosReport {
         for kill in &self.kills {
             let fault = match kill.what {
                 "daemon" => "kill -9 a daemon",
+                "shim" => "kill -9 a daemon's shim",
                 "am" if self.hosts > 0 => "move the AM",
                 "am" => "kill -9 the AM",
                 "link" => "cut a node's link",
@@ -236,7 +241,7 @@ impl ChaosReport {
             };
             let _ = writeln!(
                 out,
-                "  {fault:<18} at {:>6.1} s, after {} ids",
+                "  {fault:<23} at {:>6.1} s, after {} ids",
                 kill.at_s, kill.after_ids
             );
         }
@@ -510,6 +515,7 @@ checkpoint: {{ uri: "file://{journal}" }}
         let mut random = seed;
         let mut victims: Vec<&'static str> = std::iter::repeat_n("daemon", options.daemon_kills)
             .chain(std::iter::repeat_n("am", options.am_kills))
+            .chain(std::iter::repeat_n("shim", options.shim_kills))
             .collect();
         for index in (1..victims.len()).rev() {
             random = mix(random);
@@ -562,7 +568,11 @@ checkpoint: {{ uri: "file://{journal}" }}
                 });
                 continue;
             }
-            let live = processes_naming(&self.rings, Some("daemon"));
+            let live = if victim == "shim" {
+                daemon_shims(&self.rings)
+            } else {
+                processes_naming(&self.rings, Some("daemon"))
+            };
             let Some(pid) = live.get((random >> 32) as usize % live.len().max(1)) else {
                 continue;
             };
@@ -572,7 +582,7 @@ checkpoint: {{ uri: "file://{journal}" }}
                 .is_ok_and(|status| status.success());
             if killed {
                 kills.push(Kill {
-                    what: "daemon",
+                    what: victim,
                     after_ids: last_seen,
                     at_s,
                 });
@@ -618,6 +628,20 @@ checkpoint: {{ uri: "file://{journal}" }}
 }
 
 /// Generates the job's dataset, `options.rows` rows in eight Parquet files, into `data`.
+/// The supervisors (`sluice shim`) of the node daemons whose rings are under `rings`.
+fn daemon_shims(rings: &Path) -> Vec<u32> {
+    processes_naming(rings, Some("shim"))
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|command_line| {
+                command_line
+                    .split(|byte| *byte == 0)
+                    .any(|argument| argument == b"daemon")
+            })
+        })
+        .collect()
+}
+
 fn generate(options: &ChaosOptions, data: &Path) -> Result<()> {
     let mut generate = Command::new(&options.sluice);
     generate
