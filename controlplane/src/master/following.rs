@@ -11,8 +11,7 @@
 use super::{Applied, Entry, Master};
 use crate::decide::Event;
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
-use crate::spec::FollowSpec;
-use crate::spec::JobSpec;
+use crate::spec::{FollowSpec, JobSpec};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -32,7 +31,8 @@ pub struct SourceFollow {
 pub(super) struct Follows {
     /// Each source's, by index; `None` for a source not followed.
     sources: Vec<Option<SourceFollow>>,
-    /// Polls of each source this AM finished: a statistic, not journaled.
+    /// Polls of each source this AM finished, one count per source of the spec: a statistic, not
+    /// journaled.
     polls: Vec<u64>,
 }
 
@@ -69,11 +69,9 @@ pub(super) struct AllEnded;
 pub(super) fn decide(state: &mut Follows, event: FollowEvent) -> Option<AllEnded> {
     match event {
         FollowEvent::Polled { source } => {
-            let index = source as usize;
-            if state.polls.len() <= index {
-                state.polls.resize(index + 1, 0);
+            if let Some(polls) = state.polls.get_mut(source as usize) {
+                *polls += 1;
             }
-            state.polls[index] += 1;
             None
         }
         FollowEvent::Grew { source, version } => {
@@ -101,7 +99,7 @@ impl Follows {
     /// Following as a job starts: every source with a `follow` setting is followed, a Delta
     /// table from the version planned.
     pub(super) fn new(spec: &JobSpec, plan: &JobPlan) -> Follows {
-        let sources = spec
+        let sources: Vec<Option<SourceFollow>> = spec
             .data
             .sources
             .iter()
@@ -115,8 +113,8 @@ impl Follows {
             })
             .collect();
         Follows {
+            polls: vec![0; sources.len()],
             sources,
-            polls: Vec::new(),
         }
     }
 
@@ -289,7 +287,7 @@ mod tests {
     fn following_ends_for_all_once_the_last_followed_source_ends() {
         let mut sut = Follows {
             sources: vec![followed(None), None, followed(Some(3))],
-            polls: Vec::new(),
+            polls: vec![0; 3],
         };
         let ended = |source: u32| FollowEvent::Ended {
             source,
@@ -310,7 +308,7 @@ mod tests {
     fn a_delta_source_that_grew_is_followed_from_its_new_version_and_polls_are_counted() {
         let mut sut = Follows {
             sources: vec![followed(Some(3)), followed(None)],
-            polls: Vec::new(),
+            polls: vec![0; 2],
         };
         let grew = |source, version| FollowEvent::Grew { source, version };
         assert_eq!(decide(&mut sut, grew(0, Some(5))), None);
@@ -321,9 +319,14 @@ mod tests {
         );
         assert_eq!(decide(&mut sut, grew(7, Some(1))), None, "no such source");
         assert_eq!(sut.source(0).and_then(|follow| follow.version), Some(5));
-        for _ in 0..3 {
-            decide(&mut sut, FollowEvent::Polled { source: 1 });
+        for source in [1, 1, 1, u32::MAX] {
+            decide(&mut sut, FollowEvent::Polled { source });
         }
         assert_eq!((sut.polls(0), sut.polls(1), sut.polls(9)), (0, 3, 0));
+        assert_eq!(
+            sut.polls.len(),
+            2,
+            "a source the spec does not have is not counted"
+        );
     }
 }
