@@ -22,6 +22,20 @@ use std::time::{Duration, Instant};
 /// Resolves once the entries it was made for are durable.
 pub type Durable = BoxFuture<'static, Result<(), AmError>>;
 
+/// Resolves once every one of `durables` has, in order; fails with the first that fails.
+pub fn all_durable<F, E>(durables: Vec<F>) -> Durable
+where
+    F: std::future::Future<Output = Result<(), E>> + Send + 'static,
+    AmError: From<E>,
+{
+    Box::pin(async move {
+        for durable in durables {
+            durable.await?;
+        }
+        Ok(())
+    })
+}
+
 /// Entries after which a snapshot is written even before the snapshot interval has passed, so that
 /// a journal never grows without bound between snapshots.
 const SNAPSHOT_AFTER_ENTRIES: u64 = 1 << 20;
@@ -137,12 +151,7 @@ impl Persist {
                 schedule.writing = Some(journal.snapshot(master.snapshot()));
             }
         }
-        Box::pin(async move {
-            for durable in durables {
-                durable.await?;
-            }
-            Ok(())
-        })
+        all_durable(durables)
     }
 }
 

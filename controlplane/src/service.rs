@@ -25,7 +25,7 @@ use crate::launcher::{
 };
 use crate::master::calls::{JobPhase, RankCommit};
 use crate::master::{Applied, CommitOutcome, Master, Placement};
-use crate::persist::{Durable, Persist};
+use crate::persist::{Durable, Persist, all_durable};
 use crate::spec::{HangAction, JobSpec};
 use crate::wire;
 use sluice_proto::v1;
@@ -445,12 +445,7 @@ impl Am {
             }
         }
         Supervision {
-            durable: Box::pin(async move {
-                for durable in durables {
-                    durable.await?;
-                }
-                Ok(())
-            }),
+            durable: all_durable(durables),
             launches,
         }
     }
@@ -470,12 +465,7 @@ impl Am {
                 }));
             }
         }
-        Box::pin(async move {
-            for durable in durables {
-                durable.await?;
-            }
-            Ok(())
-        })
+        all_durable(durables)
     }
 
     fn stopping(&self) -> MutexGuard<'_, BTreeMap<ExecutorId, Instant>> {

@@ -7,7 +7,7 @@ pub mod bed;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// The `sluice` binary under test.
@@ -105,19 +105,10 @@ impl AmProcess {
 
     /// Waits for the AM to exit and returns its success and the rest of its stdout.
     pub fn finish(mut self) -> (bool, String) {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                let mut rest = String::new();
-                self.stdout.read_to_string(&mut rest).expect("utf-8 stdout");
-                return (status.success(), rest);
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "sluice am did not exit within 30 s (deadlock watchdog)"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let status = wait_for_am(&mut self.child);
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest).expect("utf-8 stdout");
+        (status.success(), rest)
     }
 }
 
@@ -267,17 +258,7 @@ impl LoggedAm {
     /// Waits for the AM to exit, at most 30 s (a deadlock watchdog), and returns whether it
     /// succeeded and its log.
     pub fn exit(mut self) -> (bool, String) {
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                break status;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "sluice am did not exit within 30 s (deadlock watchdog)"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let status = wait_for_am(&mut self.child);
         let log = std::fs::read_to_string(&self.log).expect("the AM's log");
         (status.success(), log)
     }
@@ -287,5 +268,20 @@ impl Drop for LoggedAm {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Waits for a `sluice am` to exit, at most 30 s (a deadlock watchdog).
+fn wait_for_am(child: &mut Child) -> ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "sluice am did not exit within 30 s (deadlock watchdog)"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
