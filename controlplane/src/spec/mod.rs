@@ -542,7 +542,7 @@ impl JobSpec {
         let syntax_error = |message: String| SpecError::Syntax { format, message };
         let document: tree::Node = match format {
             Format::Yaml => {
-                nesting::check_flow_depth(text).map_err(syntax_error)?;
+                nesting::check_flow_openings(text).map_err(syntax_error)?;
                 serde_norway::from_str(text).map_err(|error| syntax_error(error.to_string()))?
             }
             Format::Toml => {
