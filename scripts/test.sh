@@ -6,8 +6,9 @@
 # Debian's Slurm, and the nightly toolchain's Miri. No test skips: a missing prerequisite fails its
 # test, naming the fix. The one exception: the tests that need root, the multi-host tests (test
 # binaries `netbed*`, hosts made of network namespaces), the Slurm tests (test binary `slurm`, a
-# throw-away cluster of Debian's Slurm) and the full-journal test (test binary `journal_full`, a
-# journal on a 1 MiB tmpfs). Run without root and without CI=true, the script says they
+# throw-away cluster of Debian's Slurm), the full-journal test (test binary `journal_full`, a
+# journal on a 1 MiB tmpfs) and the shared-host tests (test binary `shared_host`, which play
+# another user). Run without root and without CI=true, the script says they
 # were skipped and why. As root, or with CI=true, it runs them, and a refused namespace or a Slurm
 # that does not start fails them.
 set -euo pipefail
@@ -62,17 +63,17 @@ MATURIN_PEP517_ARGS="--profile dev" pip_install --no-build-isolation --force-rei
 echo "== workspace tests"
 cargo test --workspace
 
-echo "== tests as root: multi-host tests (hosts made of network namespaces, the test binaries netbed*), the Slurm launcher on a throw-away Slurm cluster (Debian's Slurm, test binary slurm), an AM whose journal's tmpfs is full (test binary journal_full)"
+echo "== tests as root: multi-host tests (hosts made of network namespaces, the test binaries netbed*), the Slurm launcher on a throw-away Slurm cluster (Debian's Slurm, test binary slurm), an AM whose journal's tmpfs is full (test binary journal_full), another user of the host against a job's files (test binary shared_host)"
 # `cargo test` lists them as ignored: they need root. Here they run, and fail if namespaces are
 # refused, Slurm does not install or start, or a tmpfs cannot be mounted.
 if [ "$(id -u)" -eq 0 ] || [ "${CI:-}" = true ]; then
     # shellcheck source=/dev/null
     (source "$root/../shared/tools/slurm-ci.sh" && slurm_ci_install >/dev/null)
-    cargo test --workspace --test 'netbed*' --test slurm --test journal_full -- --ignored
+    cargo test --workspace --test 'netbed*' --test slurm --test journal_full --test shared_host -- --ignored
 else
     echo "skipped: the multi-host tests make network, mount and UTS namespaces, Slurm's daemons run"
-    echo "as root, and the full-journal test mounts a tmpfs; run ./scripts/test.sh as root to run"
-    echo "them (with CI=true they run, and fail, without root)"
+    echo "as root, the full-journal test mounts a tmpfs, and the shared-host tests play another user;"
+    echo "run ./scripts/test.sh as root to run them (with CI=true they run, and fail, without root)"
 fi
 
 echo "== the python client against a real AM and daemon"

@@ -58,6 +58,8 @@ pub struct LaunchOptions {
     pub sluice: PathBuf,
     /// The directory rings live under.
     pub ring_dir: PathBuf,
+    /// The group the daemons share their rings with (`--shared-group`), if any.
+    pub shared_group: Option<String>,
     /// The size of each ring the daemons create, in bytes.
     pub ring_size: u64,
     /// The CA executors check the AM's certificate with, when it serves TLS.
@@ -217,6 +219,7 @@ impl AmServer {
                 },
                 sluice: launch.sluice,
                 ring_dir: launch.ring_dir,
+                shared_group: launch.shared_group,
                 ring_size: launch.ring_size,
                 token: options.token.clone(),
                 tls_ca: launch.tls_ca,

@@ -789,6 +789,8 @@ pub struct ExecutorSetup {
     pub sluice: std::path::PathBuf,
     /// The directory rings live under (`<ring_dir>/<job>/<rank>.ring`).
     pub ring_dir: std::path::PathBuf,
+    /// The group the daemons share their rings with (their `--shared-group`), if any.
+    pub shared_group: Option<String>,
     /// The size of each ring the daemons create, in bytes.
     pub ring_size: u64,
     /// The AM's API address (gRPC, and the JSON checkpoint calls) as executors reach it.
@@ -827,7 +829,14 @@ impl ExecutorSetup {
                 self.ring_size.to_string(),
                 "--job".to_owned(),
                 spec.name.clone(),
-            ],
+            ]
+            .into_iter()
+            .chain(
+                self.shared_group
+                    .iter()
+                    .flat_map(|group| ["--shared-group".to_owned(), group.clone()]),
+            )
+            .collect(),
             ExecutorId::Trainer { role, rank } => {
                 let role_spec = spec.roles.iter().find(|candidate| candidate.name == *role);
                 env.extend(role_spec.map(|found| found.env.clone()).unwrap_or_default());
@@ -1117,6 +1126,7 @@ failover: { max_failures: 1, restart_backoff_ms: 0 }
             setup: ExecutorSetup {
                 sluice: "/usr/bin/sluice".into(),
                 ring_dir: "/dev/shm/sluice".into(),
+                shared_group: None,
                 ring_size: 1 << 20,
                 am_address: "127.0.0.1:7070".into(),
                 token: None,

@@ -1,5 +1,5 @@
-//! The identity of a process, its liveness, and signals to its process group; and the scheduling
-//! class of background threads.
+//! The identity of a process, its liveness, and signals to its process group; the scheduling class
+//! of background threads; and the files and directories that belong to one user ([`files`]).
 //!
 //! A pid alone is not an identity: Linux reuses pids. A [`ProcessId`] is a pid together with the
 //! process's start time (field 22 of `/proc/<pid>/stat`, in clock ticks since boot), which together never
@@ -9,6 +9,8 @@
 
 use std::fmt;
 use std::fs;
+
+pub mod files;
 
 /// The identity of a process: its pid and its start time, which together never repeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -21,6 +21,7 @@
 use super::{EventChannel, ExecutorEvent, ExecutorId, Exit, LaunchSpec, Launcher};
 use crate::error::{AmError, Result};
 use sluice_process::ProcessId;
+use sluice_process::files::{self, Sharing};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::os::unix::process::CommandExt;
@@ -75,10 +76,10 @@ impl LocalLauncher {
     /// `shim` (its `shim` subcommand).
     pub fn new(state_dir: impl Into<PathBuf>, shim: impl Into<PathBuf>) -> Result<LocalLauncher> {
         let state_dir = state_dir.into();
-        std::fs::create_dir_all(&state_dir).map_err(|error| {
+        // The pid files say which processes this launcher signals: nobody else may write here.
+        files::ensure_dir(&state_dir, Sharing::Private).map_err(|error| {
             AmError::FailedPrecondition(format!(
-                "executor state directory {}: {error}; choose a writable --state-dir",
-                state_dir.display()
+                "executor state directory: {error}; choose another --state-dir"
             ))
         })?;
         let local = Arc::new(Local {
@@ -142,18 +143,32 @@ impl Local {
     }
 
     /// The identities the shim of executor `id` recorded: its own, and its command's once started.
+    /// A pid file that is not this user's, or names a process of another user, records nothing:
+    /// the launcher never signals a process it did not start.
     fn recorded(&self, id: &ExecutorId) -> Option<(ProcessId, Option<ProcessId>)> {
-        let text = std::fs::read_to_string(self.file(id, "pid")).ok()?;
+        let path = self.file(id, "pid");
+        if let Err(error) = files::check_owned(&path) {
+            if error.io_kind() != Some(std::io::ErrorKind::NotFound) {
+                tracing::warn!(executor = %id, %error, "ignoring its pid file");
+            }
+            return None;
+        }
+        let text = std::fs::read_to_string(&path).ok()?;
         let numbers: Vec<u64> = text
             .split_ascii_whitespace()
             .map(str::parse)
             .collect::<Result<_, _>>()
             .ok()?;
+        let user = files::user();
         let identity = |pid: u64, start_ticks: u64| {
-            Some(ProcessId {
-                pid: u32::try_from(pid).ok()?,
-                start_ticks,
-            })
+            let pid = u32::try_from(pid).ok()?;
+            // A process that runs as another user is not one this launcher started (root's
+            // executors run as root).
+            if files::process_owner(pid).is_some_and(|owner| owner != user) {
+                tracing::warn!(executor = %id, pid, "its pid file names another user's process: ignored");
+                return None;
+            }
+            Some(ProcessId { pid, start_ticks })
         };
         match numbers[..] {
             [pid, ticks] => Some((identity(pid, ticks)?, None)),
@@ -219,11 +234,8 @@ impl Local {
                 self.state_dir.display()
             ))
         };
-        let mut log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(self.file(&spec.id, "log"))
-            .map_err(log_error)?;
+        let mut log = files::open_append(&self.file(&spec.id, "log"), Sharing::Private)
+            .map_err(|error| log_error(std::io::Error::other(error)))?;
         let since_epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
@@ -380,6 +392,9 @@ pub fn run_shim(pid_file: &Path, exit_file: &Path, command: &[String]) -> std::i
 fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(".tmp");
-    std::fs::write(&temporary, text)?;
+    let temporary = PathBuf::from(temporary);
+    let mut file =
+        files::create_temporary(&temporary, Sharing::Private).map_err(std::io::Error::other)?;
+    file.write_all(text.as_bytes())?;
     std::fs::rename(&temporary, path)
 }

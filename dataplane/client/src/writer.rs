@@ -6,7 +6,7 @@ use arrow::error::ArrowError;
 use arrow::ipc::writer::{
     DictionaryTracker, IpcDataGenerator, IpcWriteOptions, StreamEncoder, write_message,
 };
-use sluice_ring::{Producer, RecordKind, RecordMeta, ReserveError};
+use sluice_ring::{Producer, RecordKind, RecordMeta, ReserveError, files};
 
 /// Why a record could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -121,8 +121,12 @@ impl Encoder {
             return Ok(());
         }
         let temporary = path.with_extension("schema.tmp");
-        let written =
-            std::fs::write(&temporary, &message).and_then(|()| std::fs::rename(&temporary, &path));
+        let directory = path.parent().unwrap_or(std::path::Path::new("."));
+        let written = files::Sharing::of_dir(directory)
+            .and_then(|sharing| files::create_temporary(&temporary, sharing))
+            .map_err(std::io::Error::other)
+            .and_then(|mut file| std::io::Write::write_all(&mut file, &message))
+            .and_then(|()| std::fs::rename(&temporary, &path));
         written.map_err(|source| {
             let _ = std::fs::remove_file(&temporary);
             WriteError::SchemaFile { path, source }

@@ -109,14 +109,17 @@ pub enum DaemonError {
         /// Why.
         error: std::io::Error,
     },
-    /// The job's ring directory could not be created.
-    #[error("creating ring directory {}: {error}; check --ring-dir", .dir.display())]
+    /// The job's ring directory could not be created, or is not this user's.
+    #[error("ring directory {}: {error}; check --ring-dir", .dir.display())]
     CreateRingDir {
         /// The job's ring directory.
         dir: PathBuf,
         /// Why.
-        error: std::io::Error,
+        error: sluice_ring::files::FileError,
     },
+    /// A ring or ledger left in the job's ring directory is not this user's: it is not taken over.
+    #[error("not taking over a ring left in the ring directory: {0}")]
+    Untrusted(sluice_ring::files::FileError),
     /// The trainers' announcements could not be read.
     #[error("reading the trainers' announcements in {}: {error}; check --ring-dir and its permissions", .dir.display())]
     Announcements {

@@ -90,6 +90,7 @@ use std::time::{Duration, Instant};
 use sluice_proto::connect::ClientTls;
 use sluice_proto::v1::command::Command as Cmd;
 use sluice_proto::{NodeId, TaskId, v1};
+use sluice_ring::files::Sharing;
 
 use book::TaskBook;
 use feeder::{Control, DecodeRuntime, Job, Pipeline, lock, open_pipeline};
@@ -113,6 +114,9 @@ pub struct DaemonOptions {
     pub node_id: Option<NodeId>,
     /// Rings are created under `<ring_dir>/<job>/<rank>.ring`.
     pub ring_dir: PathBuf,
+    /// Who besides this user may open the rings: by default nobody (files 0600, directories
+    /// 0700); trainers running as other users of one group need that group.
+    pub sharing: Sharing,
     /// The size of each ring's data region.
     pub ring_size: u64,
     /// The AM's shared token.
@@ -164,7 +168,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
     let decode = DecodeRuntime::start()?;
     let pipeline = Arc::new(open_pipeline(&data, decode.handle()).await?);
     let job_dir = options.ring_dir.join(&reply.job_id);
-    rings::prepare_dir(&job_dir)?;
+    rings::prepare_dir(&job_dir, options.sharing)?;
     let served = ServedRings::default();
     let metrics = match options.http {
         Some(address) => {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_proto::{NodeId, TaskId, v1};
+use sluice_ring::files::{self, Sharing};
 use sluice_ring::ledger::{EpochMark, LEDGER_EXTENSION, Ledger, LedgerTask};
 use sluice_ring::{RING_EXTENSION, Ring, RingOptions};
 use tokio::sync::mpsc;
@@ -338,9 +339,12 @@ fn ledgers(job_dir: &Path) -> Result<Vec<(u32, Ledger, PathBuf)>> {
         ) else {
             continue;
         };
+        // A ledger and ring that another user put here would hand this daemon forged counts.
+        files::check_owned(&path).map_err(DaemonError::Untrusted)?;
         let ledger = Ledger::open(&path).map_err(DaemonError::Ledger)?;
         let ring_path = path.with_extension(RING_EXTENSION);
         if ring_path.exists() {
+            files::check_owned(&ring_path).map_err(DaemonError::Untrusted)?;
             ledgers.push((rank, ledger, ring_path));
         }
     }
@@ -440,6 +444,7 @@ impl Recovered {
 fn open_ring(job_dir: &Path, rank: u32, size: u64, node: u64) -> Result<(Ring, Ledger)> {
     let path = job_dir.join(format!("{rank}.{RING_EXTENSION}"));
     let ring = if path.exists() {
+        files::check_owned(&path).map_err(DaemonError::Untrusted)?;
         Ring::open(&path).map_err(DaemonError::RingOpen)?
     } else {
         RingOptions::new(&path)
@@ -451,10 +456,15 @@ fn open_ring(job_dir: &Path, rank: u32, size: u64, node: u64) -> Result<(Ring, L
     Ok((ring, ledger))
 }
 
-/// Prepares the job's ring directory: removes the rings of an earlier run that no process uses any
-/// more (they hold nothing anyone will read; a ring a trainer still reads is kept, and so is one
-/// taken over), and creates the directory.
-pub(crate) fn prepare_dir(job_dir: &Path) -> Result<()> {
+/// Prepares the job's ring directory: makes it (and the ring directory above it) this user's, with
+/// `sharing`'s mode, or refuses one of another user's; then removes the rings of an earlier run
+/// that no process uses any more (they hold nothing anyone will read; a ring a trainer still reads
+/// is kept, and so is one taken over).
+pub(crate) fn prepare_dir(job_dir: &Path, sharing: Sharing) -> Result<()> {
+    files::ensure_dir(job_dir, sharing).map_err(|error| DaemonError::CreateRingDir {
+        dir: job_dir.to_path_buf(),
+        error,
+    })?;
     let collected =
         sluice_ring::gc::collect(job_dir).map_err(|error| DaemonError::CollectRings {
             dir: job_dir.to_path_buf(),
@@ -463,10 +473,7 @@ pub(crate) fn prepare_dir(job_dir: &Path) -> Result<()> {
     for removed in &collected.removed {
         tracing::info!(ring = %removed.display(), "removed a dead ring of an earlier run");
     }
-    std::fs::create_dir_all(job_dir).map_err(|error| DaemonError::CreateRingDir {
-        dir: job_dir.to_path_buf(),
-        error,
-    })
+    Ok(())
 }
 
 #[cfg(test)]

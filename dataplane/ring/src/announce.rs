@@ -134,10 +134,16 @@ impl Announcement {
     /// Writes the announcement under `job_dir` (created if absent), replacing an earlier one of the
     /// same local rank at once: the line goes to a temporary file that is then renamed.
     pub fn write(&self, job_dir: &Path) -> io::Result<PathBuf> {
-        std::fs::create_dir_all(job_dir)?;
+        // Made before the daemon's, it is this user's alone; the daemon checks and keeps it.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(job_dir)?;
         let path = Announcement::path(job_dir, self.local_rank);
         let temporary = job_dir.join(format!(".{}.{}.tmp", self.local_rank, std::process::id()));
-        let mut file = std::fs::File::create(&temporary)?;
+        // The trainer may run as another user of the daemon's group: the file takes the
+        // directory's sharing, and a name planted in advance is removed, never followed.
+        let mut file = crate::files::Sharing::of_dir(job_dir)
+            .and_then(|sharing| crate::files::create_temporary(&temporary, sharing))
+            .map_err(io::Error::other)?;
         file.write_all(self.to_line().as_bytes())?;
         std::fs::rename(&temporary, &path)?;
         Ok(path)

@@ -28,6 +28,8 @@ pub enum RingCreateError {
         operation: &'static str,
         source: io::Error,
     },
+    /// The ring's directory or a file in it is not this user's to use.
+    Files(sluice_process::files::FileError),
 }
 
 /// Why an existing ring could not be opened.
@@ -177,6 +179,7 @@ impl fmt::Display for RingCreateError {
                 operation,
                 source,
             } => write!(formatter, "ring {}: {operation}: {source}", path.display()),
+            RingCreateError::Files(error) => write!(formatter, "ring directory: {error}"),
         }
     }
 }
@@ -346,6 +349,7 @@ impl std::error::Error for RingCreateError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             RingCreateError::Io { source, .. } => Some(source),
+            RingCreateError::Files(error) => Some(error),
             _ => None,
         }
     }

@@ -128,6 +128,8 @@ pub enum LedgerError {
     Full { path: PathBuf, slots: u32 },
     /// The task is already bound.
     AlreadyBound { path: PathBuf, task_id: u64 },
+    /// The ledger or its directory is not this user's to use.
+    Files(crate::files::FileError),
 }
 
 impl std::fmt::Display for LedgerError {
@@ -163,6 +165,7 @@ impl std::fmt::Display for LedgerError {
                 "ledger {}: task {task_id} is already bound to this ring",
                 path.display()
             ),
+            LedgerError::Files(error) => write!(formatter, "ledger: {error}"),
         }
     }
 }
@@ -171,6 +174,7 @@ impl std::error::Error for LedgerError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             LedgerError::Io { source, .. } => Some(source),
+            LedgerError::Files(error) => Some(error),
             _ => None,
         }
     }
@@ -218,13 +222,9 @@ impl Ledger {
             |name| name.to_string_lossy().into_owned(),
         );
         let temporary = directory.join(format!(".{file_name}.{}.tmp", std::process::id()));
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&temporary)
-            .map_err(io_error("create", &temporary))?;
+        let file = crate::files::Sharing::of_dir(directory)
+            .and_then(|sharing| crate::files::create_temporary(&temporary, sharing))
+            .map_err(LedgerError::Files)?;
         let slots = DEFAULT_LEDGER_SLOTS as usize;
         if let Err(source) = crate::reserve(&file, file_len(slots)) {
             let _ = fs::remove_file(&temporary);
@@ -579,6 +579,28 @@ mod tests {
             first_row,
             row_count,
         }
+    }
+
+    /// A symlink planted at the temporary name a daemon of a known pid will use is removed, never
+    /// followed: the file it points at keeps its bytes, and the ledger is private.
+    #[test]
+    #[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
+    fn a_symlink_planted_at_the_temporary_name_redirects_nothing() {
+        use std::os::unix::fs::MetadataExt;
+        let directory = tempfile::tempdir().expect("tempdir");
+        let victim = directory.path().join("victim");
+        std::fs::write(&victim, "precious").expect("write");
+        let path = directory.path().join("0.ledger");
+        let temporary = directory
+            .path()
+            .join(format!(".0.ledger.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &temporary).expect("plant");
+        let sut = Ledger::create(&path, 3).expect("created");
+        assert_eq!(sut.owner(), 3);
+        assert_eq!(std::fs::read_to_string(&victim).expect("read"), "precious");
+        let metadata = std::fs::symlink_metadata(&path).expect("stat");
+        assert!(metadata.is_file());
+        assert_eq!(metadata.mode() & 0o777, 0o600);
     }
 
     #[test]

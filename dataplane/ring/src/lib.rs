@@ -108,6 +108,7 @@ pub use layout::{RecordKind, RecordMeta};
 pub use lease::Lease;
 pub use process::{PeerState, ProcessId};
 pub use producer::{Producer, Slot};
+pub use sluice_process::files;
 
 use layout::{HEADER_LEN, LAYOUT_VERSION, MAGIC, RingHeader, WAITING};
 use sync::Ordering;
@@ -122,6 +123,12 @@ pub const RING_EXTENSION: &str = "ring";
 /// written by its producer beside the ring, so that a trainer that attaches after the stream's
 /// schema record was read (a trainer started again) can decode the batches that follow.
 pub const SCHEMA_EXTENSION: &str = "schema";
+
+/// Where rings go unless told otherwise: `/dev/shm/sluice-<uid>`, a directory of this user's own,
+/// so that users of one host never share (or contend for) one.
+pub fn default_ring_dir() -> PathBuf {
+    PathBuf::from(format!("/dev/shm/sluice-{}", files::user()))
+}
 
 /// The schema file beside the ring at `ring_path`.
 pub fn schema_path_beside(ring_path: &Path) -> PathBuf {
@@ -171,7 +178,14 @@ impl RingOptions {
             .parent()
             .filter(|parent| !parent.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        fs::create_dir_all(directory).map_err(io_error("create directory", directory))?;
+        use files::Sharing;
+        // A directory the daemon prepared gives the files its sharing; one made here is private.
+        let sharing = if directory.exists() {
+            Sharing::of_dir(directory).map_err(RingCreateError::Files)?
+        } else {
+            files::ensure_dir(directory, Sharing::Private).map_err(RingCreateError::Files)?;
+            Sharing::Private
+        };
         if path.exists() {
             return Err(RingCreateError::Exists { path });
         }
@@ -184,12 +198,7 @@ impl RingOptions {
             .file_name()
             .map_or_else(|| "ring".into(), |name| name.to_string_lossy().into_owned());
         let temporary = directory.join(format!(".{file_name}.{}.tmp", std::process::id()));
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&temporary)
-            .map_err(io_error("create", &temporary))?;
+        let file = files::create_temporary(&temporary, sharing).map_err(RingCreateError::Files)?;
         let result = initialise(&file, &temporary, &path, self.capacity, free);
         let linked = result.and_then(|mapping| {
             fs::hard_link(&temporary, &path).map_err(|source| match source.kind() {

@@ -40,6 +40,17 @@ fn file_ring(capacity: u64) -> (tempfile::TempDir, std::path::PathBuf, Ring) {
     (directory, path, ring)
 }
 
+/// The training data is the user's alone: a ring is 0600, and the directory made for it 0700.
+#[test]
+#[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
+fn a_ring_and_the_directory_made_for_it_are_private() {
+    use std::os::unix::fs::MetadataExt;
+    let (directory, path, _ring) = file_ring(64 * 1024);
+    let mode = |path: &std::path::Path| std::fs::metadata(path).expect("stat").mode() & 0o777;
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(&directory.path().join("job")), 0o700);
+}
+
 #[test]
 fn records_come_out_in_order_with_their_metadata() {
     let sut = Ring::in_memory(1 << 16).expect("ring");

@@ -36,7 +36,7 @@ pub struct ConsumeArgs {
     #[arg(long, env = "SLUICE_RING")]
     pub ring: Option<PathBuf>,
     /// Where the node's daemon keeps its rings (its --ring-dir), for a trainer with no --ring.
-    #[arg(long, env = "SLUICE_RING_DIR", default_value = "/dev/shm/sluice")]
+    #[arg(long, env = "SLUICE_RING_DIR", default_value_os_t = sluice_ring::default_ring_dir())]
     pub ring_dir: PathBuf,
     /// The job, for a trainer with no --ring; by default the job the AM at --am runs.
     #[arg(long, env = "SLUICE_JOB")]

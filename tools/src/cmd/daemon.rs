@@ -20,9 +20,14 @@ pub struct DaemonArgs {
     /// name: the one it gave it before, or one no host has held.
     #[arg(long)]
     pub node_id: Option<u64>,
-    /// Rings are created under <ring-dir>/<job>/<rank>.ring.
-    #[arg(long, default_value = "/dev/shm/sluice")]
+    /// Rings are created under <ring-dir>/<job>/<rank>.ring (default: /dev/shm/sluice-<uid>, this
+    /// user's own).
+    #[arg(long, default_value_os_t = sluice_ring::default_ring_dir())]
     pub ring_dir: PathBuf,
+    /// Serve trainers that run as other users of GROUP: rings 0660 and their directories 0770, of
+    /// that group (by default this user's alone: 0600 and 0700).
+    #[arg(long, value_name = "GROUP")]
+    pub shared_group: Option<String>,
     /// The size of each ring's data region in bytes (a multiple of 4096).
     #[arg(long, default_value_t = sluice_ring::DEFAULT_CAPACITY)]
     pub ring_size: u64,
@@ -75,7 +80,12 @@ pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
             "sluice daemon --http {address} would serve this node's metrics to the network with neither TLS nor a token; bind a loopback address (a local agent can scrape it) or pass --insecure on a network you trust"
         );
     }
+    let sharing = match &args.shared_group {
+        Some(group) => sluice_ring::files::Sharing::group(group)?,
+        None => sluice_ring::files::Sharing::Private,
+    };
     let options = DaemonOptions {
+        sharing,
         am: args.am,
         node_id: args.node_id.map(NodeId),
         ring_dir: args.ring_dir,

@@ -12,8 +12,8 @@ use sluice_ring::{RecordKind, RecordMeta, Ring, RingOptions};
 /// Arguments of `sluice demo`.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// The directory for the demo's ring.
-    #[arg(long, default_value = "/dev/shm/sluice")]
+    /// The directory for the demo's ring (default: /dev/shm/sluice-<uid>).
+    #[arg(long, default_value_os_t = sluice_ring::default_ring_dir())]
     dir: PathBuf,
     /// Records to move.
     #[arg(long, default_value_t = 1_000_000)]

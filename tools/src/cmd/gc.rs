@@ -8,8 +8,8 @@ use clap::Args;
 /// Arguments of `sluice gc`.
 #[derive(Debug, Args)]
 pub struct GcArgs {
-    /// The directory that holds the rings, one subdirectory per job.
-    #[arg(long, default_value = "/dev/shm/sluice")]
+    /// The directory that holds the rings, one subdirectory per job (default: /dev/shm/sluice-<uid>).
+    #[arg(long, default_value_os_t = sluice_ring::default_ring_dir())]
     dir: PathBuf,
 }
 

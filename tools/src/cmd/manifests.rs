@@ -66,6 +66,7 @@ pub fn node_pods(
     let setup = ExecutorSetup {
         sluice: "sluice".into(),
         ring_dir: RING_DIR.into(),
+        shared_group: None,
         ring_size,
         am_address: names.am_address(&kubernetes.namespace),
         token: None,

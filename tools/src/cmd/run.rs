@@ -40,14 +40,20 @@ pub struct RunArgs {
 /// status page.
 #[derive(Debug, clap::Args)]
 pub struct JobOptions {
-    /// The directory rings are created under, one subdirectory per job.
-    #[arg(long, default_value = "/dev/shm/sluice")]
+    /// The directory rings are created under, one subdirectory per job (default:
+    /// /dev/shm/sluice-<uid>, this user's own).
+    #[arg(long, default_value_os_t = sluice_ring::default_ring_dir())]
     pub ring_dir: PathBuf,
+    /// Serve trainers that run as other users of GROUP: the daemons make the rings 0660 and their
+    /// directories 0770, of that group (by default they are this user's alone: 0600 and 0700).
+    #[arg(long, value_name = "GROUP")]
+    pub shared_group: Option<String>,
     /// The size of each trainer's ring in bytes (a multiple of 4096); the node daemons reserve it
     /// in the ring directory's filesystem when they create the ring.
     #[arg(long, default_value_t = sluice_ring::DEFAULT_CAPACITY)]
     pub ring_size: u64,
-    /// Where executors' state and logs are kept (default: <temp dir>/sluice/<job>).
+    /// Where executors' state and logs are kept (default: <temp dir>/sluice-<uid>/<job>, this
+    /// user's own).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
     /// A shared token every caller of the AM must present.
@@ -87,6 +93,9 @@ impl JobOptions {
         if let Some(state_dir) = &self.state_dir {
             args.extend(["--state-dir".into(), state_dir.clone().into()]);
         }
+        if let Some(group) = &self.shared_group {
+            args.extend(["--shared-group".into(), group.into()]);
+        }
         if let Some(checkpoint) = &self.resume_from {
             args.extend(["--resume-from".into(), checkpoint.into()]);
         }
@@ -112,9 +121,11 @@ impl JobOptions {
 
     /// Where the executors' state and logs of job `name` go.
     fn state_dir_of(&self, name: &str) -> PathBuf {
-        self.state_dir
-            .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join("sluice").join(name))
+        self.state_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir()
+                .join(format!("sluice-{}", sluice_ring::files::user()))
+                .join(name)
+        })
     }
 }
 
@@ -195,6 +206,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             launcher,
             sluice,
             ring_dir: args.options.ring_dir,
+            shared_group: args.options.shared_group,
             ring_size: args.options.ring_size,
             tls_ca: args.options.tls_ca.clone(),
         }),

@@ -10,7 +10,7 @@ is set. The trainer takes its ranks from its launcher's environment, in this ord
   the first count of ``SLURM_TASKS_PER_NODE``, else the world size.
 
 Its ring is ``<ring dir>/<job>/<local rank>.ring``, the ring directory being ``SLUICE_RING_DIR``
-(the daemon's ``--ring-dir``, ``/dev/shm/sluice`` by default) and the job ``SLUICE_JOB``, or the
+(the daemon's ``--ring-dir``, ``/dev/shm/sluice-<uid>`` by default) and the job ``SLUICE_JOB``, or the
 job the AM at ``SLUICE_AM`` runs. The trainer announces itself beside it, in
 ``<local rank>.trainer`` (``rank=.. local_rank=.. world_size=.. local_world_size=.. pid=..``, the
 format of the ring crate's ``announce`` module), and the node's daemon opens the ring once every
@@ -27,7 +27,9 @@ from typing import Optional, Sequence
 from sluice._am import job_of
 from sluice._native import SluiceError
 
-DEFAULT_RING_DIR = "/dev/shm/sluice"
+# The daemon's default --ring-dir: a directory of the user's own. A trainer running as another user
+# than the daemon (its --shared-group) is given SLUICE_RING or SLUICE_RING_DIR.
+DEFAULT_RING_DIR = f"/dev/shm/sluice-{os.geteuid()}"
 
 
 def _first_int(names: Sequence[str]) -> Optional[int]:
@@ -111,10 +113,16 @@ def attach(ranks: Ranks, am: Optional[str], token: Optional[str], timeout_s: flo
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", job):
         raise SluiceError(f"job name {job!r} is not a job's name (a lowercase slug); check SLUICE_JOB")
     job_dir = os.path.join(os.environ.get("SLUICE_RING_DIR") or DEFAULT_RING_DIR, job)
-    os.makedirs(job_dir, exist_ok=True)
+    os.makedirs(job_dir, mode=0o700, exist_ok=True)
     path = os.path.join(job_dir, f"{ranks.local_rank}.trainer")
     temporary = os.path.join(job_dir, f".{ranks.local_rank}.{os.getpid()}.tmp")
-    with open(temporary, "w") as file:
+    # A name planted in advance is removed, never followed; the directory's mode keeps others out.
+    try:
+        os.unlink(temporary)
+    except FileNotFoundError:
+        pass
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
+    with os.fdopen(descriptor, "w") as file:
         file.write(ranks.line())
     os.replace(temporary, path)
     return os.path.join(job_dir, f"{ranks.local_rank}.ring")
