@@ -99,6 +99,13 @@ async fn splits(uri: &str, task_rows: u64) -> Vec<v1::Split> {
                 }),
             }),
             source_index: 0,
+            bytes: split.bytes.map(|bytes| v1::SplitBytes {
+                start: bytes.start,
+                end: bytes.end,
+                first_row: bytes.first_row,
+                rows: bytes.rows,
+                crc32c: bytes.crc32c,
+            }),
         })
         .collect()
 }
