@@ -16,8 +16,18 @@ const PLAN_OBJECT: &str = "plan.postcard";
 /// before plans carried their format; its body is the same encoding.
 const PLAN_MAGIC: &[u8; 8] = b"SLPLAN\0\0";
 /// The plan format this build writes. Bump it, and read the older ones, when the encoding of
-/// [`JobPlan`] changes.
-const PLAN_FORMAT: u32 = 2;
+/// [`JobPlan`] changes. Format 3 adds the bytes of the row formats' splits
+/// ([`JobPlan::bytes`]) after the fields of formats 1 and 2.
+const PLAN_FORMAT: u32 = 3;
+
+/// A plan of formats 1 and 2, whose splits carry no bytes: the fields of [`JobPlan`] before them,
+/// in their order.
+#[derive(serde::Deserialize)]
+struct PlanWithoutBytes {
+    files: Vec<crate::plan::PlannedFile>,
+    splits: Vec<crate::plan::PlannedSplit>,
+    versions: Vec<Option<u64>>,
+}
 
 /// The store of data checkpoints and of the job's plan.
 #[derive(Debug)]
@@ -211,29 +221,93 @@ fn check_token(token: &str) -> Result<()> {
 
 /// Decodes a plan object of any format this build reads, or says what is wrong with it.
 fn decode_plan(bytes: &[u8]) -> std::result::Result<JobPlan, String> {
-    let body = match bytes.strip_prefix(PLAN_MAGIC.as_slice()) {
-        None => bytes,
+    let (format, body) = match bytes.strip_prefix(PLAN_MAGIC.as_slice()) {
+        None => (1, bytes),
         Some(rest) => {
             let (format, body) = rest
                 .split_first_chunk::<4>()
                 .ok_or_else(|| "is cut short in its header; remove the checkpoint location to plan the job afresh".to_owned())?;
-            let format = u32::from_le_bytes(*format);
-            if format != PLAN_FORMAT {
-                return Err(format!(
-                    "has format {format}, this build reads formats 1 to {PLAN_FORMAT}: run the release of Sluice that wrote it, or remove the checkpoint location to plan the job afresh"
-                ));
-            }
-            body
+            (u32::from_le_bytes(*format), body)
         }
     };
-    postcard::from_bytes(body).map_err(|error| {
+    let damaged = |error| {
         format!("is damaged: {error}; remove the checkpoint location to plan the job afresh")
-    })
+    };
+    match format {
+        1 | 2 => {
+            let plan: PlanWithoutBytes = postcard::from_bytes(body).map_err(damaged)?;
+            Ok(JobPlan {
+                files: plan.files,
+                splits: plan.splits,
+                versions: plan.versions,
+                bytes: Vec::new(),
+            })
+        }
+        PLAN_FORMAT => postcard::from_bytes(body).map_err(damaged),
+        _ => Err(format!(
+            "has format {format}, this build reads formats 1 to {PLAN_FORMAT}: run the release of Sluice that wrote it, or remove the checkpoint location to plan the job afresh"
+        )),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::{PlannedBytes, PlannedFile, PlannedSplit};
+
+    fn plan_with_bytes() -> JobPlan {
+        JobPlan {
+            files: vec![PlannedFile {
+                source: 0,
+                uri: "file:///d/rows.csv".to_owned(),
+                file_size: 100,
+                partition_values: Vec::new(),
+                delta: None,
+            }],
+            splits: vec![PlannedSplit {
+                file: 0,
+                first_row: 0,
+                row_count: 4,
+            }],
+            versions: vec![None],
+            bytes: vec![PlannedBytes {
+                split: 0,
+                bytes: sluice_formats::SplitBytes {
+                    start: 6,
+                    end: 100,
+                    first_row: 0,
+                    rows: 4,
+                    crc32c: Some(0x1234_5678),
+                },
+            }],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plan_keeps_its_bytes_and_plans_of_older_formats_read_without_them() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let uri = format!("file://{}", directory.path().display());
+        let sut = CheckpointStore::at(&uri, &Default::default()).expect("store");
+        let plan = plan_with_bytes();
+        sut.store_plan(plan.clone()).await.expect("stores");
+        assert_eq!(sut.load_plan().await.expect("loads"), Some(plan.clone()));
+
+        let without_bytes = JobPlan {
+            bytes: Vec::new(),
+            ..plan
+        };
+        let body = postcard::to_stdvec(&(
+            &without_bytes.files,
+            &without_bytes.splits,
+            &without_bytes.versions,
+        ))
+        .expect("encodes");
+        let mut format_2 = PLAN_MAGIC.to_vec();
+        format_2.extend_from_slice(&2_u32.to_le_bytes());
+        format_2.extend_from_slice(&body);
+        assert_eq!(decode_plan(&format_2), Ok(without_bytes.clone()));
+        assert_eq!(decode_plan(&body), Ok(without_bytes), "format 1: no header");
+    }
 
     #[tokio::test]
     async fn a_deleted_checkpoint_is_gone_and_deleting_it_again_is_no_error() {

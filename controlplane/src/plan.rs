@@ -7,7 +7,7 @@
 use crate::error::{AmError, Result};
 use crate::spec::{JobSpec, SourceFormat, SourceSpec};
 use serde::{Deserialize, Serialize};
-use sluice_formats::{Dataset, DeltaSplitInfo, FormatKind, OpenOptions, Split};
+use sluice_formats::{Dataset, DeltaSplitInfo, FormatKind, OpenOptions, Split, SplitBytes};
 
 /// One data file of a job, with what is needed to read its rows exactly.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,6 +35,16 @@ pub struct PlannedSplit {
     pub row_count: u64,
 }
 
+/// Where the rows of one split of a row format (CSV, JSON lines, TFRecord, Arrow IPC) lie in its
+/// file, so that its daemon reads those bytes alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedBytes {
+    /// The index of the split in [`JobPlan::splits`].
+    pub split: u32,
+    /// The split's bytes.
+    pub bytes: SplitBytes,
+}
+
 /// Every split of a job: sources in spec order, each source's splits in plan order. A split's
 /// index in `splits` is the split index carried by the job's tasks.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +55,10 @@ pub struct JobPlan {
     pub splits: Vec<PlannedSplit>,
     /// The Delta version each source of the spec was planned at (`None` for other formats).
     pub versions: Vec<Option<u64>>,
+    /// The bytes of the splits of row formats, sorted by split: one entry per such split, none for
+    /// Parquet and Delta splits, which find their rows in their files' footers. A plan stored before
+    /// splits carried their bytes has none, and its row-format splits read their whole files.
+    pub bytes: Vec<PlannedBytes>,
 }
 
 impl JobPlan {
@@ -90,7 +104,8 @@ impl JobPlan {
         first_split
     }
 
-    /// Appends the splits of source `source`, keeping each file once.
+    /// Appends the splits of source `source`, keeping each file once, with the bytes of those
+    /// that carry them.
     pub fn extend(&mut self, source: u32, splits: Vec<Split>) {
         let mut last_uri: Option<String> = None;
         for split in splits {
@@ -104,12 +119,26 @@ impl JobPlan {
                     delta: split.delta,
                 });
             }
+            if let Some(bytes) = split.bytes {
+                self.bytes.push(PlannedBytes {
+                    split: self.splits.len() as u32,
+                    bytes,
+                });
+            }
             self.splits.push(PlannedSplit {
                 file: (self.files.len() - 1) as u32,
                 first_row: split.first_row,
                 row_count: split.row_count,
             });
         }
+    }
+
+    /// Where the rows of split `split` lie in its file, when the plan knows.
+    pub fn bytes_of(&self, split: u32) -> Option<SplitBytes> {
+        self.bytes
+            .binary_search_by_key(&split, |planned| planned.split)
+            .ok()
+            .map(|index| self.bytes[index].bytes)
     }
 
     /// The row count of every split, in split order.
@@ -154,7 +183,41 @@ mod tests {
             row_count,
             partition_values: vec![("day".to_owned(), Some(uri.to_owned()))],
             delta: None,
+            bytes: None,
         }
+    }
+
+    fn bytes(start: u64, end: u64) -> SplitBytes {
+        SplitBytes {
+            start,
+            end,
+            first_row: start,
+            rows: end - start,
+            crc32c: Some(7),
+        }
+    }
+
+    #[test]
+    fn a_plan_keeps_the_bytes_of_the_splits_that_carry_them() {
+        let mut sut = JobPlan::default();
+        sut.extend(0, vec![split("a.parquet", 0, 5)]);
+        sut.extend(
+            1,
+            vec![
+                Split {
+                    bytes: Some(bytes(0, 3)),
+                    ..split("b.csv", 0, 3)
+                },
+                Split {
+                    bytes: Some(bytes(3, 5)),
+                    ..split("b.csv", 3, 2)
+                },
+            ],
+        );
+        assert_eq!(sut.bytes_of(0), None);
+        assert_eq!(sut.bytes_of(1), Some(bytes(0, 3)));
+        assert_eq!(sut.bytes_of(2), Some(bytes(3, 5)));
+        assert_eq!(sut.bytes_of(3), None);
     }
 
     #[test]

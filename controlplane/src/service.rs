@@ -1115,6 +1115,7 @@ failover: { max_failures: 1, restart_backoff_ms: 0 }
                 row_count: rows,
                 partition_values: Vec::new(),
                 delta: None,
+                bytes: None,
             }],
         );
         Master::new(spec, Arc::new(plan)).expect("master")

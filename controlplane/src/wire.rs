@@ -11,6 +11,7 @@ use crate::master::calls::{
 };
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
 use crate::spec::{JobSpec, TransformSpec};
+use sluice_formats::SplitBytes;
 use sluice_proto::v1::{self, command, refusal};
 
 /// A daemon's counts for one task, from the wire.
@@ -175,14 +176,18 @@ fn assign(plan: &JobPlan, tasks: &[Assignment]) -> command::Command {
                 split_index: assignment.split,
                 start: assignment.start,
                 end: assignment.end,
-                split: Some(split(&plan.files[planned.file as usize], planned)),
+                split: Some(split(
+                    &plan.files[planned.file as usize],
+                    planned,
+                    plan.bytes_of(assignment.split),
+                )),
             }
         })
         .collect();
     command::Command::Assign(v1::AssignTasks { tasks })
 }
 
-fn split(file: &PlannedFile, split: PlannedSplit) -> v1::Split {
+fn split(file: &PlannedFile, split: PlannedSplit, bytes: Option<SplitBytes>) -> v1::Split {
     v1::Split {
         uri: file.uri.clone(),
         file_size: file.file_size,
@@ -210,6 +215,13 @@ fn split(file: &PlannedFile, split: PlannedSplit) -> v1::Split {
                 }),
         }),
         source_index: file.source,
+        bytes: bytes.map(|bytes| v1::SplitBytes {
+            start: bytes.start,
+            end: bytes.end,
+            first_row: bytes.first_row,
+            rows: bytes.rows,
+            crc32c: bytes.crc32c,
+        }),
     }
 }
 
@@ -385,12 +397,19 @@ mod tests {
             0,
             vec![sluice_formats::Split {
                 task_id: 0,
-                uri: "file:///data/part-0.parquet".into(),
+                uri: "file:///data/part-0.csv".into(),
                 file_size: 100,
                 first_row: 40,
                 row_count: 60,
                 partition_values: Vec::new(),
                 delta: None,
+                bytes: Some(SplitBytes {
+                    start: 20,
+                    end: 90,
+                    first_row: 40,
+                    rows: 60,
+                    crc32c: Some(0xabcd),
+                }),
             }],
         );
         let assignment = Assignment {
@@ -429,6 +448,17 @@ mod tests {
         );
         let split = task.split.as_ref().expect("the split goes with the task");
         assert_eq!((split.first_row, split.row_count), (40, 60));
+        let bytes = split.bytes.expect("the split's bytes go with it");
+        assert_eq!(
+            (
+                bytes.start,
+                bytes.end,
+                bytes.first_row,
+                bytes.rows,
+                bytes.crc32c
+            ),
+            (20, 90, 40, 60, Some(0xabcd))
+        );
         assert_eq!((stop.task_id, stop.row), (3, 15));
         assert!(refuse.message.contains("task-4"), "{}", refuse.message);
     }

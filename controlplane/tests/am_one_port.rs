@@ -44,6 +44,7 @@ roles: [{ name: worker, num: 1, command: [train] }]
             row_count: 20,
             partition_values: Vec::new(),
             delta: None,
+            bytes: None,
         }],
     );
     let options = AmOptions {

@@ -11,11 +11,13 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use crate::coverage::SplitBatch;
 use crate::delta::DeltaTable;
 use crate::error::{FormatError, Result};
+use crate::ipc::IpcFooters;
+use crate::layout::FileLayout;
 use crate::parquet::{FileAccess, FooterCache, PageIndexNeed, ParquetSplitRead};
 use crate::plan::{Split, cut};
 use crate::read::{PartitionStatistics, ReadOptions, ReadPlan};
 use crate::store::{Location, StorageOptions, open_location};
-use crate::text::RowFileFormat;
+use crate::text::{RowFile, RowFileFormat};
 use sluice_io::{LocalIo, LocalReader};
 
 /// The default task size of `sluice plan`: about a million rows.
@@ -111,6 +113,7 @@ pub struct Dataset {
     file_schema: SchemaRef,
     pub(crate) partition_fields: Vec<Field>,
     footers: FooterCache,
+    ipc_footers: IpcFooters,
     access: FileAccess,
     delta: Option<Arc<DeltaTable>>,
     /// Snapshots of the Delta table at other versions than the one it was opened at, for splits
@@ -344,6 +347,7 @@ impl Dataset {
             })
             .collect();
         let footers = FooterCache::default();
+        let ipc_footers = IpcFooters::default();
         let access = file_access(&location, options.local_io)?;
         let first = &files[0];
         let file_schema: SchemaRef = match kind {
@@ -362,7 +366,14 @@ impl Dataset {
             ),
             other => {
                 RowFileFormat::from_kind(other)?
-                    .schema(&location.store, &first.path, &first.uri)
+                    .schema(&RowFile {
+                        store: &location.store,
+                        stats: access.fetch_stats(),
+                        path: &first.path,
+                        uri: &first.uri,
+                        size: first.size,
+                        footers: &ipc_footers,
+                    })
                     .await?
             }
         };
@@ -389,6 +400,7 @@ impl Dataset {
             file_schema,
             partition_fields,
             footers,
+            ipc_footers,
             access,
             delta: None,
             other_versions: std::sync::Mutex::default(),
@@ -411,6 +423,7 @@ impl Dataset {
             file_schema,
             partition_fields,
             footers: FooterCache::default(),
+            ipc_footers: IpcFooters::default(),
             access,
             delta: Some(Arc::new(table)),
             other_versions: std::sync::Mutex::default(),
@@ -451,7 +464,13 @@ impl Dataset {
         Ok(ReadPlan::new(&self.schema, options)?.output_schema)
     }
 
-    pub(crate) async fn file_row_groups(&self, file: &DataFile) -> Result<Vec<u64>> {
+    /// The row groups of a file, for the planner to cut into splits of at most `task_rows` rows, and
+    /// for row formats, where the rows of each group lie in the file.
+    pub(crate) async fn file_row_groups(
+        &self,
+        file: &DataFile,
+        task_rows: u64,
+    ) -> Result<(Vec<u64>, Option<FileLayout>)> {
         match self.kind {
             FormatKind::Parquet | FormatKind::Delta => {
                 let footer = self
@@ -464,21 +483,38 @@ impl Dataset {
                         PageIndexNeed::Nothing,
                     )
                     .await?;
-                Ok(crate::parquet::row_group_rows(footer.metadata.metadata()))
+                Ok((
+                    crate::parquet::row_group_rows(footer.metadata.metadata()),
+                    None,
+                ))
             }
             other => {
-                let rows = RowFileFormat::from_kind(other)?
-                    .count_rows(&self.location.store, &file.path, &file.uri)
+                let layout = RowFileFormat::from_kind(other)?
+                    .layout(&self.row_file(&file.path, &file.uri, file.size), task_rows)
                     .await?;
-                Ok(vec![rows])
+                Ok((layout.group_rows(), Some(layout)))
             }
+        }
+    }
+
+    fn row_file<'a>(&'a self, path: &'a Path, uri: &'a str, size: u64) -> RowFile<'a> {
+        RowFile {
+            store: &self.location.store,
+            stats: self.access.fetch_stats(),
+            path,
+            uri,
+            size,
+            footers: &self.ipc_footers,
         }
     }
 
     /// Plans the dataset into splits of at most `task_rows` rows that cover every row exactly once.
     ///
-    /// Footers (or, for row formats without metadata, row counts) are read with bounded concurrency; splits
-    /// come in file order (sorted by path) then row order, and `task_id` is the position in that order.
+    /// Footers are read with bounded concurrency, and so are the row formats' files: a CSV, JSON lines or
+    /// TFRecord file is read once to find where its records lie, and is cut into splits of exactly
+    /// `task_rows` rows (the last of a file holds the rest); an Arrow IPC file's footer and batch headers
+    /// are read. Splits come in file order (sorted by path) then row order, and `task_id` is the position
+    /// in that order.
     ///
     /// # Errors
     ///
@@ -512,13 +548,15 @@ impl Dataset {
                 "task rows must be at least 1".to_string(),
             ));
         }
-        let row_groups: Vec<Vec<u64>> = stream::iter(
+        let (row_groups, layouts): (Vec<Vec<u64>>, Vec<Option<FileLayout>>) = stream::iter(
             kept.iter()
-                .map(|index| self.file_row_groups(&self.files[*index])),
+                .map(|index| self.file_row_groups(&self.files[*index], task_rows)),
         )
         .buffered(PLAN_CONCURRENCY)
-        .try_collect()
-        .await?;
+        .try_collect::<Vec<_>>()
+        .await?
+        .into_iter()
+        .unzip();
         let delta_info = self.delta.as_ref();
         let splits = cut(&row_groups, task_rows)
             .into_iter()
@@ -539,6 +577,9 @@ impl Dataset {
                         .map(|(field, value)| (field.name().clone(), value.clone()))
                         .collect(),
                     delta: delta_info.map(|table| table.split_info(file_index)),
+                    bytes: layouts[kept_index]
+                        .as_ref()
+                        .and_then(|layout| layout.bytes_of(first_row, row_count)),
                 }
             })
             .collect();
@@ -576,7 +617,7 @@ impl Dataset {
             .collect()
     }
 
-    /// What fetching byte ranges has cost this dataset's reads so far (Parquet and Delta files).
+    /// What fetching byte ranges has cost this dataset's reads so far, planning included.
     pub fn fetch_stats(&self) -> &crate::FetchStats {
         self.access.fetch_stats()
     }
@@ -685,8 +726,7 @@ impl Dataset {
             (other, _) => {
                 RowFileFormat::from_kind(other)?
                     .read_split(
-                        &self.location.store,
-                        &path,
+                        &self.row_file(&path, &split.uri, split.file_size),
                         split,
                         partitions,
                         &plan,

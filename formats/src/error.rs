@@ -128,6 +128,29 @@ pub enum FormatError {
         /// What is wrong (length or data CRC mismatch, truncation).
         reason: String,
     },
+    /// A record of a CSV, JSON lines or Arrow IPC file cannot be found or read.
+    #[error("{format} file {file}: record at byte {offset}: {reason}")]
+    Record {
+        /// The format, as its files are called (`csv`, `json lines`, `arrow ipc`).
+        format: &'static str,
+        /// The file.
+        file: String,
+        /// Byte offset of the record's start.
+        offset: u64,
+        /// What is wrong, and the fix.
+        reason: String,
+    },
+    /// A file is not as it was when it was planned: its splits' rows are no longer where the plan
+    /// says they are.
+    #[error(
+        "{uri}: {what}: the file changed since it was planned; restore it, or plan again (a job plans again under a new checkpoint location)"
+    )]
+    FileChanged {
+        /// The file.
+        uri: String,
+        /// What differs from the plan.
+        what: String,
+    },
     /// A bad argument from the caller (options, generator parameters).
     #[error("{0}")]
     InvalidArgument(String),

@@ -1,4 +1,5 @@
-//! What fetching byte ranges cost a dataset: the time its reads waited for bytes, and the bytes.
+//! What fetching byte ranges cost a dataset: the time its reads waited for bytes, and the bytes, for every
+//! format.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -45,7 +46,8 @@ impl FetchStats {
         self.mapped.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    fn record(&self, started: Instant, bytes: u64) {
+    /// Adds a fetch of `bytes` that began at `started`.
+    pub(crate) fn record(&self, started: Instant, bytes: u64) {
         let elapsed = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         // Relaxed: statistics, read on their own.
         self.busy_ns.fetch_add(elapsed, Ordering::Relaxed);

@@ -106,7 +106,7 @@ impl Dataset {
                 })
                 .collect(),
         };
-        let row_groups = self.file_row_groups(&data_file).await?;
+        let (row_groups, layout) = self.file_row_groups(&data_file, task_rows).await?;
         Ok(cut(&[row_groups], task_rows.max(1))
             .into_iter()
             .map(|(_, first_row, row_count)| Split {
@@ -122,6 +122,9 @@ impl Dataset {
                     .map(|(field, value)| (field.name().clone(), value.clone()))
                     .collect(),
                 delta: None,
+                bytes: layout
+                    .as_ref()
+                    .and_then(|layout| layout.bytes_of(first_row, row_count)),
             })
             .collect())
     }

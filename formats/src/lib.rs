@@ -4,7 +4,9 @@
 //! - [`store`]: `file://` and plain paths, `s3://`, `gs://`, `az://`, with per-source storage options.
 //! - [`Dataset`]: a Parquet file, directory tree or glob (hive `k=v` directories become columns), a Delta
 //!   table (through `delta_kernel`), or Arrow IPC, CSV, JSON lines and TFRecord files.
-//! - [`Dataset::plan`] cuts a dataset into [`Split`]s that cover every row exactly once, in a stable order.
+//! - [`Dataset::plan`] cuts a dataset into [`Split`]s that cover every row exactly once, in a stable order. A
+//!   split of a CSV, JSON lines, TFRecord or Arrow IPC file carries where its rows lie in the file
+//!   ([`SplitBytes`]), found once by the planner, so that reading it fetches those bytes only.
 //! - [`Dataset::read_split`] reads one split with projection and a [`filter::Expr`], pushed down to row-group
 //!   statistics, bloom filters and the page index where the files have them.
 //! - [`Dataset::read_split_covered`] reads it as [`SplitBatch`]es whose split-row ranges tile the split
@@ -25,6 +27,8 @@ pub mod fetch;
 pub mod filter;
 pub mod follow;
 pub mod generate;
+mod ipc;
+mod layout;
 mod local;
 mod parquet;
 pub mod plan;
@@ -40,7 +44,7 @@ pub use dataset::{Dataset, FormatKind, OpenOptions};
 pub use error::{FormatError, Result};
 pub use fetch::FetchStats;
 pub use filter::Expr;
-pub use plan::{DeletionVector, DeltaSplitInfo, Split};
+pub use plan::{DeletionVector, DeltaSplitInfo, Split, SplitBytes};
 pub use read::ReadOptions;
 pub use store::StorageOptions;
 pub use uring::LocalIo;

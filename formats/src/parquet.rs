@@ -156,7 +156,7 @@ impl FileAccess {
     }
 
     /// What the fetches through this access cost.
-    pub(crate) fn fetch_stats(&self) -> &FetchStats {
+    pub(crate) fn fetch_stats(&self) -> &Arc<FetchStats> {
         &self.fetch
     }
 

@@ -26,6 +26,38 @@ pub struct DeletionVector {
     pub cardinality: i64,
 }
 
+/// Where the rows of a split of a row format (CSV, JSON lines, TFRecord, Arrow IPC) lie in its file, found
+/// once when the file was planned, so that a reader fetches these bytes and no others.
+///
+/// The bytes `[start, end)` hold whole records (or, for Arrow IPC, whole record batches): the file's rows
+/// `[first_row, first_row + rows)`, which contain the split's rows. A CSV range never holds the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitBytes {
+    /// The offset of the range's first byte.
+    pub start: u64,
+    /// The offset just past the range's last byte.
+    pub end: u64,
+    /// The file row the range starts with.
+    pub first_row: u64,
+    /// The number of rows the range holds.
+    pub rows: u64,
+    /// The CRC32C of the range's bytes, for the formats whose planning reads every byte (CSV, JSON lines,
+    /// TFRecord); `None` for Arrow IPC, whose record batches are found again in the file's footer.
+    pub crc32c: Option<u32>,
+}
+
+impl SplitBytes {
+    /// The length of the range in bytes.
+    pub fn len(&self) -> u64 {
+        self.end.saturating_sub(self.start)
+    }
+
+    /// Whether the range holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// One task's worth of data: a row range of one file, with what is needed to read it exactly.
 ///
 /// Row numbers count the file's physical rows, in file order. For a Delta file, rows removed by the deletion
@@ -46,6 +78,10 @@ pub struct Split {
     pub partition_values: Vec<(String, Option<String>)>,
     /// Set for splits of a Delta table.
     pub delta: Option<DeltaSplitInfo>,
+    /// Where the rows lie in the file, for row formats planned with an index of their records; without
+    /// it, a row format's split reads its whole file.
+    #[serde(default)]
+    pub bytes: Option<SplitBytes>,
 }
 
 /// A piece of a file chosen by [`cut`]: `(file index, first row, row count)`.

@@ -1,22 +1,32 @@
-//! Row formats without a row index: Arrow IPC files, CSV, JSON lines and TFRecord.
+//! Row formats without a row index in a footer: Arrow IPC files, CSV, JSON lines and TFRecord.
 //!
-//! These files carry no row counts in a footer, so the planner counts rows by reading each file once, and a
-//! split's row range is cut from the decoded rows. A file is fetched whole and decoded on a blocking thread.
+//! The planner finds where each file's rows lie once ([`crate::layout`]): CSV, JSON lines and TFRecord
+//! files are streamed through a scanner of their records, and an Arrow IPC file's footer lists its
+//! record batches. A split then carries its bytes ([`SplitBytes`]), and a reader fetches only those, by
+//! one ranged read (plus the footer and the dictionaries of an Arrow IPC file), checks them against the
+//! plan, and decodes them on a blocking thread. A split planned without its bytes reads its whole file.
+//!
+//! Local files and object stores are read the same way, through `object_store`'s ranged reads.
 
-use std::io::Cursor;
+use std::io::{Cursor, Read};
+use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
 use arrow::array::{BinaryBuilder, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 
 use crate::coverage::SplitBatch;
 use crate::dataset::FormatKind;
 use crate::error::{FormatError, Result};
-use crate::plan::Split;
+use crate::fetch::FetchStats;
+use crate::ipc::IpcFooters;
+use crate::layout::{CsvScanner, FileLayout, JsonScanner, Scanner, TfRecordScanner};
+use crate::plan::{Split, SplitBytes};
 use crate::read::ReadPlan;
 
 /// How many rows of a CSV or JSON lines file are read to infer its schema.
@@ -34,6 +44,173 @@ pub(crate) enum RowFileFormat {
     TfRecord,
 }
 
+/// One file of a row-format dataset, as planned: its bytes are read through `store`, and what the reads
+/// cost goes to `stats`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowFile<'a> {
+    pub store: &'a Arc<dyn ObjectStore>,
+    pub stats: &'a Arc<FetchStats>,
+    pub path: &'a Path,
+    pub uri: &'a str,
+    /// The file's size when it was listed for the plan.
+    pub size: u64,
+    /// The Arrow IPC footers the dataset keeps.
+    pub footers: &'a IpcFooters,
+}
+
+impl RowFile<'_> {
+    /// Reads the bytes `range`, which must be the file's as planned: a file of another size has changed.
+    pub(crate) async fn range(&self, range: Range<u64>) -> Result<Bytes> {
+        let started = Instant::now();
+        let context = || {
+            format!(
+                "reading bytes {}..{} of {}",
+                range.start, range.end, self.uri
+            )
+        };
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(range.clone())),
+            ..GetOptions::default()
+        };
+        let result = self
+            .store
+            .get_opts(self.path, options)
+            .await
+            .map_err(|error| FormatError::store(context(), error))?;
+        if result.meta.size != self.size {
+            return Err(FormatError::FileChanged {
+                uri: self.uri.to_string(),
+                what: format!(
+                    "it has {} bytes, and had {} bytes when planned",
+                    result.meta.size, self.size
+                ),
+            });
+        }
+        let bytes = result
+            .bytes()
+            .await
+            .map_err(|error| FormatError::store(context(), error))?;
+        self.stats.record(started, bytes.len() as u64);
+        if bytes.len() as u64 != range.end - range.start {
+            return Err(FormatError::FileChanged {
+                uri: self.uri.to_string(),
+                what: format!(
+                    "bytes {}..{} came back as {} bytes",
+                    range.start,
+                    range.end,
+                    bytes.len()
+                ),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Reads several byte ranges, which the store may fetch together.
+    pub(crate) async fn ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let started = Instant::now();
+        let parts = self
+            .store
+            .get_ranges(self.path, ranges)
+            .await
+            .map_err(|error| {
+                FormatError::store(
+                    format!("reading {} byte ranges of {}", ranges.len(), self.uri),
+                    error,
+                )
+            })?;
+        self.stats
+            .record(started, parts.iter().map(|part| part.len() as u64).sum());
+        Ok(parts)
+    }
+
+    /// Starts reading the whole file, chunk by chunk, for a blocking thread.
+    async fn stream(&self) -> Result<BlockingObject> {
+        let result = self
+            .store
+            .get(self.path)
+            .await
+            .map_err(|error| FormatError::store(format!("reading {}", self.uri), error))?;
+        Ok(BlockingObject {
+            chunks: result.into_stream(),
+            runtime: tokio::runtime::Handle::current(),
+            stats: Arc::clone(self.stats),
+            uri: self.uri.to_string(),
+            unread: Bytes::new(),
+        })
+    }
+
+    /// Reads the whole file.
+    async fn whole(&self) -> Result<Bytes> {
+        let started = Instant::now();
+        let context = || format!("reading {}", self.uri);
+        let result = self
+            .store
+            .get(self.path)
+            .await
+            .map_err(|error| FormatError::store(context(), error))?;
+        let bytes = result
+            .bytes()
+            .await
+            .map_err(|error| FormatError::store(context(), error))?;
+        self.stats.record(started, bytes.len() as u64);
+        Ok(bytes)
+    }
+}
+
+/// An object's bytes for a blocking thread, one chunk of its stream at a time, so that a file of any
+/// size is scanned in bounded memory.
+struct BlockingObject {
+    chunks: BoxStream<'static, object_store::Result<Bytes>>,
+    runtime: tokio::runtime::Handle,
+    stats: Arc<FetchStats>,
+    uri: String,
+    /// What [`Read::read`] has not handed out yet of the last chunk.
+    unread: Bytes,
+}
+
+impl BlockingObject {
+    /// The next chunk of the object, `None` at its end. Waits on the runtime: call it from a blocking
+    /// thread only.
+    fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        let started = Instant::now();
+        match self.runtime.block_on(self.chunks.next()) {
+            None => Ok(None),
+            Some(Ok(chunk)) => {
+                self.stats.record(started, chunk.len() as u64);
+                Ok(Some(chunk))
+            }
+            Some(Err(error)) => Err(FormatError::store(format!("reading {}", self.uri), error)),
+        }
+    }
+}
+
+impl Read for BlockingObject {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        while self.unread.is_empty() {
+            match self.next_chunk().map_err(std::io::Error::other)? {
+                None => return Ok(0),
+                Some(chunk) => self.unread = chunk,
+            }
+        }
+        let length = buffer.len().min(self.unread.len());
+        buffer[..length].copy_from_slice(&self.unread[..length]);
+        self.unread = self.unread.slice(length..);
+        Ok(length)
+    }
+}
+
+/// Whether a CSV's bytes start with its header row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Header {
+    /// The bytes are the whole file, header first.
+    First,
+    /// The bytes are records of the file's data only.
+    Absent,
+}
+
 impl RowFileFormat {
     pub(crate) fn from_kind(kind: FormatKind) -> Result<Self> {
         match kind {
@@ -47,62 +224,55 @@ impl RowFileFormat {
         }
     }
 
-    /// Infers or reads the schema of one file.
-    pub(crate) async fn schema(
-        self,
-        store: &Arc<dyn ObjectStore>,
-        path: &Path,
-        uri: &str,
-    ) -> Result<SchemaRef> {
-        if self == Self::TfRecord {
-            return Ok(tfrecord_schema());
-        }
-        let bytes = fetch(store, path, uri).await?;
-        let uri = uri.to_string();
-        blocking(move || match self {
-            Self::ArrowIpc => {
-                let reader = arrow::ipc::reader::FileReader::try_new(Cursor::new(bytes), None)
-                    .map_err(|error| FormatError::arrow(format!("arrow ipc file {uri}"), error))?;
-                Ok(reader.schema())
-            }
-            Self::Csv => {
+    /// Infers or reads the schema of one file: from the footer of an Arrow IPC file, from the first
+    /// rows of a CSV or JSON lines file, which are all that is read of it.
+    pub(crate) async fn schema(self, file: &RowFile<'_>) -> Result<SchemaRef> {
+        let (object, uri) = match self {
+            Self::TfRecord => return Ok(tfrecord_schema()),
+            Self::ArrowIpc => return Ok(Arc::clone(&file.footers.get(file).await?.schema)),
+            Self::Csv | Self::JsonLines => (file.stream().await?, file.uri.to_string()),
+        };
+        blocking(move || {
+            let reader = std::io::BufReader::new(object);
+            if self == Self::Csv {
                 let format = arrow::csv::reader::Format::default().with_header(true);
-                let (schema, _) = format
-                    .infer_schema(Cursor::new(bytes), Some(INFER_ROWS))
-                    .map_err(|error| {
-                        FormatError::arrow(format!("csv file {uri}: inferring the schema"), error)
-                    })?;
-                Ok(Arc::new(schema))
-            }
-            Self::JsonLines => {
                 let (schema, _) =
-                    arrow::json::reader::infer_json_schema(Cursor::new(bytes), Some(INFER_ROWS))
+                    format
+                        .infer_schema(reader, Some(INFER_ROWS))
                         .map_err(|error| {
                             FormatError::arrow(
-                                format!("json lines file {uri}: inferring the schema"),
+                                format!("csv file {uri}: inferring the schema"),
                                 error,
                             )
                         })?;
-                Ok(Arc::new(schema))
+                return Ok(Arc::new(schema));
             }
-            Self::TfRecord => Ok(tfrecord_schema()),
+            let (schema, _) = arrow::json::reader::infer_json_schema(reader, Some(INFER_ROWS))
+                .map_err(|error| {
+                    FormatError::arrow(
+                        format!("json lines file {uri}: inferring the schema"),
+                        error,
+                    )
+                })?;
+            Ok(Arc::new(schema))
         })
         .await
     }
 
-    /// Counts the rows of one file.
-    pub(crate) async fn count_rows(
-        self,
-        store: &Arc<dyn ObjectStore>,
-        path: &Path,
-        uri: &str,
-    ) -> Result<u64> {
-        let schema = self.schema(store, path, uri).await?;
-        let bytes = fetch(store, path, uri).await?;
-        let uri = uri.to_string();
+    /// Finds where the rows of one file lie, cut into groups of at most `task_rows` rows: CSV, JSON
+    /// lines and TFRecord files are read once, in chunks; an Arrow IPC file's footer and batch headers
+    /// are read.
+    pub(crate) async fn layout(self, file: &RowFile<'_>, task_rows: u64) -> Result<FileLayout> {
+        let scanner = match self {
+            Self::ArrowIpc => return crate::ipc::layout(file).await,
+            Self::Csv => Scanner::Csv(Box::new(CsvScanner::new())),
+            Self::JsonLines => Scanner::JsonLines(JsonScanner::new()),
+            Self::TfRecord => Scanner::TfRecord(TfRecordScanner::new()),
+        };
+        let mut object = file.stream().await?;
+        let (uri, size) = (file.uri.to_string(), file.size);
         blocking(move || {
-            let batches = decode(self, bytes, &schema, &uri)?;
-            Ok(batches.iter().map(|batch| batch.num_rows() as u64).sum())
+            crate::layout::scan(scanner, || object.next_chunk(), task_rows, &uri, size)
         })
         .await
     }
@@ -110,38 +280,54 @@ impl RowFileFormat {
     /// Reads one split of one file; the batches' coverages tile the split.
     pub(crate) async fn read_split(
         self,
-        store: &Arc<dyn ObjectStore>,
-        path: &Path,
+        file: &RowFile<'_>,
         split: &Split,
         partitions: Vec<(Field, Option<String>)>,
         plan: &ReadPlan,
         file_schema: SchemaRef,
     ) -> Result<BoxStream<'static, Result<SplitBatch>>> {
-        let bytes = fetch(store, path, &split.uri).await?;
         let uri = split.uri.clone();
-        let (task_id, first_row, row_count) = (split.task_id, split.first_row, split.row_count);
+        let (task_id, row_count) = (split.task_id, split.row_count);
+        let (batches, skip) = match &split.bytes {
+            None => {
+                let bytes = file.whole().await?;
+                let uri = uri.clone();
+                let batches =
+                    blocking(move || decode(self, bytes, &file_schema, &uri, Header::First))
+                        .await?;
+                (batches, split.first_row)
+            }
+            Some(range) => {
+                let skip = rows_within(split, range)?;
+                let batches = if self == Self::ArrowIpc {
+                    crate::ipc::read_range(file, range).await?
+                } else {
+                    self.read_records(file, split, range, file_schema).await?
+                };
+                (batches, skip)
+            }
+        };
         let plan = plan.clone();
         let finished = blocking(move || {
-            let batches = decode(self, bytes, &file_schema, &uri)?;
             let total: u64 = batches.iter().map(|batch| batch.num_rows() as u64).sum();
-            if first_row.checked_add(row_count).is_none_or(|end| end > total) {
+            if skip.checked_add(row_count).is_none_or(|end| end > total) {
                 return Err(FormatError::SplitInvalid {
                     task_id,
                     uri: uri.clone(),
-                    reason: format!("rows [{first_row}, +{row_count}) exceed the file's {total} rows; plan the dataset again"),
+                    reason: format!("rows [{skip}, +{row_count}) of what it reads exceed the {total} rows there; plan the dataset again"),
                 });
             }
             let mut output = Vec::new();
             let mut batch_start = 0u64;
-            let end = first_row + row_count;
+            let end = skip + row_count;
             for batch in batches {
                 let batch_end = batch_start + batch.num_rows() as u64;
-                let (from, to) = (first_row.max(batch_start), end.min(batch_end));
+                let (from, to) = (skip.max(batch_start), end.min(batch_end));
                 if from < to {
                     let offset = usize::try_from(from - batch_start).unwrap_or(usize::MAX);
                     let length = usize::try_from(to - from).unwrap_or(usize::MAX);
                     let mut sliced = batch.slice(offset, length);
-                    let mut piece_start = from - first_row;
+                    let mut piece_start = from - skip;
                     while sliced.num_rows() > 0 {
                         let take = sliced.num_rows().min(plan.batch_rows);
                         let piece = sliced.slice(0, take);
@@ -158,6 +344,72 @@ impl RowFileFormat {
         .await?;
         Ok(stream::iter(finished.into_iter().map(Ok)).boxed())
     }
+
+    /// Reads the records a split's bytes hold: one ranged read, checked against the CRC32C the planner
+    /// took of them, then decoded.
+    async fn read_records(
+        self,
+        file: &RowFile<'_>,
+        split: &Split,
+        range: &SplitBytes,
+        file_schema: SchemaRef,
+    ) -> Result<Vec<RecordBatch>> {
+        let bytes = file.range(range.start..range.end).await?;
+        let (uri, task_id, planned) = (split.uri.clone(), split.task_id, *range);
+        blocking(move || {
+            let found = crc32c::crc32c(&bytes);
+            if let Some(expected) = planned.crc32c
+                && found != expected
+            {
+                return Err(FormatError::FileChanged {
+                    uri,
+                    what: format!(
+                        "split {task_id}: bytes {}..{} have CRC32C {found:08x}, {expected:08x} when planned",
+                        planned.start, planned.end
+                    ),
+                });
+            }
+            let batches = decode(self, bytes, &file_schema, &uri, Header::Absent)?;
+            let rows: u64 = batches.iter().map(|batch| batch.num_rows() as u64).sum();
+            if rows != planned.rows {
+                return Err(FormatError::SplitInvalid {
+                    task_id,
+                    uri,
+                    reason: format!(
+                        "bytes {}..{} hold {rows} rows, and its plan {}: the file changed since it was planned, or was planned by another release; plan the dataset again",
+                        planned.start, planned.end, planned.rows
+                    ),
+                });
+            }
+            Ok(batches)
+        })
+        .await
+    }
+}
+
+/// Where a split's rows start among the rows its bytes hold; an error when they do not all lie there.
+fn rows_within(split: &Split, range: &SplitBytes) -> Result<u64> {
+    let skip = split.first_row.checked_sub(range.first_row);
+    let fits = skip.is_some_and(|skip| {
+        skip.checked_add(split.row_count)
+            .is_some_and(|end| end <= range.rows)
+    });
+    match skip {
+        Some(skip) if fits && !range.is_empty() => Ok(skip),
+        _ => Err(FormatError::SplitInvalid {
+            task_id: split.task_id,
+            uri: split.uri.clone(),
+            reason: format!(
+                "rows [{}, +{}) do not lie in its bytes {}..{}, which hold rows [{}, +{}); plan the dataset again",
+                split.first_row,
+                split.row_count,
+                range.start,
+                range.end,
+                range.first_row,
+                range.rows
+            ),
+        }),
+    }
 }
 
 fn tfrecord_schema() -> SchemaRef {
@@ -168,18 +420,8 @@ fn tfrecord_schema() -> SchemaRef {
     )]))
 }
 
-async fn fetch(store: &Arc<dyn ObjectStore>, path: &Path, uri: &str) -> Result<Bytes> {
-    let result = store
-        .get(path)
-        .await
-        .map_err(|error| FormatError::store(format!("reading {uri}"), error))?;
-    result
-        .bytes()
-        .await
-        .map_err(|error| FormatError::store(format!("reading {uri}"), error))
-}
-
-async fn blocking<T: Send + 'static>(
+/// Runs decoding work on the blocking pool.
+pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
     tokio::task::spawn_blocking(work)
@@ -192,6 +434,7 @@ fn decode(
     bytes: Bytes,
     schema: &SchemaRef,
     uri: &str,
+    header: Header,
 ) -> Result<Vec<RecordBatch>> {
     match format {
         RowFileFormat::ArrowIpc => {
@@ -203,7 +446,7 @@ fn decode(
         }
         RowFileFormat::Csv => {
             let reader = arrow::csv::ReaderBuilder::new(Arc::clone(schema))
-                .with_header(true)
+                .with_header(header == Header::First)
                 .build(Cursor::new(bytes))
                 .map_err(|error| FormatError::arrow(format!("csv file {uri}"), error))?;
             reader

@@ -407,8 +407,8 @@ async fn pyarrow_row_formats_match_value_for_value() {
             .iter()
             .map(|split| split.row_count)
             .collect::<Vec<_>>(),
-        vec![50, 50, 50, 50],
-        "200 records cut into near-equal pieces of at most 64"
+        vec![64, 64, 64, 8],
+        "200 records cut into pieces of 64 and the rest"
     );
     let mut payloads = Vec::new();
     for split in &splits {

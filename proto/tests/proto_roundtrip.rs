@@ -4,7 +4,7 @@ use prost::Message;
 use sluice_proto::v1::{
     AssignTasks, Blacklisted, Command, CountOutOfRange, DeletionVector, DeltaSplitInfo,
     DoneBeforeEnd, Fence, HeartbeatReply, HeartbeatRequest, NoStopRequested, NotHeld,
-    PartitionValue, Refusal, Refuse, Release, RingStats, Shutdown, Split, StageStats,
+    PartitionValue, Refusal, Refuse, Release, RingStats, Shutdown, Split, SplitBytes, StageStats,
     StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command,
     refusal,
 };
@@ -90,6 +90,7 @@ fn delta_assignment() -> TaskAssignment {
                 }),
             }),
             source_index: 1,
+            bytes: None,
         }),
     }
 }
@@ -123,6 +124,30 @@ fn heartbeat_reply_with_every_command() -> HeartbeatReply {
                             partition_values: Vec::new(),
                             delta: None,
                             source_index: 0,
+                            bytes: None,
+                        }),
+                    },
+                    TaskAssignment {
+                        task_id: 44,
+                        epoch: 2,
+                        split_index: 7,
+                        start: 3,
+                        end: 9,
+                        split: Some(Split {
+                            uri: "s3://bucket/rows.csv".into(),
+                            file_size: 4_096,
+                            first_row: 10,
+                            row_count: 10,
+                            partition_values: Vec::new(),
+                            delta: None,
+                            source_index: 2,
+                            bytes: Some(SplitBytes {
+                                start: 1_000,
+                                end: 2_000,
+                                first_row: 10,
+                                rows: 10,
+                                crc32c: Some(0xe306_9283),
+                            }),
                         }),
                     },
                 ],

@@ -100,6 +100,7 @@ pub fn synthetic_plan(tasks: u64) -> JobPlan {
         files,
         splits,
         versions: vec![None],
+        bytes: Vec::new(),
     }
 }
 

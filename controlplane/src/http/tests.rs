@@ -41,6 +41,7 @@ fn master() -> Master {
             row_count: *rows,
             partition_values: Vec::new(),
             delta: None,
+            bytes: None,
         })
         .collect();
     let mut plan = JobPlan::default();

@@ -34,6 +34,7 @@ fn master() -> Master {
             row_count: *rows,
             partition_values: Vec::new(),
             delta: None,
+            bytes: None,
         })
         .collect();
     plan.extend(0, splits);
@@ -1058,6 +1059,7 @@ pub(super) fn planned_split(name: &str, rows: u64) -> Split {
         row_count: rows,
         partition_values: Vec::new(),
         delta: None,
+        bytes: None,
     }
 }
 

@@ -99,6 +99,13 @@ async fn splits(uri: &str, task_rows: u64) -> Vec<v1::Split> {
                 }),
             }),
             source_index: 0,
+            bytes: split.bytes.map(|bytes| v1::SplitBytes {
+                start: bytes.start,
+                end: bytes.end,
+                first_row: bytes.first_row,
+                rows: bytes.rows,
+                crc32c: bytes.crc32c,
+            }),
         })
         .collect()
 }
@@ -599,4 +606,65 @@ async fn transforms_shape_the_batches_and_the_announced_schema() {
             .len()
             > 1
     );
+}
+
+/// The bytes the pipeline's sources fetched so far, as its fetch stage reports them.
+fn fetched(pipeline: &Pipeline) -> u64 {
+    pipeline
+        .stage_stats()
+        .iter()
+        .find(|stage| stage.stage == "fetch")
+        .map_or(0, |stage| stage.bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_csv_task_stopped_midway_reads_its_split_bytes_and_every_row_once() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let batch = sluice_formats::generate::batch(5, 0, 3000).expect("batch");
+    let columns: Vec<usize> = ["id", "label"]
+        .iter()
+        .map(|name| batch.schema().index_of(name).expect("column"))
+        .collect();
+    let path = directory.path().join("rows.csv");
+    let mut writer = arrow::csv::Writer::new(std::fs::File::create(&path).expect("create"));
+    writer
+        .write(&batch.project(&columns).expect("projects"))
+        .expect("write");
+    drop(writer);
+    let uri = path.to_string_lossy().into_owned();
+    let file_size = std::fs::metadata(&path).expect("metadata").len();
+    let split = splits(&uri, 1000).await.remove(1);
+    let bytes = split.bytes.expect("a csv split carries its bytes");
+    assert_eq!((split.first_row, split.row_count), (1000, 1000));
+    for shuffle in [None, Some((5, 1))] {
+        let shape = JobShape {
+            batch_size: 64,
+            shuffle,
+            ..JobShape::default()
+        };
+        let pipeline = pipeline(&uri, "csv", &shape).await;
+        let before = fetched(&pipeline);
+        let first_piece = assignment(4, 1, 1, &split, 0, 1000);
+        let (delivered, stopped_at) =
+            run_feeder(pipeline.clone(), vec![first_piece], Some(150)).await;
+        let at = stopped_at.expect("the test stopped the task");
+        let mut ids = tiled_ids(&delivered, 4, 0, at, "id");
+        let rest = assignment(4, 1, 1, &split, at, 1000);
+        let (delivered, _) = run_feeder(pipeline.clone(), vec![rest], None).await;
+        ids.extend(tiled_ids(&delivered, 4, at, 1000, "id"));
+        let expected: Vec<i64> = match shuffle {
+            None => (1000..2000).collect(),
+            Some((seed, _)) => split_order(1000, seed, 1, 1)
+                .into_iter()
+                .map(|row| 1000 + i64::from(row))
+                .collect(),
+        };
+        assert_eq!(ids, expected, "shuffle {shuffle:?}, stopped at {at}");
+        let read = fetched(&pipeline) - before;
+        assert_eq!(
+            read,
+            2 * (bytes.end - bytes.start),
+            "shuffle {shuffle:?}: each piece of the task reads the split's bytes, not the file's {file_size}"
+        );
+    }
 }

@@ -64,7 +64,8 @@ impl Shape {
     }
 }
 
-/// The formats layer's split for `row_count` rows from `first_row` of the assignment's file.
+/// The formats layer's split for `row_count` rows from `first_row` of the assignment's file: rows
+/// of the assignment's split, so the split's bytes hold them.
 fn read_split(
     assignment: &v1::TaskAssignment,
     split: &v1::Split,
@@ -97,6 +98,13 @@ fn read_split(
                     }
                 }),
             }),
+        bytes: split.bytes.map(|bytes| sluice_formats::SplitBytes {
+            start: bytes.start,
+            end: bytes.end,
+            first_row: bytes.first_row,
+            rows: bytes.rows,
+            crc32c: bytes.crc32c,
+        }),
     }
 }
 
