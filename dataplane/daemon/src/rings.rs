@@ -456,8 +456,8 @@ fn open_ring(job_dir: &Path, rank: u32, size: u64, node: u64) -> Result<(Ring, L
     Ok((ring, ledger))
 }
 
-/// Prepares the job's ring directory: makes it (and the ring directory above it) this user's, with
-/// `sharing`'s mode, or refuses one of another user's; then removes the rings of an earlier run
+/// Prepares the job's ring directory: makes it, and any directory missing above it, with `sharing`'s
+/// mode, or refuses one of another user's (see [`files::ensure_dir`]); then removes the rings of an earlier run
 /// that no process uses any more (they hold nothing anyone will read; a ring a trainer still reads
 /// is kept, and so is one taken over).
 pub(crate) fn prepare_dir(job_dir: &Path, sharing: Sharing) -> Result<()> {
