@@ -277,20 +277,7 @@ fn check_ancestors(path: &Path) -> Result<(), FileError> {
 /// Checks that `path` is a directory of this user's, and gives it `sharing`'s mode and group.
 fn own_dir(path: &Path, sharing: Sharing) -> Result<(), FileError> {
     let metadata = fs::symlink_metadata(path).map_err(io_error(path, "stat"))?;
-    if !metadata.is_dir() {
-        return Err(FileError::WrongKind {
-            path: path.to_path_buf(),
-            found: kind(&metadata),
-        });
-    }
-    let user = user();
-    if metadata.uid() != user {
-        return Err(FileError::ForeignOwner {
-            path: path.to_path_buf(),
-            owner: metadata.uid(),
-            user,
-        });
-    }
+    check_kind_and_owner(path, &metadata, fs::Metadata::is_dir)?;
     if let Some(gid) = sharing.gid()
         && metadata.gid() != gid
     {
@@ -388,7 +375,7 @@ pub fn open_append(path: &Path, sharing: Sharing) -> Result<File, FileError> {
             _ => io_error(path, "open")(source),
         })?;
     let metadata = file.metadata().map_err(io_error(path, "stat"))?;
-    check_owned_metadata(path, &metadata)?;
+    check_kind_and_owner(path, &metadata, fs::Metadata::is_file)?;
     Ok(file)
 }
 
@@ -400,11 +387,17 @@ pub fn open_append(path: &Path, sharing: Sharing) -> Result<File, FileError> {
 /// [`FileError::WrongKind`], [`FileError::ForeignOwner`], or the error of `lstat`.
 pub fn check_owned(path: &Path) -> Result<(), FileError> {
     let metadata = fs::symlink_metadata(path).map_err(io_error(path, "stat"))?;
-    check_owned_metadata(path, &metadata)
+    check_kind_and_owner(path, &metadata, fs::Metadata::is_file)
 }
 
-fn check_owned_metadata(path: &Path, metadata: &fs::Metadata) -> Result<(), FileError> {
-    if !metadata.is_file() {
+/// Fails unless `metadata` (of `path`, not followed through a symlink) is of the kind `is_kind`
+/// accepts and belongs to this user.
+fn check_kind_and_owner(
+    path: &Path,
+    metadata: &fs::Metadata,
+    is_kind: fn(&fs::Metadata) -> bool,
+) -> Result<(), FileError> {
+    if !is_kind(metadata) {
         return Err(FileError::WrongKind {
             path: path.to_path_buf(),
             found: kind(metadata),
