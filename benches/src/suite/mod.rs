@@ -1472,9 +1472,12 @@ impl SuiteReport {
             .map(|(label, figures)| {
                 (
                     label
-                        .replace("pytorch_dataloader", "DataLoader")
-                        .replace(" workers)", "w)")
-                        .replace(" worker)", "w)")
+                        .replace("pytorch_dataloader_naive", "naive")
+                        .replace("pytorch_dataloader", "DL")
+                        .replace("mosaic_streaming", "mosaic")
+                        .replace(" (", " ")
+                        .replace(" workers)", "w")
+                        .replace(" worker)", "w")
                         .replace(" *", ""),
                     figures.rows_per_s,
                 )
