@@ -4,51 +4,100 @@
 
 SYSTEM is one of:
 
-- ``facts``: reads the dataset once with pyarrow and prints its rows and its Arrow bytes (the bytes of
-  the Arrow IPC messages of its record batches of ``--batch-rows`` rows, the unit of every GB/s of the
-  suite);
-- ``probe``: prints which optional systems are importable;
-- ``sluice``: ``sluice.Reader`` over the ring in ``SLUICE_RING`` (run as the trainer of a Sluice job);
+- ``facts``: reads the dataset once with pyarrow and prints its rows, its numeric columns and their
+  Arrow bytes (the bytes of the Arrow IPC messages of its record batches of ``--batch-rows`` rows
+  of those columns, the unit of every GB/s of the suite);
+- ``probe``: prints the version of every peer's package, or why it cannot be imported;
+- ``sluice``: ``sluice.Reader`` over the ring in ``SLUICE_RING`` (run as the trainer of a Sluice job),
+  each batch turned into tensors by :func:`to_tensors`;
 - ``sluice_torch``: ``DataLoader(sluice.torch.Dataset(), batch_size=None)`` over the same ring;
-- ``pyarrow``: a ``pyarrow.dataset`` scan to record batches in this process;
-- ``pytorch_dataloader``: a ``DataLoader`` with ``--workers`` worker processes over a Dataset that
-  reads the Parquet row groups with pyarrow, split among the workers, and yields one dict per row,
-  batched by the default collate;
-- ``mosaic_streaming``: MosaicML ``StreamingDataset`` over the dataset converted to MDS (in
-  ``--scratch``) before the clock starts, through a ``DataLoader`` with ``--workers`` workers;
-- ``ray_data``: ``ray.data.read_parquet(...).iter_batches()``.
+- ``pyarrow``: a ``pyarrow.dataset`` scan of the numeric columns in this process, to tensors;
+- ``pytorch_dataloader``: ``DataLoader(batch_size=None)`` with ``--workers`` worker processes over an
+  ``IterableDataset`` that reads the Parquet row groups with pyarrow, split among the workers, and
+  yields one dict of tensors per record batch;
+- ``pytorch_dataloader_naive``: a ``DataLoader`` over an ``IterableDataset`` that yields one dict per
+  row, batched by the default collate;
+- ``torchdata``: torchdata's ``StatefulDataLoader`` over the same Dataset as ``pytorch_dataloader``;
+- ``mosaic_streaming``: MosaicML ``StreamingDataset`` over the rows converted to MDS once (in
+  ``--scratch``, reused while its ``_SUCCESS`` marker is there), one MDS sample per batch of numeric
+  arrays, through a ``DataLoader(batch_size=None)`` with ``--workers`` workers;
+- ``ray_data``: ``ray.data.read_parquet(...).iter_torch_batches()``, with Ray started in the window.
 
-Every system runs the same loop, once its imports are done, which it announces with a ``ready``
-line: ask for the next batch, count its rows, then spin ``--work-us`` microseconds (the trainer's
-simulated per-batch work; 0 in the throughput phase). It prints one JSON line: the rows and batches
-seen, the seconds from the start of the loop (opening the reader, creating the iterator) to the end
-of the data, the seconds spent waiting for batches after the first one, the seconds until the first
-batch, and the window's ends on CLOCK_MONOTONIC in nanoseconds, so that the driver can attribute the
-CPU time of the system's processes to the window.
+Every system delivers the same thing: a dict from the name of each integer or floating-point column to
+a tensor of up to ``--batch-rows`` rows (nulls of floating-point columns as NaN). Every system runs the
+same loop, once its imports are done, which it announces with a ``ready`` line: ask for the next batch,
+count its rows, then compute for ``--work-us`` microseconds (the trainer's per-batch work, matrix
+products on one thread that release the GIL as a model's operators do; 0 for an idle trainer). It
+prints one JSON line: the rows and batches seen, the seconds from the start of the loop (opening the
+reader, creating the iterator) to the end of the data, the seconds spent waiting for batches after the
+first one, the seconds until the first batch and its rows, and the window's ends on CLOCK_MONOTONIC in
+nanoseconds, so that the driver can attribute the CPU time of the system's processes to the window.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
+import importlib.metadata
 import json
 import math
+import os
 import time
-from typing import Any, Callable, Iterable
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List
 
-SYSTEMS = ("sluice", "sluice_torch", "pyarrow", "pytorch_dataloader", "mosaic_streaming", "ray_data")
-OPTIONAL = {"mosaic_streaming": "streaming", "ray_data": "ray"}
+SYSTEMS = (
+    "sluice",
+    "sluice_torch",
+    "pyarrow",
+    "pytorch_dataloader",
+    "pytorch_dataloader_naive",
+    "torchdata",
+    "mosaic_streaming",
+    "ray_data",
+)
+# The distributions whose versions the report gives, and the systems that need each.
+DISTRIBUTIONS = {
+    "torch": (),
+    "pyarrow": (),
+    "numpy": ("mosaic_streaming", "ray_data"),
+    "sluice": (),
+    "torchdata": ("torchdata",),
+    "mosaicml-streaming": ("mosaic_streaming",),
+    "ray": ("ray_data",),
+}
+MODULES = {"torchdata": "torchdata.stateful_dataloader", "mosaicml-streaming": "streaming", "ray": "ray.data"}
+# The rows of one MDS shard file; shards of about 30 MB at the suite's rows.
+MDS_SHARD_BYTES = 1 << 25
+SUCCESS_MARKER = "_SUCCESS"
 
 
-def spin(nanoseconds: int) -> None:
-    """The trainer's work on one batch: a busy loop, as a compute step holds the core."""
-    deadline = time.monotonic_ns() + nanoseconds
-    while time.monotonic_ns() < deadline:
-        pass
+class Work:
+    """The trainer's work on one batch: matrix products on one thread until the deadline, so that the
+    core is busy and the GIL is free for the loader's threads, as with a model's operators."""
+
+    def __init__(self, microseconds: float) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        self.nanoseconds = int(microseconds * 1000)
+        self.matmul = torch.mm
+        self.left = torch.rand(48, 48)
+        self.right = torch.rand(48, 48)
+        self.out = torch.empty(48, 48)
+
+    def __call__(self) -> None:
+        deadline = time.monotonic_ns() + self.nanoseconds
+        while time.monotonic_ns() < deadline:
+            self.matmul(self.left, self.right, out=self.out)
 
 
 def drive(batches: Callable[[], Iterable[Any]], rows_of: Callable[[Any], int], work_us: float) -> dict:
-    work_ns = int(work_us * 1000)
+    # The modules every system turns batches into tensors with, imported before the window opens.
+    import pyarrow.compute  # noqa: F401
+    import torch  # noqa: F401
+
+    work = Work(work_us) if work_us > 0 else None
     # Everything is imported: the driver starts the node daemon of the Sluice systems on this line, so
     # that all of the daemon's work falls within the window.
     print("ready", flush=True)
@@ -58,6 +107,7 @@ def drive(batches: Callable[[], Iterable[Any]], rows_of: Callable[[Any], int], w
     count = 0
     waited_ns = 0
     first_batch_ns = None
+    first_batch_rows = 0
     while True:
         asked = time.monotonic_ns()
         try:
@@ -65,50 +115,96 @@ def drive(batches: Callable[[], Iterable[Any]], rows_of: Callable[[Any], int], w
         except StopIteration:
             break
         got = time.monotonic_ns()
+        batch_rows = rows_of(batch)
         if first_batch_ns is None:
             first_batch_ns = got - start
+            first_batch_rows = batch_rows
         else:
             waited_ns += got - asked
-        rows += rows_of(batch)
+        rows += batch_rows
         count += 1
         del batch
-        if work_ns:
-            spin(work_ns)
+        if work is not None:
+            work()
     end = time.monotonic_ns()
     return {
+        "pid": os.getpid(),
         "rows": rows,
         "batches": count,
         "seconds": (end - start) / 1e9,
         "first_batch_seconds": (first_batch_ns or 0) / 1e9,
+        "first_batch_rows": first_batch_rows,
         "wait_seconds": waited_ns / 1e9,
         "window_start_ns": start,
         "window_end_ns": end,
     }
 
 
-def facts(source: str, batch_rows: int) -> dict:
+def numeric_columns(schema) -> List[str]:
+    """The columns every system delivers as tensors: the integer and floating-point ones."""
+    import pyarrow as pa
+
+    return [field.name for field in schema if pa.types.is_integer(field.type) or pa.types.is_floating(field.type)]
+
+
+def to_tensors(batch) -> Dict[str, Any]:
+    """The columns of a record batch as tensors over its memory (DLPack), with one vectorised copy for a
+    floating-point column with nulls, which become NaN."""
+    import pyarrow.compute as pc
+    import torch
+
+    item = {}
+    for name, column in zip(batch.schema.names, batch.columns):
+        if column.null_count:
+            column = pc.fill_null(column, math.nan)
+        item[name] = torch.from_dlpack(column)
+    return item
+
+
+def rows_of_tensors(item: Dict[str, Any]) -> int:
+    return len(next(iter(item.values())))
+
+
+def open_dataset(source: str):
     import pyarrow.dataset as ds
 
+    return ds.dataset(source, format="parquet")
+
+
+def facts(source: str, batch_rows: int) -> dict:
+    dataset = open_dataset(source)
+    columns = numeric_columns(dataset.schema)
     rows = 0
     arrow_bytes = 0
     batches = 0
-    for batch in ds.dataset(source, format="parquet").to_batches(batch_size=batch_rows):
+    for batch in dataset.to_batches(batch_size=batch_rows, columns=columns):
         if batch.num_rows == 0:
             continue
         rows += batch.num_rows
         arrow_bytes += batch.serialize().size
         batches += 1
-    return {"rows": rows, "arrow_bytes": arrow_bytes, "batches": batches}
+    return {"rows": rows, "arrow_bytes": arrow_bytes, "batches": batches, "columns": columns}
 
 
 def probe() -> dict:
-    return {name: importlib.util.find_spec(module) is not None for name, module in OPTIONAL.items()}
+    """The version of every distribution, and for each system that cannot run here, why."""
+    versions = {}
+    missing = {}
+    for distribution, systems in DISTRIBUTIONS.items():
+        try:
+            versions[distribution] = importlib.metadata.version(distribution)
+            importlib.import_module(MODULES.get(distribution, distribution.replace("-", "_")))
+        except Exception as error:  # an import can fail with anything; the reason is what is reported
+            versions.pop(distribution, None)
+            for system in systems:
+                missing[system] = f"{distribution}: {type(error).__name__}: {error}"
+    return {"versions": versions, "missing": missing}
 
 
 def sluice_reader(args: argparse.Namespace) -> dict:
     import sluice
 
-    return drive(lambda: sluice.Reader(), lambda batch: batch.num_rows, args.work_us)
+    return drive(lambda: map(to_tensors, sluice.Reader()), rows_of_tensors, args.work_us)
 
 
 def sluice_torch(args: argparse.Namespace) -> dict:
@@ -118,108 +214,158 @@ def sluice_torch(args: argparse.Namespace) -> dict:
 
     return drive(
         lambda: torch.utils.data.DataLoader(sluice.torch.Dataset(), batch_size=None),
-        lambda item: len(item["id"]),
+        rows_of_tensors,
         args.work_us,
     )
 
 
 def pyarrow_scan(args: argparse.Namespace) -> dict:
-    import pyarrow.dataset as ds
-
     return drive(
-        lambda: ds.dataset(args.source, format="parquet").to_batches(batch_size=args.batch_rows),
-        lambda batch: batch.num_rows,
+        lambda: map(to_tensors, open_dataset(args.source).to_batches(batch_size=args.batch_rows, columns=args.columns)),
+        rows_of_tensors,
         args.work_us,
     )
 
 
-def parquet_rows_dataset(source: str):
-    """The Dataset users write today: pyarrow reads the row groups, each worker takes its share, and
-    every row becomes a dict (nulls of floating-point columns as NaN, which the default collate needs)."""
-    import pyarrow as pa
-    import pyarrow.dataset as ds
+def row_groups_of_worker(source: str) -> list:
+    """This DataLoader worker's share of the dataset's row groups (all of them in the main process)."""
     import torch.utils.data
 
-    class ParquetRows(torch.utils.data.IterableDataset):
-        def __init__(self, source: str) -> None:
-            super().__init__()
-            self.source = source
+    dataset = open_dataset(source)
+    row_groups = [group for fragment in dataset.get_fragments() for group in fragment.split_by_row_group()]
+    info = torch.utils.data.get_worker_info()
+    if info is not None:
+        row_groups = row_groups[info.id :: info.num_workers]
+    return row_groups
 
+
+def parquet_batches_dataset(args: argparse.Namespace):
+    """The Dataset a performance-minded user writes: pyarrow reads each worker's row groups, projected
+    to the numeric columns, and every record batch becomes one dict of tensors."""
+    import torch.utils.data
+
+    source, columns, batch_rows = args.source, args.columns, args.batch_rows
+
+    class ParquetBatches(torch.utils.data.IterableDataset):
         def __iter__(self):
-            dataset = ds.dataset(self.source, format="parquet")
-            row_groups = [group for fragment in dataset.get_fragments() for group in fragment.split_by_row_group()]
-            info = torch.utils.data.get_worker_info()
-            if info is not None:
-                row_groups = row_groups[info.id :: info.num_workers]
-            floats = {field.name for field in dataset.schema if pa.types.is_floating(field.type)}
-            for group in row_groups:
-                for row in group.to_table().to_pylist():
-                    for name in floats:
-                        if row[name] is None:
-                            row[name] = math.nan
-                    yield row
+            for group in row_groups_of_worker(source):
+                for batch in group.to_batches(batch_size=batch_rows, columns=columns):
+                    yield to_tensors(batch)
 
-    return ParquetRows(source)
+    return ParquetBatches()
+
+
+def parquet_rows_dataset(args: argparse.Namespace):
+    """The per-row Dataset: every row becomes a dict, which the default collate batches back."""
+    import torch.utils.data
+
+    source, columns = args.source, args.columns
+
+    class ParquetRows(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for group in row_groups_of_worker(source):
+                for row in group.to_table(columns=columns).to_pylist():
+                    yield {name: math.nan if value is None else value for name, value in row.items()}
+
+    return ParquetRows()
+
+
+def loader_options(workers: int) -> dict:
+    """Worker processes, each with 4 batches in flight once started, or the main process alone."""
+    if workers == 0:
+        return {"num_workers": 0}
+    return {"num_workers": workers, "prefetch_factor": 4}
 
 
 def pytorch_dataloader(args: argparse.Namespace) -> dict:
     import torch.utils.data
 
-    dataset = parquet_rows_dataset(args.source)
+    dataset = parquet_batches_dataset(args)
     return drive(
-        lambda: torch.utils.data.DataLoader(dataset, batch_size=args.batch_rows, num_workers=args.workers),
-        lambda batch: len(batch["id"]),
+        lambda: torch.utils.data.DataLoader(dataset, batch_size=None, **loader_options(args.workers)),
+        rows_of_tensors,
         args.work_us,
     )
 
 
-def mosaic_streaming(args: argparse.Namespace) -> dict:
-    import pyarrow as pa
-    import pyarrow.dataset as ds
+def pytorch_dataloader_naive(args: argparse.Namespace) -> dict:
     import torch.utils.data
-    from streaming import MDSWriter, StreamingDataset
 
-    dataset = ds.dataset(args.source, format="parquet")
+    dataset = parquet_rows_dataset(args)
+    return drive(
+        lambda: torch.utils.data.DataLoader(dataset, batch_size=args.batch_rows, **loader_options(args.workers)),
+        rows_of_tensors,
+        args.work_us,
+    )
+
+
+def torchdata_loader(args: argparse.Namespace) -> dict:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    dataset = parquet_batches_dataset(args)
+    return drive(
+        lambda: StatefulDataLoader(dataset, batch_size=None, **loader_options(args.workers)),
+        rows_of_tensors,
+        args.work_us,
+    )
+
+
+def convert_to_mds(args: argparse.Namespace) -> Path:
+    """The dataset in MDS, written once into ``--scratch``: one sample per record batch, each numeric
+    column as one array (floating-point nulls as NaN), so that a sample is a trainer's batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from streaming import MDSWriter
+
+    out = Path(args.scratch)
+    if (out / SUCCESS_MARKER).exists():
+        return out
+    dataset = open_dataset(args.source)
     encodings = {}
-    for field in dataset.schema:
-        if pa.types.is_integer(field.type):
-            encodings[field.name] = "int64"
-        elif pa.types.is_floating(field.type):
-            encodings[field.name] = "float32"
-        elif pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
-            encodings[field.name] = "str"
-        else:
-            encodings[field.name] = "json"
-    floats = [name for name, encoding in encodings.items() if encoding == "float32"]
-    # The conversion to MDS is the step MosaicML needs before training; it is not timed.
-    with MDSWriter(out=args.scratch, columns=encodings) as writer:
-        for batch in dataset.to_batches(batch_size=args.batch_rows):
-            for row in batch.to_pylist():
-                for name in floats:
-                    if row[name] is None:
-                        row[name] = math.nan
-                writer.write(row)
+    for name in args.columns:
+        kind = dataset.schema.field(name).type
+        encodings[name] = f"ndarray:{kind.to_pandas_dtype().__name__}"
+    with MDSWriter(out=str(out), columns=encodings, size_limit=MDS_SHARD_BYTES, exist_ok=True) as writer:
+        for batch in dataset.to_batches(batch_size=args.batch_rows, columns=args.columns):
+            if batch.num_rows == 0:
+                continue
+            sample = {}
+            for name, column in zip(batch.schema.names, batch.columns):
+                if column.null_count and pa.types.is_floating(column.type):
+                    column = pc.fill_null(column, math.nan)
+                sample[name] = column.to_numpy()
+            writer.write(sample)
+    (out / SUCCESS_MARKER).write_bytes(b"")
+    return out
+
+
+def mosaic_streaming(args: argparse.Namespace) -> dict:
+    import torch.utils.data
+    from streaming import StreamingDataset
+
+    local = convert_to_mds(args)
     return drive(
         lambda: torch.utils.data.DataLoader(
-            StreamingDataset(local=args.scratch, batch_size=args.batch_rows, shuffle=False),
-            batch_size=args.batch_rows,
-            num_workers=args.workers,
+            StreamingDataset(local=str(local), shuffle=False, batch_size=1),
+            batch_size=None,
+            **loader_options(args.workers),
         ),
-        lambda batch: len(batch["id"]),
+        rows_of_tensors,
         args.work_us,
     )
 
 
 def ray_data(args: argparse.Namespace) -> dict:
     import ray
+    import ray.data
 
-    ray.init(num_cpus=None, include_dashboard=False, log_to_driver=False)
+    def batches():
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        dataset = ray.data.read_parquet(args.source, columns=args.columns)
+        return dataset.iter_torch_batches(batch_size=args.batch_rows)
+
     try:
-        return drive(
-            lambda: ray.data.read_parquet(args.source).iter_batches(batch_size=args.batch_rows, batch_format="pyarrow"),
-            lambda batch: batch.num_rows,
-            args.work_us,
-        )
+        return drive(batches, rows_of_tensors, args.work_us)
     finally:
         ray.shutdown()
 
@@ -229,10 +375,14 @@ def main() -> None:
     parser.add_argument("system", choices=("facts", "probe") + SYSTEMS)
     parser.add_argument("--source", help="the dataset: a Parquet file, a directory of them, or a URI pyarrow reads")
     parser.add_argument("--batch-rows", type=int, default=4096)
+    parser.add_argument("--columns", help="the numeric columns, comma-separated, as `facts` printed them")
     parser.add_argument("--work-us", type=float, default=0.0)
     parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--scratch", help="where mosaic_streaming writes the MDS copy of the dataset")
+    parser.add_argument("--scratch", help="where mosaic_streaming keeps the MDS copy of the dataset")
     args = parser.parse_args()
+    args.columns = args.columns.split(",") if args.columns else None
+    # Ray sends usage statistics unless told not to; nothing of a benchmark leaves the host.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     runs = {
         "facts": lambda: facts(args.source, args.batch_rows),
         "probe": probe,
@@ -240,6 +390,8 @@ def main() -> None:
         "sluice_torch": lambda: sluice_torch(args),
         "pyarrow": lambda: pyarrow_scan(args),
         "pytorch_dataloader": lambda: pytorch_dataloader(args),
+        "pytorch_dataloader_naive": lambda: pytorch_dataloader_naive(args),
+        "torchdata": lambda: torchdata_loader(args),
         "mosaic_streaming": lambda: mosaic_streaming(args),
         "ray_data": lambda: ray_data(args),
     }

@@ -223,11 +223,11 @@ struct VsPyarrowArgs {
 
 #[derive(Debug, Args)]
 struct SuiteArgs {
-    /// 120,000 rows instead of 2 million, and one round.
+    /// 120,000 rows instead of 20 million, and one round.
     #[arg(long)]
     quick: bool,
     /// Rounds of each phase; the order of the systems rotates from one to the next.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 2)]
     rounds: usize,
     /// Write the report as one JSON object to this file.
     #[arg(long, value_name = "OUT")]
@@ -241,12 +241,15 @@ struct SuiteArgs {
     /// The trainer's work per batch in the stall phase, in µs [default: the daemon's CPU per batch].
     #[arg(long, value_name = "US")]
     work_us: Option<f64>,
-    /// Where the generated data is written once and then reused [default: ~/.cache/sluice/bench].
+    /// Where the generated data and the suite's Python environment are written once and then reused
+    /// [default: ~/.cache/sluice/bench].
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
-    /// The Python interpreter with pyarrow, torch and the sluice package.
-    #[arg(long, default_value = "python3")]
-    python: OsString,
+    /// The Python interpreter of the trainers, with the peers, torch and the sluice package [default:
+    /// a venv under the cache directory with the peers pinned in benches/python/requirements.txt,
+    /// made once from python3].
+    #[arg(long, value_name = "PY")]
+    python: Option<OsString>,
 }
 
 #[derive(Debug, Args)]

@@ -50,13 +50,19 @@ use std::time::Duration;
 
 pub use error::{BenchError, Result};
 pub use peer::{PeerArgs, PeerCommand, peer_main};
-pub use report::{Baselines, Figures, RingBenchReport, SizeReport};
+pub use report::{Baselines, Figures, RingBenchReport, RingOfSize, SizeReport};
 pub use transport::{Measurement, Transport};
 
 use affinity::{Placement, pin_current_thread};
 use memcpy::{MEMCPY_BUFFER_BYTES, measure_memcpy_gbps};
 use transport::RunContext;
 use workload::DEFAULT_SIZES;
+
+/// A ring larger than the last-level cache (32 MiB on the benchmark host), so that its records
+/// travel through memory, as a daemon's 256 MiB ring's do when the trainer lags.
+pub const DRAM_RING_BYTES: u64 = 256 << 20;
+/// The smallest record size also run through a ring of [`DRAM_RING_BYTES`].
+pub const DRAM_RING_FROM: usize = 1 << 20;
 
 /// The most records one run may move.
 const MAX_COUNT: u64 = 1 << 32;
@@ -119,11 +125,37 @@ pub fn run_ring_bench(
             crossbeam: measure(Transport::Crossbeam)?,
             iceoryx2: measure(Transport::Iceoryx2)?,
         };
+        let ring_bytes = transport::sluice_ring::capacity(size);
+        let memcpy_working_set_gbps = sut.measure_memcpy_working_set(ring_bytes)?;
+        let dram_ring = if size >= DRAM_RING_FROM {
+            let measurement = sut.measure_ring(size, DRAM_RING_BYTES)?;
+            let memcpy_gbps = sut.measure_memcpy_working_set(DRAM_RING_BYTES)?;
+            progress(&format!(
+                "{size} B sluice_ring of {} MiB: {:.0} records/s, {:.3} GB/s; memcpy over {} MiB {memcpy_gbps:.2} GB/s",
+                DRAM_RING_BYTES >> 20,
+                measurement.msgs_per_s(),
+                measurement.gbps(),
+                DRAM_RING_BYTES >> 20,
+            ));
+            Some(RingOfSize {
+                ring_bytes: DRAM_RING_BYTES,
+                msgs_per_s: measurement.msgs_per_s(),
+                gbps: measurement.gbps(),
+                memcpy_working_set_gbps: memcpy_gbps,
+                ratio_to_memcpy_working_set: measurement.gbps() / memcpy_gbps,
+            })
+        } else {
+            None
+        };
         sizes.push(SizeReport {
             bytes: size,
             msgs_per_s: ring.msgs_per_s,
             gbps: ring.gbps,
             ratio_to_memcpy: ring.gbps / sut.memcpy_gbps,
+            ring_bytes,
+            memcpy_working_set_gbps,
+            ratio_to_memcpy_working_set: ring.gbps / memcpy_working_set_gbps,
+            dram_ring,
             baselines,
         });
     }
@@ -169,6 +201,22 @@ impl<'a> TransportBench<'a> {
         Ok(bench)
     }
 
+    /// Measures the single-thread memcpy bandwidth of the consumer's core between two buffers of a
+    /// ring's `ring_bytes`, in GB/s: the best of enough passes to copy about 2 GiB (4 in quick mode).
+    ///
+    /// # Errors
+    ///
+    /// Returns an error when the memcpy thread cannot be pinned.
+    pub fn measure_memcpy_working_set(&self, ring_bytes: u64) -> Result<f64> {
+        let bytes = usize::try_from(ring_bytes).unwrap_or(usize::MAX);
+        let passes = if self.options.quick {
+            4
+        } else {
+            ((2usize << 30) / bytes.max(1)).clamp(5, 256)
+        };
+        memcpy_working_set_on(self.placement.consumer, bytes, passes)
+    }
+
     /// Measures the single-thread memcpy bandwidth of the consumer's core again, in GB/s.
     ///
     /// # Errors
@@ -187,6 +235,25 @@ impl<'a> TransportBench<'a> {
     ///
     /// Returns the transport's error, or an error when its scratch directory cannot be created.
     pub fn measure(&mut self, transport: Transport, size: usize) -> Result<Measurement> {
+        self.measure_with_ring_bytes(transport, size, None)
+    }
+
+    /// Moves `size`-byte records through a Sluice ring of `ring_bytes` for about the options' target
+    /// time.
+    ///
+    /// # Errors
+    ///
+    /// Returns the ring's error, or an error when its scratch directory cannot be created.
+    pub fn measure_ring(&mut self, size: usize, ring_bytes: u64) -> Result<Measurement> {
+        self.measure_with_ring_bytes(Transport::SluiceRing, size, Some(ring_bytes))
+    }
+
+    fn measure_with_ring_bytes(
+        &mut self,
+        transport: Transport,
+        size: usize,
+        ring_bytes: Option<u64>,
+    ) -> Result<Measurement> {
         let TransportBench {
             options,
             placement,
@@ -212,19 +279,27 @@ impl<'a> TransportBench<'a> {
                 peer: &options.peer,
                 scratch: scratch.path(),
                 run_name: format!("{}-{runs}", std::process::id()),
+                ring_bytes,
             };
             transport::run(transport, size, count, &context)
         })
     }
 }
 
-/// Measures memcpy bandwidth on a thread pinned to `cpu`, where the consumers run.
+/// Measures memcpy bandwidth between two 256 MiB buffers on a thread pinned to `cpu`, where the
+/// consumers run.
 fn memcpy_on(cpu: Option<usize>, passes: usize) -> Result<f64> {
+    memcpy_working_set_on(cpu, MEMCPY_BUFFER_BYTES, passes)
+}
+
+/// Measures memcpy bandwidth between two `bytes`-byte buffers on a thread pinned to `cpu`: a working
+/// set of a ring's size, in the cache or not as the ring is.
+fn memcpy_working_set_on(cpu: Option<usize>, bytes: usize, passes: usize) -> Result<f64> {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
                 pin_current_thread(cpu)?;
-                Ok(measure_memcpy_gbps(MEMCPY_BUFFER_BYTES, passes))
+                Ok(measure_memcpy_gbps(bytes, passes))
             })
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("the memcpy thread panicked")))

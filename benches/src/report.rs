@@ -45,10 +45,33 @@ pub struct SizeReport {
     pub msgs_per_s: f64,
     /// The ring's payload GB/s.
     pub gbps: f64,
-    /// The ring's GB/s over the memcpy GB/s of the same run.
+    /// The ring's GB/s over the memcpy GB/s of the same run (256 MiB buffers).
     pub ratio_to_memcpy: f64,
+    /// The ring's capacity in bytes.
+    pub ring_bytes: u64,
+    /// Single-thread memcpy GB/s between two buffers of `ring_bytes`: the same working set.
+    pub memcpy_working_set_gbps: f64,
+    /// The ring's GB/s over `memcpy_working_set_gbps`.
+    pub ratio_to_memcpy_working_set: f64,
+    /// The same records through a ring larger than the last-level cache; for records of 1 MiB and more.
+    pub dram_ring: Option<RingOfSize>,
     /// The baselines.
     pub baselines: Baselines,
+}
+
+/// The ring's figures at one record size with a ring of a given capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RingOfSize {
+    /// The ring's capacity in bytes.
+    pub ring_bytes: u64,
+    /// Records per second.
+    pub msgs_per_s: f64,
+    /// Payload GB/s.
+    pub gbps: f64,
+    /// Single-thread memcpy GB/s between two buffers of `ring_bytes`.
+    pub memcpy_working_set_gbps: f64,
+    /// `gbps` over `memcpy_working_set_gbps`.
+    pub ratio_to_memcpy_working_set: f64,
 }
 
 /// Everything one `sluice-bench ring` run measured.
@@ -117,6 +140,29 @@ impl RingBenchReport {
                 )
                 .ok();
             }
+            writeln!(
+                out,
+                "  sluice_ring of {}: {:.2} GB/s ÷ memcpy over the same {} {:.2} GB/s = {:.2}",
+                human_bytes(usize::try_from(size.ring_bytes).unwrap_or(usize::MAX)),
+                size.gbps,
+                human_bytes(usize::try_from(size.ring_bytes).unwrap_or(usize::MAX)),
+                size.memcpy_working_set_gbps,
+                size.ratio_to_memcpy_working_set
+            )
+            .ok();
+            if let Some(dram) = &size.dram_ring {
+                writeln!(
+                    out,
+                    "  sluice_ring of {} (beyond the cache): {} records/s, {:.2} GB/s ÷ memcpy over the same {} {:.2} GB/s = {:.2}",
+                    human_bytes(usize::try_from(dram.ring_bytes).unwrap_or(usize::MAX)),
+                    human_rate(dram.msgs_per_s),
+                    dram.gbps,
+                    human_bytes(usize::try_from(dram.ring_bytes).unwrap_or(usize::MAX)),
+                    dram.memcpy_working_set_gbps,
+                    dram.ratio_to_memcpy_working_set
+                )
+                .ok();
+            }
         }
         out
     }
@@ -156,6 +202,16 @@ mod tests {
                 msgs_per_s: 2e6,
                 gbps: 8.192,
                 ratio_to_memcpy: 0.8192,
+                ring_bytes: 8 << 20,
+                memcpy_working_set_gbps: 16.384,
+                ratio_to_memcpy_working_set: 0.5,
+                dram_ring: Some(RingOfSize {
+                    ring_bytes: 256 << 20,
+                    msgs_per_s: 1e6,
+                    gbps: 4.096,
+                    memcpy_working_set_gbps: 8.192,
+                    ratio_to_memcpy_working_set: 0.5,
+                }),
                 baselines: Baselines {
                     unix_socket: figures(5e5, 2.048),
                     crossbeam: figures(1e6, 4.096),
@@ -186,9 +242,13 @@ mod tests {
             [
                 "baselines",
                 "bytes",
+                "dram_ring",
                 "gbps",
+                "memcpy_working_set_gbps",
                 "msgs_per_s",
-                "ratio_to_memcpy"
+                "ratio_to_memcpy",
+                "ratio_to_memcpy_working_set",
+                "ring_bytes"
             ]
         );
         assert_eq!(
@@ -214,6 +274,10 @@ mod tests {
         assert!(unix_row.contains("500.0 k"), "{unix_row}");
         assert!(unix_row.contains("0.20"), "{unix_row}");
         assert!(unix_row.contains("4.00x"), "{unix_row}");
+        assert!(
+            tables.contains("sluice_ring of 256 MiB (beyond the cache): 1.00 M records/s, 4.10 GB/s ÷ memcpy over the same 256 MiB 8.19 GB/s = 0.50"),
+            "{tables}"
+        );
     }
 
     #[test]

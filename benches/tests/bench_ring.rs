@@ -64,14 +64,41 @@ fn quick_json_run_reports_every_size_and_transport() {
             [
                 "baselines",
                 "bytes",
+                "dram_ring",
                 "gbps",
+                "memcpy_working_set_gbps",
                 "msgs_per_s",
-                "ratio_to_memcpy"
+                "ratio_to_memcpy",
+                "ratio_to_memcpy_working_set",
+                "ring_bytes"
             ]
         );
         let msgs_per_s = figure(&size["msgs_per_s"], &format!("{at}.msgs_per_s"));
         let gbps = figure(&size["gbps"], &format!("{at}.gbps"));
         figure(&size["ratio_to_memcpy"], &format!("{at}.ratio_to_memcpy"));
+        figure(
+            &size["memcpy_working_set_gbps"],
+            &format!("{at}.memcpy_working_set_gbps"),
+        );
+        figure(
+            &size["ratio_to_memcpy_working_set"],
+            &format!("{at}.ratio_to_memcpy_working_set"),
+        );
+        // Records of 1 MiB and more also go through a ring beyond the last-level cache.
+        let dram = &size["dram_ring"];
+        if bytes_of(size) >= f64::from(1 << 20) {
+            assert_eq!(dram["ring_bytes"], 256 << 20, "{at}.dram_ring");
+            for key in [
+                "msgs_per_s",
+                "gbps",
+                "memcpy_working_set_gbps",
+                "ratio_to_memcpy_working_set",
+            ] {
+                figure(&dram[key], &format!("{at}.dram_ring.{key}"));
+            }
+        } else {
+            assert!(dram.is_null(), "{at}.dram_ring is {dram}");
+        }
         let implied_gbps = msgs_per_s * bytes_of(size) / 1e9;
         assert!(
             (gbps - implied_gbps).abs() <= implied_gbps * 1e-9,

@@ -1,5 +1,7 @@
-//! `sluice-bench suite --quick --json OUT --png PNG`, end to end: every system runs for real on the same
-//! data, the JSON holds finite figures for each, and the chart is a PNG. Speed is not asserted.
+//! `sluice-bench suite --quick --python python3 --json OUT --png PNG`, end to end: every system, the
+//! peers included, runs for real on the same data through the interpreter of the tests (where
+//! `scripts/test.sh` installed the peers of `benches/python/requirements.txt`), every one delivers
+//! every row, the JSON holds finite figures for each, and the chart is a PNG. Speed is not asserted.
 
 mod common;
 
@@ -7,17 +9,35 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// The systems every run measures; `mosaic_streaming` and `ray_data` only where they are installed.
-const REQUIRED: [&str; 6] = [
+/// The systems that run a trainer, with figures of their own beside rows/s.
+const TRAINERS: [&str; 8] = [
     "sluice",
     "sluice_torch",
     "pytorch_dataloader",
+    "pytorch_dataloader_naive",
+    "torchdata",
     "pyarrow",
-    "ring",
-    "memcpy",
+    "mosaic_streaming",
+    "ray_data",
 ];
-/// The systems that run a trainer, with CPU, stall and memory figures of their own.
-const TRAINERS: [&str; 4] = ["sluice", "sluice_torch", "pytorch_dataloader", "pyarrow"];
+/// The physical limits, with rows/s and GB/s only.
+const LIMITS: [&str; 2] = ["ring", "memcpy"];
+/// The figures every trainer system has, each a finite positive number.
+const TRAINER_FIGURES: [&str; 11] = [
+    "rows_per_s",
+    "gb_per_s",
+    "rows_per_s_steady",
+    "first_batch_s",
+    "cpu_s_per_mrows",
+    "trainer_cpu_s_per_mrows",
+    "data_overhead",
+    "data_overhead_half_work",
+    "data_overhead_double_work",
+    "peak_rss_bytes",
+    "peak_pss_bytes",
+];
+/// The loaders run with several worker counts.
+const LOADERS: [&str; 3] = ["pytorch_dataloader", "torchdata", "mosaic_streaming"];
 
 fn positive(system: &Value, name: &str, key: &str) -> f64 {
     let number = system[key]
@@ -31,14 +51,16 @@ fn positive(system: &Value, name: &str, key: &str) -> f64 {
 }
 
 #[test]
-fn suite_quick_measures_every_system_on_the_same_rows_and_draws_the_chart() {
+fn suite_quick_measures_every_peer_on_the_same_rows_and_draws_the_chart() {
     common::sluice();
-    sluice_testkit::require_python_modules("torch, pyarrow, sluice");
+    sluice_testkit::require_python_modules(
+        "torch, pyarrow, sluice, torchdata, streaming, ray.data",
+    );
     let directory = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let json_path = directory.path().join("suite.json");
     let png_path = directory.path().join("suite.png");
     let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
-        .args(["suite", "--quick", "--json"])
+        .args(["suite", "--quick", "--python", "python3", "--json"])
         .arg(&json_path)
         .arg("--png")
         .arg(&png_path)
@@ -57,20 +79,42 @@ fn suite_quick_measures_every_system_on_the_same_rows_and_draws_the_chart() {
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON report"))
             .expect("the report is JSON");
+    assert_eq!(
+        report["not_installed"]
+            .as_object()
+            .map(serde_json::Map::len),
+        Some(0),
+        "every peer runs where the tests run: {}",
+        report["not_installed"]
+    );
+    let rows = report["rows"].as_u64().expect("rows");
+    assert_eq!(rows, 120_000, "{report}");
     let systems = report["systems"].as_object().expect("systems");
-    for name in REQUIRED {
+    for name in LIMITS {
         let system = &systems
             .get(name)
             .unwrap_or_else(|| panic!("{name} missing from {report}"));
         positive(system, name, "rows_per_s");
         positive(system, name, "gb_per_s");
     }
-    let rows = report["rows"].as_u64().expect("rows");
-    assert_eq!(rows, 120_000, "{report}");
     for name in TRAINERS {
-        let system = &systems[name];
-        positive(system, name, "cpu_s_per_mrows");
-        positive(system, name, "peak_rss_bytes");
+        let system = &systems
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing from {report}"));
+        assert_eq!(system["rows"], rows, "{name} delivered another row count");
+        for key in TRAINER_FIGURES {
+            positive(system, name, key);
+        }
+        // The trainer computes its full share on every batch, so its epoch is never shorter than
+        // its compute.
+        for key in [
+            "data_overhead",
+            "data_overhead_half_work",
+            "data_overhead_double_work",
+        ] {
+            let overhead = positive(system, name, key);
+            assert!(overhead >= 1.0, "{name}.{key} is {overhead}, under 1");
+        }
         let stall = system["stall_percent"]
             .as_f64()
             .unwrap_or_else(|| panic!("{name}.stall_percent is not a number"));
@@ -78,46 +122,46 @@ fn suite_quick_measures_every_system_on_the_same_rows_and_draws_the_chart() {
             stall.is_finite() && (0.0..=100.0).contains(&stall),
             "{name}.stall_percent is {stall}"
         );
-        assert_eq!(system["rows"], rows, "{name} saw another row count");
+        assert!(
+            positive(system, name, "trainer_cpu_s_per_mrows")
+                <= positive(system, name, "cpu_s_per_mrows") * 1.001,
+            "{name}: the trainer's process is part of the system's processes"
+        );
     }
-    // The DataLoader turns every row into a dict and collates it back, in or for the trainer's loop:
-    // the trainer waits for each batch, so a stall of 0 would be a broken measurement.
-    positive(
-        &systems["pytorch_dataloader"],
-        "pytorch_dataloader",
-        "stall_percent",
-    );
-    let workers = systems["pytorch_dataloader"]["num_workers"]
-        .as_u64()
-        .expect("the best DataLoader's worker count");
-    assert!(workers <= 2, "{workers}");
-    assert_eq!(
-        report["pytorch_dataloader_by_workers"]
+    for name in LOADERS {
+        let counts = report["by_workers"][name]
             .as_array()
-            .map(Vec::len),
-        Some(3),
+            .unwrap_or_else(|| panic!("by_workers.{name} in {report}"));
+        assert_eq!(counts.len(), 2, "{name} runs with 0 and 1 worker: {report}");
+        let best = systems[name]["num_workers"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}.num_workers"));
+        assert!(
+            counts
+                .iter()
+                .any(|count| count["num_workers"].as_u64() == Some(best)),
+            "{name}'s figure is one of its worker counts"
+        );
+    }
+    let versions = report["versions"].as_object().expect("versions");
+    for distribution in [
+        "torch",
+        "pyarrow",
+        "numpy",
+        "torchdata",
+        "mosaicml-streaming",
+        "ray",
+    ] {
+        assert!(
+            versions.contains_key(distribution),
+            "the version of {distribution} in {report}"
+        );
+    }
+    assert_eq!(
+        report["targets"].as_array().map(Vec::len),
+        Some(5),
         "{report}"
     );
-    for optional in ["mosaic_streaming", "ray_data"] {
-        let missing = report["not_installed"]
-            .as_array()
-            .expect("not_installed")
-            .iter()
-            .any(|name| name == optional);
-        assert_ne!(
-            systems.contains_key(optional),
-            missing,
-            "{optional} is either measured or not installed: {report}"
-        );
-        if missing {
-            assert!(
-                stdout
-                    .lines()
-                    .any(|line| line.starts_with(optional) && line.ends_with("not installed")),
-                "the table says {optional} is not installed: {stdout}"
-            );
-        }
-    }
 
     let decoder = png::Decoder::new(std::io::BufReader::new(
         std::fs::File::open(&png_path).expect("the PNG"),

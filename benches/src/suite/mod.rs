@@ -1,51 +1,47 @@
-//! `sluice-bench suite`: Sluice against what users feed their trainers with today, side by side, in one
-//! run, on the same data.
+//! `sluice-bench suite`: Sluice against the loaders users feed their trainers with today, side by
+//! side, in one run, on the same data.
 //!
 //! The data is generated once by `sluice gen` into the cache directory (or is the user's, with
-//! `--source`). Every system delivers all of it, in batches of [`BATCH_ROWS`] rows, to a Python trainer
-//! loop (`benches/python/suite_trainer.py`):
+//! `--source`). The peers run in the suite's own Python environment (see [`python_env`]) unless
+//! `--python` names another. Every system delivers the data's integer and floating-point columns, as
+//! one dict of torch tensors per batch of [`BATCH_ROWS`] rows, to a Python trainer loop
+//! (`benches/python/suite_trainer.py`, whose docs say how each peer is written):
 //!
 //! - `sluice`: the AM (`sluice am JOB`), one node daemon (`sluice daemon`) and the real ring, with the
 //!   trainer reading `sluice.Reader`; `sluice_torch`: the same with the trainer iterating
 //!   `DataLoader(sluice.torch.Dataset(), batch_size=None)`. The AM is serving before the trainer starts,
 //!   and the daemon is started once the trainer has imported its modules and started its clock, so all
 //!   of the daemon's work (its start, registering, acquiring tasks, fetch, decode, ring writes) falls in
-//!   the trainer's window, as the start of a DataLoader's workers falls in its own. (Under
-//!   `sluice run` the AM launches the daemon and the trainer together, and the daemon would fill the
-//!   ring while the trainer imports torch.)
-//! - `pytorch_dataloader`: a `DataLoader` over a Dataset that reads the Parquet row groups with
-//!   pyarrow, split among its workers, yields one dict per row and is batched by the default collate,
-//!   with 0, 1 and 2 workers; the best worker count is the system's figure;
-//! - `pyarrow`: a `pyarrow.dataset` scan to record batches in the trainer's process, the single-node
-//!   ceiling;
-//! - `mosaic_streaming` and `ray_data` when they are importable (never installed for this benchmark);
+//!   the trainer's window, as the start of a DataLoader's workers falls in its own;
+//! - the loaders, each with 0, 1 and 2 workers (0 and 1 in a quick run), the worker count with the
+//!   lowest data overhead being the system's figure: `pytorch_dataloader` (a Dataset of one dict of
+//!   tensors per record batch), `torchdata` (its `StatefulDataLoader` over the same Dataset),
+//!   `mosaic_streaming` (MDS samples of one batch each); and `pytorch_dataloader_naive` (one dict per
+//!   row, collated), with none;
+//! - `pyarrow`: a `pyarrow.dataset` scan in the trainer's process; `ray_data`: Ray Data's
+//!   `iter_torch_batches`, Ray started in the window;
 //! - `ring` and `memcpy`: the ring benchmark's ring and memcpy at the size of one batch of this data as
 //!   Arrow IPC, as the physical limit: rows/s = records/s × rows per batch.
 //!
-//! Figures per system:
+//! Phases: an idle trainer, then a trainer that computes `W` µs per batch for `W` = ½, 1 and 2 × the
+//! daemon's CPU time per batch in the idle phase (`--work-us` to give it). Figures per system:
 //!
-//! - rows/s over the trainer's window: from the start of its loop (opening the reader, creating the
-//!   iterator) to the end of the data, as the trainer measures it;
-//! - GB/s: rows/s × the Arrow bytes per row of the data (the Arrow IPC size of its batches, measured
-//!   once by pyarrow), the same definition for every system;
-//! - CPU seconds per million rows: the CPU time, within the trainer's window, of every process of the
-//!   system (see [`process_tree`]): for Sluice the AM, the daemon and the trainer; for a DataLoader its
-//!   main process and its workers;
-//! - peak RSS: the sum over the same processes of each one's peak resident set (`VmHWM`), over its whole
-//!   life. Pages shared between processes count once per process that touched them: the ring's
-//!   shared memory in the daemon and in the trainer, the pages a DataLoader worker shares with the main
-//!   process it was forked from;
-//! - stall %: in a second phase the trainer spins `W` µs per batch (`--work-us`, by default the daemon's
-//!   CPU time per batch in the first phase); stall % is the time the trainer waited for its next batch
-//!   over the time from its first batch to its end. The wait for the first batch (the start of the
-//!   system) is left out of both and shown apart.
+//! - from the idle phase: rows/s over the trainer's window (from opening the reader or creating the
+//!   iterator to the end of the data), steady rows/s after the first batch, the seconds to the first
+//!   batch; CPU seconds per million rows within the window of every process of the system (see
+//!   [`process_tree`]) and of the trainer's process alone; the peak of the sum of the processes'
+//!   proportional set sizes, shared pages counted once (and the sum of their peak RSS);
+//! - from the work phases: the data overhead, the epoch time over the trainer's pure compute time
+//!   (batches × W), at each W; the stall %, the time the trainer waited for a batch after the first
+//!   over its time after the first, at W = the daemon's CPU per batch.
 //!
 //! Rounds rotate the order of the systems; the figures are the medians over the rounds. The ring and
-//! memcpy have no processes or trainer of their own: their CPU, stall and RSS are `None` (`null` in
-//! the JSON, `-` in the table).
+//! memcpy have no processes or trainer of their own: their other figures are `None` (`null` in the
+//! JSON, `-` in the table).
 
 pub mod chart;
 pub mod process_tree;
+pub mod python_env;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -67,8 +63,10 @@ use process_tree::{TreeProcess, TreeSampler, TreeSamples};
 
 /// Rows per batch for every system, a common training batch.
 pub const BATCH_ROWS: usize = 4096;
-/// The DataLoader worker counts that are run.
+/// The worker counts of the loaders that are run.
 pub const DATALOADER_WORKERS: [u32; 3] = [0, 1, 2];
+/// The worker counts of a quick run: in the main process, and in one worker process.
+pub const QUICK_DATALOADER_WORKERS: [u32; 2] = [0, 1];
 /// The longest one run of a system may take before it is killed.
 const RUN_TIMEOUT: Duration = Duration::from_secs(900);
 /// The trainer loop, embedded so that the `sluice-bench` binary runs the suite from anywhere.
@@ -92,10 +90,11 @@ pub struct SuiteData {
     pub task_rows: u64,
 }
 
-/// The data of a full run: 2 million rows in 8 files.
+/// The data of a full run: 20 million rows in 20 files, so that a system's start is a small part of
+/// its epoch.
 pub const FULL_DATA: SuiteData = SuiteData {
-    rows: 2_000_000,
-    files: 8,
+    rows: 20_000_000,
+    files: 20,
     row_group_rows: 65_536,
     task_rows: 1 << 18,
 };
@@ -114,6 +113,17 @@ impl SuiteData {
             "suite-v1-{}rows-{}files-{}rg",
             self.rows, self.files, self.row_group_rows
         ))
+    }
+
+    /// The directory of this data converted to MDS for MosaicML Streaming, in batches of
+    /// [`BATCH_ROWS`] rows.
+    pub fn mds_directory_in(&self, cache_dir: &Path) -> PathBuf {
+        let data = self.directory_in(cache_dir);
+        let name = data
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        cache_dir.join(format!("{name}-mds-{BATCH_ROWS}rows"))
     }
 
     /// Returns the data's directory, running `sluice gen` first unless a complete copy is there (one
@@ -155,9 +165,10 @@ impl SuiteData {
 pub struct SuiteOptions {
     /// The `sluice` executable under test.
     pub sluice: PathBuf,
-    /// The Python interpreter with pyarrow, torch and the `sluice` package.
-    pub python: OsString,
-    /// Where the generated data is written once and then reused.
+    /// The Python interpreter with the peers, torch and the `sluice` package; `None` for the suite's
+    /// own environment under `cache_dir` (see [`python_env`]).
+    pub python: Option<OsString>,
+    /// Where the generated data and the suite's Python environment are written once and then reused.
     pub cache_dir: PathBuf,
     /// Small data and one round, for CI.
     pub quick: bool,
@@ -171,14 +182,38 @@ pub struct SuiteOptions {
     pub peer: PeerCommand,
 }
 
+/// A `DataLoader`-shaped peer: a Dataset or loader run with each of its worker counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Loader {
+    /// `DataLoader(batch_size=None)` over a Dataset of one dict of tensors per record batch.
+    Batched,
+    /// `DataLoader(batch_size=4096)` over a Dataset of one dict per row.
+    Naive,
+    /// torchdata's `StatefulDataLoader` over the batched Dataset.
+    Torchdata,
+    /// MosaicML's `StreamingDataset` over MDS through `DataLoader(batch_size=None)`.
+    Mosaic,
+}
+
+impl Loader {
+    /// The worker counts run: 0, 1 and 2 (0 and 1 in a quick run), but the per-row loader, whose
+    /// workers only add pickling on two cores, with none.
+    fn worker_counts(self, quick: bool) -> &'static [u32] {
+        match self {
+            Loader::Naive => &[0],
+            _ if quick => &QUICK_DATALOADER_WORKERS,
+            Loader::Batched | Loader::Torchdata | Loader::Mosaic => &DATALOADER_WORKERS,
+        }
+    }
+}
+
 /// The systems that run as a trainer process (or a job with one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum System {
     Sluice,
     SluiceTorch,
-    DataLoader(u32),
+    Loader(Loader, u32),
     Pyarrow,
-    MosaicStreaming,
     RayData,
 }
 
@@ -188,9 +223,11 @@ impl System {
         match self {
             System::Sluice => "sluice",
             System::SluiceTorch => "sluice_torch",
-            System::DataLoader(_) => "pytorch_dataloader",
+            System::Loader(Loader::Batched, _) => "pytorch_dataloader",
+            System::Loader(Loader::Naive, _) => "pytorch_dataloader_naive",
+            System::Loader(Loader::Torchdata, _) => "torchdata",
+            System::Loader(Loader::Mosaic, _) => "mosaic_streaming",
             System::Pyarrow => "pyarrow",
-            System::MosaicStreaming => "mosaic_streaming",
             System::RayData => "ray_data",
         }
     }
@@ -198,8 +235,9 @@ impl System {
     /// The name in the table and in progress lines.
     fn label(self) -> String {
         match self {
-            System::DataLoader(1) => "pytorch_dataloader (1 worker)".to_owned(),
-            System::DataLoader(workers) => format!("pytorch_dataloader ({workers} workers)"),
+            System::Loader(_, workers) => {
+                format!("{} ({})", self.name(), workers_label(workers))
+            }
             other => other.name().to_owned(),
         }
     }
@@ -207,9 +245,42 @@ impl System {
     fn is_sluice(self) -> bool {
         matches!(self, System::Sluice | System::SluiceTorch)
     }
+
+    fn workers(self) -> Option<u32> {
+        match self {
+            System::Loader(_, workers) => Some(workers),
+            _ => None,
+        }
+    }
+
+    /// Every system the suite runs, in the order of its table.
+    fn all(quick: bool) -> Vec<System> {
+        let mut systems = vec![System::Sluice, System::SluiceTorch];
+        for loader in [Loader::Batched, Loader::Naive, Loader::Torchdata] {
+            systems.extend(
+                loader
+                    .worker_counts(quick)
+                    .iter()
+                    .map(|&workers| System::Loader(loader, workers)),
+            );
+        }
+        systems.push(System::Pyarrow);
+        systems.extend(
+            Loader::Mosaic
+                .worker_counts(quick)
+                .iter()
+                .map(|&workers| System::Loader(Loader::Mosaic, workers)),
+        );
+        systems.push(System::RayData);
+        systems
+    }
 }
 
-/// One measured entry of a round: a trainer system or one of the two physical limits.
+fn workers_label(workers: u32) -> String {
+    format!("{workers} worker{}", if workers == 1 { "" } else { "s" })
+}
+
+/// One measured entry of the idle phase: a trainer system or one of the two physical limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Entry {
     Trainer(System),
@@ -217,31 +288,40 @@ enum Entry {
     Memcpy,
 }
 
+/// The trainer's work per batch in the work phases, as multiples of the daemon's CPU per batch: the
+/// data overhead is given at each.
+const WORK_MULTIPLES: [f64; 3] = [1.0, 0.5, 2.0];
+
 /// The JSON line of the trainer script.
 #[derive(Debug, Clone, Deserialize)]
 struct TrainerLine {
+    pid: u32,
     rows: u64,
     batches: u64,
     seconds: f64,
     first_batch_seconds: f64,
+    first_batch_rows: u64,
     wait_seconds: f64,
     window_start_ns: u64,
     window_end_ns: u64,
 }
 
 /// The JSON line of the trainer script's `facts`.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct Facts {
     rows: u64,
     arrow_bytes: u64,
     batches: u64,
+    columns: Vec<String>,
 }
 
-/// The JSON line of the trainer script's `probe`: which optional systems are importable.
-#[derive(Debug, Clone, Copy, Deserialize)]
+/// The JSON line of the trainer script's `probe`.
+#[derive(Debug, Clone, Deserialize)]
 struct Probe {
-    mosaic_streaming: bool,
-    ray_data: bool,
+    /// The version of each distribution that imports.
+    versions: BTreeMap<String, String>,
+    /// Why each system that cannot run here cannot, by system name.
+    missing: BTreeMap<String, String>,
 }
 
 /// One run of a trainer system.
@@ -249,8 +329,10 @@ struct Probe {
 struct TrainerRun {
     line: TrainerLine,
     cpu_seconds: f64,
+    trainer_cpu_seconds: f64,
     daemon_cpu_seconds: f64,
     peak_rss_bytes: u64,
+    peak_pss_bytes: u64,
 }
 
 impl TrainerRun {
@@ -258,54 +340,108 @@ impl TrainerRun {
         self.line.rows as f64 / self.line.seconds
     }
 
+    /// Rows/s from the first batch on: the rows after it over the time after it.
+    fn rows_per_s_steady(&self) -> f64 {
+        let after_first = self.line.seconds - self.line.first_batch_seconds;
+        (self.line.rows - self.line.first_batch_rows) as f64 / after_first.max(f64::MIN_POSITIVE)
+    }
+
     fn stall_percent(&self) -> f64 {
         let after_first = self.line.seconds - self.line.first_batch_seconds;
         100.0 * self.line.wait_seconds / after_first.max(f64::MIN_POSITIVE)
+    }
+
+    /// The trainer's time from its first request to the end of the data over its compute alone,
+    /// `work_us` per batch.
+    fn data_overhead(&self, work_us: f64) -> f64 {
+        let compute_seconds = self.line.batches as f64 * work_us / 1e6;
+        self.line.seconds / compute_seconds.max(f64::MIN_POSITIVE)
     }
 }
 
 /// The figures of one system, medians over the rounds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SystemFigures {
-    /// Rows per second delivered to the trainer (throughput phase).
+    /// Rows per second delivered to an idle trainer, over its whole window (first batch included).
     pub rows_per_s: f64,
     /// Arrow gigabytes (1e9 bytes) per second: rows/s × the data's Arrow bytes per row.
     pub gb_per_s: f64,
-    /// CPU seconds of all the system's processes per million rows (throughput phase); `None` for the
+    /// Rows per second to an idle trainer after its first batch; `None` for the physical limits.
+    pub rows_per_s_steady: Option<f64>,
+    /// Seconds from the trainer's first request to its first batch (idle trainer); `None` for the
+    /// limits.
+    pub first_batch_s: Option<f64>,
+    /// CPU seconds of all the system's processes per million rows (idle trainer); `None` for the
     /// physical limits, which have no processes of their own.
     pub cpu_s_per_mrows: Option<f64>,
-    /// Percent of the trainer's time spent waiting for a batch (work phase); `None` for the limits.
+    /// CPU seconds of the trainer's own process per million rows (idle trainer); `None` for the
+    /// limits.
+    pub trainer_cpu_s_per_mrows: Option<f64>,
+    /// The trainer's epoch time over its pure compute time, with work per batch equal to the
+    /// daemon's CPU per batch (1.0 is no overhead); `None` for the limits.
+    pub data_overhead: Option<f64>,
+    /// The same with half that work per batch.
+    pub data_overhead_half_work: Option<f64>,
+    /// The same with twice that work per batch.
+    pub data_overhead_double_work: Option<f64>,
+    /// Percent of the trainer's time spent waiting for a batch after the first, with work per batch
+    /// equal to the daemon's CPU per batch; `None` for the limits.
     pub stall_percent: Option<f64>,
-    /// The sum of the peak RSS of the system's processes (throughput phase); `None` for the limits.
+    /// The sum of the peak RSS of the system's processes (idle trainer), shared pages counted in
+    /// every process that maps them; `None` for the limits.
     pub peak_rss_bytes: Option<u64>,
-    /// Seconds until the trainer had its first batch (work phase); `None` for the limits.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub first_batch_s: Option<f64>,
+    /// The peak of the sum of the proportional set sizes of the system's processes (idle trainer),
+    /// shared pages counted once; `None` for the limits.
+    pub peak_pss_bytes: Option<u64>,
     /// The rows the trainer received in every run; `None` for the limits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rows: Option<u64>,
-    /// The DataLoader's worker count.
+    /// The loader's worker count.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_workers: Option<u32>,
     /// Rows/s over sluice's rows/s.
     pub ratio_to_sluice: f64,
 }
 
-/// The suite's targets, recorded against the figures (not asserted).
+/// One target of the suite, recorded against the figures (not asserted).
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Targets {
-    /// Sluice's rows/s over the best DataLoader's; the target is at least 5.
-    pub sluice_over_dataloader: f64,
-    /// Sluice's rows/s over pyarrow's; the target is at least 0.9.
-    pub sluice_over_pyarrow: f64,
-    /// Sluice's stall % in the work phase; the target is below 1.
-    pub sluice_stall_percent: f64,
+pub struct Target {
+    /// What is compared.
+    pub figure: String,
+    /// The peer compared with, the best one at this figure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_peer: Option<String>,
+    /// The measured value.
+    pub measured: f64,
+    /// The bound.
+    pub bound: f64,
+    /// Whether the bound is a most (`measured ≤ bound`) rather than a least.
+    pub at_most: bool,
+    /// Whether the measured value is within the bound.
+    pub met: bool,
 }
 
-impl Targets {
-    const DATALOADER: f64 = 5.0;
-    const PYARROW: f64 = 0.9;
-    const STALL_PERCENT: f64 = 1.0;
+impl Target {
+    fn new(
+        figure: &str,
+        best_peer: Option<&str>,
+        measured: f64,
+        bound: f64,
+        at_most: bool,
+    ) -> Target {
+        Target {
+            figure: figure.to_owned(),
+            best_peer: best_peer.map(str::to_owned),
+            measured,
+            bound,
+            at_most,
+            met: if at_most {
+                measured <= bound
+            } else {
+                measured >= bound
+            },
+        }
+    }
 }
 
 /// Everything one `sluice-bench suite` run measured.
@@ -315,38 +451,57 @@ pub struct SuiteReport {
     pub source: String,
     /// Rows in the data.
     pub rows: u64,
-    /// Its size as Arrow IPC record batches of `batch_rows` rows.
+    /// The columns every system delivered as tensors: the data's integer and floating-point ones.
+    pub columns: Vec<String>,
+    /// Their size as Arrow IPC record batches of `batch_rows` rows.
     pub arrow_bytes: u64,
     /// Rows per batch for every system.
     pub batch_rows: usize,
     /// The ring's and memcpy's record size: the mean Arrow IPC bytes of one batch.
     pub record_bytes: usize,
-    /// The trainer's work per batch in the work phase, µs.
+    /// The trainer's work per batch of the `data_overhead` and `stall_percent` figures, µs; the other
+    /// work phases run half and twice this.
     pub work_us: f64,
     /// Whether `work_us` was given (`--work-us`) or measured (the daemon's CPU per batch).
     pub work_us_given: bool,
     /// Rounds of each phase.
     pub rounds: usize,
+    /// The Python interpreter of the trainers.
+    pub python: String,
+    /// The version of each Python distribution the systems use.
+    pub versions: BTreeMap<String, String>,
     /// The 1-minute load average when the run started.
     pub load_average_start: Option<f64>,
     /// The 1-minute load average when the run ended.
     pub load_average_end: Option<f64>,
-    /// The figures by system name.
+    /// The figures by system name; a loader's are those of its worker count with the lowest data
+    /// overhead.
     pub systems: BTreeMap<String, SystemFigures>,
-    /// Every DataLoader worker count that was run, in order.
-    pub pytorch_dataloader_by_workers: Vec<SystemFigures>,
-    /// Optional systems that are not importable here, so not measured.
-    pub not_installed: Vec<String>,
-    /// The ratios the targets are about.
-    pub targets: Targets,
+    /// Every worker count of each loader that was run, in order, by system name.
+    pub by_workers: BTreeMap<String, Vec<SystemFigures>>,
+    /// Systems that cannot run here, so were not measured, with the reason.
+    pub not_installed: BTreeMap<String, String>,
+    /// The targets, Sluice (`sluice`) against the best peer at each figure.
+    pub targets: Vec<Target>,
 }
+
+/// The systems that are not Sluice.
+const PEERS: [&str; 6] = [
+    "pytorch_dataloader",
+    "pytorch_dataloader_naive",
+    "torchdata",
+    "pyarrow",
+    "mosaic_streaming",
+    "ray_data",
+];
 
 /// Runs the suite; `progress` receives one line per finished run.
 ///
 /// # Errors
 ///
-/// Returns an error when a program is missing (pyarrow, torch, the `sluice` package), the data cannot
-/// be generated, a system fails or delivers another number of rows than the data holds.
+/// Returns an error when a program is missing (pyarrow, torch, the `sluice` package), the Python
+/// environment cannot be prepared, the data cannot be generated, a system fails or delivers another
+/// number of rows than the data holds.
 pub fn run_suite_bench(
     options: &SuiteOptions,
     progress: &mut dyn FnMut(&str),
@@ -358,15 +513,21 @@ pub fn run_suite_bench(
         });
     }
     if let Some(work_us) = options.work_us
-        && !(work_us.is_finite() && work_us >= 0.0)
+        && !(work_us.is_finite() && work_us > 0.0)
     {
         return Err(BenchError::InvalidOption {
             option: "--work-us".to_owned(),
-            reason: format!("{work_us} is not a duration; give microseconds, e.g. --work-us 500"),
+            reason: format!(
+                "{work_us} is not a positive duration; give microseconds, e.g. --work-us 500"
+            ),
         });
     }
-    check_pyarrow(&options.python)?;
-    check_trainer_modules(&options.python)?;
+    let python = match &options.python {
+        Some(python) => python.clone(),
+        None => python_env::prepare(&options.cache_dir, progress)?.into_os_string(),
+    };
+    check_pyarrow(&python)?;
+    check_trainer_modules(&python)?;
     let load_average_start = load_average();
     let rounds = if options.quick { 1 } else { options.rounds };
     let data = if options.quick { QUICK_DATA } else { FULL_DATA };
@@ -379,8 +540,8 @@ pub fn run_suite_bench(
         operation: format!("writing {}", script.display()),
         source,
     })?;
-    let source = match &options.source {
-        Some(source) => DataSource::given(source)?,
+    let (source, mds) = match &options.source {
+        Some(source) => (DataSource::given(source)?, work.path().join("mds")),
         None => {
             let directory = data.directory_in(&options.cache_dir);
             if !directory.join(SUCCESS_MARKER).exists() {
@@ -390,25 +551,33 @@ pub fn run_suite_bench(
                     directory.display()
                 ));
             }
-            DataSource::local(&data.ensure(&options.sluice, &options.cache_dir)?)
+            let source = DataSource::local(&data.ensure(&options.sluice, &options.cache_dir)?);
+            (source, data.mds_directory_in(&options.cache_dir))
         }
     };
     progress(&format!("data: {}", source.python));
-    let runner = Runner {
-        options,
+    let mut runner = Runner {
+        sluice: &options.sluice,
+        python: &python,
         script: &script,
         work: work.path(),
         source: &source,
         task_rows: data.task_rows,
+        columns: Vec::new(),
+        mds: &mds,
     };
     // The facts pass reads every row once, which also warms the page cache for every system.
     let facts: Facts = runner.python_json(&["facts"])?;
-    if facts.rows == 0 || facts.batches == 0 {
+    if facts.rows == 0 || facts.batches == 0 || facts.columns.is_empty() {
         return Err(BenchError::InvalidOption {
             option: "--source".to_owned(),
-            reason: format!("{} holds no rows; give a dataset with rows", source.python),
+            reason: format!(
+                "{} holds no rows of integer or floating-point columns; give a dataset with some",
+                source.python
+            ),
         });
     }
+    runner.columns.clone_from(&facts.columns);
     let probe: Probe = runner.python_json(&["probe"])?;
     let bytes_per_row = facts.arrow_bytes as f64 / facts.rows as f64;
     let record_bytes = usize::try_from(facts.arrow_bytes.div_ceil(facts.batches))
@@ -416,25 +585,19 @@ pub fn run_suite_bench(
         .max(crate::workload::MIN_RECORD_SIZE);
     let rows_per_record = facts.rows as f64 / facts.batches as f64;
     progress(&format!(
-        "{} rows, {:.1} MB as Arrow ({bytes_per_row:.1} B/row), {record_bytes} B per batch",
+        "{} rows, columns {}, {:.1} MB as Arrow ({bytes_per_row:.1} B/row), {record_bytes} B per batch",
         facts.rows,
+        facts.columns.join(","),
         facts.arrow_bytes as f64 / 1e6
     ));
-
-    let mut systems = vec![System::Sluice, System::SluiceTorch];
-    systems.extend(DATALOADER_WORKERS.map(System::DataLoader));
-    systems.push(System::Pyarrow);
-    let mut not_installed = Vec::new();
-    for (system, importable) in [
-        (System::MosaicStreaming, probe.mosaic_streaming),
-        (System::RayData, probe.ray_data),
-    ] {
-        if importable {
-            systems.push(system);
-        } else {
-            not_installed.push(system.name().to_owned());
-        }
+    for (system, reason) in &probe.missing {
+        progress(&format!("{system}: not installed: {reason}"));
     }
+
+    let systems: Vec<System> = System::all(options.quick)
+        .into_iter()
+        .filter(|system| !probe.missing.contains_key(system.name()))
+        .collect();
     let mut entries: Vec<Entry> = systems.iter().copied().map(Entry::Trainer).collect();
     entries.extend([Entry::Ring, Entry::Memcpy]);
 
@@ -444,23 +607,26 @@ pub fn run_suite_bench(
         peer: options.peer.clone(),
     };
     let mut transports = TransportBench::new(&ring_options)?;
-    let mut throughput: BTreeMap<System, Vec<TrainerRun>> = BTreeMap::new();
+    let mut idle: BTreeMap<System, Vec<TrainerRun>> = BTreeMap::new();
     let mut ring_rows_per_s = Vec::new();
     let mut memcpy_rows_per_s = Vec::new();
     for round in 0..rounds {
         for offset in 0..entries.len() {
             let entry = entries[(round + offset) % entries.len()];
-            let label = format!("throughput round {}", round + 1);
+            let label = format!("idle trainer, round {}", round + 1);
             match entry {
                 Entry::Trainer(system) => {
                     let run = runner.run(system, 0.0, facts.rows)?;
                     progress(&format!(
-                        "{label}: {}: {:.3} M rows/s, {:.2} CPU s",
+                        "{label}: {}: {:.3} M rows/s ({:.3} after the first batch at {:.2} s), {:.2} CPU s ({:.2} in the trainer)",
                         system.label(),
                         run.rows_per_s() / 1e6,
-                        run.cpu_seconds
+                        run.rows_per_s_steady() / 1e6,
+                        run.line.first_batch_seconds,
+                        run.cpu_seconds,
+                        run.trainer_cpu_seconds,
                     ));
-                    throughput.entry(system).or_default().push(run);
+                    idle.entry(system).or_default().push(run);
                 }
                 Entry::Ring => {
                     let measurement = transports.measure(Transport::SluiceRing, record_bytes)?;
@@ -488,33 +654,38 @@ pub fn run_suite_bench(
     let (work_us, work_us_given) = match options.work_us {
         Some(work_us) => (work_us, true),
         None => (
-            daemon_us_per_batch(
-                throughput
-                    .get(&System::Sluice)
-                    .map_or(&[][..], Vec::as_slice),
-            )?,
+            daemon_us_per_batch(idle.get(&System::Sluice).map_or(&[][..], Vec::as_slice))?,
             false,
         ),
     };
-    progress(&format!("work phase: {work_us:.1} µs of work per batch"));
-    let mut working: BTreeMap<System, Vec<TrainerRun>> = BTreeMap::new();
+    progress(&format!(
+        "work phases: {} µs of work per batch",
+        WORK_MULTIPLES
+            .map(|multiple| format!("{:.1}", multiple * work_us))
+            .join(", ")
+    ));
+    let mut working: BTreeMap<(System, usize), Vec<TrainerRun>> = BTreeMap::new();
     for round in 0..rounds {
-        for offset in 0..systems.len() {
-            let system = systems[(round + offset) % systems.len()];
-            let run = runner.run(system, work_us, facts.rows)?;
-            progress(&format!(
-                "work round {}: {}: stall {:.2} %",
-                round + 1,
-                system.label(),
-                run.stall_percent()
-            ));
-            working.entry(system).or_default().push(run);
+        for (phase, multiple) in WORK_MULTIPLES.iter().enumerate() {
+            for offset in 0..systems.len() {
+                let system = systems[(round + offset) % systems.len()];
+                let phase_work_us = multiple * work_us;
+                let run = runner.run(system, phase_work_us, facts.rows)?;
+                progress(&format!(
+                    "work {phase_work_us:.0} µs per batch, round {}: {}: data overhead {:.3}, stall {:.2} %",
+                    round + 1,
+                    system.label(),
+                    run.data_overhead(phase_work_us),
+                    run.stall_percent()
+                ));
+                working.entry((system, phase)).or_default().push(run);
+            }
         }
     }
 
     let figures_of = |system: System| -> Result<SystemFigures> {
-        let measured =
-            |runs: Option<&Vec<TrainerRun>>, figure: fn(&TrainerRun) -> f64, what: &str| {
+        let median =
+            |runs: Option<&Vec<TrainerRun>>, figure: &dyn Fn(&TrainerRun) -> f64, what: &str| {
                 Spread::measured(
                     runs.map(|runs| runs.iter().map(figure).collect())
                         .unwrap_or_default(),
@@ -522,31 +693,52 @@ pub fn run_suite_bench(
                 )
                 .map(|spread| spread.median)
             };
-        let fast = throughput.get(&system);
-        let slow = working.get(&system);
-        let rows_per_s = measured(fast, TrainerRun::rows_per_s, "rows/s")?;
-        let cpu_s_per_mrows = measured(
-            fast,
-            |run| run.cpu_seconds / run.line.rows as f64 * 1e6,
-            "CPU seconds per million rows",
-        )?;
-        let peak_rss = measured(fast, |run| run.peak_rss_bytes as f64, "peak RSS")?;
+        let fast = idle.get(&system);
+        let overhead = |phase: usize| {
+            let phase_work_us = WORK_MULTIPLES[phase] * work_us;
+            median(
+                working.get(&(system, phase)),
+                &|run| run.data_overhead(phase_work_us),
+                "data overhead",
+            )
+        };
+        let per_mrows = |seconds: f64, run: &TrainerRun| seconds / run.line.rows as f64 * 1e6;
+        let rows_per_s = median(fast, &TrainerRun::rows_per_s, "rows/s")?;
         Ok(SystemFigures {
             rows_per_s,
             gb_per_s: rows_per_s * bytes_per_row / 1e9,
-            cpu_s_per_mrows: Some(cpu_s_per_mrows),
-            stall_percent: Some(measured(slow, TrainerRun::stall_percent, "stall %")?),
-            peak_rss_bytes: Some(peak_rss as u64),
-            first_batch_s: Some(measured(
-                slow,
-                |run| run.line.first_batch_seconds,
+            rows_per_s_steady: Some(median(
+                fast,
+                &TrainerRun::rows_per_s_steady,
+                "rows/s after the first batch",
+            )?),
+            first_batch_s: Some(median(
+                fast,
+                &|run| run.line.first_batch_seconds,
                 "seconds to the first batch",
             )?),
+            cpu_s_per_mrows: Some(median(
+                fast,
+                &|run| per_mrows(run.cpu_seconds, run),
+                "CPU seconds per million rows",
+            )?),
+            trainer_cpu_s_per_mrows: Some(median(
+                fast,
+                &|run| per_mrows(run.trainer_cpu_seconds, run),
+                "the trainer's CPU seconds per million rows",
+            )?),
+            data_overhead: Some(overhead(0)?),
+            data_overhead_half_work: Some(overhead(1)?),
+            data_overhead_double_work: Some(overhead(2)?),
+            stall_percent: Some(median(
+                working.get(&(system, 0)),
+                &TrainerRun::stall_percent,
+                "stall %",
+            )?),
+            peak_rss_bytes: Some(median(fast, &|run| run.peak_rss_bytes as f64, "peak RSS")? as u64),
+            peak_pss_bytes: Some(median(fast, &|run| run.peak_pss_bytes as f64, "peak PSS")? as u64),
             rows: Some(facts.rows),
-            num_workers: match system {
-                System::DataLoader(workers) => Some(workers),
-                _ => None,
-            },
+            num_workers: system.workers(),
             ratio_to_sluice: 0.0,
         })
     };
@@ -555,37 +747,52 @@ pub fn run_suite_bench(
         Ok(SystemFigures {
             rows_per_s,
             gb_per_s: rows_per_s * bytes_per_row / 1e9,
+            rows_per_s_steady: None,
+            first_batch_s: None,
             cpu_s_per_mrows: None,
+            trainer_cpu_s_per_mrows: None,
+            data_overhead: None,
+            data_overhead_half_work: None,
+            data_overhead_double_work: None,
             stall_percent: None,
             peak_rss_bytes: None,
-            first_batch_s: None,
+            peak_pss_bytes: None,
             rows: None,
             num_workers: None,
             ratio_to_sluice: 0.0,
         })
     };
-    let mut by_name = BTreeMap::new();
-    let mut dataloaders = Vec::new();
+    let mut by_name: BTreeMap<String, SystemFigures> = BTreeMap::new();
+    let mut by_workers: BTreeMap<String, Vec<SystemFigures>> = BTreeMap::new();
     for &system in &systems {
         let figures = figures_of(system)?;
         match system {
-            System::DataLoader(_) => dataloaders.push(figures),
+            System::Loader(..) => by_workers
+                .entry(system.name().to_owned())
+                .or_default()
+                .push(figures),
             other => {
                 by_name.insert(other.name().to_owned(), figures);
             }
         }
     }
+    for (name, counts) in &by_workers {
+        let best = counts
+            .iter()
+            .min_by(|left, right| {
+                let overhead =
+                    |figures: &SystemFigures| figures.data_overhead.unwrap_or(f64::INFINITY);
+                overhead(left).total_cmp(&overhead(right))
+            })
+            .cloned()
+            .ok_or_else(|| BenchError::Disagree {
+                what: name.clone(),
+                detail: "no worker count was measured".to_owned(),
+            })?;
+        by_name.insert(name.clone(), best);
+    }
     by_name.insert("ring".to_owned(), limit(ring_rows_per_s, "the ring")?);
     by_name.insert("memcpy".to_owned(), limit(memcpy_rows_per_s, "memcpy")?);
-    let best_dataloader = dataloaders
-        .iter()
-        .max_by(|left, right| left.rows_per_s.total_cmp(&right.rows_per_s))
-        .cloned()
-        .ok_or_else(|| BenchError::Disagree {
-            what: "pytorch_dataloader".to_owned(),
-            detail: "no worker count was measured".to_owned(),
-        })?;
-    by_name.insert("pytorch_dataloader".to_owned(), best_dataloader);
     let sluice = by_name
         .get("sluice")
         .cloned()
@@ -593,30 +800,131 @@ pub fn run_suite_bench(
             what: "sluice".to_owned(),
             detail: "not measured".to_owned(),
         })?;
-    for figures in by_name.values_mut().chain(dataloaders.iter_mut()) {
+    for figures in by_name
+        .values_mut()
+        .chain(by_workers.values_mut().flatten())
+    {
         figures.ratio_to_sluice = figures.rows_per_s / sluice.rows_per_s;
     }
-    let targets = Targets {
-        sluice_over_dataloader: sluice.rows_per_s / by_name["pytorch_dataloader"].rows_per_s,
-        sluice_over_pyarrow: sluice.rows_per_s / by_name["pyarrow"].rows_per_s,
-        sluice_stall_percent: sluice.stall_percent.unwrap_or(f64::NAN),
-    };
+    let targets = targets(&sluice, &by_name);
     Ok(SuiteReport {
         source: source.python.clone(),
         rows: facts.rows,
+        columns: facts.columns,
         arrow_bytes: facts.arrow_bytes,
         batch_rows: BATCH_ROWS,
         record_bytes,
         work_us,
         work_us_given,
         rounds,
+        python: python.to_string_lossy().into_owned(),
+        versions: probe.versions,
         load_average_start,
         load_average_end: load_average(),
         systems: by_name,
-        pytorch_dataloader_by_workers: dataloaders,
-        not_installed,
+        by_workers,
+        not_installed: probe.missing,
         targets,
     })
+}
+
+/// Sluice against the best peer at each figure of the targets.
+fn targets(sluice: &SystemFigures, systems: &BTreeMap<String, SystemFigures>) -> Vec<Target> {
+    // The peer with the lowest (or, with `highest`, the highest) value of a figure, and that value.
+    let best = |figure: fn(&SystemFigures) -> Option<f64>, highest: bool| {
+        PEERS
+            .iter()
+            .filter_map(|name| Some((*name, figure(systems.get(*name)?)?)))
+            .min_by(|left, right| {
+                if highest {
+                    right.1.total_cmp(&left.1)
+                } else {
+                    left.1.total_cmp(&right.1)
+                }
+            })
+    };
+    let sluice_value =
+        |figure: fn(&SystemFigures) -> Option<f64>| figure(sluice).unwrap_or(f64::NAN);
+    let mut targets = vec![Target::new(
+        "sluice data overhead at work = the daemon's CPU per batch",
+        None,
+        sluice_value(|figures| figures.data_overhead),
+        Targets::DATA_OVERHEAD,
+        true,
+    )];
+    // (figure, its value, whether more is better, the bound, whether the bound is a most, whether
+    // the ratio is the peer's over Sluice's rather than Sluice's over the peer's)
+    type Comparison = (
+        &'static str,
+        fn(&SystemFigures) -> Option<f64>,
+        bool,
+        f64,
+        bool,
+        bool,
+    );
+    let comparisons: [Comparison; 4] = [
+        (
+            "the best peer's epoch ÷ sluice's, at work = the daemon's CPU per batch",
+            |figures| figures.data_overhead,
+            false,
+            Targets::EPOCH,
+            false,
+            true,
+        ),
+        (
+            "sluice's steady rows/s ÷ the best peer's",
+            |figures| figures.rows_per_s_steady,
+            true,
+            Targets::STEADY,
+            false,
+            false,
+        ),
+        (
+            "sluice's CPU per row ÷ the best peer's, all processes",
+            |figures| figures.cpu_s_per_mrows,
+            false,
+            Targets::CPU,
+            true,
+            false,
+        ),
+        (
+            "sluice's CPU per row ÷ the best peer's, the trainer's process",
+            |figures| figures.trainer_cpu_s_per_mrows,
+            false,
+            Targets::TRAINER_CPU,
+            true,
+            false,
+        ),
+    ];
+    for (figure_name, figure, highest, bound, at_most, peer_over_sluice) in comparisons {
+        if let Some((peer, peer_value)) = best(figure, highest) {
+            let sluice_figure = sluice_value(figure);
+            let measured = if peer_over_sluice {
+                peer_value / sluice_figure
+            } else {
+                sluice_figure / peer_value
+            };
+            targets.push(Target::new(
+                figure_name,
+                Some(peer),
+                measured,
+                bound,
+                at_most,
+            ));
+        }
+    }
+    targets
+}
+
+/// The bounds of the suite's targets.
+struct Targets;
+
+impl Targets {
+    const DATA_OVERHEAD: f64 = 1.05;
+    const EPOCH: f64 = 1.5;
+    const STEADY: f64 = 1.2;
+    const CPU: f64 = 0.5;
+    const TRAINER_CPU: f64 = 0.2;
 }
 
 /// The daemon's CPU microseconds per batch, median over the runs of the `sluice` system.
@@ -717,11 +1025,16 @@ impl DataSource {
 
 /// Runs the systems of one suite.
 struct Runner<'a> {
-    options: &'a SuiteOptions,
+    sluice: &'a Path,
+    python: &'a OsString,
     script: &'a Path,
     work: &'a Path,
     source: &'a DataSource,
     task_rows: u64,
+    /// The columns every system delivers, once `facts` has listed them.
+    columns: Vec<String>,
+    /// Where MosaicML Streaming's MDS copy of the data is kept.
+    mds: &'a Path,
 }
 
 impl Runner<'_> {
@@ -736,27 +1049,28 @@ impl Runner<'_> {
             BATCH_ROWS.to_string(),
             "--work-us".to_owned(),
             format!("{work_us:.3}"),
+            "--columns".to_owned(),
+            self.columns.join(","),
         ];
-        if let System::DataLoader(workers) = system {
+        if let Some(workers) = system.workers() {
             arguments.extend(["--workers".to_owned(), workers.to_string()]);
         }
-        if system == System::MosaicStreaming {
-            let scratch = tempfile::Builder::new()
-                .prefix("mds-")
-                .tempdir_in(self.work)
-                .map(tempfile::TempDir::keep)
-                .unwrap_or_else(|_| self.work.join("mds"));
-            arguments.extend([
-                "--scratch".to_owned(),
-                scratch.join("out").display().to_string(),
-            ]);
+        if let System::Loader(Loader::Mosaic, _) = system {
+            arguments.extend(["--scratch".to_owned(), self.mds.display().to_string()]);
         }
         arguments
     }
 
+    /// The Python interpreter, told not to send Ray's usage statistics anywhere.
+    fn python_command(&self) -> Command {
+        let mut command = Command::new(self.python);
+        command.env("RAY_USAGE_STATS_ENABLED", "0");
+        command
+    }
+
     /// Runs the trainer script with `arguments` and parses its JSON line.
     fn python_json<T: for<'de> Deserialize<'de>>(&self, arguments: &[&str]) -> Result<T> {
-        let mut command = Command::new(&self.options.python);
+        let mut command = self.python_command();
         command
             .arg(self.script)
             .args(arguments)
@@ -777,7 +1091,7 @@ impl Runner<'_> {
         let (command_line, line, samples) = if system.is_sluice() {
             self.run_sluice(system, work_us)?
         } else {
-            let mut command = Command::new(&self.options.python);
+            let mut command = self.python_command();
             command.args(self.trainer_arguments(system, work_us));
             let (run, samples) = run_sampled(&mut command, RUN_TIMEOUT)?;
             let line = last_json_line(&run.stdout).map_err(|reason| BenchError::CommandOutput {
@@ -802,12 +1116,18 @@ impl Runner<'_> {
         }
         let cpu_seconds =
             samples.cpu_seconds_between(line.window_start_ns, line.window_end_ns, |_| true);
+        let trainer_cpu_seconds =
+            samples.cpu_seconds_between(line.window_start_ns, line.window_end_ns, |process| {
+                process.pid == line.pid
+            });
         let daemon_cpu_seconds =
             samples.cpu_seconds_between(line.window_start_ns, line.window_end_ns, is_sluice_daemon);
         Ok(TrainerRun {
             cpu_seconds,
+            trainer_cpu_seconds,
             daemon_cpu_seconds,
             peak_rss_bytes: samples.peak_rss_sum(),
+            peak_pss_bytes: samples.peak_pss_sum(),
             line,
         })
     }
@@ -837,18 +1157,23 @@ impl Runner<'_> {
                 source,
             })?;
         let rings = ring_directory.path();
-        let mut trainer_command = vec![self.options.python.to_string_lossy().into_owned()];
+        let mut trainer_command = vec![self.python.to_string_lossy().into_owned()];
         trainer_command.extend(self.trainer_arguments(system, work_us));
         std::fs::write(
             &spec,
-            job_spec(&self.source.sluice_uri, self.task_rows, &trainer_command),
+            job_spec(
+                &self.source.sluice_uri,
+                &self.columns,
+                self.task_rows,
+                &trainer_command,
+            ),
         )
         .map_err(|source| BenchError::Setup {
             operation: format!("writing {}", spec.display()),
             source,
         })?;
 
-        let mut am_command = Command::new(&self.options.sluice);
+        let mut am_command = Command::new(self.sluice);
         am_command
             .arg("am")
             .arg(&spec)
@@ -864,7 +1189,7 @@ impl Runner<'_> {
             .unwrap_or_default()
             .to_owned();
 
-        let mut trainer = Command::new(&self.options.python);
+        let mut trainer = self.python_command();
         trainer
             .args(self.trainer_arguments(system, work_us))
             .env("SLUICE_RING", rings.join(JOB_NAME).join("0.ring"))
@@ -877,7 +1202,7 @@ impl Runner<'_> {
         sampler.add_root(trainer.child.id());
         trainer.wait_for_line(|line| line.trim() == "ready", SERVICE_START_TIMEOUT)?;
 
-        let mut daemon_command = Command::new(&self.options.sluice);
+        let mut daemon_command = Command::new(self.sluice);
         daemon_command
             .arg("daemon")
             .args(["--am", &address])
@@ -1074,12 +1399,12 @@ fn last_json_line<T: for<'de> Deserialize<'de>>(text: &str) -> std::result::Resu
 
 /// The job spec of the Sluice systems: one daemon, one trainer, all the data. `sluice am` launches no
 /// executor; the role's command records what the suite starts as the trainer.
-fn job_spec(uri: &str, task_rows: u64, trainer: &[String]) -> String {
+fn job_spec(uri: &str, columns: &[String], task_rows: u64, trainer: &[String]) -> String {
     let command = serde_json::to_string(trainer).unwrap_or_default();
     format!(
         r#"name: {JOB_NAME}
 data:
-  sources: [{{ uri: {uri}, format: parquet }}]
+  sources: [{{ uri: {uri}, format: parquet, columns: {columns} }}]
   batch_size: {BATCH_ROWS}
   task_rows: {task_rows}
 nodes: 1
@@ -1088,6 +1413,7 @@ roles:
 failover: {{ restart: never }}
 "#,
         uri = serde_json::to_string(uri).unwrap_or_default(),
+        columns = serde_json::to_string(columns).unwrap_or_default(),
     )
 }
 
@@ -1104,44 +1430,55 @@ impl SuiteReport {
     /// The rows of the table and of the chart, in order: the label and the figures.
     fn rows(&self) -> Vec<(String, &SystemFigures)> {
         let mut rows = Vec::new();
-        for name in ["sluice", "sluice_torch"] {
-            if let Some(figures) = self.systems.get(name) {
-                rows.push((name.to_owned(), figures));
-            }
-        }
-        for figures in &self.pytorch_dataloader_by_workers {
-            let workers = figures.num_workers.unwrap_or_default();
-            let best = self
-                .systems
-                .get("pytorch_dataloader")
-                .is_some_and(|best| best.num_workers == Some(workers));
-            rows.push((
-                format!(
-                    "pytorch_dataloader ({workers} worker{}){}",
-                    if workers == 1 { "" } else { "s" },
-                    if best { " *" } else { "" }
-                ),
-                figures,
-            ));
-        }
-        for name in ["pyarrow", "mosaic_streaming", "ray_data", "ring", "memcpy"] {
-            if let Some(figures) = self.systems.get(name) {
-                rows.push((name.to_owned(), figures));
+        for name in [
+            "sluice",
+            "sluice_torch",
+            "pytorch_dataloader",
+            "pytorch_dataloader_naive",
+            "torchdata",
+            "pyarrow",
+            "mosaic_streaming",
+            "ray_data",
+            "ring",
+            "memcpy",
+        ] {
+            let Some(counts) = self.by_workers.get(name) else {
+                if let Some(figures) = self.systems.get(name) {
+                    rows.push((name.to_owned(), figures));
+                }
+                continue;
+            };
+            let best = self.systems.get(name).and_then(|best| best.num_workers);
+            for figures in counts {
+                let workers = figures.num_workers.unwrap_or_default();
+                let mark = if counts.len() > 1 && best == Some(workers) {
+                    " *"
+                } else {
+                    ""
+                };
+                rows.push((
+                    format!("{name} ({}){mark}", workers_label(workers)),
+                    figures,
+                ));
             }
         }
         rows
     }
 
-    /// The bars of the chart: rows/s per row of the table.
+    /// The bars of the chart: rows/s to an idle trainer per row of the table.
     pub fn chart_bars(&self) -> Vec<(String, f64)> {
         self.rows()
             .into_iter()
             .map(|(label, figures)| {
                 (
                     label
-                        .replace("pytorch_dataloader (", "DataLoader ")
+                        .replace("pytorch_dataloader_naive", "naive")
+                        .replace("pytorch_dataloader", "DL")
+                        .replace("mosaic_streaming", "mosaic")
+                        .replace(" (", " ")
                         .replace(" workers)", "w")
-                        .replace(" worker)", "w"),
+                        .replace(" worker)", "w")
+                        .replace(" *", ""),
                     figures.rows_per_s,
                 )
             })
@@ -1151,7 +1488,7 @@ impl SuiteReport {
     /// The chart's title.
     pub fn chart_title(&self) -> String {
         format!(
-            "rows/s to one trainer, {} rows in batches of {}",
+            "rows/s to one idle trainer, {} rows in batches of {}",
             self.rows, self.batch_rows
         )
     }
@@ -1165,9 +1502,10 @@ impl SuiteReport {
         // Writing to a String cannot fail.
         writeln!(
             out,
-            "sluice bench suite: {} rows of {} ({:.1} MB as Arrow, {:.1} B/row) in batches of {} ({} B as Arrow IPC); median of {} round(s); work phase {:.1} µs per batch ({}); load average {} at start, {} at end",
+            "sluice bench suite: {} rows of {} (columns {}: {:.1} MB as Arrow, {:.1} B/row) in batches of {} ({} B as Arrow IPC); median of {} round(s); work {:.1} µs per batch ({}), and half and twice that; load average {} at start, {} at end",
             self.rows,
             self.source,
+            self.columns.join(","),
             self.arrow_bytes as f64 / 1e6,
             self.arrow_bytes as f64 / self.rows as f64,
             self.batch_rows,
@@ -1185,21 +1523,36 @@ impl SuiteReport {
         .ok();
         writeln!(
             out,
-            "{:<34} {:>10} {:>7} {:>12} {:>8} {:>8} {:>10} {:>9}",
-            "system", "M rows/s", "GB/s", "CPU s/Mrows", "stall %", "1st s", "peak RSS", "÷ sluice"
+            "{:<36} {:>9} {:>9} {:>6} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>9} {:>8}",
+            "system",
+            "M rows/s",
+            "steady",
+            "1st s",
+            "CPU s/M",
+            "trainer",
+            "ovh ½×",
+            "ovh 1×",
+            "ovh 2×",
+            "stall %",
+            "peak PSS",
+            "÷ sluice"
         )
         .ok();
         for (label, figures) in self.rows() {
             writeln!(
                 out,
-                "{:<34} {:>10.3} {:>7.3} {:>12} {:>8} {:>8} {:>10} {:>8.3}x",
+                "{:<36} {:>9.3} {:>9} {:>6} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>9} {:>7.3}x",
                 label,
                 figures.rows_per_s / 1e6,
-                figures.gb_per_s,
-                optional(figures.cpu_s_per_mrows, 2),
-                optional(figures.stall_percent, 2),
+                optional(figures.rows_per_s_steady.map(|rows| rows / 1e6), 3),
                 optional(figures.first_batch_s, 2),
-                figures.peak_rss_bytes.map_or_else(
+                optional(figures.cpu_s_per_mrows, 2),
+                optional(figures.trainer_cpu_s_per_mrows, 2),
+                optional(figures.data_overhead_half_work, 2),
+                optional(figures.data_overhead, 2),
+                optional(figures.data_overhead_double_work, 2),
+                optional(figures.stall_percent, 1),
+                figures.peak_pss_bytes.map_or_else(
                     || "-".to_owned(),
                     |bytes| format!("{:.0} MB", bytes as f64 / 1e6)
                 ),
@@ -1207,30 +1560,39 @@ impl SuiteReport {
             )
             .ok();
         }
-        for name in &self.not_installed {
-            writeln!(out, "{name:<34} not installed").ok();
+        for (name, reason) in &self.not_installed {
+            writeln!(out, "{name:<36} not installed: {reason}").ok();
         }
         writeln!(
             out,
-            "* the best DataLoader worker count, the pytorch_dataloader figure"
+            "* the worker count with the lowest data overhead at 1×, the system's figure; versions: {}",
+            self.versions
+                .iter()
+                .map(|(name, version)| format!("{name} {version}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
         .ok();
-        let verdict = |met: bool| if met { "met" } else { "NOT met" };
-        let targets = &self.targets;
-        writeln!(
-            out,
-            "targets: sluice ÷ pytorch_dataloader {:.2}x (≥ {}: {}); sluice ÷ pyarrow {:.2}x (≥ {}: {}); sluice stall {:.2} % (< {} %: {})",
-            targets.sluice_over_dataloader,
-            Targets::DATALOADER,
-            verdict(targets.sluice_over_dataloader >= Targets::DATALOADER),
-            targets.sluice_over_pyarrow,
-            Targets::PYARROW,
-            verdict(targets.sluice_over_pyarrow >= Targets::PYARROW),
-            targets.sluice_stall_percent,
-            Targets::STALL_PERCENT,
-            verdict(targets.sluice_stall_percent < Targets::STALL_PERCENT),
-        )
-        .ok();
+        let targets: Vec<String> = self
+            .targets
+            .iter()
+            .map(|target| {
+                format!(
+                    "{}{} {:.2} ({} {}: {})",
+                    target.figure,
+                    target
+                        .best_peer
+                        .as_ref()
+                        .map(|peer| format!(" [{peer}]"))
+                        .unwrap_or_default(),
+                    target.measured,
+                    if target.at_most { "≤" } else { "≥" },
+                    target.bound,
+                    if target.met { "met" } else { "NOT met" }
+                )
+            })
+            .collect();
+        writeln!(out, "targets: {}", targets.join("; ")).ok();
         out
     }
 }
@@ -1250,7 +1612,8 @@ mod tests {
             "--work-us".to_owned(),
             "12.5".to_owned(),
         ];
-        let spec = job_spec("file:///data/suite dir", 1 << 15, &trainer);
+        let columns = ["id".to_owned(), "label".to_owned()];
+        let spec = job_spec("file:///data/suite dir", &columns, 1 << 15, &trainer);
         let job = JobSpec::parse(&spec, Format::Yaml).expect("a valid job spec");
         assert_eq!(job.nodes, 1);
         assert_eq!(job.roles.len(), 1);
@@ -1258,46 +1621,61 @@ mod tests {
         assert_eq!(job.roles[0].command, trainer);
         assert_eq!(job.data.batch_size as usize, BATCH_ROWS);
         assert_eq!(job.data.sources[0].uri, "file:///data/suite dir");
+        assert_eq!(job.data.sources[0].columns.as_deref(), Some(&columns[..]));
+    }
+
+    fn run(line: TrainerLine, daemon_cpu_seconds: f64) -> TrainerRun {
+        TrainerRun {
+            line,
+            cpu_seconds: 1.0,
+            trainer_cpu_seconds: 0.5,
+            daemon_cpu_seconds,
+            peak_rss_bytes: 1,
+            peak_pss_bytes: 1,
+        }
     }
 
     #[test]
-    fn stall_leaves_out_the_wait_for_the_first_batch() {
-        let sut = TrainerRun {
-            line: TrainerLine {
+    fn stall_steady_rows_and_overhead_leave_out_or_count_the_first_batch() {
+        let sut = run(
+            TrainerLine {
+                pid: 1,
                 rows: 100,
                 batches: 10,
                 seconds: 3.0,
                 first_batch_seconds: 1.0,
+                first_batch_rows: 10,
                 wait_seconds: 0.5,
                 window_start_ns: 0,
                 window_end_ns: 3_000_000_000,
             },
-            cpu_seconds: 1.0,
-            daemon_cpu_seconds: 0.2,
-            peak_rss_bytes: 1,
-        };
+            0.2,
+        );
         assert_eq!(sut.stall_percent(), 25.0);
         assert!((sut.rows_per_s() - 100.0 / 3.0).abs() < 1e-9);
+        assert!((sut.rows_per_s_steady() - 45.0).abs() < 1e-9);
+        // 10 batches of 200 ms of work: 2 s of compute in a 3 s epoch.
+        assert!((sut.data_overhead(200_000.0) - 1.5).abs() < 1e-9);
         let per_batch = daemon_us_per_batch(std::slice::from_ref(&sut)).expect("measured");
         assert!((per_batch - 20_000.0).abs() < 1e-6, "{per_batch}");
     }
 
     #[test]
     fn a_daemon_that_used_no_cpu_asks_for_work_us() {
-        let sut = TrainerRun {
-            line: TrainerLine {
+        let sut = run(
+            TrainerLine {
+                pid: 1,
                 rows: 1,
                 batches: 1,
                 seconds: 1.0,
                 first_batch_seconds: 0.5,
+                first_batch_rows: 1,
                 wait_seconds: 0.0,
                 window_start_ns: 0,
                 window_end_ns: 1,
             },
-            cpu_seconds: 1.0,
-            daemon_cpu_seconds: 0.0,
-            peak_rss_bytes: 1,
-        };
+            0.0,
+        );
         let error = daemon_us_per_batch(&[sut]).expect_err("no daemon CPU");
         assert!(error.to_string().contains("--work-us"), "{error}");
     }
@@ -1305,6 +1683,7 @@ mod tests {
     #[test]
     fn the_daemon_is_told_from_the_am_and_the_trainer_by_the_subcommand() {
         let process = |arguments: &[&str]| TreeProcess {
+            pid: 1,
             arguments: arguments.iter().map(|a| (*a).to_owned()).collect(),
             peak_rss_bytes: 0,
         };
@@ -1324,6 +1703,59 @@ mod tests {
             "suite_trainer.py",
             "daemon"
         ])));
+    }
+
+    #[test]
+    fn targets_compare_sluice_with_the_best_peer_at_each_figure() {
+        let figures = |overhead: f64, steady: f64, cpu: f64, trainer_cpu: f64| SystemFigures {
+            rows_per_s: 1.0,
+            gb_per_s: 1.0,
+            rows_per_s_steady: Some(steady),
+            first_batch_s: Some(0.1),
+            cpu_s_per_mrows: Some(cpu),
+            trainer_cpu_s_per_mrows: Some(trainer_cpu),
+            data_overhead: Some(overhead),
+            data_overhead_half_work: Some(overhead),
+            data_overhead_double_work: Some(overhead),
+            stall_percent: Some(0.0),
+            peak_rss_bytes: Some(1),
+            peak_pss_bytes: Some(1),
+            rows: Some(1),
+            num_workers: None,
+            ratio_to_sluice: 1.0,
+        };
+        let sluice = figures(1.02, 6.0, 0.2, 0.05);
+        let systems = BTreeMap::from([
+            ("sluice".to_owned(), sluice.clone()),
+            // Sluice's own torch Dataset is no peer, however good its figures.
+            ("sluice_torch".to_owned(), figures(1.0, 9.0, 0.1, 0.01)),
+            ("pyarrow".to_owned(), figures(2.04, 4.0, 0.5, 0.5)),
+            ("pytorch_dataloader".to_owned(), figures(3.0, 5.0, 0.3, 0.1)),
+        ]);
+        let sut = targets(&sluice, &systems);
+        let by_figure = |start: &str| {
+            sut.iter()
+                .find(|target| target.figure.starts_with(start))
+                .unwrap_or_else(|| panic!("no target {start}: {sut:?}"))
+        };
+        assert!(by_figure("sluice data overhead").met);
+        let epoch = by_figure("the best peer's epoch");
+        assert_eq!(epoch.best_peer.as_deref(), Some("pyarrow"));
+        assert!(
+            (epoch.measured - 2.0).abs() < 1e-9 && epoch.met,
+            "{epoch:?}"
+        );
+        let steady = by_figure("sluice's steady rows/s");
+        assert_eq!(steady.best_peer.as_deref(), Some("pytorch_dataloader"));
+        assert!(
+            (steady.measured - 1.2).abs() < 1e-9 && steady.met,
+            "{steady:?}"
+        );
+        let trainer = by_figure("sluice's CPU per row ÷ the best peer's, the trainer");
+        assert!(
+            (trainer.measured - 0.5).abs() < 1e-9 && !trainer.met,
+            "{trainer:?}"
+        );
     }
 
     #[test]

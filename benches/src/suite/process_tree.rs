@@ -5,7 +5,9 @@
 //! parent is in it (the tree may have several roots, added while it is sampled) (a process stays in the tree once seen, even when it is re-parented after its
 //! parent's exit). For each process of the tree it reads the CPU time of every thread
 //! (`/proc/PID/task/TID/schedstat`, nanoseconds on the CPU) and the peak resident set
-//! (`VmHWM` of `/proc/PID/status`). A thread's CPU time counts at its last sampled value once it is
+//! (`VmHWM` of `/proc/PID/status`); every [`PSS_INTERVAL`] it also sums the proportional set size of
+//! the tree (`Pss` of `/proc/PID/smaps_rollup`, where a page shared by n processes counts 1/n in each),
+//! whose largest sum is the tree's peak memory with shared pages counted once. A thread's CPU time counts at its last sampled value once it is
 //! gone, so the total of the tree never decreases and loses at most one interval of a thread that ends.
 //! The samples are kept with their time on CLOCK_MONOTONIC, so the CPU time between two moments that
 //! another process reports on the same clock can be read off afterwards by interpolation.
@@ -14,17 +16,22 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::am::procfs::cpu_time;
 use crate::workload::monotonic_ns;
 
 /// How often the tree is sampled.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(5);
+/// How often the tree's proportional set size is summed: reading `smaps_rollup` walks a process's
+/// page tables, too costly at every sample.
+pub const PSS_INTERVAL: Duration = Duration::from_millis(100);
 
 /// One process of a tree: its command line and the most memory it ever had resident.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TreeProcess {
+    /// Its process id.
+    pub pid: u32,
     /// Its arguments, as in `/proc/PID/cmdline`.
     pub arguments: Vec<String>,
     /// The largest `VmHWM` sampled, in bytes.
@@ -43,6 +50,7 @@ struct Sample {
 pub struct TreeSamples {
     processes: BTreeMap<u32, TreeProcess>,
     samples: Vec<Sample>,
+    peak_pss_bytes: u64,
 }
 
 impl TreeSamples {
@@ -57,6 +65,12 @@ impl TreeSamples {
             .values()
             .map(|process| process.peak_rss_bytes)
             .sum()
+    }
+
+    /// The largest sum over the tree's live processes of their proportional set sizes: its peak
+    /// memory, with each page shared between processes counted once in all.
+    pub fn peak_pss_sum(&self) -> u64 {
+        self.peak_pss_bytes
     }
 
     /// CPU seconds the processes chosen by `include` used between two moments on CLOCK_MONOTONIC,
@@ -125,14 +139,20 @@ impl TreeSampler {
         let roots = Arc::clone(&new_roots);
         let thread = std::thread::spawn(move || {
             let mut state = SamplerState::default();
+            let mut last_pss: Option<Instant> = None;
             // Relaxed: the flag carries no data; the samples come back through the join.
             while !stopped.load(Ordering::Relaxed) {
                 state.add_roots(&roots);
                 state.sample();
+                if last_pss.is_none_or(|last| last.elapsed() >= PSS_INTERVAL) {
+                    state.sample_pss();
+                    last_pss = Some(Instant::now());
+                }
                 std::thread::sleep(SAMPLE_INTERVAL);
             }
             state.add_roots(&roots);
             state.sample();
+            state.sample_pss();
             state.samples
         });
         TreeSampler {
@@ -227,6 +247,7 @@ impl SamplerState {
                 .processes
                 .entry(pid)
                 .or_insert_with(|| TreeProcess {
+                    pid,
                     arguments: command_line(pid),
                     peak_rss_bytes: 0,
                 });
@@ -241,6 +262,12 @@ impl SamplerState {
             at_ns,
             cpu_ns: self.cpu_ns.clone(),
         });
+    }
+
+    /// Adds the tree's proportional set size now to the samples' peak.
+    fn sample_pss(&mut self) {
+        let total: u64 = self.members.keys().filter_map(|&pid| pss(pid)).sum();
+        self.samples.peak_pss_bytes = self.samples.peak_pss_bytes.max(total);
     }
 
     /// Adds to the members every process whose parent is a member, until no more are found.
@@ -334,8 +361,18 @@ fn peak_rss(pid: u32) -> Option<u64> {
 }
 
 fn parse_peak_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
-    let kib: u64 = line["VmHWM:".len()..]
+    parse_kib_field(status, "VmHWM:")
+}
+
+fn pss(pid: u32) -> Option<u64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    parse_kib_field(&rollup, "Pss:")
+}
+
+/// The bytes of the first line `NAME   N kB` of a /proc file.
+fn parse_kib_field(text: &str, name: &str) -> Option<u64> {
+    let line = text.lines().find(|line| line.starts_with(name))?;
+    let kib: u64 = line[name.len()..]
         .trim()
         .strip_suffix("kB")?
         .trim()
@@ -368,6 +405,12 @@ mod tests {
         let status = "Name:\tsluice\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\n";
         assert_eq!(parse_peak_rss(status), Some(200 << 20));
         assert_eq!(parse_peak_rss("Name:\tsluice\n"), None);
+    }
+
+    #[test]
+    fn pss_is_read_from_its_own_line_not_from_its_breakdown() {
+        let rollup = "00400000-7fff [rollup]\nRss:  4096 kB\nPss:  1024 kB\nPss_Anon:  512 kB\n";
+        assert_eq!(parse_kib_field(rollup, "Pss:"), Some(1 << 20));
     }
 
     #[test]
@@ -409,5 +452,6 @@ mod tests {
             "the whole tree used at least what the busy process used"
         );
         assert!(samples.peak_rss_sum() > 0, "{samples:?}");
+        assert!(samples.peak_pss_sum() > 0, "{samples:?}");
     }
 }

@@ -2,7 +2,7 @@
 
 mod crossbeam;
 mod iceoryx2;
-mod sluice_ring;
+pub(crate) mod sluice_ring;
 mod unix_socket;
 
 use std::fmt;
@@ -120,6 +120,8 @@ pub(crate) struct RunContext<'context> {
     pub scratch: &'context Path,
     /// A name unique to this run, for resources that live outside `scratch`.
     pub run_name: String,
+    /// The Sluice ring's capacity in bytes; `None` for the default (see `sluice_ring::capacity`).
+    pub ring_bytes: Option<u64>,
 }
 
 /// Moves `count` records of `size` bytes over `transport` once and measures it.

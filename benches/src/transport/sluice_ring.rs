@@ -9,14 +9,15 @@ use crate::workload::{Checker, QUEUE_BYTES, Source, monotonic_ns};
 
 const TRANSPORT: Transport = Transport::SluiceRing;
 
-/// The ring's capacity for `size`-byte records: [`QUEUE_BYTES`], or room for four records (each with its
-/// 64-byte header, padded to 64 bytes) if larger.
-fn capacity(size: usize) -> u64 {
+/// The ring's default capacity for `size`-byte records: [`QUEUE_BYTES`], or room for four records (each
+/// with its 64-byte header, padded to 64 bytes) if larger.
+pub(crate) fn capacity(size: usize) -> u64 {
     QUEUE_BYTES.max(4 * (size.next_multiple_of(64) + 64)) as u64
 }
 
 pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<Measurement> {
     let path = context.scratch.join("bench.ring");
+    let ring_bytes = context.ring_bytes.unwrap_or_else(|| capacity(size));
     let args = PeerArgs {
         transport: TRANSPORT,
         size,
@@ -26,7 +27,7 @@ pub(super) fn run(size: usize, count: u64, context: &RunContext<'_>) -> Result<M
     };
     let consume = move |consumer_context: &mut ConsumerContext| {
         let ring = RingOptions::new(&path)
-            .capacity(capacity(size))
+            .capacity(ring_bytes)
             .create()
             .map_err(TRANSPORT.error(|| format!("creating {}", path.display())))?;
         let mut consumer = ring
