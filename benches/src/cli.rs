@@ -84,6 +84,11 @@ struct AmArgs {
     /// (default: the AM's 300 s).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_interval_s: Option<u64>,
+    /// The daemons let a finished task go on the answer to the heartbeat that reports it, so the
+    /// AM answers such a heartbeat once it is durable (as for daemons that do not keep finished
+    /// tasks until the AM's journal mark says they are durable).
+    #[arg(long)]
+    daemons_let_finished_go: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -158,6 +163,8 @@ struct AmClientCliArgs {
     total_nodes: u64,
     #[arg(long)]
     channels: usize,
+    #[arg(long)]
+    let_finished_go: bool,
 }
 
 #[derive(Debug, Args)]
@@ -316,6 +323,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             nodes: client.nodes,
             total_nodes: client.total_nodes,
             channels: client.channels,
+            let_finished_go: client.let_finished_go,
         })?),
     }
 }
@@ -468,6 +476,7 @@ fn run_am(args: AmArgs) -> anyhow::Result<()> {
     options.seconds = args.seconds;
     options.memory_tasks = args.memory_tasks;
     options.snapshot_interval_s = args.snapshot_interval_s;
+    options.daemons_let_finished_go = args.daemons_let_finished_go;
     print_report(
         args.json,
         |progress| run_am_bench(&options, progress),

@@ -126,6 +126,12 @@ impl Persist {
         Some(self.journal.as_ref()?.failure()?.to_string())
     }
 
+    /// How far the journal is written; `None` without a journal, where every change is recorded
+    /// as it is made.
+    pub fn mark(&self) -> Option<journal::Mark> {
+        self.journal.as_ref().map(Journal::mark)
+    }
+
     /// Sequences `entries` after every earlier append and returns a future that resolves once they
     /// are durable. Called with the master locked, so the journal's order is the order of changes;
     /// a snapshot of `master`, when one is due, follows them, and is written in the background.
@@ -232,6 +238,7 @@ roles:
                     .collect(),
                 stages: Vec::new(),
                 rings: Vec::new(),
+                keeps_finished_until_durable: true,
             };
             let applied = master.heartbeat(request, round);
             // Not awaited, as a heartbeat of counts alone is answered.

@@ -7,15 +7,18 @@
 //! released before the call waits for the entries to be durable, so concurrent calls share one
 //! group commit; only then does the call answer.
 //!
-//! One kind of call answers without waiting: a heartbeat whose only change is consumed and
-//! enqueued counts (and the node's liveness). Its answer carries no command and tells the daemon
-//! nothing it acts on, and a daemon reports every held task's counts in every heartbeat, so an AM
-//! that restarts having lost those entries learns the counts again from the next heartbeats. A
-//! heartbeat that finishes a task (the daemon then lets the task go), starts an epoch, ends the
-//! job, answers with a command, or comes during a scale or a restore (whose final counts the daemon
-//! reports before it removes its rings) waits as every other call does. The entries of a heartbeat
-//! that does not wait are journaled in order all the same, so every later call that waits also
-//! waits for them.
+//! One kind of call answers without waiting: a heartbeat whose only changes are consumed and
+//! enqueued counts (and the node's liveness) and, from a daemon that keeps finished tasks until
+//! they are durable (`keeps_finished_until_durable`), tasks finished. Its answer carries no command.
+//! A daemon reports every held task's counts in every heartbeat, so an AM that restarts having lost
+//! those entries learns the counts again from the next heartbeats; and such a daemon keeps
+//! reporting a finished task until an answer's journal mark (`JournalMark`: generation, appended,
+//! durable) from the same AM says that the entries appended up to the answer to its report are
+//! durable. A heartbeat that finishes a task of a daemon that lets it go on the answer, starts an
+//! epoch, ends the job, answers with a command, or comes during a scale or a restore (whose final
+//! counts the daemon reports before it removes its rings) waits as every other call does. The
+//! entries of a heartbeat that does not wait are journaled in order all the same, so every later
+//! call that waits also waits for them: the answer to `AcquireTasks` says so with its mark.
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::clock::{AmClock, Clock, SystemClock};
@@ -193,33 +196,44 @@ impl Am {
         .await
     }
 
-    /// Applies a heartbeat and sequences its entries. Returns the reply and, unless the heartbeat
-    /// changed only counts (see the module documentation), the future to wait on before answering.
+    /// How far the journal is written, for an answer to a daemon; `None` without a journal.
+    fn journal_mark(&self) -> Option<v1::JournalMark> {
+        self.persist.mark().map(wire::journal_mark)
+    }
+
+    /// Applies a heartbeat and sequences its entries. Returns the reply, with the journal's mark
+    /// once they are appended, and the future to wait on before answering unless the heartbeat may
+    /// be answered before its entries are durable (see the module documentation).
     fn record_heartbeat(
         &self,
         request: v1::HeartbeatRequest,
     ) -> (v1::HeartbeatReply, Option<Durable>) {
+        let keeps_finished = request.keeps_finished_until_durable;
         let mut master = self.master();
         let before = master.standing();
         let applied = master.heartbeat(wire::heartbeat(request), self.now_ms());
-        let counts_only = master.only_counts_changed(before, &applied.reply);
+        let early = master.answers_before_durable(before, &applied.reply, keeps_finished);
         let durable = self.persist.append(&applied.entries, &master);
         let reply = v1::HeartbeatReply {
             commands: wire::commands(master.plan(), applied.reply),
+            journal: self.journal_mark(),
         };
-        (reply, (!counts_only).then_some(durable))
+        (reply, (!early).then_some(durable))
     }
 
-    /// Applies a heartbeat and answers, once its entries are durable when it changed more than
-    /// counts.
+    /// Applies a heartbeat and answers, once its entries are durable unless it may be answered
+    /// before. The answer's mark says how far the journal is durable as it goes out.
     pub(crate) async fn heartbeat(
         &self,
         request: v1::HeartbeatRequest,
     ) -> Result<v1::HeartbeatReply, AmError> {
         self.check_journal()?;
-        let (reply, durable) = self.record_heartbeat(request);
+        let (mut reply, durable) = self.record_heartbeat(request);
         if let Some(durable) = durable {
             durable.await?;
+        }
+        if let (Some(mark), Some(now)) = (&mut reply.journal, self.journal_mark()) {
+            mark.durable = now.durable;
         }
         Ok(reply)
     }
@@ -596,10 +610,14 @@ impl DaemonService for AmService {
                 let applied = master.acquire(node, request.max_tasks, self.am.now_ms());
                 Ok(applied.map(|commands| v1::AcquireTasksReply {
                     commands: wire::commands(master.plan(), commands),
+                    journal: None,
                 }))
             })
             .await?;
-        Ok(Response::new(reply))
+        Ok(Response::new(v1::AcquireTasksReply {
+            journal: self.am.journal_mark(),
+            ..reply
+        }))
     }
 
     async fn report_task(
@@ -1495,6 +1513,11 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
         );
         let (reply, durable) = sut.record_heartbeat(heartbeat_request(0, &[(tasks[0], 10, 10)]));
         assert!(
+            reply.commands.is_empty() && durable.is_none(),
+            "a task done reported again changes nothing"
+        );
+        let (reply, durable) = sut.record_heartbeat(heartbeat_request(0, &[(99, 1, 1)]));
+        assert!(
             !reply.commands.is_empty() && durable.is_some(),
             "a refusal waits"
         );
@@ -1503,6 +1526,93 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
         assert_eq!(
             sut.master().table().outcome(),
             Some(&crate::decide::JobOutcome::Succeeded)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_heartbeat_that_finishes_a_task_a_daemon_keeps_answers_at_once_with_the_journals_mark()
+     {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let (journal, _) = open_journal(directory.path(), "sup").await;
+        let am = Arc::new(journaled_am(journal));
+        let sut = AmService::new(am.clone(), false);
+        sut.register(Request::new(v1::RegisterRequest {
+            node_id: 0,
+            job_id: "sup".into(),
+            ..v1::RegisterRequest::default()
+        }))
+        .await
+        .expect("registered");
+        let acquire = || {
+            sut.acquire_tasks(Request::new(v1::AcquireTasksRequest {
+                node_id: 0,
+                max_tasks: 2,
+            }))
+        };
+        let acquired = acquire().await.expect("acquired").into_inner();
+        let first = acquired.journal.expect("a journaled AM marks its answers");
+        assert!(
+            first.durable >= first.appended,
+            "{first:?}: an acquisition answers once durable"
+        );
+        let tasks: Vec<u64> = acquired
+            .commands
+            .into_iter()
+            .filter_map(|command| match command.command {
+                Some(v1::command::Command::Assign(assign)) => Some(assign.tasks),
+                _ => None,
+            })
+            .flatten()
+            .map(|task| task.task_id)
+            .collect();
+        assert_eq!(tasks.len(), 2, "both tasks of 10 rows handed out");
+        let keeping = |counts: &[(u64, u64, u64)]| v1::HeartbeatRequest {
+            keeps_finished_until_durable: true,
+            ..heartbeat_request(0, counts)
+        };
+
+        let (reply, durable) =
+            am.record_heartbeat(keeping(&[(tasks[0], 10, 10), (tasks[1], 2, 1)]));
+        assert!(
+            durable.is_none(),
+            "a task done of a daemon that keeps it answers at once"
+        );
+        let finished = reply.journal.expect("marked");
+        assert_eq!(finished.generation, first.generation);
+        assert!(
+            finished.appended > first.appended && finished.durable < finished.appended,
+            "{finished:?}: the task's end is appended, not yet durable"
+        );
+        let again = am
+            .heartbeat(keeping(&[(tasks[0], 10, 10), (tasks[1], 2, 1)]))
+            .await
+            .expect("heartbeat");
+        assert!(again.commands.is_empty(), "reported again, nothing changes");
+
+        let acquired = acquire().await.expect("acquired").into_inner();
+        let later = acquired.journal.expect("marked");
+        assert_eq!(later.generation, first.generation);
+        assert!(
+            later.durable >= finished.appended,
+            "{later:?}: the acquisition's answer says the task's end is durable"
+        );
+
+        let (journal, recovered) = open_journal(directory.path(), "sup").await;
+        let mut replayed = master();
+        for entry in recovered.entries {
+            replayed.replay(entry).expect("the journal replays");
+        }
+        assert_eq!(
+            replayed.table().task_counts().done,
+            1,
+            "the task's end is in the journal"
+        );
+        let next = Persist::journal(journal, Duration::from_secs(3600))
+            .mark()
+            .expect("a journal's mark");
+        assert!(
+            next.generation > first.generation,
+            "an AM taking the job over writes as a later generation: {next:?} after {first:?}"
         );
     }
 

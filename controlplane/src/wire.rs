@@ -66,6 +66,16 @@ pub(crate) fn heartbeat(request: v1::HeartbeatRequest) -> Heartbeat {
         stages: request.stages,
         rings: request.rings,
         hostname: request.hostname,
+        keeps_finished_until_durable: request.keeps_finished_until_durable,
+    }
+}
+
+/// How far the AM's journal is written, for the wire.
+pub(crate) fn journal_mark(mark: crate::journal::Mark) -> v1::JournalMark {
+    v1::JournalMark {
+        generation: mark.generation,
+        appended: mark.appended,
+        durable: mark.durable,
     }
 }
 

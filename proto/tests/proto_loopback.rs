@@ -63,6 +63,7 @@ impl DaemonService for EchoDaemonService {
                 commands: vec![Command {
                     command: Some(command::Command::Refuse(refuse)),
                 }],
+                journal: None,
             }));
         }
         let commands = request
@@ -70,7 +71,10 @@ impl DaemonService for EchoDaemonService {
             .iter()
             .map(|progress| stop_at(progress.task_id, progress.consumed))
             .collect();
-        Ok(Response::new(HeartbeatReply { commands }))
+        Ok(Response::new(HeartbeatReply {
+            commands,
+            journal: None,
+        }))
     }
 
     async fn acquire_tasks(
@@ -158,6 +162,7 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                 reader_interval_ms: 0,
                 ..RingStats::default()
             }],
+            keeps_finished_until_durable: true,
         })
         .await
         .expect("heartbeat succeeds")

@@ -3,7 +3,7 @@
 use prost::Message;
 use sluice_proto::v1::{
     AssignTasks, Blacklisted, Command, CountOutOfRange, DeletionVector, DeltaSplitInfo,
-    DoneBeforeEnd, Fence, HeartbeatReply, HeartbeatRequest, NoStopRequested, NotHeld,
+    DoneBeforeEnd, Fence, HeartbeatReply, HeartbeatRequest, JournalMark, NoStopRequested, NotHeld,
     PartitionValue, Refusal, Refuse, Release, RingStats, Shutdown, Split, SplitBytes, StageStats,
     StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command,
     refusal,
@@ -54,6 +54,7 @@ fn heartbeat_request() -> HeartbeatRequest {
             source_wait_ms: 1_500,
             source_task_id: 6,
         }],
+        keeps_finished_until_durable: true,
     }
 }
 
@@ -197,7 +198,14 @@ fn heartbeat_reply_with_every_command() -> HeartbeatReply {
         .into_iter()
         .map(refuse),
     );
-    HeartbeatReply { commands }
+    HeartbeatReply {
+        commands,
+        journal: Some(JournalMark {
+            generation: 7,
+            appended: 1 << 40,
+            durable: (1 << 40) - 3,
+        }),
+    }
 }
 
 /// Names a command's kind; the match is exhaustive, so a new kind must be added to the test.

@@ -92,6 +92,7 @@ fn heartbeat(progress: &[v1::TaskProgress], beat: u64) -> v1::HeartbeatRequest {
             daemon_wait_ns: DAEMON_WAIT_NS,
             ..v1::RingStats::default()
         }],
+        keeps_finished_until_durable: false,
     }
 }
 

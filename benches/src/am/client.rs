@@ -7,9 +7,13 @@
 //! evenly over the interval. Each heartbeat carries the counts of the tasks it holds, which grow as a
 //! trainer would read them: [`ENQUEUED_PER_HEARTBEAT`] more rows enqueued, and what was enqueued one
 //! heartbeat earlier consumed. A task whose consumed count reaches its length is done with that
-//! heartbeat; the daemon then acquires more whenever it holds fewer than [`HELD_TASKS`]. It obeys
-//! the commands in every reply as a daemon does: new tasks, stop requests (acknowledged), fences
-//! (register again holding nothing), drains and shutdowns.
+//! heartbeat; the daemon then acquires more whenever it holds fewer than [`HELD_TASKS`] unfinished.
+//! As `sluice-daemon` does, it keeps a finished task, reporting it in every heartbeat, until an
+//! answer's journal mark says that the AM's record of its end is durable (or, with
+//! [`AmClientArgs::let_finished_go`], as daemons without that protocol did, lets it go on the
+//! answer to the heartbeat that reports it, which the AM then answers only once it is durable). It
+//! obeys the commands in every reply as a daemon does: new tasks, stop requests (acknowledged),
+//! fences (register again holding nothing), drains and shutdowns.
 //!
 //! The driver steers the process through its stdin and stdout, one line each way:
 //! - the process prints a [`Registered`] line once every daemon has registered (or failed to);
@@ -57,6 +61,9 @@ pub struct AmClientArgs {
     pub total_nodes: u64,
     /// gRPC channels (HTTP/2 connections) the daemons share.
     pub channels: usize,
+    /// The daemons let a finished task go on the answer to the heartbeat that reports it, rather
+    /// than keep it until the AM's journal mark says its end is durable.
+    pub let_finished_go: bool,
 }
 
 /// The line a client prints once its daemons have registered.
@@ -195,6 +202,8 @@ struct HeldTask {
     end: u64,
     enqueued: u64,
     consumed: u64,
+    /// Reported done: the generation of the AM first told, and the end of its journal then.
+    reported_done: Option<(u64, u64)>,
 }
 
 impl HeldTask {
@@ -227,6 +236,7 @@ struct Daemon {
     client: DaemonServiceClient<Channel>,
     shared: Arc<Shared>,
     held: Vec<HeldTask>,
+    let_finished_go: bool,
 }
 
 impl Daemon {
@@ -246,28 +256,48 @@ impl Daemon {
         Ok(self.obey(reply.commands).await)
     }
 
-    /// Acquires tasks when the daemon holds fewer than [`HELD_TASKS`].
+    /// Tasks held and not reported done.
+    fn unfinished(&self) -> usize {
+        self.held
+            .iter()
+            .filter(|task| task.reported_done.is_none())
+            .count()
+    }
+
+    /// Lets go the tasks reported done whose record `mark` says durable.
+    fn journal_marked(&mut self, mark: &v1::JournalMark) {
+        self.held.retain(|task| {
+            !matches!(task.reported_done,
+                Some((generation, end)) if generation == mark.generation && mark.durable >= end)
+        });
+    }
+
+    /// Acquires tasks when the daemon holds fewer than [`HELD_TASKS`] unfinished.
     async fn acquire_if_low(&mut self) -> Flow {
-        if self.held.len() >= HELD_TASKS {
+        let unfinished = self.unfinished();
+        if unfinished >= HELD_TASKS {
             return Flow::Continue;
         }
         let request = v1::AcquireTasksRequest {
             node_id: self.node,
-            max_tasks: (HELD_TASKS - self.held.len()) as u32,
+            max_tasks: (HELD_TASKS - unfinished) as u32,
         };
         let reply = self.client.acquire_tasks(request).await;
-        let commands = {
+        let reply = {
             let mut stats = self.shared.stats();
             stats.acquires += u64::from(stats.measuring());
             match reply {
-                Ok(reply) => reply.into_inner().commands,
+                Ok(reply) => reply.into_inner(),
                 Err(status) => {
                     stats.failed("acquire", self.node, &status);
                     return Flow::Continue;
                 }
             }
         };
-        self.obey(commands).await
+        if let Some(mark) = &reply.journal {
+            self.journal_marked(mark);
+        }
+        self.obey(reply.commands).await
     }
 
     /// Sends one heartbeat with the counts of every task held, then acquires if needed.
@@ -278,6 +308,7 @@ impl Daemon {
         let request = v1::HeartbeatRequest {
             hostname: String::new(),
             node_id: self.node,
+            keeps_finished_until_durable: !self.let_finished_go,
             progress: self
                 .held
                 .iter()
@@ -302,7 +333,7 @@ impl Daemon {
         let sent = Instant::now();
         let reply = self.client.heartbeat(request).await;
         let latency = sent.elapsed();
-        let commands = {
+        let reply = {
             let mut stats = self.shared.stats();
             match reply {
                 Ok(reply) => {
@@ -312,7 +343,7 @@ impl Daemon {
                             .latency_us
                             .saturating_record(latency.as_micros().max(1) as u64);
                     }
-                    reply.into_inner().commands
+                    reply.into_inner()
                 }
                 Err(status) => {
                     stats.heartbeat_errors += u64::from(stats.measuring());
@@ -321,13 +352,30 @@ impl Daemon {
                 }
             }
         };
-        let before = self.held.len();
-        self.held.retain(|task| !task.done());
-        let finished = (before - self.held.len()) as u64;
+        let finished = self
+            .held
+            .iter()
+            .filter(|task| task.done() && task.reported_done.is_none())
+            .count() as u64;
         {
             let mut stats = self.shared.stats();
             stats.tasks_done += if stats.measuring() { finished } else { 0 };
         }
+        match (&reply.journal, self.let_finished_go) {
+            (Some(mark), false) => {
+                for task in self.held.iter_mut().filter(|task| task.done()) {
+                    if task
+                        .reported_done
+                        .is_none_or(|(generation, _)| generation != mark.generation)
+                    {
+                        task.reported_done = Some((mark.generation, mark.appended));
+                    }
+                }
+                self.journal_marked(mark);
+            }
+            _ => self.held.retain(|task| !task.done()),
+        }
+        let commands = reply.commands;
         if self.obey(commands).await == Flow::Shutdown {
             return Flow::Shutdown;
         }
@@ -361,6 +409,7 @@ impl Daemon {
                             end: task.end,
                             enqueued: 0,
                             consumed: 0,
+                            reported_done: None,
                         }));
                 }
                 Some(Cmd::Stop(stop)) => {
@@ -520,6 +569,7 @@ async fn run_clients(args: &AmClientArgs) -> Result<()> {
             client: DaemonServiceClient::new(channels[node as usize % channels.len()].clone()),
             shared: Arc::clone(&shared),
             held: Vec::new(),
+            let_finished_go: args.let_finished_go,
         };
         daemons.spawn(run_daemon(daemon, origin + phase));
     }
@@ -596,6 +646,7 @@ mod tests {
             end: 300,
             enqueued: 0,
             consumed: 0,
+            reported_done: None,
         };
         let mut counts = Vec::new();
         while !sut.done() {

@@ -96,6 +96,9 @@ pub struct AmBenchOptions {
     pub memory_tasks: u64,
     /// Seconds between the journaled AM's snapshots; none keeps the AM's default (300 s).
     pub snapshot_interval_s: Option<u64>,
+    /// The simulated daemons let a finished task go on the answer to the heartbeat that reports
+    /// it, rather than keep it until the AM's journal mark says its end is durable.
+    pub daemons_let_finished_go: bool,
     /// How to start the processes.
     pub peers: AmPeers,
 }
@@ -109,6 +112,7 @@ impl AmBenchOptions {
             seconds: 30,
             memory_tasks: 10_000_000,
             snapshot_interval_s: None,
+            daemons_let_finished_go: false,
             peers,
         }
     }
@@ -235,6 +239,7 @@ pub fn run_am_bench(
         tasks: options.tasks,
         window_s: options.seconds as f64,
         snapshot_interval_s: options.snapshot_interval_s,
+        daemons_let_finished_go: options.daemons_let_finished_go,
         journaled,
         recovery_ms: recovery.as_secs_f64() * 1e3,
         journal_bytes,
@@ -420,7 +425,7 @@ impl Bench<'_> {
         for index in 0..processes {
             let first_node = executors * index / processes;
             let nodes = executors * (index + 1) / processes - first_node;
-            let args: Vec<OsString> = vec![
+            let mut args: Vec<OsString> = vec![
                 "am-client".into(),
                 "--am".into(),
                 address.to_string().into(),
@@ -433,6 +438,9 @@ impl Bench<'_> {
                 "--channels".into(),
                 CHANNELS_PER_CLIENT.to_string().into(),
             ];
+            if self.options.daemons_let_finished_go {
+                args.push("--let-finished-go".into());
+            }
             let command =
                 self.placement
                     .command(self.placement.clients, &self.options.peers.program, args);

@@ -44,6 +44,9 @@ pub struct AmBenchReport {
     /// Seconds between the journaled AM's snapshots, when set (`--snapshot-interval-s`); otherwise
     /// the AM's default of 300 s, and no snapshot falls in the window.
     pub snapshot_interval_s: Option<u64>,
+    /// The daemons let a finished task go on the answer to the heartbeat that reports it
+    /// (`--daemons-let-finished-go`), so the AM answers such heartbeats once durable.
+    pub daemons_let_finished_go: bool,
     /// The journaled AM's figures.
     #[serde(flatten)]
     pub journaled: WindowFigures,
@@ -98,6 +101,13 @@ impl AmBenchReport {
             writeln!(
                 out,
                 "journaled AM snapshotting every {seconds} s (back to back if one takes longer)"
+            )
+            .ok();
+        }
+        if self.daemons_let_finished_go {
+            writeln!(
+                out,
+                "daemons let a finished task go on the heartbeat's answer: the AM answers it once durable"
             )
             .ok();
         }
@@ -209,6 +219,7 @@ mod tests {
             tasks: 1_000_000,
             window_s: 30.0,
             snapshot_interval_s: Some(1),
+            daemons_let_finished_go: false,
             journaled: window(4.0),
             recovery_ms: 850.0,
             journal_bytes: 3 << 20,

@@ -644,6 +644,14 @@ impl JobState {
         progress: TaskProgress,
         actions: &mut Vec<Action>,
     ) -> bool {
+        // A daemon may report a task consumed to its end again until it learns that the AM's
+        // record of its end is durable: there is nothing more to take from it.
+        if self
+            .slot_of(progress.task)
+            .is_some_and(|slot| self.slots[slot as usize].state == SlotState::Done)
+        {
+            return false;
+        }
         let Some(slot) = self.held_slot(node, progress.task, actions) else {
             return false;
         };

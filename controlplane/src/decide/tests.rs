@@ -265,6 +265,26 @@ fn impossible_counts_and_foreign_tasks_are_refused() {
     assert_eq!(sut.done_rows(), 0);
 }
 
+#[test]
+fn a_task_reported_done_again_changes_nothing_and_is_not_refused() {
+    let mut sut = new_state(config(), vec![10, 10]);
+    register(&mut sut, NODE_A, 0);
+    register(&mut sut, NODE_B, 0);
+    let task = assigned(&acquire(&mut sut, NODE_A, 0, 1), NODE_A)[0].task;
+    let actions = heartbeat(&mut sut, NODE_A, 1, &[progress(task, 10, 10)]);
+    assert_eq!(actions, vec![Action::TaskDone { task }]);
+    let done = sut.done_rows();
+    // The daemon keeps reporting the task until it learns that its end is durable; any node's
+    // report of a done task is taken as already known.
+    for node in [NODE_A, NODE_B] {
+        assert_eq!(
+            heartbeat(&mut sut, node, 2, &[progress(task, 10, 10)]),
+            vec![]
+        );
+    }
+    assert_eq!(sut.done_rows(), done);
+}
+
 /// One 100-row task on node A, which has enqueued 10 and consumed 5; B is idle.
 fn straggler() -> (JobState, Assignment) {
     let mut sut = new_state(

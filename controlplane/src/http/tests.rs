@@ -120,6 +120,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
                 reader_interval_ms: 0,
                 ..v1::RingStats::default()
             }],
+            keeps_finished_until_durable: false,
         }),
         1_020,
     );

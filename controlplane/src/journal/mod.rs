@@ -60,7 +60,7 @@ mod tests;
 
 pub use error::{JournalError, Result};
 pub use sluice_store::StorageOptions;
-pub use writer::{Durable, JournalStats};
+pub use writer::{Durable, JournalStats, Mark};
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -249,7 +249,7 @@ where
             sequence,
             "opened the journal"
         );
-        let shared = Arc::new(Shared::new(store.uri(), sequence + 1));
+        let shared = Arc::new(Shared::new(store.uri(), sequence));
         let writer = tokio::spawn(writer::run(Arc::clone(&shared), sink, write_interval));
         let journal = Journal {
             shared,
@@ -412,6 +412,13 @@ impl<E, S> Journal<E, S> {
     /// The journal's URI.
     pub fn uri(&self) -> &str {
         self.shared.uri()
+    }
+
+    /// How far the journal is written: the records appended and those durable, numbered from
+    /// this writer's generation on. An entry appended before `mark` is durable once a later mark
+    /// has the same generation and a `durable` of at least this mark's `appended`.
+    pub fn mark(&self) -> Mark {
+        self.shared.mark()
     }
 
     /// What the writer has made durable so far.

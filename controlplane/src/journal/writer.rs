@@ -105,10 +105,27 @@ struct Counters {
     snapshots: AtomicU64,
 }
 
+/// How far a journal is written: see [`Journal::mark`](super::Journal::mark).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    /// The sequence this writer claimed when it opened the journal: a later writer claims a
+    /// larger one.
+    pub generation: u64,
+    /// The end of the records appended so far.
+    pub appended: u64,
+    /// The end of the records that are durable: every record before it is.
+    pub durable: u64,
+}
+
 /// The state appenders and the writer task share.
 #[derive(Debug)]
 pub(super) struct Shared {
     uri: Arc<str>,
+    /// The sequence of the open record this writer claimed.
+    generation: u64,
+    /// The end of the records made durable. Stored before the waiters of a batch are told, so
+    /// that an appender woken by its batch reads a mark that covers it.
+    durable: AtomicU64,
     queue: Mutex<Queue>,
     /// Wakes the writer task when an op is queued or the journal closes.
     wake: Notify,
@@ -159,9 +176,13 @@ struct Batch {
 }
 
 impl Shared {
-    pub fn new(uri: &str, next_sequence: u64) -> Shared {
+    /// The shared state of the writer that claimed `generation`, whose open record is durable.
+    pub fn new(uri: &str, generation: u64) -> Shared {
+        let next_sequence = generation + 1;
         Shared {
             uri: Arc::from(uri),
+            generation,
+            durable: AtomicU64::new(next_sequence),
             queue: Mutex::new(Queue {
                 next_sequence,
                 ops: VecDeque::new(),
@@ -255,6 +276,16 @@ impl Shared {
         self.wake.notify_one();
     }
 
+    /// How far the journal is written now.
+    pub fn mark(&self) -> Mark {
+        let appended = self.lock().next_sequence;
+        Mark {
+            generation: self.generation,
+            appended,
+            durable: self.durable.load(Ordering::Acquire),
+        }
+    }
+
     pub fn stats(&self) -> JournalStats {
         JournalStats {
             writes: self.counters.writes.load(Ordering::Relaxed),
@@ -346,6 +377,9 @@ pub(super) async fn run(
                 let bytes = (batch.content.len() - SEGMENT_MAGIC.len()) as u64;
                 let outcome = sink.commit(batch.first, batch.content).await;
                 if outcome.is_ok() {
+                    shared
+                        .durable
+                        .store(batch.first + entries, Ordering::Release);
                     shared.counters.writes.fetch_add(1, Ordering::Relaxed);
                     shared
                         .counters

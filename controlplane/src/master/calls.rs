@@ -79,6 +79,9 @@ pub struct Heartbeat {
     pub rings: Vec<v1::RingStats>,
     /// Its host's name; empty when unknown.
     pub hostname: String,
+    /// The daemon keeps reporting a task consumed to its end until the AM's journal mark says its
+    /// end is durable, so that the AM may answer before it is.
+    pub keeps_finished_until_durable: bool,
 }
 
 /// A daemon ends a task.

@@ -778,7 +778,7 @@ impl Master {
     }
 
     /// Where the job stands beyond counts and liveness, to tell after a heartbeat whether it
-    /// changed more ([`Master::only_counts_changed`]).
+    /// changed more ([`Master::answers_before_durable`]).
     pub fn standing(&self) -> Standing {
         Standing {
             in_flight: self.table.in_flight_count(),
@@ -788,14 +788,27 @@ impl Master {
         }
     }
 
-    /// Whether a heartbeat applied since `before` and answered with `reply` changed nothing but
-    /// its tasks' counts and the node's liveness: then its answer may go out before its entries
-    /// are durable (the durability rule of `docs/architecture.md`). Not when the answer carries a
-    /// command, a task finished (the daemon lets it go on the answer), the epoch or the job's
-    /// outcome changed, or a scale or restore is under way (the daemon removes its rings once its
-    /// final counts are answered).
-    pub fn only_counts_changed(&self, before: Standing, commands: &[NodeCommand]) -> bool {
-        commands.is_empty() && self.rescale.is_none() && self.standing() == before
+    /// Whether a heartbeat applied since `before` and answered with `commands` may be answered
+    /// before its entries are durable (the durability rule of `docs/architecture.md`): it changed
+    /// nothing but its tasks' counts and the node's liveness, or it also finished tasks of a daemon
+    /// that `keeps_finished` until the AM's journal mark says their end is durable. Not when the
+    /// answer carries a command, a task finished for a daemon that lets it go on the answer, the
+    /// epoch or the job's outcome changed, or a scale or restore is under way (the daemon removes
+    /// its rings once its final counts are answered).
+    pub fn answers_before_durable(
+        &self,
+        before: Standing,
+        commands: &[NodeCommand],
+        keeps_finished: bool,
+    ) -> bool {
+        let now = self.standing();
+        let finished_only = keeps_finished
+            && now.in_flight <= before.in_flight
+            && Standing {
+                in_flight: before.in_flight,
+                ..now
+            } == before;
+        commands.is_empty() && self.rescale.is_none() && (now == before || finished_only)
     }
 
     /// A daemon reports liveness, counts and pipeline statistics.

@@ -65,7 +65,8 @@ pub(crate) async fn await_trainers(
             heartbeat = Instant::now();
             let commands = session
                 .heartbeat(Vec::new(), pipeline.stage_stats(), Vec::new())
-                .await?;
+                .await?
+                .commands;
             // Holding no task and no ring, the daemon has nothing to stop or give back: a
             // shutdown ends it, a release or a fence sends it to register again.
             for command in commands {

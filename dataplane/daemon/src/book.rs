@@ -50,6 +50,10 @@ struct HeldTask {
     enqueued_end: u64,
     consumed_end: u64,
     failure: Option<Failure>,
+    /// Reported consumed to its end: the generation of the AM it was first reported to, and the
+    /// end of that AM's journal once the report was appended. The task goes once as much of that
+    /// journal is durable.
+    reported_done: Option<(u64, u64)>,
 }
 
 /// Why a task's feeder failed, and how far it got.
@@ -204,6 +208,7 @@ impl TaskBook {
                 enqueued_end: entry.enqueued_end,
                 consumed_end: entry.consumed_end,
                 failure: None,
+                reported_done: None,
             },
         );
         let feed = entry.enqueued_end < entry.end;
@@ -238,10 +243,16 @@ impl TaskBook {
     }
 
     /// How many tasks to ask the AM for: at most one task per ring more than the ring interleaves
-    /// not yet consumed, which keeps every ring fed and lets nodes share the work.
+    /// not yet consumed, which keeps every ring fed and lets nodes share the work. A task reported
+    /// finished and kept only until the AM's record of it is durable does not count.
     pub(crate) fn wanted(&self) -> u32 {
         let enough = (self.window + 1) * self.ranks.len();
-        u32::try_from(enough.saturating_sub(self.tasks.len())).unwrap_or(u32::MAX)
+        let held = self
+            .tasks
+            .values()
+            .filter(|task| task.reported_done.is_none())
+            .count();
+        u32::try_from(enough.saturating_sub(held)).unwrap_or(u32::MAX)
     }
 
     /// Every task held, with the index of its ring: where to look for its counts.
@@ -289,13 +300,13 @@ impl TaskBook {
     }
 
     /// Whether to heartbeat now, `waited` after the last one: once per interval, or as soon as a
-    /// task is consumed to its end or has failed, so that the AM learns it at once and the daemon
-    /// can pull the next task.
+    /// task is consumed to its end (and not reported yet) or has failed, so that the AM learns it
+    /// at once and the daemon can pull the next task.
     pub(crate) fn heartbeat_due(&self, waited: Duration) -> bool {
-        let settled = self
-            .tasks
-            .values()
-            .any(|task| task.consumed_end >= task.end || task.failure.is_some());
+        let settled = self.tasks.values().any(|task| {
+            (task.consumed_end >= task.end && task.reported_done.is_none())
+                || task.failure.is_some()
+        });
         settled || waited >= self.heartbeat_interval
     }
 
@@ -342,16 +353,48 @@ impl TaskBook {
             .collect()
     }
 
-    /// The AM answered a heartbeat: it has acknowledged every task consumed to its end finished,
-    /// and the book lets them go.
-    pub(crate) fn heartbeat_answered(&mut self) -> Vec<Freed> {
-        let finished: Vec<TaskId> = self
+    /// The AM answered a heartbeat, which reported every task consumed to its end. With `journal`,
+    /// the mark of the AM's journal as the answer went out, each such task waits for the end of
+    /// the journal then (unless it already waits for an earlier end of the same AM's journal), and
+    /// the tasks whose wait is over go. Without (an AM that keeps no journal, or that answers a
+    /// heartbeat only once it is recorded), they all go.
+    pub(crate) fn heartbeat_answered(&mut self, journal: Option<&v1::JournalMark>) -> Vec<Freed> {
+        let Some(mark) = journal else {
+            let finished: Vec<TaskId> = self
+                .tasks
+                .iter()
+                .filter(|(_, task)| task.consumed_end >= task.end)
+                .map(|(task_id, _)| *task_id)
+                .collect();
+            return finished
+                .into_iter()
+                .filter_map(|task_id| self.release(task_id))
+                .collect();
+        };
+        for task in self.tasks.values_mut() {
+            let reported_to_this_am = task
+                .reported_done
+                .is_some_and(|(generation, _)| generation == mark.generation);
+            if task.consumed_end >= task.end && !reported_to_this_am {
+                task.reported_done = Some((mark.generation, mark.appended));
+            }
+        }
+        self.journal_marked(mark)
+    }
+
+    /// An answer of the AM says how far its journal is durable: the finished tasks reported to
+    /// it whose record is now durable go.
+    pub(crate) fn journal_marked(&mut self, mark: &v1::JournalMark) -> Vec<Freed> {
+        let durable: Vec<TaskId> = self
             .tasks
             .iter()
-            .filter(|(_, task)| task.consumed_end >= task.end)
+            .filter(|(_, task)| {
+                matches!(task.reported_done,
+                    Some((generation, end)) if generation == mark.generation && mark.durable >= end)
+            })
             .map(|(task_id, _)| *task_id)
             .collect();
-        finished
+        durable
             .into_iter()
             .filter_map(|task_id| self.release(task_id))
             .collect()
@@ -586,14 +629,14 @@ mod tests {
         sut.stop(TaskId(1), 40, 20).expect("held");
         sut.record([counts(1, 40, 39)]);
         assert!(!sut.heartbeat_due(Duration::ZERO));
-        assert!(sut.heartbeat_answered().is_empty());
+        assert!(sut.heartbeat_answered(None).is_empty());
         sut.record([counts(1, 40, 40)]);
         assert!(
             sut.heartbeat_due(Duration::ZERO),
             "a finished task is told at once"
         );
         assert_eq!(
-            sut.heartbeat_answered(),
+            sut.heartbeat_answered(None),
             vec![Freed {
                 ring: 0,
                 task_id: TaskId(1)
@@ -656,7 +699,7 @@ mod tests {
                 consumed: 40,
             }]
         );
-        assert!(sut.heartbeat_answered().is_empty(), "not finished");
+        assert!(sut.heartbeat_answered(None).is_empty(), "not finished");
         assert_eq!(
             sut.failure_reported(TaskId(1)),
             Some(Freed {
@@ -700,6 +743,60 @@ mod tests {
         );
     }
 
+    fn mark(generation: u64, appended: u64, durable: u64) -> v1::JournalMark {
+        v1::JournalMark {
+            generation,
+            appended,
+            durable,
+        }
+    }
+
+    #[test]
+    fn a_finished_task_stays_until_the_am_that_recorded_it_says_its_record_is_durable() {
+        let mut sut = book(1, 1);
+        sut.assign(&assignment(1, 0, 10), None).expect("assigns");
+        sut.assign(&assignment(2, 0, 10), None).expect("assigns");
+        sut.record([counts(1, 10, 10)]);
+        assert!(
+            sut.heartbeat_due(Duration::ZERO),
+            "a finished task is told at once"
+        );
+        assert!(sut.heartbeat_answered(Some(&mark(3, 50, 49))).is_empty());
+        assert!(
+            !sut.heartbeat_due(Duration::ZERO),
+            "told once, then at the interval"
+        );
+        assert_eq!(sut.wanted(), 1, "a finished task counts no more");
+        assert_eq!(sut.progress().len(), 2, "it is still reported");
+        // A later report to the same AM waits for no later end.
+        assert!(sut.heartbeat_answered(Some(&mark(3, 60, 49))).is_empty());
+        // Another AM's journal numbers its records anew: its marks say nothing of the report.
+        assert!(sut.journal_marked(&mark(4, 70, 70)).is_empty());
+        assert!(sut.holds(TaskId(1)));
+        let freed = Freed {
+            ring: 0,
+            task_id: TaskId(1),
+        };
+        assert_eq!(sut.heartbeat_answered(Some(&mark(4, 80, 79))), vec![]);
+        assert_eq!(sut.journal_marked(&mark(4, 90, 80)), vec![freed]);
+        assert!(!sut.holds(TaskId(1)));
+        assert!(sut.holds(TaskId(2)), "a task not finished stays");
+    }
+
+    #[test]
+    fn an_answer_that_comes_once_durable_lets_the_finished_task_go_at_once() {
+        let mut sut = book(1, 1);
+        sut.assign(&assignment(1, 0, 10), None).expect("assigns");
+        sut.record([counts(1, 10, 10)]);
+        assert_eq!(
+            sut.heartbeat_answered(Some(&mark(3, 50, 50))),
+            vec![Freed {
+                ring: 0,
+                task_id: TaskId(1)
+            }]
+        );
+    }
+
     /// One step of a daemon's life, as the serve loop tells the book.
     #[derive(Debug, Clone)]
     enum Step {
@@ -711,8 +808,13 @@ mod tests {
         Survey { published: u64, released: u64 },
         /// The AM asks the task at this index to stop at `row`.
         Stop { task: usize, row: u64 },
-        /// A heartbeat.
-        Heartbeat,
+        /// A heartbeat, answered by the AM of `generation` with its journal's mark (the end of
+        /// the records once the heartbeat's are appended, one more than at the last call, and
+        /// `lag` records fewer durable), or without a mark.
+        Heartbeat { journal: Option<(u64, u64)> },
+        /// An answer to another call, with the mark of the AM of `generation`, `lag` records
+        /// fewer durable than appended.
+        Marked { generation: u64, lag: u64 },
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -724,7 +826,9 @@ mod tests {
                 released
             }),
             (0usize..8, 0u64..250).prop_map(|(task, row)| Step::Stop { task, row }),
-            Just(Step::Heartbeat),
+            proptest::option::of((0u64..2, 0u64..3))
+                .prop_map(|journal| Step::Heartbeat { journal }),
+            (0u64..2, 0u64..3).prop_map(|(generation, lag)| Step::Marked { generation, lag }),
         ]
     }
 
@@ -743,8 +847,10 @@ mod tests {
 
     proptest! {
         /// Reported counts only rise and stay within the task's rows; a stop is acknowledged at a
-        /// row no smaller than what was sent, so no row at or past it is enqueued; a task is let
-        /// go once consumed to where it ends, and reported once per heartbeat until then.
+        /// row no smaller than what was sent, so no row at or past it is enqueued; a task is
+        /// reported once per heartbeat until it is let go, which it is once consumed to where it
+        /// ends and, when the AM's answers carry its journal's mark, once the first AM of the
+        /// mark's generation it was reported to has its record durable.
         #[test]
         fn counts_rise_within_the_rows_and_stops_cut_no_row_sent(
             steps in proptest::collection::vec(step(), 1..120),
@@ -752,6 +858,9 @@ mod tests {
             let mut sut = book(2, 1);
             let mut model: Vec<Modelled> = Vec::new();
             let mut reported: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+            // Per finished task, the generation and journal end of its first report to that AM.
+            let mut reported_done: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+            let mut appended = 0;
             let mut next_start = 0;
             for step in steps {
                 match step {
@@ -804,7 +913,7 @@ mod tests {
                             prop_assert_eq!(sut.take_acks(), vec![(TaskId(task.task_id), stopped.at)]);
                         }
                     }
-                    Step::Heartbeat => {
+                    Step::Heartbeat { journal } => {
                         let progress = sut.progress();
                         let held: Vec<u64> = sut.placed().map(|(task_id, _)| task_id.0).collect();
                         let told: Vec<u64> = progress.iter().map(|task| task.task_id).collect();
@@ -819,21 +928,102 @@ mod tests {
                             prop_assert!(told.enqueued >= enqueued && told.consumed >= consumed,
                                 "task {} went back from {:?} to {:?}", told.task_id, (enqueued, consumed), told);
                         }
-                        let freed = sut.heartbeat_answered();
-                        for freed in freed {
-                            let task = model[freed.task_id.0 as usize];
-                            prop_assert_eq!(task.consumed_end, task.limit, "let go once consumed to its end");
-                            prop_assert!(!sut.holds(freed.task_id));
-                        }
-                        for task in &model {
-                            if sut.holds(TaskId(task.task_id)) {
-                                prop_assert!(task.consumed_end < task.limit, "a finished task is let go");
+                        let finished: Vec<u64> = model
+                            .iter()
+                            .filter(|task| sut.holds(TaskId(task.task_id)) && task.consumed_end == task.limit)
+                            .map(|task| task.task_id)
+                            .collect();
+                        let mut durable = appended;
+                        let freed = match journal {
+                            None => {
+                                let freed = sut.heartbeat_answered(None);
+                                let freed: Vec<u64> = freed.iter().map(|freed| freed.task_id.0).collect();
+                                prop_assert_eq!(&freed, &finished, "without a mark, every finished task goes");
+                                freed
                             }
+                            Some((generation, lag)) => {
+                                appended += 1;
+                                let mark = mark(generation, appended, appended - lag.min(appended));
+                                durable = mark.durable;
+                                for task_id in &finished {
+                                    let first = reported_done.get(task_id).filter(|(to, _)| *to == generation);
+                                    if first.is_none() {
+                                        reported_done.insert(*task_id, (generation, appended));
+                                    }
+                                }
+                                let freed = sut.heartbeat_answered(Some(&mark));
+                                let freed: Vec<u64> = freed.iter().map(|freed| freed.task_id.0).collect();
+                                for task_id in &freed {
+                                    let first = reported_done.get(task_id).copied();
+                                    prop_assert!(
+                                        first.is_some_and(|(to, end)| to == generation && end <= mark.durable),
+                                        "task {} let go on {:?}, first reported {:?}", task_id, mark, first
+                                    );
+                                }
+                                freed
+                            }
+                        };
+                        for task_id in freed {
+                            let task = model[task_id as usize];
+                            prop_assert_eq!(task.consumed_end, task.limit, "let go once consumed to its end");
+                            prop_assert!(!sut.holds(TaskId(task_id)));
                         }
+                        check_kept(&sut, &model, &reported_done, journal.map(|(generation, _)| generation), durable, true)?;
+                    }
+                    Step::Marked { generation, lag } => {
+                        let mark = mark(generation, appended, appended - lag.min(appended));
+                        for freed in sut.journal_marked(&mark) {
+                            let first = reported_done.get(&freed.task_id.0).copied();
+                            prop_assert!(
+                                first.is_some_and(|(to, end)| to == generation && end <= mark.durable),
+                                "task {} let go on {:?}, first reported {:?}", freed.task_id.0, mark, first
+                            );
+                        }
+                        check_kept(&sut, &model, &reported_done, Some(generation), mark.durable, false)?;
                     }
                 }
-                prop_assert_eq!(sut.wanted() as usize, 4usize.saturating_sub(sut.len()));
+                let waiting = model
+                    .iter()
+                    .filter(|task| sut.holds(TaskId(task.task_id)) && reported_done.contains_key(&task.task_id))
+                    .count();
+                prop_assert_eq!(sut.wanted() as usize, 4usize.saturating_sub(sut.len() - waiting));
             }
         }
+    }
+
+    /// After an answer of the AM of `generation` that had `durable` records durable (`None`: an
+    /// answer to a heartbeat without a mark), no task is held that has gone unnoticed: each held
+    /// task is unfinished, or finished and waiting for a record of that AM not yet durable, or of
+    /// another, or (after an answer to another call than a heartbeat) not reported yet.
+    fn check_kept(
+        sut: &TaskBook,
+        model: &[Modelled],
+        reported_done: &BTreeMap<u64, (u64, u64)>,
+        generation: Option<u64>,
+        durable: u64,
+        heartbeat: bool,
+    ) -> Result<(), TestCaseError> {
+        for task in model.iter().filter(|task| sut.holds(TaskId(task.task_id))) {
+            if task.consumed_end < task.limit {
+                continue;
+            }
+            let Some(generation) = generation else {
+                return Err(TestCaseError::fail(format!(
+                    "task {} finished and kept",
+                    task.task_id
+                )));
+            };
+            let waits = match reported_done.get(&task.task_id) {
+                Some((to, end)) => *to != generation || *end > durable,
+                None => !heartbeat,
+            };
+            prop_assert!(
+                waits,
+                "task {} finished, reported {:?}, kept",
+                task.task_id,
+                reported_done.get(&task.task_id)
+            );
+        }
+        Ok(())
     }
 }

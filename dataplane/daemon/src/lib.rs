@@ -324,7 +324,12 @@ async fn serve(
         }
         let wanted = book.wanted();
         if wanted > 0 {
-            pending.extend(session.acquire_tasks(wanted).await?);
+            let answer = session.acquire_tasks(wanted).await?;
+            // Before the new tasks are taken: one may be a finished task's id in a new epoch.
+            if let Some(mark) = &answer.journal {
+                let_go(book.journal_marked(mark), &rings, &mut controls);
+            }
+            pending.extend(answer.commands);
         }
         if !pending.is_empty() {
             continue;
@@ -352,16 +357,16 @@ async fn serve(
             }
         }
         let failures = book.failures();
-        pending.extend(
-            session
-                .heartbeat(book.progress(), pipeline.stage_stats(), rings.stats())
-                .await?,
+        let answer = session
+            .heartbeat(book.progress(), pipeline.stage_stats(), rings.stats())
+            .await?;
+        // The AM has these finished on record: their slots can go.
+        let_go(
+            book.heartbeat_answered(answer.journal.as_ref()),
+            &rings,
+            &mut controls,
         );
-        // The AM has acknowledged these finished: their slots can go.
-        for freed in book.heartbeat_answered() {
-            controls.remove(&freed.task_id);
-            rings.free(freed);
-        }
+        pending.extend(answer.commands);
         for failure in failures {
             pending.extend(
                 session
@@ -376,6 +381,18 @@ async fn serve(
         if let Some(failure) = rings.failure() {
             return Err(failure);
         }
+    }
+}
+
+/// Frees the ledger slots of the tasks the book let go, and forgets their feeders' controls.
+fn let_go(
+    freed: Vec<book::Freed>,
+    rings: &Rings,
+    controls: &mut BTreeMap<TaskId, Arc<Mutex<Control>>>,
+) {
+    for freed in freed {
+        controls.remove(&freed.task_id);
+        rings.free(freed);
     }
 }
 

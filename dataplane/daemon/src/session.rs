@@ -52,6 +52,14 @@ pub(crate) struct Session {
     looked: Mutex<Option<Instant>>,
 }
 
+/// The commands of an answer, and how far the AM's journal was written as it went out: `None`
+/// from an AM that keeps no journal, or that answers only once the call is recorded.
+#[derive(Debug)]
+pub(crate) struct Marked {
+    pub(crate) commands: Vec<v1::Command>,
+    pub(crate) journal: Option<v1::JournalMark>,
+}
+
 /// An answer, and when the call it answers was sent.
 struct Answered<T> {
     reply: T,
@@ -191,8 +199,8 @@ impl Session {
         Ok(self.commands(answered.map(|reply| reply.commands)))
     }
 
-    /// Asks the AM for up to `max_tasks` tasks; returns the AM's commands.
-    pub(crate) async fn acquire_tasks(&self, max_tasks: u32) -> Result<Vec<v1::Command>> {
+    /// Asks the AM for up to `max_tasks` tasks; returns the AM's commands and its journal's mark.
+    pub(crate) async fn acquire_tasks(&self, max_tasks: u32) -> Result<Marked> {
         let answered = self
             .call(|mut client| {
                 let request = v1::AcquireTasksRequest {
@@ -202,16 +210,22 @@ impl Session {
                 async move { client.acquire_tasks(request).await }
             })
             .await?;
-        Ok(self.commands(answered.map(|reply| reply.commands)))
+        let journal = answered.reply.journal;
+        Ok(Marked {
+            commands: self.commands(answered.map(|reply| reply.commands)),
+            journal,
+        })
     }
 
-    /// Reports the tasks' counts, the stages' figures and the rings'; returns the AM's commands.
+    /// Reports the tasks' counts, the stages' figures and the rings'; returns the AM's commands
+    /// and its journal's mark. The daemon keeps a task reported consumed to its end until a mark
+    /// says that the AM's record of it is durable (see [`TaskBook`](crate::book::TaskBook)).
     pub(crate) async fn heartbeat(
         &self,
         progress: Vec<v1::TaskProgress>,
         stages: Vec<v1::StageStats>,
         rings: Vec<v1::RingStats>,
-    ) -> Result<Vec<v1::Command>> {
+    ) -> Result<Marked> {
         let answered = self
             .call(|mut client| {
                 let request = v1::HeartbeatRequest {
@@ -220,11 +234,16 @@ impl Session {
                     stages: stages.clone(),
                     rings: rings.clone(),
                     hostname: self.hostname.clone(),
+                    keeps_finished_until_durable: true,
                 };
                 async move { client.heartbeat(request).await }
             })
             .await?;
-        Ok(self.commands(answered.map(|reply| reply.commands)))
+        let journal = answered.reply.journal;
+        Ok(Marked {
+            commands: self.commands(answered.map(|reply| reply.commands)),
+            journal,
+        })
     }
 
     /// Reports that task `task_id` failed for `reason`, `consumed` of its rows consumed; returns
