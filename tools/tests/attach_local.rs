@@ -21,7 +21,7 @@ fn spec(data: &Path) -> String {
          nodes: 2\n\
          launcher: {{ kind: external }}\n\
          roles:\n  - {{ name: worker, num: 4 }}\n\
-         failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 5000 }}\n",
+         failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 30000 }}\n",
         data.display()
     )
 }
