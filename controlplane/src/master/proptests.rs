@@ -1349,6 +1349,25 @@ fn one_node_job(rows: u64, trainers: u32, ops: Vec<Op>) -> Job {
     }
 }
 
+/// Node 0 heartbeats, takes its tasks, and the trainer of its first task's ring reads one row of it.
+fn first_row_read() -> Vec<Op> {
+    use Op::*;
+    vec![
+        Heartbeat { node: 0 },
+        Acquire { node: 0 },
+        Produce {
+            node: 0,
+            pick: 0,
+            rows: 1,
+        },
+        Consume {
+            node: 0,
+            pick: 0,
+            rows: 1,
+        },
+    ]
+}
+
 /// A daemon that registered after a checkpoint's step is still alive after a restore to it: it
 /// gives its rings back like the others, or the relaunched trainers would read the rows left in them.
 #[test]
@@ -1373,34 +1392,20 @@ fn a_restore_to_a_checkpoint_committed_before_a_node_registered_keeps_the_node()
 #[test]
 fn a_give_back_heartbeat_is_durable_before_its_answer() {
     use Op::*;
-    run_case(one_node_job(
-        2,
-        2,
-        vec![
-            Heartbeat { node: 0 },
-            Acquire { node: 0 },
-            Produce {
-                node: 0,
-                pick: 0,
-                rows: 1,
-            },
-            Consume {
-                node: 0,
-                pick: 0,
-                rows: 1,
-            },
-            Scale { num: 1 },
-            TrainerExits { pick: 0 },
-            TrainerExits { pick: 0 },
-            // Answered with `Release`; the next call is the final heartbeat.
-            Acquire { node: 0 },
-            Acquire { node: 0 },
-            Takeover {
-                lose: 1,
-                reregister: false,
-            },
-        ],
-    ));
+    let mut ops = first_row_read();
+    ops.extend([
+        Scale { num: 1 },
+        TrainerExits { pick: 0 },
+        TrainerExits { pick: 0 },
+        // Answered with `Release`; the next call is the final heartbeat.
+        Acquire { node: 0 },
+        Acquire { node: 0 },
+        Takeover {
+            lose: 1,
+            reregister: false,
+        },
+    ]);
+    run_case(one_node_job(2, 2, ops));
 }
 
 /// One node feeding one trainer two one-row tasks; the first is read to its end and reported in a
@@ -1408,34 +1413,20 @@ fn a_give_back_heartbeat_is_durable_before_its_answer() {
 /// durable.
 fn finish_then_lose_it(keeps_finished: bool, reregister: bool) -> Job {
     use Op::*;
+    let mut ops = first_row_read();
+    ops.extend([
+        HeartbeatThenTakeover {
+            node: 0,
+            lose: 1,
+            reregister,
+        },
+        Acquire { node: 0 },
+    ]);
     Job {
         split_rows: vec![2],
         task_rows: 1,
         keeps_finished,
-        ..one_node_job(
-            2,
-            1,
-            vec![
-                Heartbeat { node: 0 },
-                Acquire { node: 0 },
-                Produce {
-                    node: 0,
-                    pick: 0,
-                    rows: 1,
-                },
-                Consume {
-                    node: 0,
-                    pick: 0,
-                    rows: 1,
-                },
-                HeartbeatThenTakeover {
-                    node: 0,
-                    lose: 1,
-                    reregister,
-                },
-                Acquire { node: 0 },
-            ],
-        )
+        ..one_node_job(2, 1, ops)
     }
 }
 
