@@ -1430,18 +1430,11 @@ impl SuiteReport {
     /// The rows of the table and of the chart, in order: the label and the figures.
     fn rows(&self) -> Vec<(String, &SystemFigures)> {
         let mut rows = Vec::new();
-        for name in [
-            "sluice",
-            "sluice_torch",
-            "pytorch_dataloader",
-            "pytorch_dataloader_naive",
-            "torchdata",
-            "pyarrow",
-            "mosaic_streaming",
-            "ray_data",
-            "ring",
-            "memcpy",
-        ] {
+        for name in ["sluice", "sluice_torch"]
+            .into_iter()
+            .chain(PEERS)
+            .chain(["ring", "memcpy"])
+        {
             let Some(counts) = self.by_workers.get(name) else {
                 if let Some(figures) = self.systems.get(name) {
                     rows.push((name.to_owned(), figures));
