@@ -222,7 +222,8 @@ impl Am {
     }
 
     /// Applies a heartbeat and answers, once its entries are durable unless it may be answered
-    /// before. The answer's mark says how far the journal is durable as it goes out.
+    /// before. The answer's mark says how far the journal was durable once the heartbeat's entries
+    /// were appended, or once they were durable when the answer waited for them.
     pub(crate) async fn heartbeat(
         &self,
         request: v1::HeartbeatRequest,
@@ -231,9 +232,9 @@ impl Am {
         let (mut reply, durable) = self.record_heartbeat(request);
         if let Some(durable) = durable {
             durable.await?;
-        }
-        if let (Some(mark), Some(now)) = (&mut reply.journal, self.journal_mark()) {
-            mark.durable = now.durable;
+            if let (Some(mark), Some(now)) = (&mut reply.journal, self.journal_mark()) {
+                mark.durable = now.durable;
+            }
         }
         Ok(reply)
     }
