@@ -425,9 +425,16 @@ impl Job {
         }
         generate(options, &data)?;
         for rank in 0..TRAINERS {
-            let ids = root.join(format!("ids-{rank}.bin"));
-            if ids.exists() {
-                std::fs::remove_file(&ids).map_err(setup(format!("removing {}", ids.display())))?;
+            // The ids file, and beside it the places of its batches in the ring.
+            for name in [
+                format!("ids-{rank}.bin"),
+                format!("ids-{rank}.bin.positions"),
+            ] {
+                let file = root.join(name);
+                if file.exists() {
+                    std::fs::remove_file(&file)
+                        .map_err(setup(format!("removing {}", file.display())))?;
+                }
             }
         }
         let journal = root.join("journal");

@@ -87,9 +87,10 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
                 IdsRecord::open(ids, RingIdentity::of(&ring), reader.released())?;
             if reopened.cut > 0 {
                 eprintln!(
-                    "sluice consume: cut {} ids from {}: the trainer before this one recorded their batches but was gone before it released them, and the ring gives them again",
+                    "sluice consume: cut {} ids from {}, keeping {}: the trainer before this one recorded their batches but was gone before it released them, and the ring gives them again",
                     reopened.cut,
-                    ids.display()
+                    ids.display(),
+                    reopened.kept
                 );
             }
             Some(record)
@@ -107,12 +108,15 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
             continue;
         };
         rows += batch.num_rows() as u64;
-        if let Some(record) = &mut ids_out {
-            let ids = ids_of(&batch, &args.id_column)?;
-            record.record(
-                ids.as_primitive::<Int64Type>().iter().flatten(),
-                reader.handed_out(),
-            )?;
+        if let Some(record) = &mut ids_out
+            && let Err(error) = ids_of(&batch, &args.id_column).and_then(|ids| {
+                let ids = ids.as_primitive::<Int64Type>().iter().flatten();
+                record.record(ids, reader.handed_out())
+            })
+        {
+            // Never released: the ring gives the batch to the next trainer, as after a kill.
+            std::mem::forget(batch);
+            return Err(error);
         }
         // Released only once its ids are recorded: a trainer killed before this line leaves the
         // batch to the next one, which cuts the ids recorded here.

@@ -8,8 +8,7 @@
 //! `[ring inode, ring creator's pid, ring creator's start ticks, end of the batch's record in the
 //! ring's stream, ids in FILE after the batch]`. A batch goes out in three steps: its ids are
 //! appended to FILE, its entry to `FILE.positions`, and only then is it released, which publishes
-//! the ring's read cursor past its record. Each step is one `write` (or the release); a trainer
-//! killed between two of them leaves:
+//! the ring's read cursor past its record. A trainer killed at any point of them leaves:
 //!
 //! - ids past the count of the last entry: the batch was neither recorded whole nor released;
 //! - an entry whose end lies past the ring's read cursor: recorded, not released;
@@ -23,9 +22,9 @@
 //! on the ring, which the daemon turns into the consumed counts the AM keeps; the batches cut come
 //! again from the ring.
 //!
-//! What it cannot tell: a trainer killed, whose ring is replaced (a scale or a restore gives it
-//! back) before the trainer is started again, finds its last entry on a ring that is gone and keeps
-//! it, counted or not. A restore cuts the ids at its checkpoint anyway; a scale stops its trainers
+//! What it cannot tell: a trainer killed whose ring is replaced before it is started again (a
+//! scale or a restore racing the kill gives the ring back) finds its last entry on a ring that is
+//! gone, and keeps it, counted or not. A scale or a restore that comes first stops the trainers
 //! with SIGTERM, after which every entry counts.
 
 use std::fs::File;
@@ -139,8 +138,8 @@ impl IdsRecord {
 
     /// Opens FILE (`ids`) for a trainer reading `ring`, whose read cursor stands at `released`, and
     /// cuts FILE and `FILE.positions` back to the batches the ring counts (see the module's
-    /// documentation). A FILE without `FILE.positions` (new, or written by other means) is kept
-    /// whole.
+    /// documentation). A FILE without `FILE.positions` (written by other means) is kept whole;
+    /// a `FILE.positions` without FILE (FILE removed) is emptied.
     ///
     /// # Errors
     ///
@@ -152,6 +151,24 @@ impl IdsRecord {
         released: u64,
     ) -> anyhow::Result<(IdsRecord, Reopened)> {
         let positions_path = IdsRecord::positions_path(ids);
+        let ids_missing = matches!(
+            std::fs::symlink_metadata(ids),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound
+        );
+        if ids_missing {
+            // Emptied before FILE is made: a trainer killed in between finds FILE missing again.
+            File::options()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&positions_path)
+                .with_context(|| {
+                    format!(
+                        "emptying {}, which placed the ids of a removed --ids-out",
+                        positions_path.display()
+                    )
+                })?;
+        }
         let open = |path: &Path| {
             File::options()
                 .read(true)
@@ -389,6 +406,23 @@ mod tests {
         let (_, reopened) = IdsRecord::open(&path, RING, 500).expect("reopen");
         assert_eq!(reopened, Reopened { kept: 1, cut: 1 });
         assert_eq!(ids_in(&path), vec![41]);
+    }
+
+    #[test]
+    fn an_ids_file_removed_takes_its_positions_with_it() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("ids.bin");
+        let (mut sut, _) = IdsRecord::open(&path, RING, 0).expect("open");
+        sut.record(0..4, 100).expect("record");
+        drop(sut);
+        std::fs::remove_file(&path).expect("remove the ids file");
+        let (mut sut, reopened) = IdsRecord::open(&path, NEXT_RING, 0).expect("a new run");
+        assert_eq!(reopened, Reopened { kept: 0, cut: 0 });
+        sut.record(10..12, 64).expect("record");
+        drop(sut);
+        let (_, reopened) = IdsRecord::open(&path, NEXT_RING, 64).expect("reopen");
+        assert_eq!(reopened, Reopened { kept: 2, cut: 0 });
+        assert_eq!(ids_in(&path), vec![10, 11]);
     }
 
     #[test]
