@@ -109,6 +109,10 @@ struct ChaosArgs {
     /// on one machine only, where `sluice run` supervises its executors.
     #[arg(long, default_value_t = 0, conflicts_with = "hosts")]
     shim_kills: usize,
+    /// Trainers (`sluice consume`) killed; whoever runs them (the launcher, or across hosts the
+    /// bench) starts each again with the same rank, and it reads on from its ring.
+    #[arg(long, default_value_t = 0)]
+    trainer_kills: usize,
     /// Rows per second each of the four trainers takes at most, standing for its compute.
     #[arg(long, default_value_t = 25_000, value_parser = clap::value_parser!(u64).range(1..))]
     trainer_rows_per_s: u64,
@@ -411,6 +415,7 @@ fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         daemon_kills: args.daemon_kills,
         am_kills: args.am_kills,
         shim_kills: args.shim_kills,
+        trainer_kills: args.trainer_kills,
         trainer_rows_per_s: args.trainer_rows_per_s,
         seed: args.seed,
         directory: args.dir,

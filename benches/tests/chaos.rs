@@ -1,10 +1,11 @@
 //! Chaos: `sluice-bench chaos` at its default size, two million rows with two node daemons and four
-//! trainers, three daemons, two daemons' supervisors (`sluice shim`) and two AMs killed with `kill -9`
-//! at random moments. The launcher starts each daemon again (a daemon whose shim died, once it has
-//! stopped it), which takes its rings over from their ledgers; the AM is started again as an
-//! operator would, replays its journal and adopts the executors. The trainers, which live through it
-//! all, still see every id exactly once: the bench checks it, and so does this test, from the ids
-//! files the bench leaves in its directory.
+//! trainers, three daemons, two daemons' supervisors (`sluice shim`), two trainers and two AMs killed
+//! with `kill -9` at random moments, every kind once before any twice. The launcher starts each
+//! daemon again (a daemon whose shim died, once it has stopped it), which takes its rings over from
+//! their ledgers, and each trainer again with its rank, which reads on from its ring; the AM is
+//! started again as an operator would, replays its journal and adopts the executors. The trainers'
+//! ids files still hold every id exactly once: the bench checks it, and so does this test, from the
+//! ids files the bench leaves in its directory.
 
 mod common;
 
@@ -15,7 +16,7 @@ use sluice_testkit::job::{logs, read_ids};
 const ROWS: i64 = 2_000_000;
 
 #[test]
-fn daemons_their_shims_and_the_am_killed_at_random_moments_lose_and_repeat_no_row() {
+fn daemons_their_shims_trainers_and_the_am_killed_at_random_moments_lose_and_repeat_no_row() {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
     common::sluice();
@@ -27,6 +28,8 @@ fn daemons_their_shims_and_the_am_killed_at_random_moments_lose_and_repeat_no_ro
             "--am-kills",
             "2",
             "--shim-kills",
+            "2",
+            "--trainer-kills",
             "2",
             "--dir",
         ])
@@ -45,7 +48,10 @@ fn daemons_their_shims_and_the_am_killed_at_random_moments_lose_and_repeat_no_ro
     let kills = report["kills"].as_array().expect("kills");
     let count = |what: &str| kills.iter().filter(|kill| kill["what"] == what).count();
     assert!(
-        count("am") == 2 && count("shim") >= 1 && kills.len() >= 5,
+        ["daemon", "am", "shim", "trainer"]
+            .iter()
+            .all(|kind| count(kind) >= 1)
+            && kills.len() >= 6,
         "too few kills mid-run ({kills:?}): the run proves little"
     );
     assert!(

@@ -1,8 +1,8 @@
 //! Chaos across hosts: `sluice-bench chaos --hosts 2` on the multi-host test bed, small. Two node
-//! hosts, each with a daemon sidecar and a trainer launched by the bench; a daemon killed, the AM
-//! moved to the spare AM host, a node's cable pulled until the AM declares it lost and plugged back
-//! (its daemon fenced, its trainer's last reads void), a trainer stopped until the AM reports the
-//! hang. The bench counts the ids by the rule of a node cut off and fails when any is missing or
+//! hosts, each with a daemon sidecar and a trainer launched by the bench; a daemon killed, a trainer
+//! killed (started again on its ids file, as torchrun restarts a rank), the AM moved to the spare AM
+//! host, a node's cable pulled until the AM declares it lost and plugged back (its daemon fenced,
+//! its trainer's last reads void), a trainer stopped until the AM reports the hang. The bench counts the ids by the rule of a node cut off and fails when any is missing or
 //! repeated; this test checks its report.
 //!
 //! Needs root and network namespaces: a plain `cargo test` lists it as ignored, and
@@ -19,7 +19,15 @@ fn faults_across_hosts_lose_and_repeat_no_row_and_each_is_noticed() {
     common::sluice();
     let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
         .args(["chaos", "--json", "--hosts", "2", "--rows", "800000"])
-        .args(["--daemon-kills", "1", "--am-kills", "1", "--link-cuts", "1"])
+        .args([
+            "--daemon-kills",
+            "1",
+            "--trainer-kills",
+            "1",
+            "--am-kills",
+            "1",
+        ])
+        .args(["--link-cuts", "1"])
         .args(["--hangs", "1", "--trainer-rows-per-s", "15000", "--dir"])
         .arg(directory.path())
         .output()
@@ -42,7 +50,7 @@ fn faults_across_hosts_lose_and_repeat_no_row_and_each_is_noticed() {
         .iter()
         .filter_map(|kill| kill["what"].as_str())
         .collect();
-    for kind in ["daemon", "am", "link", "hang"] {
+    for kind in ["daemon", "trainer", "am", "link", "hang"] {
         assert!(kinds.contains(&kind), "no {kind} fault mid-run: {report}");
     }
     let detections = report["detections"].as_array().expect("detections");

@@ -4,7 +4,8 @@
 //! trainer, both started by the bench (the spec's external launcher), which starts them again when
 //! they end before the job does.
 //!
-//! Beside `kill -9` of daemons, it pulls node cables (`ip link set down`) until the AM declares the
+//! Beside `kill -9` of daemons and trainers (a killed trainer is started again on its ids file, as
+//! torchrun restarts a rank, and reads on from its ring), it pulls node cables (`ip link set down`) until the AM declares the
 //! node lost, then plugs them back: the old daemon is fenced, its trainer told that its last reads
 //! are void; it moves the AM (kill it, start it on the spare AM host, where the daemons find it
 //! through the address it publishes under the checkpoint location); and it stops a trainer
@@ -20,7 +21,9 @@ use std::time::{Duration, Instant};
 use sluice_testkit::job::read_ids;
 use sluice_testkit::{Host, NetBed};
 
-use super::{ChaosOptions, ChaosReport, Detection, Kill, Tally, generate, mix, setup};
+use super::{
+    ChaosOptions, ChaosReport, Detection, Kill, Tally, generate, ids_cut, mix, schedule, setup,
+};
 use crate::error::{BenchError, Result};
 
 /// The port every AM listens on, on its host's address.
@@ -47,7 +50,9 @@ pub struct HostsPlan {
     pub hangs: usize,
 }
 
-/// One generation of a host's trainer: its ids file, and whether its daemon was fenced under it.
+/// One generation of a host's trainer: its ids file, and whether its daemon was fenced under it. A
+/// trainer killed and started again stays in its generation: it reads on from its ring and
+/// records into the same ids file.
 #[derive(Debug)]
 struct Generation {
     ids: PathBuf,
@@ -60,6 +65,10 @@ struct Node {
     daemon: Option<Child>,
     daemons: usize,
     trainer: Option<Child>,
+    /// Trainers started on the host, each with its own logs.
+    trainers: usize,
+    /// Whether the running trainer was killed by the bench, to be started again in its generation.
+    trainer_killed: bool,
     generations: Vec<Generation>,
     trainer_done: bool,
 }
@@ -115,6 +124,7 @@ pub(super) fn run(options: &ChaosOptions, plan: &HostsPlan, seed: u64) -> Result
     let tally = cluster.tally();
     let job_succeeded = cluster.am_exit == Some(true);
     let takeovers = cluster.takeovers;
+    let ids_cut = ids_cut(&cluster.every_log());
     Ok(ChaosReport {
         rows: options.rows,
         seed,
@@ -130,6 +140,7 @@ pub(super) fn run(options: &ChaosOptions, plan: &HostsPlan, seed: u64) -> Result
         first_duplicates: tally.first_duplicates,
         first_missing: tally.first_missing,
         takeovers,
+        ids_cut,
         seconds,
         hosts: plan.hosts,
         void_reads: tally.void,
@@ -188,11 +199,13 @@ checkpoint: {{ uri: "file://{journal}" }}
                 daemon: None,
                 daemons: 0,
                 trainer: None,
+                trainers: 0,
+                trainer_killed: false,
                 generations: Vec::new(),
                 trainer_done: false,
             };
             entry.daemon = Some(cluster.start_daemon(&mut entry)?);
-            entry.trainer = Some(cluster.start_trainer(&mut entry)?);
+            entry.trainer = Some(cluster.start_trainer(&mut entry, false)?);
             cluster.nodes.push(entry);
         }
         Ok(cluster)
@@ -255,13 +268,27 @@ checkpoint: {{ uri: "file://{journal}" }}
     }
 
     /// Starts the trainer of `node`, rank `node.host - 2` of the job, launched as torchrun would:
-    /// its rank and job come from the environment.
-    fn start_trainer(&self, node: &mut Node) -> Result<Child> {
+    /// its rank and job come from the environment. `again`: in the generation of a trainer that was
+    /// killed, on its ids file, as a launcher starts a rank again; otherwise in a new generation.
+    fn start_trainer(&self, node: &mut Node, again: bool) -> Result<Child> {
         let host = self.host(node.host);
-        let generation = node.generations.len();
-        let ids = self
-            .shared
-            .join(format!("ids-{}-{generation}.bin", host.name()));
+        let ids = match node.generations.last() {
+            Some(last) if again => last.ids.clone(),
+            _ => {
+                let ids = self.shared.join(format!(
+                    "ids-{}-{}.bin",
+                    host.name(),
+                    node.generations.len()
+                ));
+                node.generations.push(Generation {
+                    ids: ids.clone(),
+                    fenced: false,
+                });
+                ids
+            }
+        };
+        let start = node.trainers;
+        node.trainers += 1;
         let mut command = host.command(&self.options.sluice);
         command
             .arg("consume")
@@ -282,14 +309,13 @@ checkpoint: {{ uri: "file://{journal}" }}
             .env_remove("SLUICE_RING")
             .env_remove("SLUICE_RING_DIR")
             .stdin(Stdio::null())
-            .stdout(self.log(&format!("trainer-{}-{generation}.log", host.name()))?)
-            .stderr(self.log(&format!("trainer-{}-{generation}.err", host.name()))?);
-        node.generations.push(Generation { ids, fenced: false });
+            .stdout(self.log(&format!("trainer-{}-{start}.log", host.name()))?)
+            .stderr(self.log(&format!("trainer-{}-{start}.err", host.name()))?);
         self.spawn(command, "running a trainer of the chaos job")
     }
 
     /// Starts again what ended before the job did: a daemon that failed (killed, or fenced), and
-    /// a trainer that failed (its daemon fenced). Notes the AM's end.
+    /// a trainer that failed (killed, or its daemon fenced). Notes the AM's end.
     fn tend(&mut self) -> Result<()> {
         if self.am_exit.is_none()
             && let Some(am) = &mut self.am
@@ -317,18 +343,22 @@ checkpoint: {{ uri: "file://{journal}" }}
             && let Some(status) = trainer.try_wait().map_err(setup("waiting for a trainer"))?
         {
             node.trainer = None;
+            let killed = std::mem::take(&mut node.trainer_killed);
             if status.success() {
                 node.trainer_done = true;
             } else {
                 let host = self.host(node.host).name().to_owned();
-                let generation = node.generations.len() - 1;
                 let err = std::fs::read_to_string(
-                    self.logs.join(format!("trainer-{host}-{generation}.err")),
+                    self.logs
+                        .join(format!("trainer-{host}-{}.err", node.trainers - 1)),
                 )
                 .unwrap_or_default();
-                node.generations[generation].fenced = err.contains(FENCED);
+                let fenced = err.contains(FENCED);
+                if let Some(generation) = node.generations.last_mut() {
+                    generation.fenced |= fenced;
+                }
                 if self.am_exit.is_none() {
-                    node.trainer = Some(self.start_trainer(node)?);
+                    node.trainer = Some(self.start_trainer(node, killed && !fenced)?);
                 } else {
                     node.trainer_done = true;
                 }
@@ -393,8 +423,8 @@ checkpoint: {{ uri: "file://{journal}" }}
             .and_then(|entry| entry["state"].as_str().map(str::to_owned))
     }
 
-    /// Runs the faults in a random order, each once the trainers received more ids, none after
-    /// 90 % of the rows; returns them with the detections they were timed by.
+    /// Runs the faults in a random order (every kind once before any twice), each once the
+    /// trainers received more ids, none after 90 % of the rows; returns them with the detections they were timed by.
     fn faults(
         &mut self,
         plan: &HostsPlan,
@@ -402,16 +432,16 @@ checkpoint: {{ uri: "file://{journal}" }}
         started: Instant,
     ) -> Result<(Vec<Kill>, Vec<Detection>)> {
         let mut random = seed;
-        let mut faults: Vec<&'static str> =
-            std::iter::repeat_n("daemon", self.options.daemon_kills)
-                .chain(std::iter::repeat_n("am", self.options.am_kills))
-                .chain(std::iter::repeat_n("link", plan.link_cuts))
-                .chain(std::iter::repeat_n("hang", plan.hangs))
-                .collect();
-        for index in (1..faults.len()).rev() {
-            random = mix(random);
-            faults.swap(index, random as usize % (index + 1));
-        }
+        let faults = schedule(
+            &[
+                ("daemon", self.options.daemon_kills),
+                ("am", self.options.am_kills),
+                ("link", plan.link_cuts),
+                ("hang", plan.hangs),
+                ("trainer", self.options.trainer_kills),
+            ],
+            &mut random,
+        );
         let late = self.options.rows * 9 / 10;
         let mut kills = Vec::new();
         let mut detections = Vec::new();
@@ -453,12 +483,24 @@ checkpoint: {{ uri: "file://{journal}" }}
                         let _ = daemon.kill();
                     }
                 }
+                "trainer" => self.kill_trainer(node),
                 "am" => detections.push(self.move_am()?),
                 "link" => detections.push(self.cut(node)?),
                 _ => detections.push(self.hang(node)?),
             }
         }
         Ok((kills, detections))
+    }
+
+    /// Kills the trainer of `node` with `kill -9`; [`Cluster::tend`] starts it again in its
+    /// generation.
+    fn kill_trainer(&mut self, node: usize) {
+        let node = &mut self.nodes[node];
+        if let Some(trainer) = &mut node.trainer
+            && trainer.kill().is_ok()
+        {
+            node.trainer_killed = true;
+        }
     }
 
     /// Kills the AM and starts it on the other AM host; times until every node host with a live

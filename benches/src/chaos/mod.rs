@@ -1,16 +1,17 @@
-//! `sluice-bench chaos`: a job whose node daemons, their supervisors (`sluice shim`) and AM are
-//! killed with `kill -9` at random moments, and started again as an operator (or the launcher)
-//! would; every id must still reach the trainers exactly once.
+//! `sluice-bench chaos`: a job whose node daemons, their supervisors (`sluice shim`), trainers and
+//! AM are killed with `kill -9` at random moments, and started again as an operator (or the
+//! launcher) would; every id must still reach the trainers exactly once.
 //!
 //! The job reads `rows` generated rows in eight Parquet files with two node daemons and four reference
 //! trainers (`sluice consume --ids-out`), each paced at `trainer_rows_per_s`, shuffled. The launcher
 //! starts a killed daemon again (`restart: on-failure`) with the same node id, job and ring directory,
 //! and it takes its rings over from their ledgers; a daemon whose shim was killed is stopped by the
 //! launcher, which finds it from the identity the shim recorded, and launched again the same way; a
-//! killed AM (`sluice run`) is started again with the same spec, address and state, replays its
-//! journal and adopts the executors. Each kill lands 1 to 3 s after the previous one, once the
-//! trainers have received more ids, and none after 90% of the rows. The trainers live through it all;
-//! their ids files are then checked: every id once.
+//! killed trainer is launched again with the same rank, ring and ids file, and reads on from its
+//! ring (the trainer-restart rule of `docs/architecture.md`); a killed AM (`sluice run`) is started
+//! again with the same spec, address and state, replays its journal and adopts the executors. Each
+//! kill lands 1 to 3 s after the previous one, once the trainers have received more ids, and none
+//! after 90% of the rows. The ids files are then checked: every id once.
 //!
 //! With [`ChaosOptions::across`], the job runs across the hosts of a test bed instead, with link
 //! cuts, AM moves and hangs beside the kills (see [`hosts`]).
@@ -48,6 +49,8 @@ pub struct ChaosOptions {
     pub am_kills: usize,
     /// Supervisors (`sluice shim`) of node daemons killed; on one machine only.
     pub shim_kills: usize,
+    /// Trainers (`sluice consume`) killed; whoever runs them starts them again on their rings.
+    pub trainer_kills: usize,
     /// Rows per second each trainer takes at most, standing for its compute.
     pub trainer_rows_per_s: u64,
     /// The seed of the kill schedule (default: from the clock; the report gives it).
@@ -65,8 +68,8 @@ pub struct ChaosOptions {
 /// One fault.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Kill {
-    /// `daemon`, `shim` (the supervisor of a daemon) or `am` (across hosts, the AM moves to the
-    /// other AM host), `link` (a node cable pulled) or `hang` (a trainer stopped).
+    /// `daemon`, `shim` (the supervisor of a daemon), `trainer` or `am` (across hosts, the AM moves
+    /// to the other AM host), `link` (a node cable pulled) or `hang` (a trainer stopped).
     pub what: &'static str,
     /// Ids the trainers had received when it landed.
     pub after_ids: u64,
@@ -99,6 +102,9 @@ pub struct ChaosReport {
     pub first_missing: Vec<i64>,
     /// Rings that restarted daemons took over from their ledgers.
     pub takeovers: usize,
+    /// Ids that trainers started again cut from their ids files: recorded by a killed trainer
+    /// before it released their batch, which the ring then gave again.
+    pub ids_cut: u64,
     /// Wall time of the whole run, kills and restarts included.
     pub seconds: f64,
     /// Node hosts of a run across hosts; 0 on one machine.
@@ -234,6 +240,7 @@ impl ChaosReport {
             let fault = match kill.what {
                 "daemon" => "kill -9 a daemon",
                 "shim" => "kill -9 a daemon's shim",
+                "trainer" => "kill -9 a trainer",
                 "am" if self.hosts > 0 => "move the AM",
                 "am" => "kill -9 the AM",
                 "link" => "cut a node's link",
@@ -253,6 +260,13 @@ impl ChaosReport {
             "rings taken over by restarted daemons: {}",
             self.takeovers
         );
+        if self.kills.iter().any(|kill| kill.what == "trainer") {
+            let _ = writeln!(
+                out,
+                "ids recorded by killed trainers, not released, cut by the next: {}",
+                self.ids_cut
+            );
+        }
         if self.hosts > 0 {
             let _ = writeln!(
                 out,
@@ -359,12 +373,27 @@ pub fn run_chaos_bench(options: &ChaosOptions) -> Result<ChaosReport> {
         takeovers: logs
             .matches("took over a ring this node fed before it restarted")
             .count(),
+        ids_cut: ids_cut(&logs),
         seconds,
         hosts: 0,
         void_reads: 0,
         detections: Vec::new(),
         rows_per_s: options.rows as f64 / seconds,
     })
+}
+
+/// The ids that trainers started again cut from their ids files, as they said in `logs`.
+fn ids_cut(logs: &str) -> u64 {
+    const CUT: &str = "sluice consume: cut ";
+    logs.match_indices(CUT)
+        .filter_map(|(at, _)| {
+            logs[at + CUT.len()..]
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 /// A running `sluice run`, its stdout read by a thread; its stderr goes to `am-logs/am-<n>.log`.
@@ -396,9 +425,16 @@ impl Job {
         }
         generate(options, &data)?;
         for rank in 0..TRAINERS {
-            let ids = root.join(format!("ids-{rank}.bin"));
-            if ids.exists() {
-                std::fs::remove_file(&ids).map_err(setup(format!("removing {}", ids.display())))?;
+            // The ids file, and beside it the places of its batches in the ring.
+            for name in [
+                format!("ids-{rank}.bin"),
+                format!("ids-{rank}.bin.positions"),
+            ] {
+                let file = root.join(name);
+                if file.exists() {
+                    std::fs::remove_file(&file)
+                        .map_err(setup(format!("removing {}", file.display())))?;
+                }
             }
         }
         let journal = root.join("journal");
@@ -504,7 +540,8 @@ checkpoint: {{ uri: "file://{journal}" }}
         Ok(Run { child, stdout })
     }
 
-    /// Kills daemons and the AM in a random order, each once the trainers moved on.
+    /// Kills daemons, their shims, trainers and the AM in a random order (every kind once before
+    /// any twice), each once the trainers moved on.
     fn kill_on_schedule(
         &self,
         options: &ChaosOptions,
@@ -513,14 +550,15 @@ checkpoint: {{ uri: "file://{journal}" }}
         run: &mut Run,
     ) -> Result<Vec<Kill>> {
         let mut random = seed;
-        let mut victims: Vec<&'static str> = std::iter::repeat_n("daemon", options.daemon_kills)
-            .chain(std::iter::repeat_n("am", options.am_kills))
-            .chain(std::iter::repeat_n("shim", options.shim_kills))
-            .collect();
-        for index in (1..victims.len()).rev() {
-            random = mix(random);
-            victims.swap(index, random as usize % (index + 1));
-        }
+        let victims = schedule(
+            &[
+                ("daemon", options.daemon_kills),
+                ("am", options.am_kills),
+                ("shim", options.shim_kills),
+                ("trainer", options.trainer_kills),
+            ],
+            &mut random,
+        );
         let late = self.rows * 9 / 10;
         let mut kills = Vec::new();
         let mut last_seen = 0;
@@ -568,10 +606,11 @@ checkpoint: {{ uri: "file://{journal}" }}
                 });
                 continue;
             }
-            let live = if victim == "shim" {
-                daemon_shims(&self.rings)
-            } else {
-                processes_naming(&self.rings, Some("daemon"))
+            let live = match victim {
+                "shim" => daemon_shims(&self.rings),
+                // A trainer names the run's directory in its --ids-out.
+                "trainer" => processes_naming(&self.root, Some("consume")),
+                _ => processes_naming(&self.rings, Some("daemon")),
             };
             let Some(pid) = live.get((random >> 32) as usize % live.len().max(1)) else {
                 continue;
@@ -658,6 +697,27 @@ fn setup(operation: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchEr
     move |source| BenchError::Setup { operation, source }
 }
 
+/// The faults of a run in a random order drawn from `random`, in rounds: each round has one fault
+/// of every kind with faults left, shuffled, so that a run whose data ends before its last faults
+/// has still seen every kind.
+fn schedule(kinds: &[(&'static str, usize)], random: &mut u64) -> Vec<&'static str> {
+    let rounds = kinds.iter().map(|(_, count)| *count).max().unwrap_or(0);
+    let mut faults = Vec::new();
+    for round in 0..rounds {
+        let mut this_round: Vec<&'static str> = kinds
+            .iter()
+            .filter(|(_, count)| *count > round)
+            .map(|(kind, _)| *kind)
+            .collect();
+        for index in (1..this_round.len()).rev() {
+            *random = mix(*random);
+            this_round.swap(index, *random as usize % (index + 1));
+        }
+        faults.extend(this_round);
+    }
+    faults
+}
+
 /// A SplitMix64 step, for the kill schedule.
 fn mix(mut state: u64) -> u64 {
     state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -687,6 +747,7 @@ mod tests {
             first_duplicates: Vec::new(),
             first_missing: Vec::new(),
             takeovers: 1,
+            ids_cut: 0,
             seconds: 3.0,
             hosts: 0,
             void_reads: 0,
@@ -710,6 +771,24 @@ mod tests {
     }
 
     #[test]
+    fn a_schedule_has_every_kind_in_each_round_and_every_fault_once() {
+        let kinds = [("daemon", 3), ("am", 2), ("shim", 0), ("trainer", 1)];
+        let mut random = 7;
+        let sut = schedule(&kinds, &mut random);
+        assert_eq!(sut.len(), 6);
+        let mut first_round = sut[..3].to_vec();
+        first_round.sort_unstable();
+        assert_eq!(first_round, ["am", "daemon", "trainer"]);
+        let mut second_round = sut[3..5].to_vec();
+        second_round.sort_unstable();
+        assert_eq!(second_round, ["am", "daemon"]);
+        assert_eq!(sut[5], "daemon");
+        let mut again = 7;
+        assert_eq!(schedule(&kinds, &mut again), sut, "one seed, one schedule");
+        assert_eq!(again, random);
+    }
+
+    #[test]
     fn the_void_reads_of_a_fenced_trainer_are_the_tail_others_read_again() {
         // Trainer a was fenced after reading 0..4; the AM had counted 0 and 1, so 2 and 3 went to b.
         let files = vec![(vec![0, 1, 2, 3], true), (vec![4, 2, 3, 5], false)];
@@ -724,5 +803,13 @@ mod tests {
         let tally = Tally::by_the_rule(&files, 4);
         assert_eq!((tally.void, tally.duplicates), (0, 2));
         assert_eq!(Tally::of(vec![0, 0, 2], 3).first_missing, vec![1]);
+    }
+
+    #[test]
+    fn the_ids_cut_are_summed_from_what_the_trainers_said() {
+        let logs = "sluice consume: cut 1000 ids from /r/ids-0.bin: ...\nother\n\
+                    sluice consume: cut 24 ids from /r/ids-3.bin: ...\n";
+        assert_eq!(ids_cut(logs), 1024);
+        assert_eq!(ids_cut("sluice consume: waiting up to 60 s"), 0);
     }
 }

@@ -185,6 +185,19 @@ impl Reader {
         }
     }
 
+    /// The end of the records released so far, in bytes of the ring's stream: before the first
+    /// item, where the ring's read cursor stands, which is where the releases of the ring's earlier
+    /// trainers stopped.
+    pub fn released(&self) -> u64 {
+        self.consumer.position()
+    }
+
+    /// The end, in bytes of the ring's stream, of the record of the last item handed out: the
+    /// read cursor once that item's batch and every one before it are released.
+    pub fn handed_out(&self) -> u64 {
+        self.consumer.handed_out()
+    }
+
     /// The address range of the ring's data in this process: the buffers of every batch lie in it.
     pub fn data_region(&self) -> std::ops::Range<usize> {
         self.consumer.data_region()
@@ -424,6 +437,54 @@ mod tests {
         drop(sut);
         let (write, read) = ring.cursors();
         assert_eq!(read, write, "dropped batches released every record");
+    }
+
+    #[test]
+    fn a_reader_started_again_reads_on_where_the_releases_stopped() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("0.ring");
+        let (mut producer, mut first) = ring(directory.path());
+        let mut encoder = Encoder::new(batch(0, 1).schema()).expect("encoder");
+        encoder.write_schema_file(&path).expect("schema file");
+        encoder.write_schema(&mut producer).expect("schema");
+        for start in [0, 10, 20] {
+            encoder
+                .write_batch(&mut producer, &batch(start, 10), 1, start as u64, 10)
+                .expect("batch");
+        }
+        producer.flush();
+        assert_eq!(
+            first.released(),
+            0,
+            "a new ring is released up to its start"
+        );
+        let Some(Item::Batch { batch: held, .. }) = first.next_item().expect("item") else {
+            panic!("expected the first batch");
+        };
+        let first_end = first.handed_out();
+        assert!(
+            first.released() < first_end,
+            "a batch held is handed out, not released"
+        );
+        drop(held);
+        assert_eq!(first.released(), first_end, "dropped, it is released");
+        drop(first);
+        let mut next = Reader::new(
+            Ring::open(&path)
+                .expect("open")
+                .consumer()
+                .expect("the next trainer's consumer"),
+        );
+        assert_eq!(
+            next.released(),
+            first_end,
+            "the next reader starts where the releases stopped"
+        );
+        match next.next_item().expect("item") {
+            Some(Item::Batch { batch: read, .. }) => assert_eq!(read, batch(10, 10)),
+            other => panic!("expected the second batch, got {other:?}"),
+        }
+        assert!(next.handed_out() > first_end);
     }
 
     #[test]

@@ -156,6 +156,14 @@ impl Consumer {
         }
     }
 
+    /// The end of the last record this consumer handed out, in bytes since the ring was created:
+    /// where the read cursor stands once that record and every one before it are released. A
+    /// trainer that records its work on a record keeps this position with it, so that, started
+    /// again, it can tell from the read cursor whether the record's release counted.
+    pub fn handed_out(&self) -> u64 {
+        self.read_position
+    }
+
     /// The path of the ring file.
     pub fn ring_path(&self) -> &std::path::Path {
         self.shared.path()

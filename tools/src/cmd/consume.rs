@@ -1,14 +1,16 @@
 //! `sluice consume`: the reference trainer. It reads its ring, releases each batch, and records
 //! the ids it saw.
 //!
-//! The ids file holds the ids of the batches released so far: each batch's ids are written out
-//! once the batch is released, before the next is read. On SIGTERM (the AM stopping its trainers
-//! for a scale) the trainer ends after the batch it holds, with the ring's read cursor published,
-//! and exits with 143; its file then holds exactly the rows the daemon counts as consumed. Killed
-//! with SIGKILL instead, it loses the releases not yet published and the ids of the batch it held,
-//! and those rows come again to the next trainer of the ring.
+//! The ids file holds the ids of exactly the batches the ring counts as consumed: each batch's ids
+//! go out, with where its record ends in the ring, before the batch is released, and a trainer
+//! started again on the same file cuts the ids of batches whose release the ring did not count
+//! (see [`ids_record`]). On SIGTERM (the AM stopping its trainers for a scale) the trainer ends
+//! after the batch it holds, with the ring's read cursor published, and exits with 143. Killed
+//! with SIGKILL instead, it leaves the batch it held, and any whose release it had not published,
+//! to the next trainer of the ring, which reads on from the read cursor.
 
-use std::io::Write;
+mod ids_record;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use arrow::array::{Array, AsArray};
+use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Int64Type};
 use sluice_client::{Item, Reader};
@@ -25,6 +27,7 @@ use sluice_ring::announce::Announcement;
 
 use crate::cmd::am::AmAddress;
 use crate::cmd::read::runtime;
+use ids_record::{IdsRecord, RingIdentity};
 
 /// Arguments of `sluice consume`.
 #[derive(Debug, clap::Args)]
@@ -43,7 +46,9 @@ pub struct ConsumeArgs {
     pub job: Option<String>,
     #[command(flatten)]
     pub address: AmAddress,
-    /// Append every id seen to this file, as little-endian int64.
+    /// Append every id seen to this file, as little-endian int64; FILE.positions beside it places
+    /// each batch's ids in the ring, so that the trainer started again on FILE keeps exactly the
+    /// ids of the batches the ring counts as consumed.
     #[arg(long)]
     pub ids_out: Option<PathBuf>,
     /// The integer column `--ids-out` records.
@@ -74,14 +79,22 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
         .consumer()
         .with_context(|| format!("ring {}: taking the consumer role", path.display()))?;
     let mut reader = Reader::new(consumer);
+    // Opened once the consumer role is taken: the read cursor then stands where the releases of
+    // the ring's earlier trainers stopped, and moves only with this one's.
     let mut ids_out = match &args.ids_out {
-        Some(path) => Some(std::io::BufWriter::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("opening --ids-out {}", path.display()))?,
-        )),
+        Some(ids) => {
+            let (record, reopened) =
+                IdsRecord::open(ids, RingIdentity::of(&ring), reader.released())?;
+            if reopened.cut > 0 {
+                eprintln!(
+                    "sluice consume: cut {} ids from {}, keeping {}: the trainer before this one recorded their batches but was gone before it released them, and the ring gives them again",
+                    reopened.cut,
+                    ids.display(),
+                    reopened.kept
+                );
+            }
+            Some(record)
+        }
         None => None,
     };
     let started = Instant::now();
@@ -95,15 +108,19 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
             continue;
         };
         rows += batch.num_rows() as u64;
-        if let Some(out) = &mut ids_out {
-            buffer_ids(out, &batch, &args.id_column)?;
+        if let Some(record) = &mut ids_out
+            && let Err(error) = ids_of(&batch, &args.id_column).and_then(|ids| {
+                let ids = ids.as_primitive::<Int64Type>().iter().flatten();
+                record.record(ids, reader.handed_out())
+            })
+        {
+            // Never released: the ring gives the batch to the next trainer, as after a kill.
+            std::mem::forget(batch);
+            return Err(error);
         }
-        // Released here, then its ids go out: the file never holds the ids of a batch the ring
-        // would give again.
+        // Released only once its ids are recorded: a trainer killed before this line leaves the
+        // batch to the next one, which cuts the ids recorded here.
         drop(batch);
-        if let Some(out) = &mut ids_out {
-            out.flush()?;
-        }
         // Relaxed: the flag orders nothing else; the handler only sets it.
         if terminated.load(Ordering::Relaxed) {
             stopped = true;
@@ -115,9 +132,6 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
                 std::thread::sleep(ahead);
             }
         }
-    }
-    if let Some(out) = &mut ids_out {
-        out.flush()?;
     }
     // Publishes the read cursor of every batch released.
     drop(reader);
@@ -133,18 +147,14 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Buffers the ids of `batch`'s column `id_column` as little-endian int64s.
-fn buffer_ids(
-    out: &mut impl Write,
-    batch: &arrow::array::RecordBatch,
-    id_column: &str,
-) -> anyhow::Result<()> {
+/// The ids of `batch`: its integer column `id_column`, as int64s.
+fn ids_of(batch: &arrow::array::RecordBatch, id_column: &str) -> anyhow::Result<ArrayRef> {
     let column = batch.column_by_name(id_column).with_context(|| {
         format!(
             "--ids-out: the batches have no column `{id_column}`; name an integer column with --id-column"
         )
     })?;
-    let ids = cast(column, &DataType::Int64)
+    cast(column, &DataType::Int64)
         .ok()
         .filter(|_| column.data_type().is_integer())
         .with_context(|| {
@@ -152,11 +162,7 @@ fn buffer_ids(
                 "--ids-out: column `{id_column}` is {}, not an integer column; name one with --id-column",
                 column.data_type()
             )
-        })?;
-    for id in ids.as_primitive::<Int64Type>().iter().flatten() {
-        out.write_all(&id.to_le_bytes())?;
-    }
-    Ok(())
+        })
 }
 
 /// Opens the ring, waiting up to `limit` for the daemon to create it.
