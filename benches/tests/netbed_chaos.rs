@@ -2,8 +2,9 @@
 //! hosts, each with a daemon sidecar and a trainer launched by the bench; a daemon killed, a trainer
 //! killed (started again on its ids file, as torchrun restarts a rank), the AM moved to the spare AM
 //! host, a node's cable pulled until the AM declares it lost and plugged back (its daemon fenced,
-//! its trainer's last reads void), a trainer stopped until the AM reports the hang. The bench counts the ids by the rule of a node cut off and fails when any is missing or
-//! repeated; this test checks its report.
+//! its trainer's last reads void), a trainer stopped until the AM reports the hang. The bench
+//! counts the ids by the rule of a node cut off and fails when any is missing or repeated; this
+//! test checks its report.
 //!
 //! Needs root and network namespaces: a plain `cargo test` lists it as ignored, and
 //! `./scripts/test.sh` runs it with `--ignored`.

@@ -5,13 +5,14 @@
 //! they end before the job does.
 //!
 //! Beside `kill -9` of daemons and trainers (a killed trainer is started again on its ids file, as
-//! torchrun restarts a rank, and reads on from its ring), it pulls node cables (`ip link set down`) until the AM declares the
-//! node lost, then plugs them back: the old daemon is fenced, its trainer told that its last reads
-//! are void; it moves the AM (kill it, start it on the spare AM host, where the daemons find it
-//! through the address it publishes under the checkpoint location); and it stops a trainer
-//! (`SIGSTOP`) until the AM reports the hang. It times each detection. The ids are counted by the
-//! rule of a node cut off (`docs/architecture.md`): the reads of a fenced trainer after the AM's
-//! last count of its node are void, always a tail of its reads, and delivered again elsewhere.
+//! torchrun restarts a rank, and reads on from its ring), it pulls node cables (`ip link set
+//! down`) until the AM declares the node lost, then plugs them back: the old daemon is fenced, its
+//! trainer told that its last reads are void; it moves the AM (kill it, start it on the spare AM
+//! host, where the daemons find it through the address it publishes under the checkpoint
+//! location); and it stops a trainer (`SIGSTOP`) until the AM reports the hang. It times each
+//! detection. The ids are counted by the rule of a node cut off (`docs/architecture.md`): the reads
+//! of a fenced trainer after the AM's last count of its node are void, always a tail of its reads,
+//! and delivered again elsewhere.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -424,7 +425,8 @@ checkpoint: {{ uri: "file://{journal}" }}
     }
 
     /// Runs the faults in a random order (every kind once before any twice), each once the
-    /// trainers received more ids, none after 90 % of the rows; returns them with the detections they were timed by.
+    /// trainers received more ids, none after 90 % of the rows; returns them with the detections
+    /// they were timed by.
     fn faults(
         &mut self,
         plan: &HostsPlan,
