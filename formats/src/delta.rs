@@ -346,6 +346,8 @@ impl DeltaTable {
                     path: file.path.clone(),
                     uri: file.uri.clone(),
                     size: file.size,
+                    // Pinned by the table's version, whose log lists the file and its size.
+                    identity: None,
                     partition_values: partition_fields
                         .iter()
                         .map(|field| file.partition_values.get(field.name()).cloned())
