@@ -47,6 +47,14 @@ impl Split {
     }
 }
 
+/// An entity tag without the quotes around it: a listing gives some tags bare (Azure's), while
+/// responses quote them.
+fn bare(tag: &str) -> &str {
+    tag.strip_prefix('"')
+        .and_then(|inner| inner.strip_suffix('"'))
+        .unwrap_or(tag)
+}
+
 /// A time in nanoseconds since the Unix epoch, as a reader of an error reads it.
 fn time(nanoseconds: i64) -> String {
     chrono::DateTime::from_timestamp_nanos(nanoseconds)
@@ -95,7 +103,8 @@ impl Planned<'_> {
             if_match: self
                 .identity
                 .filter(|_| !self.local())
-                .and_then(|identity| identity.e_tag.clone()),
+                .and_then(|identity| identity.e_tag.as_deref())
+                .map(|tag| format!("\"{}\"", bare(tag))),
             version: self.identity.and_then(|identity| identity.version.clone()),
             range: range.map(GetRange::Bounded),
             ..GetOptions::default()
@@ -129,7 +138,7 @@ impl Planned<'_> {
             }
         }
         if let (Some(planned), Some(now)) = (&identity.e_tag, &found.e_tag)
-            && planned != now
+            && bare(planned) != bare(now)
         {
             return Err(self.changed(format!("its ETag is {now}, and was {planned} when planned")));
         }
@@ -273,6 +282,33 @@ mod tests {
             identity: Some(&identity),
         };
         assert_eq!(sut.get_options(None).if_match.as_deref(), Some("\"a\""));
+        let listed_bare = ObjectIdentity {
+            e_tag: Some("0x8D9953E36AF2607".to_owned()),
+            ..identity.clone()
+        };
+        let azure = Planned {
+            uri: "az://container/rows.csv",
+            identity: Some(&listed_bare),
+            ..sut
+        };
+        assert_eq!(
+            azure.get_options(None).if_match.as_deref(),
+            Some("\"0x8D9953E36AF2607\""),
+            "a tag listed bare is sent quoted"
+        );
+        let mut got = ObjectMeta {
+            location: object_store::path::Path::from("rows.csv"),
+            last_modified: chrono::DateTime::<chrono::Utc>::from_timestamp_nanos(0),
+            size: 100,
+            e_tag: Some("\"0x8D9953E36AF2607\"".to_owned()),
+            version: None,
+        };
+        assert!(
+            azure.check_meta(&got).is_ok(),
+            "a tag listed bare is the tag a read gets quoted"
+        );
+        got.e_tag = Some("\"0x8D9953E36AF2608\"".to_owned());
+        assert!(azure.check_meta(&got).is_err());
         assert_eq!(
             sut.coalesce_gap(),
             object_store::OBJECT_STORE_COALESCE_DEFAULT
