@@ -71,10 +71,10 @@ pub struct JobPlan {
     /// Parquet and Delta splits, which find their rows in their files' footers. A plan stored before
     /// splits carried their bytes has none, and its row-format splits read their whole files.
     pub bytes: Vec<PlannedBytes>,
-    /// The identities of the plain files, sorted by file: one entry per file the planner listed,
-    /// none for a Delta table's files (pinned by the table's version) or the files a followed source
-    /// adds. A plan stored before files carried their identities has none, and its files are read
-    /// as they are.
+    /// The identities of the files, sorted by file: one entry per file planned when the job was
+    /// (a Delta table's files pinned by their size in the table's log), none for the files a followed
+    /// source adds. A plan stored before files carried their identities has none, and its files are
+    /// read as they are.
     pub identities: Vec<PlannedIdentity>,
 }
 

@@ -101,7 +101,8 @@ pub(crate) struct DataFile {
     pub size: u64,
     /// Partition values, aligned with [`Dataset::partition_fields`].
     pub partition_values: Vec<Option<String>>,
-    /// What the file was when it was listed, which its splits pin; `None` for a Delta table's file.
+    /// What the file was when it was listed, which its splits pin: for a Delta table's file, its size
+    /// in the table's log.
     pub identity: Option<ObjectIdentity>,
 }
 

@@ -17,7 +17,8 @@
 
 use std::ops::Range;
 
-use object_store::{GetOptions, GetRange, ObjectMeta};
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, GetResult, ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use crate::error::{FormatError, Result};
 use crate::plan::{ObjectIdentity, Split};
@@ -175,21 +176,68 @@ impl Planned<'_> {
         Ok(())
     }
 
-    /// The error of a failed read of the object while doing `context`: a store that refused to read
-    /// the planned version (`If-Match` failed) means the file changed.
-    pub(crate) fn read_error(&self, context: String, error: object_store::Error) -> FormatError {
-        match error {
-            object_store::Error::Precondition { source, .. } => {
-                let tag = self
-                    .identity
-                    .and_then(|identity| identity.e_tag.as_deref())
-                    .unwrap_or("*");
-                tracing::debug!(uri = self.uri, %source, "read refused by If-Match");
-                self.changed(format!(
-                    "its ETag is no longer {tag}: the store refused to read it as planned (If-Match {tag})"
-                ))
+    /// Starts a read of `range` (of the whole object with `None`) of the object at `path` in
+    /// `store`, as planned: the store refuses another version of a pinned object, and what the read
+    /// found is checked ([`Planned::check_meta`]).
+    ///
+    /// # Errors
+    ///
+    /// [`FormatError::FileChanged`] when the object is not as planned; the store's error otherwise.
+    pub(crate) async fn get(
+        &self,
+        store: &dyn ObjectStore,
+        path: &Path,
+        range: Option<Range<u64>>,
+    ) -> Result<GetResult> {
+        match store.get_opts(path, self.get_options(range.clone())).await {
+            Ok(result) => {
+                self.check_meta(&result.meta)?;
+                Ok(result)
             }
-            other => FormatError::store(context, other),
+            Err(error) => {
+                let context = match range {
+                    Some(range) => {
+                        format!(
+                            "reading bytes {}..{} of {}",
+                            range.start, range.end, self.uri
+                        )
+                    }
+                    None => format!("reading {}", self.uri),
+                };
+                Err(self.failed(store, path, context, error).await)
+            }
+        }
+    }
+
+    /// The error of a failed read of the object at `path` in `store` while doing `context`. A store
+    /// that refused the planned version (`If-Match` failed) means the file changed, and so does any
+    /// other failure of a read of a pinned file that the store no longer has as planned (a range past
+    /// the end of a file that shrank): the file's change is the cause to name.
+    pub(crate) async fn failed(
+        &self,
+        store: &dyn ObjectStore,
+        path: &Path,
+        context: String,
+        error: object_store::Error,
+    ) -> FormatError {
+        if let object_store::Error::Precondition { source, .. } = &error {
+            let tag = self
+                .identity
+                .and_then(|identity| identity.e_tag.as_deref())
+                .unwrap_or("*");
+            tracing::debug!(uri = self.uri, %source, "read refused by If-Match");
+            return self.changed(format!(
+                "its ETag is no longer {tag}: the store refused to read it as planned (If-Match {tag})"
+            ));
+        }
+        let found = match &error {
+            object_store::Error::NotFound { .. } => None,
+            _ if self.identity.is_some() => store.head(path).await.ok(),
+            _ => None,
+        };
+        match found.map(|meta| self.check_meta(&meta)) {
+            Some(Err(changed)) => changed,
+            _ => FormatError::store(context, error),
         }
     }
 }
@@ -269,8 +317,8 @@ mod tests {
         assert_eq!(unpinned.get_options(None).if_match, None);
     }
 
-    #[test]
-    fn a_refused_precondition_is_a_changed_file_and_other_errors_stay_the_stores() {
+    #[tokio::test]
+    async fn a_refused_precondition_is_a_changed_file_and_other_errors_stay_the_stores() {
         let identity = ObjectIdentity {
             e_tag: Some("\"a\"".to_owned()),
             version: None,
@@ -317,7 +365,12 @@ mod tests {
             path: "rows.csv".to_owned(),
             source: "412 Precondition Failed".into(),
         };
-        let message = sut.read_error("reading".to_owned(), refused).to_string();
+        let store = object_store::memory::InMemory::new();
+        let path = Path::from("rows.csv");
+        let message = sut
+            .failed(&store, &path, "reading".to_owned(), refused)
+            .await
+            .to_string();
         assert!(
             message.starts_with("s3://bucket/rows.csv: its ETag is no longer \"a\": the store refused to read it as planned (If-Match \"a\")"),
             "{message}"
@@ -327,8 +380,30 @@ mod tests {
             source: "gone".into(),
         };
         assert!(matches!(
-            sut.read_error("reading".to_owned(), missing),
+            sut.failed(&store, &path, "reading".to_owned(), missing)
+                .await,
             FormatError::ObjectStore { .. }
         ));
+
+        // A range past the end of an object that shrank, pinned by its size alone (a Delta table's
+        // file): the change is the cause, not the range.
+        store
+            .put(&path, object_store::PutPayload::from_static(b"shorter"))
+            .await
+            .expect("put");
+        let sized = ObjectIdentity::default();
+        let error = Planned {
+            identity: Some(&sized),
+            ..sut
+        }
+        .get(&store, &path, Some(50..60))
+        .await
+        .expect_err("past the end");
+        let message = error.to_string();
+        assert!(
+            matches!(error, FormatError::FileChanged { .. })
+                && message.contains("it has 7 bytes, and had 100 bytes when planned"),
+            "{message}"
+        );
     }
 }

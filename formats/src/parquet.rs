@@ -117,17 +117,15 @@ impl StoreReader {
             size: self.file_size,
             identity: Some(identity),
         };
-        let context = || format!("reading bytes {}..{} of {uri}", range.start, range.end);
-        let result = self
-            .store
-            .get_opts(&self.path, planned.get_options(Some(range.clone())))
-            .await
-            .map_err(|error| planned.read_error(context(), error))?;
-        planned.check_meta(&result.meta)?;
-        result
-            .bytes()
-            .await
-            .map_err(|error| planned.read_error(context(), error))
+        let store = self.store.as_ref();
+        let result = planned.get(store, &self.path, Some(range.clone())).await?;
+        match result.bytes().await {
+            Ok(bytes) => Ok(bytes),
+            Err(error) => {
+                let context = format!("reading bytes {}..{} of {uri}", range.start, range.end);
+                Err(planned.failed(store, &self.path, context, error).await)
+            }
+        }
     }
 }
 

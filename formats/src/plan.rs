@@ -65,8 +65,10 @@ impl SplitBytes {
 /// On an object store, the entity tag pins the object: reads send it as `If-Match` and check the tag
 /// of what they got; where the store gave a version, reads ask for that version. A local file is
 /// pinned by its modification time to the nanosecond, besides the tag `object_store` makes of its
-/// inode, modification time and size.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// inode, modification time and size. An identity with none of these (the default) pins a file by
+/// its size alone, as a Delta table's files are: the table's version pins the table, and its log
+/// lists each file with its size.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectIdentity {
     /// The entity tag the store listed the object with.
     pub e_tag: Option<String>,
@@ -101,7 +103,7 @@ pub struct Split {
     #[serde(default)]
     pub bytes: Option<SplitBytes>,
     /// What the file was when it was planned, which every read of the split must find again; `None`
-    /// for a file that is not pinned this way (a Delta table's file, pinned by the table's version).
+    /// for a file read as it is.
     #[serde(default)]
     pub identity: Option<ObjectIdentity>,
 }

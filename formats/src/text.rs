@@ -74,39 +74,34 @@ impl RowFile<'_> {
     /// Starts a read of `range` (the whole file with `None`) of the file as planned: a file of
     /// another size, or not the object the plan pinned, has changed.
     async fn get(&self, range: Option<Range<u64>>) -> Result<GetResult> {
-        let context = || match &range {
-            Some(range) => format!(
-                "reading bytes {}..{} of {}",
-                range.start,
-                range.end,
-                self.uri()
-            ),
-            None => format!("reading {}", self.uri()),
-        };
-        let result = self
-            .store
-            .get_opts(self.path, self.planned.get_options(range.clone()))
+        self.planned
+            .get(self.store.as_ref(), self.path, range)
             .await
-            .map_err(|error| self.planned.read_error(context(), error))?;
-        self.planned.check_meta(&result.meta)?;
-        Ok(result)
+    }
+
+    /// The error of a read of the file that failed while doing `context`.
+    async fn failed(&self, context: String, error: object_store::Error) -> FormatError {
+        self.planned
+            .failed(self.store.as_ref(), self.path, context, error)
+            .await
     }
 
     /// Reads the bytes `range`, which must be the file's as planned.
     pub(crate) async fn range(&self, range: Range<u64>) -> Result<Bytes> {
         let started = Instant::now();
         let result = self.get(Some(range.clone())).await?;
-        let bytes = result.bytes().await.map_err(|error| {
-            self.planned.read_error(
-                format!(
+        let bytes = match result.bytes().await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                let context = format!(
                     "reading bytes {}..{} of {}",
                     range.start,
                     range.end,
                     self.uri()
-                ),
-                error,
-            )
-        })?;
+                );
+                return Err(self.failed(context, error).await);
+            }
+        };
         self.stats.record(started, bytes.len() as u64);
         if bytes.len() as u64 != range.end - range.start {
             return Err(FormatError::FileChanged {
@@ -152,10 +147,12 @@ impl RowFile<'_> {
     async fn whole(&self) -> Result<Bytes> {
         let started = Instant::now();
         let result = self.get(None).await?;
-        let bytes = result.bytes().await.map_err(|error| {
-            self.planned
-                .read_error(format!("reading {}", self.uri()), error)
-        })?;
+        let bytes = match result.bytes().await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                return Err(self.failed(format!("reading {}", self.uri()), error).await);
+            }
+        };
         self.stats.record(started, bytes.len() as u64);
         Ok(bytes)
     }

@@ -1,8 +1,9 @@
 //! Inputs pinned at plan time: a split carries the identity its file had when it was planned, and a
 //! read of a file overwritten since, at the same size too, fails naming the file instead of handing
 //! out other rows. Local Parquet files through the IO engine and through `object_store`, local Arrow
-//! IPC and CSV files, and objects on a real S3 server, whose reads carry `If-Match`; each read through
-//! a dataset opened afresh, as a daemon opens it.
+//! IPC and CSV files, objects on a real S3 server, whose reads carry `If-Match`, and the data file of a
+//! Delta table, held to the size the table's log gives it; each read through a dataset opened afresh,
+//! as a daemon opens it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,8 +15,11 @@ use object_store::{ObjectStoreExt, PutPayload};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use sluice_formats::generate::{GenerateOptions, generate};
 use sluice_formats::store::open_location;
-use sluice_formats::{Dataset, FormatError, LocalIo, OpenOptions, ReadOptions, Split};
+use sluice_formats::{
+    Dataset, FormatError, FormatKind, LocalIo, ObjectIdentity, OpenOptions, ReadOptions, Split,
+};
 use sluice_testkit::{BUCKET, s3_options, start_seaweed, wait_for_bucket};
 
 /// Rows of each file.
@@ -240,5 +244,62 @@ async fn an_s3_object_overwritten_after_planning_is_refused_by_if_match_naming_i
             "{name}: the precondition failed on the server: {message}\n{}",
             server.log()
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_tables_data_file_rewritten_at_another_size_fails_its_splits_naming_it() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let table = directory
+        .path()
+        .join("table")
+        .to_string_lossy()
+        .into_owned();
+    let written = generate(
+        &GenerateOptions {
+            out: table.clone(),
+            rows: ROWS as u64,
+            files: 1,
+            format: FormatKind::Delta,
+            row_group_rows: TASK_ROWS as usize,
+            seed: 1,
+            storage_options: Default::default(),
+        },
+        &|_| {},
+    )
+    .await
+    .expect("writes the table");
+    for local_io in [LocalIo::Auto, LocalIo::ObjectStore] {
+        let options = OpenOptions {
+            local_io,
+            ..OpenOptions::default()
+        };
+        let planner = Dataset::open(&table, &options).await.expect("opens");
+        let splits = planner.plan(TASK_ROWS).await.expect("plans");
+        assert!(
+            splits
+                .iter()
+                .all(|split| split.identity == Some(ObjectIdentity::default())),
+            "a Delta table's files are pinned by their size in its log"
+        );
+        let data_file = &written.files[0];
+        let path = data_file.strip_prefix("file://").unwrap_or(data_file);
+        let planned = std::fs::read(path).expect("the data file");
+        // Another Parquet file, of another size, where the table's log places its file.
+        std::fs::write(path, parquet_bytes(OTHER_IDS)).expect("rewrite");
+        let reader = Dataset::open(&table, &options).await.expect("opens");
+        for split in &splits {
+            let error = read(&reader, split)
+                .await
+                .expect_err("a rewritten data file fails its splits");
+            let message = error.to_string();
+            assert!(
+                matches!(error, FormatError::FileChanged { .. })
+                    && message.starts_with(&format!("{}: ", split.uri))
+                    && message.contains(&format!("had {} bytes when planned", planned.len())),
+                "{local_io:?}: {error:?}"
+            );
+        }
+        std::fs::write(path, &planned).expect("restore");
     }
 }
