@@ -3,7 +3,8 @@
 //! it changed.
 //!
 //! # Implementation
-//! A split carries the identity its file was listed with when it was planned. Reads of an object
+//! A split carries the identity its file was listed with when it was planned (a Delta table's file
+//! the empty one, which holds it to its size in the table's log). Reads of an object
 //! store (S3, GCS, Azure) send the entity tag as `If-Match` and the version, where there is one, on
 //! every request, ranged or whole, footer and data alike; the store refuses a read of another
 //! version with a precondition error, which becomes [`FormatError::FileChanged`]. What every read
@@ -14,6 +15,8 @@
 //! would. Local files read through the IO engine (Parquet) compare the size and modification time
 //! of the open file (`fstat`) with the plan when they are opened, before a byte is read; the
 //! engine's own [`sluice_io::FileIdentity`] then holds the file to that version while it is read.
+//! A read of a pinned file that fails for another cause asks the store for the object once, so that
+//! a file that shrank under a range is named as changed rather than as a bad range.
 
 use std::ops::Range;
 
