@@ -17,8 +17,9 @@ const PLAN_OBJECT: &str = "plan.postcard";
 const PLAN_MAGIC: &[u8; 8] = b"SLPLAN\0\0";
 /// The plan format this build writes. Bump it, and read the older ones, when the encoding of
 /// [`JobPlan`] changes. Format 3 adds the bytes of the row formats' splits
-/// ([`JobPlan::bytes`]) after the fields of formats 1 and 2.
-const PLAN_FORMAT: u32 = 3;
+/// ([`JobPlan::bytes`]) after the fields of formats 1 and 2; format 4 adds the identities of the
+/// plain files ([`JobPlan::identities`]) after those of format 3.
+const PLAN_FORMAT: u32 = 4;
 
 /// A plan of formats 1 and 2, whose splits carry no bytes: the fields of [`JobPlan`] before them,
 /// in their order.
@@ -27,6 +28,16 @@ struct PlanWithoutBytes {
     files: Vec<crate::plan::PlannedFile>,
     splits: Vec<crate::plan::PlannedSplit>,
     versions: Vec<Option<u64>>,
+}
+
+/// A plan of format 3, whose files carry no identities: the fields of [`JobPlan`] before them, in
+/// their order.
+#[derive(serde::Deserialize)]
+struct PlanWithoutIdentities {
+    files: Vec<crate::plan::PlannedFile>,
+    splits: Vec<crate::plan::PlannedSplit>,
+    versions: Vec<Option<u64>>,
+    bytes: Vec<crate::plan::PlannedBytes>,
 }
 
 /// The store of data checkpoints and of the job's plan.
@@ -241,6 +252,17 @@ fn decode_plan(bytes: &[u8]) -> std::result::Result<JobPlan, String> {
                 splits: plan.splits,
                 versions: plan.versions,
                 bytes: Vec::new(),
+                identities: Vec::new(),
+            })
+        }
+        3 => {
+            let plan: PlanWithoutIdentities = postcard::from_bytes(body).map_err(damaged)?;
+            Ok(JobPlan {
+                files: plan.files,
+                splits: plan.splits,
+                versions: plan.versions,
+                bytes: plan.bytes,
+                identities: Vec::new(),
             })
         }
         PLAN_FORMAT => postcard::from_bytes(body).map_err(damaged),
@@ -253,7 +275,7 @@ fn decode_plan(bytes: &[u8]) -> std::result::Result<JobPlan, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{PlannedBytes, PlannedFile, PlannedSplit};
+    use crate::plan::{PlannedBytes, PlannedFile, PlannedIdentity, PlannedSplit};
 
     fn plan_with_bytes() -> JobPlan {
         JobPlan {
@@ -280,20 +302,64 @@ mod tests {
                     crc32c: Some(0x1234_5678),
                 },
             }],
+            identities: vec![PlannedIdentity {
+                file: 0,
+                identity: sluice_formats::ObjectIdentity {
+                    e_tag: Some("\"2a-5f3c1d0e8b2a1-64\"".to_owned()),
+                    version: None,
+                    modified_ns: Some(1_764_245_847_123_456_789),
+                },
+            }],
         }
     }
 
+    /// A plan object of format `format` whose encoded fields are `fields`.
+    fn encoded(format: u32, fields: &[u8]) -> Vec<u8> {
+        let mut object = PLAN_MAGIC.to_vec();
+        object.extend_from_slice(&format.to_le_bytes());
+        object.extend_from_slice(fields);
+        object
+    }
+
     #[tokio::test]
-    async fn a_plan_keeps_its_bytes_and_plans_of_older_formats_read_without_them() {
+    async fn a_plan_keeps_its_identities_and_a_plan_of_format_3_reads_unpinned() {
         let directory = tempfile::tempdir().expect("tempdir");
         let uri = format!("file://{}", directory.path().display());
         let sut = CheckpointStore::at(&uri, &Default::default()).expect("store");
         let plan = plan_with_bytes();
         sut.store_plan(plan.clone()).await.expect("stores");
-        assert_eq!(sut.load_plan().await.expect("loads"), Some(plan.clone()));
+        let stored = std::fs::read(directory.path().join(PLAN_OBJECT)).expect("the plan object");
+        assert_eq!(&stored[..12], encoded(4, &[]).as_slice(), "format 4");
+        let loaded = sut.load_plan().await.expect("loads").expect("a plan");
+        assert_eq!(loaded, plan);
+        assert!(loaded.identity_of(0).is_some(), "the file is pinned");
 
+        let unpinned = JobPlan {
+            identities: Vec::new(),
+            ..plan
+        };
+        let fields = postcard::to_stdvec(&(
+            &unpinned.files,
+            &unpinned.splits,
+            &unpinned.versions,
+            &unpinned.bytes,
+        ))
+        .expect("encodes");
+        let format_3 = encoded(3, &fields);
+        assert_eq!(decode_plan(&format_3), Ok(unpinned.clone()));
+        assert_eq!(
+            decode_plan(&format_3).expect("decodes").identity_of(0),
+            None,
+            "a plan of format 3 pins no file"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_plan_keeps_its_bytes_and_plans_of_older_formats_read_without_them() {
+        let plan = plan_with_bytes();
         let without_bytes = JobPlan {
             bytes: Vec::new(),
+            identities: Vec::new(),
             ..plan
         };
         let body = postcard::to_stdvec(&(
@@ -302,9 +368,7 @@ mod tests {
             &without_bytes.versions,
         ))
         .expect("encodes");
-        let mut format_2 = PLAN_MAGIC.to_vec();
-        format_2.extend_from_slice(&2_u32.to_le_bytes());
-        format_2.extend_from_slice(&body);
+        let format_2 = encoded(2, &body);
         assert_eq!(decode_plan(&format_2), Ok(without_bytes.clone()));
         assert_eq!(decode_plan(&body), Ok(without_bytes), "format 1: no header");
     }

@@ -7,7 +7,9 @@
 use crate::error::{AmError, Result};
 use crate::spec::{JobSpec, SourceFormat, SourceSpec};
 use serde::{Deserialize, Serialize};
-use sluice_formats::{Dataset, DeltaSplitInfo, FormatKind, OpenOptions, Split, SplitBytes};
+use sluice_formats::{
+    Dataset, DeltaSplitInfo, FormatKind, ObjectIdentity, OpenOptions, Split, SplitBytes,
+};
 
 /// One data file of a job, with what is needed to read its rows exactly.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +47,16 @@ pub struct PlannedBytes {
     pub bytes: SplitBytes,
 }
 
+/// What one file of the plan was when it was planned (entity tag, version, a local file's
+/// modification time), which every read of its splits must find again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedIdentity {
+    /// The index of the file in [`JobPlan::files`].
+    pub file: u32,
+    /// The file's identity.
+    pub identity: ObjectIdentity,
+}
+
 /// Every split of a job: sources in spec order, each source's splits in plan order. A split's
 /// index in `splits` is the split index carried by the job's tasks.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +71,11 @@ pub struct JobPlan {
     /// Parquet and Delta splits, which find their rows in their files' footers. A plan stored before
     /// splits carried their bytes has none, and its row-format splits read their whole files.
     pub bytes: Vec<PlannedBytes>,
+    /// The identities of the files, sorted by file: one entry per file planned when the job was
+    /// (a Delta table's files pinned by their size in the table's log), none for the files a followed
+    /// source adds. A plan stored before files carried their identities has none, and its files are
+    /// read as they are.
+    pub identities: Vec<PlannedIdentity>,
 }
 
 impl JobPlan {
@@ -104,13 +121,19 @@ impl JobPlan {
         first_split
     }
 
-    /// Appends the splits of source `source`, keeping each file once, with the bytes of those
-    /// that carry them.
+    /// Appends the splits of source `source`, keeping each file once with its identity, and the
+    /// bytes of the splits that carry them.
     pub fn extend(&mut self, source: u32, splits: Vec<Split>) {
         let mut last_uri: Option<String> = None;
         for split in splits {
             if last_uri.as_deref() != Some(split.uri.as_str()) {
                 last_uri = Some(split.uri.clone());
+                if let Some(identity) = split.identity {
+                    self.identities.push(PlannedIdentity {
+                        file: self.files.len() as u32,
+                        identity,
+                    });
+                }
                 self.files.push(PlannedFile {
                     source,
                     uri: split.uri,
@@ -139,6 +162,14 @@ impl JobPlan {
             .binary_search_by_key(&split, |planned| planned.split)
             .ok()
             .map(|index| self.bytes[index].bytes)
+    }
+
+    /// What file `file` was when it was planned, when the plan pinned it.
+    pub fn identity_of(&self, file: u32) -> Option<&ObjectIdentity> {
+        self.identities
+            .binary_search_by_key(&file, |planned| planned.file)
+            .ok()
+            .map(|index| &self.identities[index].identity)
     }
 
     /// The row count of every split, in split order.
@@ -184,6 +215,15 @@ mod tests {
             partition_values: vec![("day".to_owned(), Some(uri.to_owned()))],
             delta: None,
             bytes: None,
+            identity: None,
+        }
+    }
+
+    fn identity(e_tag: &str) -> ObjectIdentity {
+        ObjectIdentity {
+            e_tag: Some(e_tag.to_owned()),
+            version: None,
+            modified_ns: None,
         }
     }
 
@@ -218,6 +258,23 @@ mod tests {
         assert_eq!(sut.bytes_of(1), Some(bytes(0, 3)));
         assert_eq!(sut.bytes_of(2), Some(bytes(3, 5)));
         assert_eq!(sut.bytes_of(3), None);
+    }
+
+    #[test]
+    fn a_plan_keeps_the_identity_of_each_file_that_carries_one() {
+        let mut sut = JobPlan::default();
+        let pinned = |uri, first_row, e_tag| Split {
+            identity: Some(identity(e_tag)),
+            ..split(uri, first_row, 5)
+        };
+        sut.extend(0, vec![pinned("a", 0, "\"1\""), pinned("a", 5, "\"1\"")]);
+        sut.extend(1, vec![split("delta", 0, 5)]);
+        sut.extend(2, vec![pinned("b", 0, "\"2\"")]);
+        assert_eq!(sut.files.len(), 3);
+        assert_eq!(sut.identity_of(0), Some(&identity("\"1\"")));
+        assert_eq!(sut.identity_of(1), None, "a file without one is not pinned");
+        assert_eq!(sut.identity_of(2), Some(&identity("\"2\"")));
+        assert_eq!(sut.identity_of(3), None);
     }
 
     #[test]

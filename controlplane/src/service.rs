@@ -1135,6 +1135,7 @@ failover: { max_failures: 1, restart_backoff_ms: 0 }
                 partition_values: Vec::new(),
                 delta: None,
                 bytes: None,
+                identity: None,
             }],
         );
         Master::new(spec, Arc::new(plan)).expect("master")

@@ -11,7 +11,7 @@ use crate::master::calls::{
 };
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
 use crate::spec::{JobSpec, TransformSpec};
-use sluice_formats::SplitBytes;
+use sluice_formats::{ObjectIdentity, SplitBytes};
 use sluice_proto::v1::{self, command, refusal};
 
 /// A daemon's counts for one task, from the wire.
@@ -190,6 +190,7 @@ fn assign(plan: &JobPlan, tasks: &[Assignment]) -> command::Command {
                     &plan.files[planned.file as usize],
                     planned,
                     plan.bytes_of(assignment.split),
+                    plan.identity_of(planned.file),
                 )),
             }
         })
@@ -197,7 +198,12 @@ fn assign(plan: &JobPlan, tasks: &[Assignment]) -> command::Command {
     command::Command::Assign(v1::AssignTasks { tasks })
 }
 
-fn split(file: &PlannedFile, split: PlannedSplit, bytes: Option<SplitBytes>) -> v1::Split {
+fn split(
+    file: &PlannedFile,
+    split: PlannedSplit,
+    bytes: Option<SplitBytes>,
+    identity: Option<&ObjectIdentity>,
+) -> v1::Split {
     v1::Split {
         uri: file.uri.clone(),
         file_size: file.file_size,
@@ -231,6 +237,11 @@ fn split(file: &PlannedFile, split: PlannedSplit, bytes: Option<SplitBytes>) -> 
             first_row: bytes.first_row,
             rows: bytes.rows,
             crc32c: bytes.crc32c,
+        }),
+        identity: identity.map(|identity| v1::ObjectIdentity {
+            e_tag: identity.e_tag.clone(),
+            version: identity.version.clone(),
+            modified_ns: identity.modified_ns,
         }),
     }
 }
@@ -420,6 +431,11 @@ mod tests {
                     rows: 60,
                     crc32c: Some(0xabcd),
                 }),
+                identity: Some(ObjectIdentity {
+                    e_tag: Some("\"1f-64\"".into()),
+                    version: Some("v7".into()),
+                    modified_ns: Some(1_764_245_847_000_000_001),
+                }),
             }],
         );
         let assignment = Assignment {
@@ -468,6 +484,15 @@ mod tests {
                 bytes.crc32c
             ),
             (20, 90, 40, 60, Some(0xabcd))
+        );
+        assert_eq!(
+            split.identity,
+            Some(v1::ObjectIdentity {
+                e_tag: Some("\"1f-64\"".into()),
+                version: Some("v7".into()),
+                modified_ns: Some(1_764_245_847_000_000_001),
+            }),
+            "the file's identity goes with it"
         );
         assert_eq!((stop.task_id, stop.row), (3, 15));
         assert!(refuse.message.contains("task-4"), "{}", refuse.message);

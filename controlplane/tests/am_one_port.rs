@@ -45,6 +45,7 @@ roles: [{ name: worker, num: 1, command: [train] }]
             partition_values: Vec::new(),
             delta: None,
             bytes: None,
+            identity: None,
         }],
     );
     let options = AmOptions {

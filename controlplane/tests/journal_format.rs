@@ -102,5 +102,5 @@ async fn a_plan_format_of_a_newer_release_is_refused_naming_both() {
         .expect_err("an unknown plan format is refused")
         .to_string();
     assert!(error.contains("format 9"), "{error}");
-    assert!(error.contains("reads formats 1 to 3"), "{error}");
+    assert!(error.contains("reads formats 1 to 4"), "{error}");
 }

@@ -11,10 +11,11 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use crate::coverage::SplitBatch;
 use crate::delta::DeltaTable;
 use crate::error::{FormatError, Result};
+use crate::identity::Planned;
 use crate::ipc::IpcFooters;
 use crate::layout::FileLayout;
 use crate::parquet::{FileAccess, FooterCache, PageIndexNeed, ParquetSplitRead};
-use crate::plan::{Split, cut};
+use crate::plan::{ObjectIdentity, Split, cut};
 use crate::read::{PartitionStatistics, ReadOptions, ReadPlan};
 use crate::store::{Location, StorageOptions, open_location};
 use crate::text::{RowFile, RowFileFormat};
@@ -100,6 +101,20 @@ pub(crate) struct DataFile {
     pub size: u64,
     /// Partition values, aligned with [`Dataset::partition_fields`].
     pub partition_values: Vec<Option<String>>,
+    /// What the file was when it was listed, which its splits pin: for a Delta table's file, its size
+    /// in the table's log.
+    pub identity: Option<ObjectIdentity>,
+}
+
+impl DataFile {
+    /// The file as its reads must find it: as it was listed.
+    pub(crate) fn planned(&self) -> Planned<'_> {
+        Planned {
+            uri: &self.uri,
+            size: self.size,
+            identity: self.identity.as_ref(),
+        }
+    }
 }
 
 /// An opened dataset: its files, listed once, and its schema.
@@ -316,6 +331,7 @@ impl Dataset {
                 }
             }
         }
+        let local = location.root.scheme() == "file";
         let files: Vec<DataFile> = objects
             .iter()
             .zip(&pairs)
@@ -323,6 +339,7 @@ impl Dataset {
                 path: meta.location.clone(),
                 uri: location.uri_of(&meta.location),
                 size: meta.size,
+                identity: Some(ObjectIdentity::listed(meta, local)),
                 partition_values: keys
                     .iter()
                     .map(|key| {
@@ -356,8 +373,7 @@ impl Dataset {
                     .get(
                         &access,
                         &first.path,
-                        &first.uri,
-                        first.size,
+                        first.planned(),
                         PageIndexNeed::Nothing,
                     )
                     .await?
@@ -370,8 +386,7 @@ impl Dataset {
                         store: &location.store,
                         stats: access.fetch_stats(),
                         path: &first.path,
-                        uri: &first.uri,
-                        size: first.size,
+                        planned: first.planned(),
                         footers: &ipc_footers,
                     })
                     .await?
@@ -478,8 +493,7 @@ impl Dataset {
                     .get(
                         &self.access,
                         &file.path,
-                        &file.uri,
-                        file.size,
+                        file.planned(),
                         PageIndexNeed::Nothing,
                     )
                     .await?;
@@ -490,20 +504,19 @@ impl Dataset {
             }
             other => {
                 let layout = RowFileFormat::from_kind(other)?
-                    .layout(&self.row_file(&file.path, &file.uri, file.size), task_rows)
+                    .layout(&self.row_file(&file.path, file.planned()), task_rows)
                     .await?;
                 Ok((layout.group_rows(), Some(layout)))
             }
         }
     }
 
-    fn row_file<'a>(&'a self, path: &'a Path, uri: &'a str, size: u64) -> RowFile<'a> {
+    fn row_file<'a>(&'a self, path: &'a Path, planned: Planned<'a>) -> RowFile<'a> {
         RowFile {
             store: &self.location.store,
             stats: self.access.fetch_stats(),
             path,
-            uri,
-            size,
+            planned,
             footers: &self.ipc_footers,
         }
     }
@@ -580,6 +593,7 @@ impl Dataset {
                     bytes: layouts[kept_index]
                         .as_ref()
                         .and_then(|layout| layout.bytes_of(first_row, row_count)),
+                    identity: file.identity.clone(),
                 }
             })
             .collect();
@@ -675,6 +689,7 @@ impl Dataset {
             path: &path,
             uri: &split.uri,
             file_size: split.file_size,
+            identity: split.identity.as_ref(),
             task_id: split.task_id,
             first_row: split.first_row,
             row_count: split.row_count,
@@ -726,7 +741,7 @@ impl Dataset {
             (other, _) => {
                 RowFileFormat::from_kind(other)?
                     .read_split(
-                        &self.row_file(&path, &split.uri, split.file_size),
+                        &self.row_file(&path, split.planned()),
                         split,
                         partitions,
                         &plan,

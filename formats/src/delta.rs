@@ -28,7 +28,7 @@ use url::Url;
 
 use crate::dataset::DataFile;
 use crate::error::{FormatError, Result};
-use crate::plan::{DeletionVector, DeltaSplitInfo};
+use crate::plan::{DeletionVector, DeltaSplitInfo, ObjectIdentity};
 use crate::store::Location;
 
 /// One live file of the snapshot.
@@ -346,6 +346,9 @@ impl DeltaTable {
                     path: file.path.clone(),
                     uri: file.uri.clone(),
                     size: file.size,
+                    // The table's version pins the table; its log gives the file's size, which
+                    // pins the file.
+                    identity: Some(ObjectIdentity::default()),
                     partition_values: partition_fields
                         .iter()
                         .map(|field| file.partition_values.get(field.name()).cloned())

@@ -140,10 +140,10 @@ pub enum FormatError {
         /// What is wrong, and the fix.
         reason: String,
     },
-    /// A file is not as it was when it was planned: its splits' rows are no longer where the plan
-    /// says they are.
+    /// A file is not as it was when it was planned: it was overwritten or changed since, so its
+    /// splits' rows are no longer the planned ones.
     #[error(
-        "{uri}: {what}: the file changed since it was planned; restore it, or plan again (a job plans again under a new checkpoint location)"
+        "{uri}: {what}: the file changed since it was planned; restore it, or plan again (a job plans again when run without a checkpoint location or under a new one)"
     )]
     FileChanged {
         /// The file.
@@ -194,11 +194,21 @@ impl FormatError {
         }
     }
 
-    /// Wraps a Parquet error with the file it came from.
+    /// Wraps a Parquet error with the file it came from. An error of this layer that a read handed
+    /// the decoder (a file that changed since it was planned) comes back as it was.
     pub fn parquet(file: impl Into<String>, source: parquet::errors::ParquetError) -> Self {
+        let cause = match source {
+            parquet::errors::ParquetError::External(external) => {
+                match external.downcast::<FormatError>() {
+                    Ok(error) => return *error,
+                    Err(external) => parquet::errors::ParquetError::External(external),
+                }
+            }
+            other => other,
+        };
         Self::Parquet {
             file: file.into(),
-            cause: source,
+            cause,
         }
     }
 

@@ -29,7 +29,7 @@ use url::Url;
 
 use crate::dataset::{DataFile, Dataset, FormatKind, OpenOptions};
 use crate::error::{FormatError, Result};
-use crate::plan::{Split, cut};
+use crate::plan::{ObjectIdentity, Split, cut};
 use crate::store::open_location;
 
 /// A file found under a followed dataset that was not planned before.
@@ -40,6 +40,7 @@ pub struct NewFile {
     /// Its size in bytes, as listed.
     pub size: u64,
     path: Path,
+    identity: ObjectIdentity,
 }
 
 /// What one Delta commit adds to a followed table.
@@ -70,12 +71,14 @@ impl Dataset {
             )));
         }
         let objects = crate::dataset::list_files(&self.location).await?;
+        let local = self.location.root.scheme() == "file";
         Ok(objects
             .into_iter()
             .filter(|meta| FormatKind::from_extension(meta.location.as_ref()) == Some(self.kind))
             .map(|meta| NewFile {
                 uri: self.location.uri_of(&meta.location),
                 size: meta.size,
+                identity: ObjectIdentity::listed(&meta, local),
                 path: meta.location,
             })
             .filter(|file| !planned.contains(&file.uri))
@@ -95,6 +98,7 @@ impl Dataset {
             path: file.path.clone(),
             uri: file.uri.clone(),
             size: file.size,
+            identity: Some(file.identity.clone()),
             partition_values: self
                 .partition_fields
                 .iter()
@@ -125,6 +129,7 @@ impl Dataset {
                 bytes: layout
                     .as_ref()
                     .and_then(|layout| layout.bytes_of(first_row, row_count)),
+                identity: data_file.identity.clone(),
             })
             .collect())
     }

@@ -14,7 +14,7 @@ use arrow::ipc::{Block, MetadataVersion};
 
 use crate::error::{FormatError, Result};
 use crate::layout::{FileLayout, RowGroup};
-use crate::plan::SplitBytes;
+use crate::plan::{ObjectIdentity, SplitBytes};
 use crate::text::{RowFile, blocking};
 
 /// The bytes at the end of a file read at once, in the hope that they hold the whole footer: the
@@ -79,24 +79,43 @@ fn block_bytes(block: &Block, data_end: u64, uri: &str) -> Result<Range<u64>> {
     })
 }
 
-/// The footers of the Arrow IPC files a dataset read last, by URI and size, so that the splits of a
-/// file read its footer once.
+/// The footers of the Arrow IPC files a dataset read last, by URI, size and identity as planned, so
+/// that the splits of a file read its footer once, from the file they were planned from.
 #[derive(Debug, Default)]
 pub(crate) struct IpcFooters {
-    kept: Mutex<VecDeque<(String, u64, Arc<IpcFooter>)>>,
+    kept: Mutex<VecDeque<(KeptFooter, Arc<IpcFooter>)>>,
+}
+
+/// What a kept footer was read as: a file's URI, size and identity as planned.
+#[derive(Debug, PartialEq, Eq)]
+struct KeptFooter {
+    uri: String,
+    size: u64,
+    identity: Option<ObjectIdentity>,
+}
+
+impl KeptFooter {
+    fn of(file: &RowFile<'_>) -> Self {
+        Self {
+            uri: file.uri().to_string(),
+            size: file.size(),
+            identity: file.planned.identity.cloned(),
+        }
+    }
 }
 
 impl IpcFooters {
     /// The footer of `file`, read unless it is kept.
     pub(crate) async fn get(&self, file: &RowFile<'_>) -> Result<Arc<IpcFooter>> {
+        let key = KeptFooter::of(file);
         let kept = |footers: &Self| {
             footers
                 .kept
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .iter()
-                .find(|(uri, size, _)| uri == file.uri && *size == file.size)
-                .map(|(_, _, footer)| Arc::clone(footer))
+                .find(|(kept, _)| *kept == key)
+                .map(|(_, footer)| Arc::clone(footer))
         };
         if let Some(footer) = kept(self) {
             return Ok(footer);
@@ -109,17 +128,17 @@ impl IpcFooters {
         if footers.len() == FOOTERS_KEPT {
             footers.pop_front();
         }
-        footers.push_back((file.uri.to_string(), file.size, Arc::clone(&footer)));
+        footers.push_back((key, Arc::clone(&footer)));
         Ok(footer)
     }
 }
 
 /// Reads and checks the footer of an Arrow IPC file.
 async fn read_footer(file: &RowFile<'_>) -> Result<IpcFooter> {
-    let size = file.size;
+    let size = file.size();
     if size < HEADER_BYTES + TRAILER_BYTES {
         return Err(record_error(
-            file.uri,
+            file.uri(),
             0,
             format!("the file has {size} bytes, too few for an Arrow IPC file"),
         ));
@@ -129,14 +148,14 @@ async fn read_footer(file: &RowFile<'_>) -> Result<IpcFooter> {
     let mut trailer = [0u8; TRAILER_BYTES as usize];
     trailer.copy_from_slice(&tail[tail.len() - TRAILER_BYTES as usize..]);
     let footer_length = arrow::ipc::reader::read_footer_length(trailer)
-        .map_err(|error| FormatError::arrow(format!("arrow ipc file {}", file.uri), error))?
+        .map_err(|error| FormatError::arrow(format!("arrow ipc file {}", file.uri()), error))?
         as u64;
     let footer_start = (size - TRAILER_BYTES)
         .checked_sub(footer_length)
         .filter(|start| *start >= HEADER_BYTES)
         .ok_or_else(|| {
             record_error(
-                file.uri,
+                file.uri(),
                 size - TRAILER_BYTES,
                 format!("the footer's length {footer_length} runs past the start of the file"),
             )
@@ -149,26 +168,26 @@ async fn read_footer(file: &RowFile<'_>) -> Result<IpcFooter> {
     };
     let footer = arrow::ipc::root_as_footer(&footer_bytes).map_err(|error| {
         record_error(
-            file.uri,
+            file.uri(),
             footer_start,
             format!("the footer is malformed: {error}"),
         )
     })?;
     let ipc_schema = footer
         .schema()
-        .ok_or_else(|| record_error(file.uri, footer_start, "the footer holds no schema"))?;
+        .ok_or_else(|| record_error(file.uri(), footer_start, "the footer holds no schema"))?;
     if !ipc_schema.endianness().equals_to_target_endianness() {
         return Err(record_error(
-            file.uri,
+            file.uri(),
             footer_start,
             "the file was written on a machine of the other byte order; rewrite it on this one",
         ));
     }
     let schema = arrow::ipc::convert::try_fb_to_schema(ipc_schema)
-        .map_err(|error| FormatError::arrow(format!("arrow ipc file {}", file.uri), error))?;
+        .map_err(|error| FormatError::arrow(format!("arrow ipc file {}", file.uri()), error))?;
     let checked = |blocks: Vec<Block>| -> Result<Vec<Block>> {
         for block in &blocks {
-            block_bytes(block, footer_start, file.uri)?;
+            block_bytes(block, footer_start, file.uri())?;
         }
         Ok(blocks)
     };
@@ -220,19 +239,19 @@ fn batch_rows(header: &[u8], offset: u64, uri: &str) -> Result<u64> {
 /// and each batch's message header.
 pub(crate) async fn layout(file: &RowFile<'_>) -> Result<FileLayout> {
     let footer = file.footers.get(file).await?;
-    let data_end = file.size;
+    let data_end = file.size();
     let mut groups = Vec::with_capacity(footer.batches.len());
     for blocks in footer.batches.chunks(HEADERS_PER_REQUEST) {
         let mut places = Vec::with_capacity(blocks.len());
         let mut headers = Vec::with_capacity(blocks.len());
         for block in blocks {
-            let bytes = block_bytes(block, data_end, file.uri)?;
+            let bytes = block_bytes(block, data_end, file.uri())?;
             headers.push(bytes.start..bytes.start + block.metaDataLength() as u64);
             places.push(bytes);
         }
         let fetched = file.ranges(&headers).await?;
         for (bytes, header) in places.into_iter().zip(fetched) {
-            let rows = batch_rows(&header, bytes.start, file.uri)?;
+            let rows = batch_rows(&header, bytes.start, file.uri())?;
             groups.push(RowGroup {
                 rows,
                 bytes,
@@ -248,7 +267,7 @@ pub(crate) async fn layout(file: &RowFile<'_>) -> Result<FileLayout> {
 pub(crate) async fn read_range(file: &RowFile<'_>, bytes: &SplitBytes) -> Result<Vec<RecordBatch>> {
     let footer = file.footers.get(file).await?;
     let changed = |what: String| FormatError::FileChanged {
-        uri: file.uri.to_string(),
+        uri: file.uri().to_string(),
         what,
     };
     let blocks: Vec<Block> = footer
@@ -257,10 +276,10 @@ pub(crate) async fn read_range(file: &RowFile<'_>, bytes: &SplitBytes) -> Result
         .filter(|block| (bytes.start..bytes.end).contains(&(block.offset() as u64)))
         .copied()
         .collect();
-    let data_end = file.size;
+    let data_end = file.size();
     let ends: Vec<u64> = blocks
         .iter()
-        .map(|block| block_bytes(block, data_end, file.uri).map(|range| range.end))
+        .map(|block| block_bytes(block, data_end, file.uri()).map(|range| range.end))
         .collect::<Result<_>>()?;
     let starts_at_a_batch = blocks
         .first()
@@ -275,10 +294,10 @@ pub(crate) async fn read_range(file: &RowFile<'_>, bytes: &SplitBytes) -> Result
     let dictionary_ranges: Vec<Range<u64>> = footer
         .dictionaries
         .iter()
-        .map(|block| block_bytes(block, data_end, file.uri))
+        .map(|block| block_bytes(block, data_end, file.uri()))
         .collect::<Result<_>>()?;
     let dictionaries = file.ranges(&dictionary_ranges).await?;
-    let uri = file.uri.to_string();
+    let uri = file.uri().to_string();
     let (start, rows) = (bytes.start, bytes.rows);
     let decoded = blocking(move || {
         let context = || format!("arrow ipc file {uri}");

@@ -6,7 +6,9 @@
 //!   table (through `delta_kernel`), or Arrow IPC, CSV, JSON lines and TFRecord files.
 //! - [`Dataset::plan`] cuts a dataset into [`Split`]s that cover every row exactly once, in a stable order. A
 //!   split of a CSV, JSON lines, TFRecord or Arrow IPC file carries where its rows lie in the file
-//!   ([`SplitBytes`]), found once by the planner, so that reading it fetches those bytes only.
+//!   ([`SplitBytes`]), found once by the planner, so that reading it fetches those bytes only. A split of a
+//!   plain file carries the file's [`ObjectIdentity`] as listed (entity tag, version, a local file's
+//!   modification time), and every read of the split finds that object or fails naming it.
 //! - [`Dataset::read_split`] reads one split with projection and a [`filter::Expr`], pushed down to row-group
 //!   statistics, bloom filters and the page index where the files have them.
 //! - [`Dataset::read_split_covered`] reads it as [`SplitBatch`]es whose split-row ranges tile the split
@@ -27,6 +29,7 @@ pub mod fetch;
 pub mod filter;
 pub mod follow;
 pub mod generate;
+mod identity;
 mod ipc;
 mod layout;
 mod local;
@@ -44,7 +47,7 @@ pub use dataset::{Dataset, FormatKind, OpenOptions};
 pub use error::{FormatError, Result};
 pub use fetch::FetchStats;
 pub use filter::Expr;
-pub use plan::{DeletionVector, DeltaSplitInfo, Split, SplitBytes};
+pub use plan::{DeletionVector, DeltaSplitInfo, ObjectIdentity, Split, SplitBytes};
 pub use read::ReadOptions;
 pub use store::StorageOptions;
 pub use uring::LocalIo;

@@ -48,7 +48,9 @@ use crate::coverage::{Coverage, SplitBatch, covered_stream};
 use crate::error::{FormatError, Result};
 use crate::fetch::{FetchStats, Measured};
 use crate::filter::{CompareOp, Expr, Literal, PruningStatistics};
+use crate::identity::Planned;
 use crate::local::{FileGuard, LocalFileReader};
+use crate::plan::ObjectIdentity;
 use crate::read::ReadPlan;
 use sluice_io::{FileIdentity, LocalReader};
 
@@ -73,12 +75,16 @@ pub(crate) async fn load_metadata<F: MetadataFetch>(
 }
 
 /// An [`AsyncFileReader`] over one object: single ranges with `get_range`, several with `get_ranges`, which
-/// coalesces nearby ranges into fewer requests.
+/// coalesces nearby ranges into fewer requests. A pinned object ([`ObjectIdentity`]) is read with
+/// `If-Match` on every request, footer and data alike, and what each read found is checked against the
+/// plan.
 #[derive(Debug, Clone)]
 pub(crate) struct StoreReader {
     store: Arc<dyn ObjectStore>,
     path: Path,
     file_size: u64,
+    /// The object's URI and identity as planned, when the plan pinned it.
+    pinned: Option<(String, ObjectIdentity)>,
 }
 
 impl StoreReader {
@@ -87,17 +93,61 @@ impl StoreReader {
             store,
             path,
             file_size,
+            pinned: None,
         }
     }
+
+    /// The reader of the object `uri` as planned with `identity`.
+    pub(crate) fn pinned(self, uri: &str, identity: ObjectIdentity) -> Self {
+        Self {
+            pinned: Some((uri.to_string(), identity)),
+            ..self
+        }
+    }
+
+    /// Reads `range` of the pinned object `uri` as planned.
+    async fn pinned_range(
+        &self,
+        uri: &str,
+        identity: &ObjectIdentity,
+        range: Range<u64>,
+    ) -> Result<Bytes> {
+        let planned = Planned {
+            uri,
+            size: self.file_size,
+            identity: Some(identity),
+        };
+        let store = self.store.as_ref();
+        let result = planned.get(store, &self.path, Some(range.clone())).await?;
+        match result.bytes().await {
+            Ok(bytes) => Ok(bytes),
+            Err(error) => {
+                let context = format!("reading bytes {}..{} of {uri}", range.start, range.end);
+                Err(planned.failed(store, &self.path, context, error).await)
+            }
+        }
+    }
+}
+
+/// An error of this layer handed to the Parquet decoder, which [`FormatError::parquet`] gives back.
+fn external(error: FormatError) -> parquet::errors::ParquetError {
+    parquet::errors::ParquetError::External(Box::new(error))
 }
 
 impl AsyncFileReader for StoreReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         async move {
-            self.store
-                .get_range(&self.path, range)
-                .await
-                .map_err(|error| parquet::errors::ParquetError::External(Box::new(error)))
+            match &self.pinned {
+                Some((uri, identity)) => self
+                    .pinned_range(uri, identity, range)
+                    .await
+                    .map_err(external),
+                None => self
+                    .store
+                    .get_range(&self.path, range)
+                    .await
+                    .map_err(|error| parquet::errors::ParquetError::External(Box::new(error))),
+            }
         }
         .boxed()
     }
@@ -107,10 +157,29 @@ impl AsyncFileReader for StoreReader {
         ranges: Vec<Range<u64>>,
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
         async move {
-            self.store
-                .get_ranges(&self.path, &ranges)
-                .await
-                .map_err(|error| parquet::errors::ParquetError::External(Box::new(error)))
+            match &self.pinned {
+                // Coalesced as `get_ranges` coalesces them, each request pinned.
+                Some((uri, identity)) => {
+                    let gap = Planned {
+                        uri,
+                        size: self.file_size,
+                        identity: Some(identity),
+                    }
+                    .coalesce_gap();
+                    object_store::coalesce_ranges(
+                        &ranges,
+                        |range| self.pinned_range(uri, identity, range),
+                        gap,
+                    )
+                    .await
+                    .map_err(external)
+                }
+                None => self
+                    .store
+                    .get_ranges(&self.path, &ranges)
+                    .await
+                    .map_err(|error| parquet::errors::ParquetError::External(Box::new(error))),
+            }
         }
         .boxed()
     }
@@ -162,18 +231,23 @@ impl FileAccess {
 
     /// Opens a file for reads. Batches decoded from a local file must go through its guard's `settle`
     /// before they leave (see [`crate::local`]). With `expected`, a local file must be that version of the
-    /// file (the one its footer was read from), or the open fails.
+    /// file (the one its footer was read from), or the open fails. With `planned.identity`, the file must
+    /// be the one the plan saw: a local file when it is opened, an object on every read.
     pub(crate) async fn open(
         &self,
         path: &Path,
-        uri: &str,
-        size: u64,
+        planned: Planned<'_>,
         expected: Option<FileIdentity>,
     ) -> Result<OpenFile> {
+        let (uri, size) = (planned.uri, planned.size);
         let mut guard = None;
         let reader: Box<dyn AsyncFileReader> = match &self.route {
             Route::Store(store) => {
-                Box::new(StoreReader::new(Arc::clone(store), path.clone(), size))
+                let reader = StoreReader::new(Arc::clone(store), path.clone(), size);
+                Box::new(match planned.identity {
+                    Some(identity) => reader.pinned(uri, identity.clone()),
+                    None => reader,
+                })
             }
             Route::Local { reader, root } => {
                 // Each part is the file name as it is on disk: the URL escapes it, and the file path
@@ -201,6 +275,7 @@ impl FileAccess {
                 )
                 .await
                 .map_err(|error| FormatError::io(format!("opening {uri}"), error))?;
+                planned.check_open_file(&file.guard().identity())?;
                 guard = Some(file.guard());
                 Box::new(file)
             }
@@ -267,6 +342,9 @@ pub(crate) struct Footer {
     /// The identity of the local file the footer was read from: the file a read of it opens must still
     /// be that version. `None` for files read through an object store.
     pub(crate) identity: Option<FileIdentity>,
+    /// The identity as planned that the footer's reads were held to, if any: a footer serves the reads
+    /// of splits pinned to that identity (or to none).
+    pub(crate) planned: Option<ObjectIdentity>,
 }
 
 /// Footers already read, by file URI: planning and reading the same dataset reads each footer once, and
@@ -278,23 +356,29 @@ pub(crate) struct FooterCache {
 
 impl FooterCache {
     /// Returns the footer of a file, reading it when it is not cached or lacks a part of the page index
-    /// that is needed (from the version of the file the cached footer came from).
+    /// that is needed (from the version of the file the cached footer came from). A file the plan
+    /// pinned (`planned.identity`) is read as planned, and a footer cached from reads held to another
+    /// identity, or to none, is read again.
     pub(crate) async fn get(
         &self,
         access: &FileAccess,
         path: &Path,
-        uri: &str,
-        size: u64,
+        planned: Planned<'_>,
         need: PageIndexNeed,
     ) -> Result<Footer> {
-        let cached = self.lookup(uri);
+        let uri = planned.uri;
+        let cached = self.lookup(uri).filter(|cached| {
+            planned
+                .identity
+                .is_none_or(|identity| cached.planned.as_ref() == Some(identity))
+        });
         if let Some(cached) = &cached
             && need.met_by(cached.metadata.metadata())
         {
             return Ok(cached.clone());
         }
         let expected = cached.as_ref().and_then(|cached| cached.identity);
-        let OpenFile { mut reader, guard } = access.open(path, uri, size, expected).await?;
+        let OpenFile { mut reader, guard } = access.open(path, planned, expected).await?;
         let metadata = match cached {
             // The footer is known: only the page index is missing, so only the page index is read.
             Some(cached) => {
@@ -320,6 +404,7 @@ impl FooterCache {
         let footer = Footer {
             metadata,
             identity: guard.as_ref().map(FileGuard::identity),
+            planned: planned.identity.cloned(),
         };
         if let Ok(mut entries) = self.entries.lock() {
             entries.insert(uri.to_string(), footer.clone());
@@ -362,6 +447,8 @@ pub(crate) struct ParquetSplitRead<'a> {
     pub path: &'a Path,
     pub uri: &'a str,
     pub file_size: u64,
+    /// What the file was when it was planned, which the reads must find.
+    pub identity: Option<&'a ObjectIdentity>,
     pub task_id: u64,
     pub first_row: u64,
     pub row_count: u64,
@@ -661,18 +748,16 @@ pub(crate) async fn read_split(
     } else {
         PageIndexNeed::Nothing
     };
-    let footer = |need| {
-        footers.get(
-            request.access,
-            request.path,
-            request.uri,
-            request.file_size,
-            need,
-        )
+    let planned = Planned {
+        uri: request.uri,
+        size: request.file_size,
+        identity: request.identity,
     };
+    let footer = |need| footers.get(request.access, request.path, planned, need);
     let Footer {
         mut metadata,
         identity,
+        ..
     } = footer(footer_need).await?;
     let group_rows = row_group_rows(metadata.metadata());
     let total: u64 = group_rows.iter().sum();
@@ -715,10 +800,7 @@ pub(crate) async fn read_split(
     let parquet_metadata = Arc::clone(metadata.metadata());
     let file_schema: SchemaRef = Arc::clone(metadata.schema());
 
-    let OpenFile { reader, guard } = request
-        .access
-        .open(request.path, request.uri, request.file_size, identity)
-        .await?;
+    let OpenFile { reader, guard } = request.access.open(request.path, planned, identity).await?;
     let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata.clone());
 
     if let Some(filter) = &plan.filter {
@@ -932,6 +1014,15 @@ mod tests {
         assert!(range_selections(&[10], 3, 0).is_empty());
     }
 
+    /// A file as planned without an identity: held to its size.
+    fn unpinned(uri: &str, size: u64) -> Planned<'_> {
+        Planned {
+            uri,
+            size,
+            identity: None,
+        }
+    }
+
     fn testdata_file(name: &str) -> std::path::PathBuf {
         sluice_testkit::testdata().join("parquet/data").join(name)
     }
@@ -945,7 +1036,12 @@ mod tests {
         let object_path = Path::from_filesystem_path(path).expect("path");
         let size = std::fs::metadata(path).expect("metadata").len();
         let footer = FooterCache::default()
-            .get(&access, &object_path, &path.to_string_lossy(), size, need)
+            .get(
+                &access,
+                &object_path,
+                unpinned(&path.to_string_lossy(), size),
+                need,
+            )
             .await
             .expect("footer")
             .metadata;
@@ -957,7 +1053,7 @@ mod tests {
         let path = testdata_file("data_index_bloom_encoding_stats.parquet");
         let (access, object_path, size, footer) = footer_of(&path, PageIndexNeed::Nothing).await;
         let reader = access
-            .open(&object_path, &path.to_string_lossy(), size, None)
+            .open(&object_path, unpinned(&path.to_string_lossy(), size), None)
             .await
             .expect("opens")
             .reader;
@@ -1125,7 +1221,7 @@ mod tests {
         let sut = FooterCache::default();
         let uri = path.to_string_lossy();
         let get = |need| {
-            let footer = sut.get(&access, &object_path, &uri, size, need);
+            let footer = sut.get(&access, &object_path, unpinned(&uri, size), need);
             async move { footer.await.map(|footer| footer.metadata) }
         };
         let first = get(PageIndexNeed::Nothing).await.expect("footer");
@@ -1158,6 +1254,7 @@ mod tests {
                 path: &object_path,
                 uri: &uri,
                 file_size: size,
+                identity: None,
                 task_id: 0,
                 first_row,
                 row_count,
@@ -1192,7 +1289,12 @@ mod tests {
         let whole = read(1000, 1000).await;
         assert_eq!(whole, (1000..2000).collect::<Vec<i64>>());
         let cached = sut
-            .get(&access, &object_path, &uri, size, PageIndexNeed::Nothing)
+            .get(
+                &access,
+                &object_path,
+                unpinned(&uri, size),
+                PageIndexNeed::Nothing,
+            )
             .await
             .expect("cached");
         assert_eq!(
@@ -1203,7 +1305,12 @@ mod tests {
         let sliver = read(1250, 300).await;
         assert_eq!(sliver, (1250..1550).collect::<Vec<i64>>());
         let cached = sut
-            .get(&access, &object_path, &uri, size, PageIndexNeed::Nothing)
+            .get(
+                &access,
+                &object_path,
+                unpinned(&uri, size),
+                PageIndexNeed::Nothing,
+            )
             .await
             .expect("cached");
         assert_eq!(

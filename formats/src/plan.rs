@@ -58,6 +58,26 @@ impl SplitBytes {
     }
 }
 
+/// What a plain data file was when it was planned, so that every read of its splits finds that very
+/// object or fails naming it: a file overwritten after planning never hands out other rows than the
+/// planned ones. Its size is the split's `file_size`.
+///
+/// On an object store, the entity tag pins the object: reads send it as `If-Match` and check the tag
+/// of what they got; where the store gave a version, reads ask for that version. A local file is
+/// pinned by its modification time to the nanosecond, besides the tag `object_store` makes of its
+/// inode, modification time and size. An identity with none of these (the default) pins a file by
+/// its size alone, as a Delta table's files are: the table's version pins the table, and its log
+/// lists each file with its size.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectIdentity {
+    /// The entity tag the store listed the object with.
+    pub e_tag: Option<String>,
+    /// The object's version, on a store that keeps versions and gave it.
+    pub version: Option<String>,
+    /// The modification time of a local file, in nanoseconds since the Unix epoch.
+    pub modified_ns: Option<i64>,
+}
+
 /// One task's worth of data: a row range of one file, with what is needed to read it exactly.
 ///
 /// Row numbers count the file's physical rows, in file order. For a Delta file, rows removed by the deletion
@@ -82,6 +102,10 @@ pub struct Split {
     /// it, a row format's split reads its whole file.
     #[serde(default)]
     pub bytes: Option<SplitBytes>,
+    /// What the file was when it was planned, which every read of the split must find again; `None`
+    /// for a file read as it is.
+    #[serde(default)]
+    pub identity: Option<ObjectIdentity>,
 }
 
 /// A piece of a file chosen by [`cut`]: `(file index, first row, row count)`.

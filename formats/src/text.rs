@@ -6,7 +6,8 @@
 //! one ranged read (plus the footer and the dictionaries of an Arrow IPC file), checks them against the
 //! plan, and decodes them on a blocking thread. A split planned without its bytes reads its whole file.
 //!
-//! Local files and object stores are read the same way, through `object_store`'s ranged reads.
+//! Local files and object stores are read the same way, through `object_store`'s ranged reads, each of
+//! the file as planned (see [`crate::identity`]).
 
 use std::io::{Cursor, Read};
 use std::ops::Range;
@@ -18,12 +19,13 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
 use object_store::path::Path;
-use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use object_store::{GetResult, ObjectStore};
 
 use crate::coverage::SplitBatch;
 use crate::dataset::FormatKind;
 use crate::error::{FormatError, Result};
 use crate::fetch::FetchStats;
+use crate::identity::Planned;
 use crate::ipc::IpcFooters;
 use crate::layout::{CsvScanner, FileLayout, JsonScanner, Scanner, TfRecordScanner};
 use crate::plan::{Split, SplitBytes};
@@ -45,55 +47,65 @@ pub(crate) enum RowFileFormat {
 }
 
 /// One file of a row-format dataset, as planned: its bytes are read through `store`, and what the reads
-/// cost goes to `stats`.
+/// cost goes to `stats`. Every read is of the file as planned ([`Planned`]): pinned with `If-Match`
+/// when the plan pinned the file, and checked against the plan.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RowFile<'a> {
     pub store: &'a Arc<dyn ObjectStore>,
     pub stats: &'a Arc<FetchStats>,
     pub path: &'a Path,
-    pub uri: &'a str,
-    /// The file's size when it was listed for the plan.
-    pub size: u64,
+    /// The file's URI, size and identity when it was planned.
+    pub planned: Planned<'a>,
     /// The Arrow IPC footers the dataset keeps.
     pub footers: &'a IpcFooters,
 }
 
 impl RowFile<'_> {
-    /// Reads the bytes `range`, which must be the file's as planned: a file of another size has changed.
+    /// The file's URI.
+    pub(crate) fn uri(&self) -> &str {
+        self.planned.uri
+    }
+
+    /// The file's size when it was planned.
+    pub(crate) fn size(&self) -> u64 {
+        self.planned.size
+    }
+
+    /// Starts a read of `range` (the whole file with `None`) of the file as planned: a file of
+    /// another size, or not the object the plan pinned, has changed.
+    async fn get(&self, range: Option<Range<u64>>) -> Result<GetResult> {
+        self.planned
+            .get(self.store.as_ref(), self.path, range)
+            .await
+    }
+
+    /// The error of a read of the file that failed while doing `context`.
+    async fn failed(&self, context: String, error: object_store::Error) -> FormatError {
+        self.planned
+            .failed(self.store.as_ref(), self.path, context, error)
+            .await
+    }
+
+    /// Reads the bytes `range`, which must be the file's as planned.
     pub(crate) async fn range(&self, range: Range<u64>) -> Result<Bytes> {
         let started = Instant::now();
-        let context = || {
-            format!(
-                "reading bytes {}..{} of {}",
-                range.start, range.end, self.uri
-            )
+        let result = self.get(Some(range.clone())).await?;
+        let bytes = match result.bytes().await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                let context = format!(
+                    "reading bytes {}..{} of {}",
+                    range.start,
+                    range.end,
+                    self.uri()
+                );
+                return Err(self.failed(context, error).await);
+            }
         };
-        let options = GetOptions {
-            range: Some(GetRange::Bounded(range.clone())),
-            ..GetOptions::default()
-        };
-        let result = self
-            .store
-            .get_opts(self.path, options)
-            .await
-            .map_err(|error| FormatError::store(context(), error))?;
-        if result.meta.size != self.size {
-            return Err(FormatError::FileChanged {
-                uri: self.uri.to_string(),
-                what: format!(
-                    "it has {} bytes, and had {} bytes when planned",
-                    result.meta.size, self.size
-                ),
-            });
-        }
-        let bytes = result
-            .bytes()
-            .await
-            .map_err(|error| FormatError::store(context(), error))?;
         self.stats.record(started, bytes.len() as u64);
         if bytes.len() as u64 != range.end - range.start {
             return Err(FormatError::FileChanged {
-                uri: self.uri.to_string(),
+                uri: self.uri().to_string(),
                 what: format!(
                     "bytes {}..{} came back as {} bytes",
                     range.start,
@@ -105,39 +117,28 @@ impl RowFile<'_> {
         Ok(bytes)
     }
 
-    /// Reads several byte ranges, which the store may fetch together.
+    /// Reads several byte ranges, nearby ones of an object store in one request as `get_ranges`
+    /// fetches them.
     pub(crate) async fn ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
         if ranges.is_empty() {
             return Ok(Vec::new());
         }
-        let started = Instant::now();
-        let parts = self
-            .store
-            .get_ranges(self.path, ranges)
-            .await
-            .map_err(|error| {
-                FormatError::store(
-                    format!("reading {} byte ranges of {}", ranges.len(), self.uri),
-                    error,
-                )
-            })?;
-        self.stats
-            .record(started, parts.iter().map(|part| part.len() as u64).sum());
-        Ok(parts)
+        object_store::coalesce_ranges(
+            ranges,
+            |range| self.range(range),
+            self.planned.coalesce_gap(),
+        )
+        .await
     }
 
     /// Starts reading the whole file, chunk by chunk, for a blocking thread.
     async fn stream(&self) -> Result<BlockingObject> {
-        let result = self
-            .store
-            .get(self.path)
-            .await
-            .map_err(|error| FormatError::store(format!("reading {}", self.uri), error))?;
+        let result = self.get(None).await?;
         Ok(BlockingObject {
             chunks: result.into_stream(),
             runtime: tokio::runtime::Handle::current(),
             stats: Arc::clone(self.stats),
-            uri: self.uri.to_string(),
+            uri: self.uri().to_string(),
             unread: Bytes::new(),
         })
     }
@@ -145,16 +146,13 @@ impl RowFile<'_> {
     /// Reads the whole file.
     async fn whole(&self) -> Result<Bytes> {
         let started = Instant::now();
-        let context = || format!("reading {}", self.uri);
-        let result = self
-            .store
-            .get(self.path)
-            .await
-            .map_err(|error| FormatError::store(context(), error))?;
-        let bytes = result
-            .bytes()
-            .await
-            .map_err(|error| FormatError::store(context(), error))?;
+        let result = self.get(None).await?;
+        let bytes = match result.bytes().await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                return Err(self.failed(format!("reading {}", self.uri()), error).await);
+            }
+        };
         self.stats.record(started, bytes.len() as u64);
         Ok(bytes)
     }
@@ -230,7 +228,7 @@ impl RowFileFormat {
         let (object, uri) = match self {
             Self::TfRecord => return Ok(tfrecord_schema()),
             Self::ArrowIpc => return Ok(Arc::clone(&file.footers.get(file).await?.schema)),
-            Self::Csv | Self::JsonLines => (file.stream().await?, file.uri.to_string()),
+            Self::Csv | Self::JsonLines => (file.stream().await?, file.uri().to_string()),
         };
         blocking(move || {
             let reader = std::io::BufReader::new(object);
@@ -270,7 +268,7 @@ impl RowFileFormat {
             Self::TfRecord => Scanner::TfRecord(TfRecordScanner::new()),
         };
         let mut object = file.stream().await?;
-        let (uri, size) = (file.uri.to_string(), file.size);
+        let (uri, size) = (file.uri().to_string(), file.size());
         blocking(move || {
             crate::layout::scan(scanner, || object.next_chunk(), task_rows, &uri, size)
         })

@@ -373,6 +373,18 @@ impl FileIdentity {
         Ok(Self::from_metadata(&file.metadata()?))
     }
 
+    /// The file's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The file's modification time in nanoseconds since the Unix epoch; `None` past what an `i64`
+    /// holds (the year 2262).
+    pub fn modified_ns(&self) -> Option<i64> {
+        let (seconds, nanoseconds) = self.modified;
+        seconds.checked_mul(1_000_000_000)?.checked_add(nanoseconds)
+    }
+
     /// The identity of the file at `path` now (`stat`, through symbolic links).
     fn at(path: &Path) -> std::io::Result<Self> {
         Ok(Self::from_metadata(&std::fs::metadata(path)?))
@@ -573,6 +585,17 @@ mod tests {
             error.to_string().contains("(mtime, ctime changed)"),
             "{error}"
         );
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "fstat and utimensat, which Miri cannot run")]
+    fn an_identity_gives_the_size_and_the_modification_time_to_the_nanosecond() {
+        let (file, content) = paged_file(1);
+        let modified = std::time::UNIX_EPOCH + std::time::Duration::new(1_700_000_000, 123_456_789);
+        file.as_file().set_modified(modified).expect("set mtime");
+        let sut = FileIdentity::of(file.as_file()).expect("fstat");
+        assert_eq!(sut.size(), content.len() as u64);
+        assert_eq!(sut.modified_ns(), Some(1_700_000_000_123_456_789));
     }
 
     #[test]

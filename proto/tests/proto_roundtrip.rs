@@ -4,9 +4,9 @@ use prost::Message;
 use sluice_proto::v1::{
     AssignTasks, Blacklisted, Command, CountOutOfRange, DeletionVector, DeltaSplitInfo,
     DoneBeforeEnd, Fence, HeartbeatReply, HeartbeatRequest, JournalMark, NoStopRequested, NotHeld,
-    PartitionValue, Refusal, Refuse, Release, RingStats, Shutdown, Split, SplitBytes, StageStats,
-    StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command,
-    refusal,
+    ObjectIdentity, PartitionValue, Refusal, Refuse, Release, RingStats, Shutdown, Split,
+    SplitBytes, StageStats, StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode,
+    UnknownTask, command, refusal,
 };
 use sluice_proto::{JobId, NodeId, TaskId};
 use std::collections::BTreeSet;
@@ -92,6 +92,7 @@ fn delta_assignment() -> TaskAssignment {
             }),
             source_index: 1,
             bytes: None,
+            identity: None,
         }),
     }
 }
@@ -126,6 +127,7 @@ fn heartbeat_reply_with_every_command() -> HeartbeatReply {
                             delta: None,
                             source_index: 0,
                             bytes: None,
+                            identity: None,
                         }),
                     },
                     TaskAssignment {
@@ -148,6 +150,11 @@ fn heartbeat_reply_with_every_command() -> HeartbeatReply {
                                 first_row: 10,
                                 rows: 10,
                                 crc32c: Some(0xe306_9283),
+                            }),
+                            identity: Some(ObjectIdentity {
+                                e_tag: Some("\"9b2cf535f27731c974343645a3985328\"".into()),
+                                version: Some("3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY".into()),
+                                modified_ns: None,
                             }),
                         }),
                     },

@@ -101,6 +101,7 @@ pub fn synthetic_plan(tasks: u64) -> JobPlan {
         splits,
         versions: vec![None],
         bytes: Vec::new(),
+        identities: Vec::new(),
     }
 }
 

@@ -42,6 +42,7 @@ fn master() -> Master {
             partition_values: Vec::new(),
             delta: None,
             bytes: None,
+            identity: None,
         })
         .collect();
     let mut plan = JobPlan::default();

@@ -35,6 +35,7 @@ fn master() -> Master {
             partition_values: Vec::new(),
             delta: None,
             bytes: None,
+            identity: None,
         })
         .collect();
     plan.extend(0, splits);
@@ -1060,6 +1061,7 @@ pub(super) fn planned_split(name: &str, rows: u64) -> Split {
         partition_values: Vec::new(),
         delta: None,
         bytes: None,
+        identity: None,
     }
 }
 

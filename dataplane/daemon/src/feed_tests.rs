@@ -1,6 +1,7 @@
 //! The feeder on real data: a stop mid-task on a filtered source or a table with a deletion vector,
 //! then the rest of the task on another feeder, delivers every row once; the shuffle is seeded; the
-//! interleave keeps each task's batches in order; the transforms shape what the rings get.
+//! interleave keeps each task's batches in order; the transforms shape what the rings get; a task
+//! whose file changed after it was planned fails naming it.
 
 use std::sync::{Arc, Mutex};
 
@@ -106,6 +107,11 @@ async fn splits(uri: &str, task_rows: u64) -> Vec<v1::Split> {
                 rows: bytes.rows,
                 crc32c: bytes.crc32c,
             }),
+            identity: split.identity.map(|identity| v1::ObjectIdentity {
+                e_tag: identity.e_tag,
+                version: identity.version,
+                modified_ns: identity.modified_ns,
+            }),
         })
         .collect()
 }
@@ -128,14 +134,29 @@ fn assignment(
     }
 }
 
-/// Runs a feeder over `assignments` and returns what it wrote. With `stop_after`, once the first
-/// batch of the first task arrives, the test asks that task to stop `stop_after` rows past what the
-/// feeder had handed to the writer, as the daemon's main loop does, and returns the row it stops at.
+/// Runs a feeder over `assignments`, every task of which must succeed, and returns what it wrote.
+/// With `stop_after`, once the first batch of the first task arrives, the test asks that task to
+/// stop `stop_after` rows past what the feeder had handed to the writer, as the daemon's main loop
+/// does, and returns the row it stops at.
 async fn run_feeder(
     pipeline: Arc<Pipeline>,
     assignments: Vec<v1::TaskAssignment>,
     stop_after: Option<u64>,
 ) -> (Vec<Delivered>, Option<u64>) {
+    let (delivered, stopped_at, failures) = feed_tasks(pipeline, assignments, stop_after).await;
+    for (task_id, failed) in failures {
+        assert_eq!(failed, None, "task {task_id} failed");
+    }
+    (delivered, stopped_at)
+}
+
+/// Runs a feeder over `assignments` as [`run_feeder`] does, and returns besides what it wrote why
+/// each task failed, if it did.
+async fn feed_tasks(
+    pipeline: Arc<Pipeline>,
+    assignments: Vec<v1::TaskAssignment>,
+    stop_after: Option<u64>,
+) -> (Vec<Delivered>, Option<u64>, Vec<(u64, Option<String>)>) {
     let (jobs, queue) = mpsc::unbounded_channel();
     let (writer, mut written) = mpsc::channel(1);
     let mut controls = Vec::new();
@@ -188,15 +209,11 @@ async fn run_feeder(
         }
     }
     feeder.await.expect("the feeder ends");
-    for (assignment, control) in &controls {
-        assert_eq!(
-            lock(control).failed,
-            None,
-            "task {} failed",
-            assignment.task_id
-        );
-    }
-    (delivered, stopped_at)
+    let failures = controls
+        .iter()
+        .map(|(assignment, control)| (assignment.task_id, lock(control).failed.clone()))
+        .collect();
+    (delivered, stopped_at, failures)
 }
 
 /// Checks that a task's batches tile `[start, end)` and returns its ids in order.
@@ -667,4 +684,35 @@ async fn a_csv_task_stopped_midway_reads_its_split_bytes_and_every_row_once() {
             "shuffle {shuffle:?}: each piece of the task reads the split's bytes, not the file's {file_size}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_file_changed_after_planning_fails_naming_it_and_writes_no_row() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 2000, 1).await;
+    let split = splits(&uri, 1000).await.remove(1);
+    assert!(split.identity.is_some(), "the split is pinned to its file");
+    // Written again after planning: the same bytes, a later modification time.
+    let path = split.uri.strip_prefix("file://").expect("a local file");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open");
+    let planned = file.metadata().expect("stat").modified().expect("mtime");
+    file.set_modified(planned + std::time::Duration::from_secs(1))
+        .expect("set mtime");
+    let pipeline = pipeline(&uri, "parquet", &JobShape::default()).await;
+    let (delivered, _, failures) =
+        feed_tasks(pipeline, vec![assignment(7, 0, 1, &split, 0, 1000)], None).await;
+    assert!(
+        delivered.is_empty(),
+        "no row of the changed file is written"
+    );
+    let [(7, Some(reason))] = failures.as_slice() else {
+        panic!("the task fails: {failures:?}");
+    };
+    assert!(
+        reason.contains(&split.uri) && reason.contains("changed since it was planned"),
+        "{reason}"
+    );
 }

@@ -65,7 +65,7 @@ impl Shape {
 }
 
 /// The formats layer's split for `row_count` rows from `first_row` of the assignment's file: rows
-/// of the assignment's split, so the split's bytes hold them.
+/// of the assignment's split, so the split's bytes hold them, read from the file as planned.
 fn read_split(
     assignment: &v1::TaskAssignment,
     split: &v1::Split,
@@ -105,6 +105,14 @@ fn read_split(
             rows: bytes.rows,
             crc32c: bytes.crc32c,
         }),
+        identity: split
+            .identity
+            .as_ref()
+            .map(|identity| sluice_formats::ObjectIdentity {
+                e_tag: identity.e_tag.clone(),
+                version: identity.version.clone(),
+                modified_ns: identity.modified_ns,
+            }),
     }
 }
 

@@ -118,7 +118,8 @@ impl DelayProxy {
         self.address
     }
 
-    /// The bytes forwarded from upstream to clients so far: what clients read through the proxy.
+    /// The bytes forwarded from upstream to clients so far: what clients read through the proxy,
+    /// each chunk counted as it is handed to the client's socket.
     pub fn bytes_to_client(&self) -> u64 {
         self.shared.forwarded[Direction::ToClient as usize].load(Ordering::Relaxed)
     }
@@ -267,12 +268,17 @@ fn write_chunks(
 ) {
     for (arrived, chunk) in chunks {
         let departure = shared.departure(direction, arrived, chunk.len());
-        if !wait_until(departure, &shared.stopping) || destination.write_all(&chunk).is_err() {
+        let sent = wait_until(departure, &shared.stopping) && {
+            // Counted before the write, so that bytes a client has read are counted by then; a
+            // count taken after the write could lag behind a client that already read the chunk.
+            shared.forwarded[direction as usize].fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            destination.write_all(&chunk).is_ok()
+        };
+        if !sent {
             let _ = source.shutdown(Shutdown::Both);
             let _ = destination.shutdown(Shutdown::Both);
             return;
         }
-        shared.forwarded[direction as usize].fetch_add(chunk.len() as u64, Ordering::Relaxed);
     }
     let _ = destination.shutdown(Shutdown::Write);
 }
