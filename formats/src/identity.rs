@@ -3,9 +3,9 @@
 //! it changed.
 //!
 //! # Implementation
-//! A split carries the identity its file was listed with when it was planned (a Delta table's file
-//! the empty one, which holds it to its size in the table's log). Reads of an object
-//! store (S3, GCS, Azure) send the entity tag as `If-Match` and the version, where there is one, on
+//! A split carries the identity its file was listed with when it was planned; a Delta table's file
+//! carries the empty one, which holds it to its size in the table's log. Reads of an object store
+//! (S3, GCS, Azure) send the entity tag as `If-Match` and the version, where there is one, on
 //! every request, ranged or whole, footer and data alike; the store refuses a read of another
 //! version with a precondition error, which becomes [`FormatError::FileChanged`]. What every read
 //! through `object_store` got back (`GetResult::meta`) is checked too: its size and tag, so that a
