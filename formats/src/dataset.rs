@@ -8,6 +8,7 @@ use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
+use crate::cache::BlockCache;
 use crate::coverage::SplitBatch;
 use crate::delta::DeltaTable;
 use crate::error::{FormatError, Result};
@@ -91,6 +92,8 @@ pub struct OpenOptions {
     pub timestamp: Option<String>,
     /// How local Parquet files are read (io_uring or `pread`); remote stores ignore it.
     pub local_io: LocalIo,
+    /// A cache on local disk for the pinned reads of a remote store's files; local files ignore it.
+    pub cache: Option<Arc<BlockCache>>,
 }
 
 /// One data file of a dataset.
@@ -265,7 +268,12 @@ impl Dataset {
     /// Returns an error when the URI is invalid, nothing is found, the format cannot be told, or the first
     /// file's schema cannot be read.
     pub async fn open(uri: &str, options: &OpenOptions) -> Result<Self> {
-        let location = open_location(uri, &options.storage_options)?;
+        let mut location = open_location(uri, &options.storage_options)?;
+        if let Some(cache) = &options.cache
+            && location.root.scheme() != "file"
+        {
+            location.store = cache.wrap(location.root.as_str(), location.store);
+        }
         let delta = match options.format {
             Some(FormatKind::Delta) => true,
             Some(_) => false,

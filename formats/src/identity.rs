@@ -53,7 +53,7 @@ impl Split {
 
 /// An entity tag without the quotes around it: a listing gives some tags bare (Azure's), while
 /// responses quote them.
-fn bare(tag: &str) -> &str {
+pub(crate) fn bare(tag: &str) -> &str {
     tag.strip_prefix('"')
         .and_then(|inner| inner.strip_suffix('"'))
         .unwrap_or(tag)

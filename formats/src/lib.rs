@@ -2,6 +2,7 @@
 //! row filter language.
 //!
 //! - [`store`]: `file://` and plain paths, `s3://`, `gs://`, `az://`, with per-source storage options.
+//! - [`cache`]: a block cache on local disk in front of an object store's pinned reads.
 //! - [`Dataset`]: a Parquet file, directory tree or glob (hive `k=v` directories become columns), a Delta
 //!   table (through `delta_kernel`), or Arrow IPC, CSV, JSON lines and TFRecord files.
 //! - [`Dataset::plan`] cuts a dataset into [`Split`]s that cover every row exactly once, in a stable order. A
@@ -21,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub use sluice_io::allocator;
+pub mod cache;
 pub mod coverage;
 pub mod dataset;
 pub mod delta;
@@ -42,6 +44,7 @@ pub mod types;
 /// Local byte-range reads through io_uring or `pread`, from the local IO engine.
 pub use sluice_io::uring;
 
+pub use cache::{BlockCache, CacheConfig, CacheFigures, CacheOpenError};
 pub use coverage::SplitBatch;
 pub use dataset::{Dataset, FormatKind, OpenOptions};
 pub use error::{FormatError, Result};

@@ -196,6 +196,29 @@ pub fn user() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// The size in bytes of the file system that holds `path` (all of it, used or free).
+///
+/// # Errors
+///
+/// The error of `statvfs`.
+pub fn filesystem_bytes(path: &Path) -> Result<u64, FileError> {
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|error| FileError::Io {
+        path: path.to_path_buf(),
+        operation: "statvfs",
+        source: io::Error::new(io::ErrorKind::InvalidInput, error),
+    })?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c_path` is a NUL-terminated string and `stats` points at writable memory for one
+    // statvfs.
+    let status = unsafe { libc::statvfs(c_path.as_ptr(), stats.as_mut_ptr()) };
+    if status != 0 {
+        return Err(io_error(path, "statvfs")(io::Error::last_os_error()));
+    }
+    // SAFETY: statvfs returned 0, so it filled `stats`.
+    let stats = unsafe { stats.assume_init() };
+    Ok(stats.f_blocks.saturating_mul(stats.f_frsize))
+}
+
 /// Makes `path` and any directory missing above it, each with `sharing`'s mode, and checks that
 /// `path` is a directory of this user's that nobody else can replace (see the module's rules).
 ///
@@ -440,6 +463,24 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         fs::symlink_metadata(path).expect("stat").mode() & 0o7777
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "calls statvfs, which Miri cannot")]
+    fn a_file_systems_size_holds_its_files_and_a_missing_path_is_named() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let file = root.path().join("one");
+        fs::write(&file, vec![0_u8; 1 << 16]).expect("write");
+        let size = filesystem_bytes(root.path()).expect("statvfs");
+        assert!(size >= 1 << 16, "{size}");
+        let missing = root.path().join("missing");
+        let error = filesystem_bytes(&missing).expect_err("no such path");
+        assert!(
+            error
+                .to_string()
+                .starts_with(&format!("{}: statvfs", missing.display())),
+            "{error}"
+        );
     }
 
     #[test]
