@@ -351,6 +351,10 @@ pub(crate) fn job_data(spec: &JobSpec, plan: &JobPlan) -> v1::JobData {
         shuffle: spec.data.shuffle.enabled,
         transforms: spec.data.transforms.iter().map(transform).collect(),
         fixed_batch_size: spec.data.fixed_batch_size,
+        cache: spec.data.cache.as_ref().map(|cache| v1::CacheData {
+            dir: cache.dir.clone(),
+            max_bytes: cache.max_bytes,
+        }),
     }
 }
 

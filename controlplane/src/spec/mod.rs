@@ -151,6 +151,18 @@ pub struct DataSpec {
     /// Whether every batch but a task's last holds exactly `batch_size` rows (default false: a
     /// batch holds what the reader decoded of `batch_size` rows once the filter has run).
     pub fixed_batch_size: bool,
+    /// The local disk cache of remote sources on each node, read again from the second epoch on.
+    pub cache: Option<CacheSpec>,
+}
+
+/// `data.cache`: where each node keeps the blocks of the remote objects it read, and how many
+/// bytes it keeps. A daemon started with `--cache-dir` uses its own instead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CacheSpec {
+    /// An absolute directory on the node's local disk.
+    pub dir: String,
+    /// The most bytes kept; the daemon refuses less than two blocks (8 MiB) or more than the disk.
+    pub max_bytes: u64,
 }
 
 /// One entry of `data.transforms`.

@@ -29,6 +29,15 @@ pub(crate) struct RawData {
     pub(crate) resplit_min_rows: Option<u64>,
     pub(crate) transforms: Option<Vec<RawTransform>>,
     pub(crate) fixed_batch_size: Option<bool>,
+    pub(crate) cache: Option<RawCache>,
+}
+
+/// `data.cache`: a local disk cache of remote sources.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCache {
+    pub(crate) dir: String,
+    pub(crate) max_bytes: u64,
 }
 
 /// One entry of `data.transforms`: exactly one of its keys is set.

@@ -1191,3 +1191,38 @@ fn absurd_sizes_and_filters_are_refused_naming_the_limit() {
         &["filter syntax error at byte 4"],
     );
 }
+
+#[test]
+fn a_cache_has_an_absolute_directory_and_a_size_and_is_off_without_one() {
+    assert_eq!(parse_yaml(MINIMAL_YAML).expect("valid").data.cache, None);
+    let with_cache =
+        |cache: &str| minimal_with("").replace("data:\n", &format!("data:\n  cache: {cache}\n"));
+    let sut = parse_yaml(&with_cache(
+        "{ dir: /var/cache/sluice, max_bytes: 1073741824 }",
+    ))
+    .expect("valid");
+    assert_eq!(
+        sut.data.cache,
+        Some(CacheSpec {
+            dir: "/var/cache/sluice".to_owned(),
+            max_bytes: 1 << 30,
+        })
+    );
+    let cases = [
+        (
+            "{ dir: cache, max_bytes: 1073741824 }",
+            "data.cache.dir",
+            "absolute",
+        ),
+        ("{ dir: /c, max_bytes: 0 }", "data.cache.max_bytes", "is 0"),
+        ("{ dir: /c }", "data.cache", "max_bytes"),
+        ("{ dir: /c, max_bytes: 1, size: 2 }", "data.cache", "size"),
+    ];
+    for (cache, at, what) in cases {
+        let message = refused(&with_cache(cache)).to_string();
+        assert!(
+            message.contains(at) && message.contains(what),
+            "{cache}: {message}"
+        );
+    }
+}

@@ -2,13 +2,14 @@
 
 use super::error::suggest;
 use super::raw::{
-    RawCheckpoint, RawData, RawFailover, RawFollow, RawHang, RawJobSpec, RawLauncher, RawResources,
-    RawRole, RawSource, RawToleration, RawTransform, ScalarString,
+    RawCache, RawCheckpoint, RawData, RawFailover, RawFollow, RawHang, RawJobSpec, RawLauncher,
+    RawResources, RawRole, RawSource, RawToleration, RawTransform, ScalarString,
 };
 use super::{
-    CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, Gang, HangAction, HangSpec, JobSpec,
-    KubernetesSpec, LauncherKind, MAX_NODES, MAX_TRAINERS, Resources, RestartPolicy, RoleSpec,
-    ShuffleSpec, SlurmSpec, SourceFormat, SourceSpec, SpecError, Toleration, TransformSpec,
+    CacheSpec, CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, Gang, HangAction, HangSpec,
+    JobSpec, KubernetesSpec, LauncherKind, MAX_NODES, MAX_TRAINERS, Resources, RestartPolicy,
+    RoleSpec, ShuffleSpec, SlurmSpec, SourceFormat, SourceSpec, SpecError, Toleration,
+    TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -533,6 +534,28 @@ fn validate_data(raw: RawData) -> Result<DataSpec, SpecError> {
         resplit_min_rows,
         transforms,
         fixed_batch_size: raw.fixed_batch_size.unwrap_or(false),
+        cache: raw.cache.map(validate_cache).transpose()?,
+    })
+}
+
+fn validate_cache(raw: RawCache) -> Result<CacheSpec, SpecError> {
+    if !raw.dir.starts_with('/') {
+        return Err(SpecError::invalid(
+            "data.cache.dir",
+            format!("is {:?}, not an absolute path", raw.dir),
+            "give a directory on the nodes' local disk from the root, for example /var/cache/sluice",
+        ));
+    }
+    if raw.max_bytes == 0 {
+        return Err(SpecError::invalid(
+            "data.cache.max_bytes",
+            "is 0",
+            "give the bytes the cache may keep on each node, for example 107374182400 (100 GiB)",
+        ));
+    }
+    Ok(CacheSpec {
+        dir: raw.dir,
+        max_bytes: raw.max_bytes,
     })
 }
 

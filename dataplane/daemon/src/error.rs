@@ -194,6 +194,12 @@ pub enum DaemonError {
         /// Why.
         error: std::io::Error,
     },
+    /// The local disk cache cannot be opened.
+    #[error("{0}")]
+    Cache(sluice_formats::CacheOpenError),
+    /// Opening the local disk cache stopped on a panic.
+    #[error("opening the cache of remote sources stopped: {0}")]
+    CacheOpenPanicked(String),
     /// The metrics endpoint's bound address could not be read.
     #[error("serving the daemon's metrics: {0}")]
     MetricsAddress(std::io::Error),

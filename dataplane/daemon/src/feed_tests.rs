@@ -65,9 +65,10 @@ async fn pipeline(uri: &str, format: &str, shape: &JobShape) -> Arc<Pipeline> {
             .map(|kind| v1::Transform { kind: Some(kind) })
             .collect(),
         fixed_batch_size: shape.fixed_batch_size,
+        cache: None,
     };
     Arc::new(
-        open_pipeline(&data, tokio::runtime::Handle::current())
+        open_pipeline(&data, tokio::runtime::Handle::current(), None)
             .await
             .expect("the pipeline opens"),
     )

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_formats::SplitBatch;
+use sluice_formats::{BlockCache, SplitBatch};
 use sluice_proto::{TaskId, v1};
 use tokio::sync::mpsc;
 
@@ -74,6 +74,8 @@ pub(crate) struct Pipeline {
     pub(crate) stages: Arc<Stages>,
     /// Where tasks are read and decoded.
     decode: tokio::runtime::Handle,
+    /// The local disk cache of remote sources, when the daemon has one.
+    pub(crate) cache: Option<Arc<BlockCache>>,
 }
 
 impl Pipeline {
@@ -367,8 +369,9 @@ async fn feed_task(
 pub(crate) async fn open_pipeline(
     data: &v1::JobData,
     decode: tokio::runtime::Handle,
+    cache: Option<Arc<BlockCache>>,
 ) -> Result<Pipeline> {
-    let sources = open_sources(data).await?;
+    let sources = open_sources(data, cache.as_ref()).await?;
     let shape = Shape::from_job(data).map_err(DaemonError::Transform)?;
     let first = sources.first().ok_or(DaemonError::NoSources)?;
     let schema = shape
@@ -381,5 +384,6 @@ pub(crate) async fn open_pipeline(
         schema,
         stages: Arc::default(),
         decode,
+        cache,
     })
 }

@@ -87,6 +87,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use sluice_formats::{BlockCache, CacheConfig};
 use sluice_proto::connect::ClientTls;
 use sluice_proto::v1::command::Command as Cmd;
 use sluice_proto::{NodeId, TaskId, v1};
@@ -130,6 +131,8 @@ pub struct DaemonOptions {
     /// The job the daemon was launched for. With it, a daemon started again finds the rings its
     /// node fed under `<ring_dir>/<job>` and takes them over; without it, it starts from nothing.
     pub job: Option<String>,
+    /// The local disk cache of remote sources; without it, the job's `data.cache`, if any.
+    pub cache: Option<CacheConfig>,
 }
 
 /// Runs the daemon until the AM shuts it down.
@@ -166,7 +169,8 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
     // Tasks are read and decoded on a runtime of their own, so that the work never delays the
     // heartbeats, progress and commands of this one.
     let decode = DecodeRuntime::start()?;
-    let pipeline = Arc::new(open_pipeline(&data, decode.handle()).await?);
+    let cache = open_cache(options.cache.clone(), data.cache.as_ref()).await?;
+    let pipeline = Arc::new(open_pipeline(&data, decode.handle(), cache).await?);
     let job_dir = options.ring_dir.join(&reply.job_id);
     rings::prepare_dir(&job_dir, options.sharing)?;
     let served = ServedRings::default();
@@ -221,6 +225,32 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
     }
     tracing::info!(node = node.0, "daemon shut down");
     Ok(())
+}
+
+/// Opens the cache of the daemon's `--cache-dir`, else of the job's `data.cache`; `None` without
+/// either.
+async fn open_cache(
+    flags: Option<CacheConfig>,
+    spec: Option<&v1::CacheData>,
+) -> Result<Option<Arc<BlockCache>>> {
+    let Some(config) = flags.or_else(|| {
+        spec.map(|cache| CacheConfig {
+            dir: PathBuf::from(&cache.dir),
+            max_bytes: cache.max_bytes,
+        })
+    }) else {
+        return Ok(None);
+    };
+    let opened = tokio::task::spawn_blocking(move || BlockCache::open(&config))
+        .await
+        .map_err(|error| DaemonError::CacheOpenPanicked(error.to_string()))?
+        .map_err(DaemonError::Cache)?;
+    tracing::info!(
+        dir = %opened.dir().display(),
+        held_bytes = opened.figures().bytes_held,
+        "remote sources are cached on local disk"
+    );
+    Ok(Some(opened))
 }
 
 /// Refuses a job name that cannot be one directory under the ring directory (`..`, a path, an

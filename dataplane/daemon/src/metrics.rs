@@ -54,7 +54,8 @@ pub(crate) async fn serve_metrics(
                 .iter()
                 .map(|(rank, state)| (*rank, state.as_ref())),
         );
-        let text = stats::prometheus(node.0, &pipeline.stage_stats(), &rings);
+        let cache = pipeline.cache.as_ref().map(|cache| cache.figures());
+        let text = stats::prometheus(node.0, &pipeline.stage_stats(), &rings, cache.as_ref());
         async move {
             (
                 [(

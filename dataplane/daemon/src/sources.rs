@@ -1,6 +1,8 @@
 //! The job's sources, opened through the formats layer with their columns, filter and options.
 
-use sluice_formats::{Dataset, Expr, OpenOptions, ReadOptions};
+use std::sync::Arc;
+
+use sluice_formats::{BlockCache, Dataset, Expr, OpenOptions, ReadOptions};
 use sluice_proto::v1;
 
 use crate::error::{DaemonError, Result};
@@ -17,7 +19,10 @@ pub(crate) struct Source {
 }
 
 /// Opens every source of the job.
-pub(crate) async fn open_sources(data: &v1::JobData) -> Result<Vec<Source>> {
+pub(crate) async fn open_sources(
+    data: &v1::JobData,
+    cache: Option<&Arc<BlockCache>>,
+) -> Result<Vec<Source>> {
     let mut sources = Vec::new();
     for source in &data.sources {
         let source_error = |error| DaemonError::Source {
@@ -33,6 +38,7 @@ pub(crate) async fn open_sources(data: &v1::JobData) -> Result<Vec<Source>> {
                 .collect(),
             format: Some(format),
             version: source.version,
+            cache: cache.cloned(),
             ..OpenOptions::default()
         };
         let dataset = Dataset::open(&source.uri, &open)

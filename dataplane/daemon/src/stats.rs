@@ -14,6 +14,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use sluice_formats::CacheFigures;
 use sluice_proto::v1;
 
 /// One stage's counters, added to from any thread.
@@ -89,7 +90,12 @@ impl Stages {
 }
 
 /// The Prometheus text of a daemon's stages and rings.
-pub(crate) fn prometheus(node: u64, stages: &[v1::StageStats], rings: &[v1::RingStats]) -> String {
+pub(crate) fn prometheus(
+    node: u64,
+    stages: &[v1::StageStats],
+    rings: &[v1::RingStats],
+    cache: Option<&CacheFigures>,
+) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let mut family =
@@ -175,6 +181,40 @@ pub(crate) fn prometheus(node: u64, stages: &[v1::StageStats], rings: &[v1::Ring
         "How long the ring's feeder has waited for the next batch of a task from its source (0 while it does not wait for one).",
         &mut ring(|stats| stats.source_wait_ms as f64 / 1e3),
     );
+    if let Some(cache) = cache {
+        family(
+            "cache_blocks_total",
+            "counter",
+            "Blocks of remote objects that reads found in the local disk cache (hit) or fetched from the store into it (miss).",
+            &mut [
+                ("result=\"hit\"".to_owned(), cache.hits as f64),
+                ("result=\"miss\"".to_owned(), cache.misses as f64),
+            ]
+            .into_iter(),
+        );
+        family(
+            "cache_bytes_total",
+            "counter",
+            "Bytes of remote objects read from the local disk cache, and fetched from the store for it.",
+            &mut [
+                ("from=\"cache\"".to_owned(), cache.bytes_from_cache as f64),
+                ("from=\"store\"".to_owned(), cache.bytes_from_store as f64),
+            ]
+            .into_iter(),
+        );
+        family(
+            "cache_evictions_total",
+            "counter",
+            "Blocks removed from the local disk cache to keep it within its max_bytes.",
+            &mut [("kind=\"lru\"".to_owned(), cache.evictions as f64)].into_iter(),
+        );
+        family(
+            "cache_held_bytes",
+            "gauge",
+            "Bytes in the local disk cache (the node's daemons' together), as this daemon last counted them.",
+            &mut [("kind=\"blocks\"".to_owned(), cache.bytes_held as f64)].into_iter(),
+        );
+    }
     out
 }
 
@@ -208,7 +248,27 @@ mod tests {
             source_wait_ms: 2_500,
             source_task_id: 4,
         }];
-        let text = prometheus(1, &report, &rings);
+        let cache = CacheFigures {
+            hits: 7,
+            misses: 3,
+            bytes_from_cache: 700,
+            bytes_from_store: 300,
+            evictions: 2,
+            bytes_held: 1000,
+        };
+        let text = prometheus(1, &report, &rings, Some(&cache));
+        for line in [
+            "sluice_daemon_cache_blocks_total{node=\"1\",result=\"hit\"} 7\n",
+            "sluice_daemon_cache_bytes_total{node=\"1\",from=\"store\"} 300\n",
+            "sluice_daemon_cache_evictions_total{node=\"1\",kind=\"lru\"} 2\n",
+            "sluice_daemon_cache_held_bytes{node=\"1\",kind=\"blocks\"} 1000\n",
+        ] {
+            assert!(text.contains(line), "{line}{text}");
+        }
+        assert!(
+            !prometheus(1, &report, &rings, None).contains("cache"),
+            "a daemon without a cache exports no cache figures"
+        );
         assert!(
             text.contains("sluice_daemon_ring_source_wait_seconds{node=\"1\",rank=\"3\"} 2.5\n"),
             "{text}"

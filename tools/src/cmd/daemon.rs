@@ -68,6 +68,14 @@ pub struct DaemonArgs {
     /// you trust.
     #[arg(long)]
     pub insecure: bool,
+    /// Keep the blocks of the remote objects the daemon reads in this directory on local disk
+    /// (made 0700 if missing), so that the next epoch reads them from disk; the daemons of a node
+    /// can share one. It takes the place of the spec's `data.cache`.
+    #[arg(long, value_name = "DIR", requires = "cache_max_bytes")]
+    pub cache_dir: Option<PathBuf>,
+    /// The most bytes --cache-dir keeps; the least recently read blocks go beyond it.
+    #[arg(long, value_name = "BYTES", requires = "cache_dir")]
+    pub cache_max_bytes: Option<u64>,
 }
 
 /// Runs the daemon until the AM shuts it down.
@@ -95,6 +103,10 @@ pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
         am_timeout: Duration::from_secs(args.am_timeout_s),
         job: args.job,
         http: args.http,
+        cache: args
+            .cache_dir
+            .zip(args.cache_max_bytes)
+            .map(|(dir, max_bytes)| sluice_formats::CacheConfig { dir, max_bytes }),
     };
     runtime(2)?.block_on(sluice_daemon::run(options))?;
     Ok(())
