@@ -4,6 +4,7 @@
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
+use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use sluice_bench::am::{
     AmBenchOptions, AmClientArgs, AmPeers, AmServerArgs, client_main, run_am_bench,
     serve_synthetic_am,
 };
+use sluice_bench::cache::{CacheBenchOptions, run_cache_bench};
 use sluice_bench::chaos::{ChaosOptions, HostsPlan, run_chaos_bench};
 use sluice_bench::command::sluice_beside_current_exe;
 use sluice_bench::decode::run_decode_bench;
@@ -54,6 +56,9 @@ enum BenchCommand {
     LocalIo(LocalIoArgs),
     /// A job whose daemons and AM are killed with `kill -9` at random moments: every id exactly once.
     Chaos(ChaosArgs),
+    /// A job of two epochs on S3 behind a delaying proxy, without and with the local disk cache,
+    /// and on local disk: rows/s and bytes read from S3 per epoch.
+    Cache(CacheArgs),
     /// Planning a Delta table of 1,000 files: `sluice plan` against a pyarrow planner.
     Plan(PlanArgs),
     /// The AM on one core under simulated executors: heartbeat latency, cpu, memory, recovery time.
@@ -194,6 +199,28 @@ struct LocalIoArgs {
 }
 
 #[derive(Debug, Args)]
+struct CacheArgs {
+    /// Rows of the dataset.
+    #[arg(long, default_value_t = 2_000_000, value_parser = clap::value_parser!(u64).range(10_000..))]
+    rows: u64,
+    /// Files of the dataset.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    files: u64,
+    /// Rows per task.
+    #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..))]
+    task_rows: u64,
+    /// Milliseconds the proxy adds to every chunk it forwards, each way.
+    #[arg(long, default_value_t = 20)]
+    delay_ms: u64,
+    /// The proxy's bandwidth, each way, in MiB/s.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    bandwidth_mib_per_s: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
 struct PlanArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -306,6 +333,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         BenchCommand::Suite(suite) => run_suite(suite),
         BenchCommand::LocalIo(local_io) => run_local_io(local_io),
         BenchCommand::Chaos(chaos) => run_chaos(chaos),
+        BenchCommand::Cache(cache) => run_cache(cache),
         BenchCommand::Plan(plan) => run_plan(plan),
         BenchCommand::Am(am) => run_am(am),
         BenchCommand::AmServer(server) => {
@@ -520,6 +548,24 @@ fn run_local_io(args: LocalIoArgs) -> anyhow::Result<()> {
     print_report(
         args.json,
         |progress| run_local_io_bench(&options, progress),
+        |report| report.to_json(),
+        |report| report.render_table(),
+    )
+}
+
+fn run_cache(args: CacheArgs) -> anyhow::Result<()> {
+    let options = CacheBenchOptions {
+        sluice: sluice_beside_current_exe()?,
+        rows: args.rows,
+        files: args.files,
+        task_rows: args.task_rows,
+        delay: Duration::from_millis(args.delay_ms),
+        bandwidth_bytes_per_s: NonZeroU64::new(args.bandwidth_mib_per_s << 20)
+            .context("--bandwidth-mib-per-s is at least 1")?,
+    };
+    print_report(
+        args.json,
+        |progress| run_cache_bench(&options, progress),
         |report| report.to_json(),
         |report| report.render_table(),
     )

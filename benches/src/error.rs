@@ -131,6 +131,12 @@ pub enum BenchError {
         /// What is wrong with the arguments, and the fix.
         reason: String,
     },
+    /// A run of the cache benchmark failed or could not be measured.
+    #[error("bench cache: {reason}")]
+    Cache {
+        /// What went wrong, and where to look.
+        reason: String,
+    },
     /// A system call of the AM benchmark failed.
     #[error("bench am: {operation}: {source}")]
     AmIo {

@@ -30,6 +30,7 @@
 
 pub mod affinity;
 pub mod am;
+pub mod cache;
 pub mod chaos;
 pub mod command;
 pub mod decode;
