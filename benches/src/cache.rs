@@ -9,7 +9,7 @@
 //!
 //! For each epoch of each run the report gives the rows per second the trainer consumed (the rise
 //! of the AM's consumed rows between the first and last status seen in that epoch, polled from
-//! `sluice status --json`, so that the start of the processes and the planning do not count) and
+//! the AM's status page, so that the start of the processes and the planning do not count) and
 //! the bytes the proxy forwarded from S3 (the counter read when the status first shows the next
 //! epoch). The trainer is `sluice consume`, unpaced.
 
@@ -28,7 +28,7 @@ use crate::error::{BenchError, Result};
 /// How long one run may take before the benchmark gives up.
 const RUN_TIMEOUT: Duration = Duration::from_secs(900);
 /// How often the AM's status is read during a run.
-const POLL: Duration = Duration::from_millis(25);
+const POLL: Duration = Duration::from_millis(10);
 
 /// What the cache benchmark runs.
 #[derive(Debug, Clone)]
@@ -168,13 +168,8 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 60000 }}
     let spec_path = directory.join("job.yaml");
     std::fs::write(&spec_path, spec)
         .map_err(|error| failed(format!("writing {}: {error}", spec_path.display())))?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|error| failed(format!("finding a free port: {error}")))?;
-    let address = listener
-        .local_addr()
-        .map_err(|error| failed(format!("finding a free port: {error}")))?
-        .to_string();
-    drop(listener);
+    let address = free_address()?;
+    let http = free_address()?;
     let log = directory.join("run.out");
     let output = std::fs::File::create(&log)
         .map_err(|error| failed(format!("creating {}: {error}", log.display())))?;
@@ -184,7 +179,8 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 60000 }}
     let mut run = Command::new(&options.sluice)
         .arg("run")
         .arg(&spec_path)
-        .args(["--listen", &address])
+        .args(["--listen", &address.to_string()])
+        .args(["--http", &http.to_string()])
         .arg("--ring-dir")
         .arg(directory.join("rings"))
         .arg("--state-dir")
@@ -212,12 +208,7 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 60000 }}
                 log.display()
             )));
         }
-        let polled = Command::new(&options.sluice)
-            .args(["status", "--json", "--am", &address])
-            .output()
-            .ok()
-            .and_then(|status| serde_json::from_slice::<serde_json::Value>(&status.stdout).ok());
-        if let Some(status) = polled
+        if let Some(status) = api_status(http)
             && let (Some(epoch), Some(rows_consumed)) = (
                 status["epoch"].as_u64(),
                 status["tasks"]["rows_consumed"].as_u64(),
@@ -268,6 +259,30 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 60000 }}
         })
     };
     Ok([epoch(0)?, epoch(1)?])
+}
+
+/// A free loopback address, for one of the AM's listeners.
+fn free_address() -> Result<SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map_err(|error| failed(format!("finding a free port: {error}")))
+}
+
+/// The AM's status from its status page at `http` (`GET /api/status`, the object of `sluice status
+/// --json`), or `None` while it does not answer: read in-process, so that polling it every
+/// [`POLL`] costs the host little and times an epoch of local data too.
+fn api_status(http: SocketAddr) -> Option<serde_json::Value> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&http, POLL).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream.write_all(b"GET /api/status HTTP/1.0\r\n\r\n").ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let body = response
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .map(|end| &response[end + 4..])?;
+    serde_json::from_slice(body).ok()
 }
 
 /// Runs the benchmark; `progress` gets a line as each run starts.
