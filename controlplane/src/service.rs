@@ -445,9 +445,14 @@ impl Am {
             }
             let spec = {
                 let master = self.master();
-                executors
+                let mut spec = executors
                     .setup
-                    .spec_for(master.spec(), &master.placement(), &id)
+                    .spec_for(master.spec(), &master.placement(), &id);
+                if let Some(token) = master.restored_to(&id) {
+                    spec.env
+                        .insert("SLUICE_RESTORED_TO".to_owned(), token.to_owned());
+                }
+                spec
             };
             durables.push(self.record_change(|master| master.executor_launched(id)));
             launches.push(spec);
