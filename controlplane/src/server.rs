@@ -163,7 +163,7 @@ impl AmServer {
             am.take_over();
         }
         if let Some(token) = &options.resume_from {
-            let reply = am.restore(token).await?;
+            let reply = am.resume_from(token).await?;
             tracing::info!(
                 token,
                 step = reply.step,

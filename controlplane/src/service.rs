@@ -375,6 +375,20 @@ impl Am {
         Ok(wire::restore_reply(restored))
     }
 
+    /// Resets the job to the stored data checkpoint `token` as the AM starts, at the role sizes of
+    /// its spec ([`Master::resume_from`]).
+    pub async fn resume_from(
+        &self,
+        token: &str,
+    ) -> Result<v1::RestoreDataCheckpointReply, AmError> {
+        let position = self.checkpoints.get(token).await?;
+        let token = token.to_owned();
+        let restored = self
+            .apply(|master| master.resume_from(token, position, self.now_ms()))
+            .await?;
+        Ok(wire::restore_reply(restored))
+    }
+
     /// Whether the job is over and every daemon was told so.
     pub fn finished(&self) -> bool {
         self.master().finished()

@@ -697,7 +697,7 @@ impl Master {
                 })
             }
             RestoreAction::Reset => {
-                self.apply_restore(token.clone(), position.clone(), now_ms)?;
+                self.apply_restore(token.clone(), position.clone(), now_ms, None)?;
                 tracing::info!(%token, step = reply.step, "job reset to a data checkpoint: the trainers restart");
                 Ok(Applied {
                     reply,
@@ -711,6 +711,43 @@ impl Master {
         }
     }
 
+    /// Resets the task table to a stored data checkpoint as the AM starts (`--resume-from`), with
+    /// the roles' sizes of the spec it was started with: a job resumed with another
+    /// `roles[].num` launches its trainers at the new sizes, and the rows not consumed at the
+    /// checkpoint reach them exactly once. With the job's sizes, it is [`Master::restore`].
+    pub fn resume_from(
+        &mut self,
+        token: String,
+        position: DataPosition,
+        now_ms: u64,
+    ) -> Result<Applied<Restored>> {
+        let role_sizes: Vec<u32> = self.spec.roles.iter().map(|role| role.num).collect();
+        if role_sizes == self.role_sizes {
+            return self.restore(token, position, now_ms);
+        }
+        let reply = Restored {
+            step: self.checkpoints.step_of(&token).unwrap_or(0),
+            epoch: position.epoch,
+            effect: self.restore_effect(),
+        };
+        self.apply_restore(
+            token.clone(),
+            position.clone(),
+            now_ms,
+            Some(role_sizes.clone()),
+        )?;
+        tracing::info!(%token, step = reply.step, ?role_sizes, "job reset to a data checkpoint at the spec's role sizes");
+        Ok(Applied {
+            reply,
+            entries: vec![Entry::ResumedFrom {
+                token,
+                position,
+                now_ms,
+                role_sizes,
+            }],
+        })
+    }
+
     /// What a restore that changes the job does beside the task table.
     pub(super) fn restore_effect(&self) -> RestoreEffect {
         if self.executors.is_some() {
@@ -720,26 +757,38 @@ impl Master {
         }
     }
 
-    /// Resets the task table to `position`, restarts the trainers and takes the rings back.
+    /// Resets the task table to `position`, restarts the trainers (at `role_sizes`, when given)
+    /// and takes the rings back.
     pub(super) fn apply_restore(
         &mut self,
         token: String,
         position: DataPosition,
         now_ms: u64,
+        role_sizes: Option<Vec<u32>>,
     ) -> Result<()> {
         self.latest_ms = self.latest_ms.max(now_ms);
         self.reset_to(position, now_ms)?;
-        if let Some(executors) = &mut self.executors {
-            executors.restart_trainers();
-            self.restore_relaunch = Some(RestoreRelaunch {
-                token: token.clone(),
-                pending: self.trainer_ids().into_iter().collect(),
-            });
-        }
+        // The rings the nodes hold are ranked over the sizes they were opened for.
         let previous_sizes = self.rescale.as_ref().map_or_else(
             || self.role_sizes.clone(),
             |rescale| rescale.previous_sizes.clone(),
         );
+        let resized = role_sizes.filter(|sizes| *sizes != self.role_sizes);
+        if let Some(sizes) = &resized {
+            self.role_sizes.clone_from(sizes);
+        }
+        let trainers = self.trainer_ids();
+        if let Some(executors) = &mut self.executors {
+            if resized.is_some() {
+                executors.replace_trainers(trainers.iter().cloned());
+            } else {
+                executors.restart_trainers();
+            }
+            self.restore_relaunch = Some(RestoreRelaunch {
+                token: token.clone(),
+                pending: trainers.into_iter().collect(),
+            });
+        }
         self.take_rings_back(previous_sizes, true);
         let floor = ConsumedFloor::new(
             self.table.epoch(),

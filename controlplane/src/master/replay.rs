@@ -94,6 +94,18 @@ pub enum Entry {
         /// How.
         exit: Exit,
     },
+    /// The task table was reset to a stored data checkpoint at start (`--resume-from`), with the
+    /// roles' sizes of the spec the AM was started with.
+    ResumedFrom {
+        /// The checkpoint's token.
+        token: String,
+        /// The position it holds.
+        position: DataPosition,
+        /// When the AM reset the table.
+        now_ms: u64,
+        /// The roles' sizes, in spec order.
+        role_sizes: Vec<u32>,
+    },
 }
 
 /// The AM's state at one point of its journal, from which the entries after it replay.
@@ -149,7 +161,13 @@ impl Master {
                 token,
                 position,
                 now_ms,
-            } => self.apply_restore(token, position, now_ms)?,
+            } => self.apply_restore(token, position, now_ms, None)?,
+            Entry::ResumedFrom {
+                token,
+                position,
+                now_ms,
+                role_sizes,
+            } => self.apply_restore(token, position, now_ms, Some(role_sizes))?,
             Entry::RoleScaled { role, num } => {
                 let index = self
                     .spec

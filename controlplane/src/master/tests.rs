@@ -1407,6 +1407,44 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
 }
 
 #[test]
+fn resuming_from_a_checkpoint_relaunches_the_trainers_at_the_spec_sizes_and_replays_the_same() {
+    let mut journal = Vec::new();
+    let mut sut = launching_master(&mut journal);
+    let checkpoint = sut.table().position();
+    // The job runs at two trainers when it is resumed with the spec's four.
+    journal.extend(sut.scale("worker", 2).expect("scale").entries);
+    for rank in 0..4 {
+        journal.extend(sut.executor_exited(trainer(rank), Exit::Killed).entries);
+    }
+    give_rings_back(&mut sut, 1, &mut journal);
+    assert_eq!(
+        trainers_to_launch(&sut),
+        (0..2).map(trainer).collect::<Vec<_>>()
+    );
+
+    let resumed = sut
+        .resume_from("unit-step3-0".to_owned(), checkpoint, 10)
+        .expect("resume");
+    assert!(matches!(resumed.entries[..], [Entry::ResumedFrom { .. }]));
+    journal.extend(resumed.entries);
+    assert!(
+        sut.scaling(),
+        "the rings go back before the trainers launch"
+    );
+    let ranks = give_rings_back(&mut sut, 11, &mut journal);
+    assert_eq!(ranks, vec![vec![0, 1], vec![2, 3]], "four ranks again");
+    assert_eq!(
+        trainers_to_launch(&sut),
+        (0..4).map(trainer).collect::<Vec<_>>()
+    );
+    assert!(
+        (0..4).all(|rank| sut.restored_to(&trainer(rank)) == Some("unit-step3-0")),
+        "the trainers are told the checkpoint they start from"
+    );
+    assert_eq!(replayed_from(journal).snapshot(), sut.snapshot());
+}
+
+#[test]
 fn a_restore_to_a_checkpoint_taken_before_a_node_registered_takes_that_nodes_rings_back_too() {
     let mut journal = Vec::new();
     let mut sut = master();

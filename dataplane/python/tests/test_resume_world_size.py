@@ -1,12 +1,14 @@
-"""A data checkpoint taken by four trainers, resumed by three and by six: the job is scaled under
-`sluice run`, every new rank loads the state of rank `rank % 4` (a new rank has none of its own),
-and the rows not consumed at the checkpoint reach the new ranks exactly once."""
+"""A data checkpoint taken by four trainers, resumed by three and by six, on the live job (`sluice
+scale`) and by a new run (`sluice run --resume-from TOKEN` with another `roles[].num`): every new
+rank loads the state of rank `rank % 4` (a new rank has none of its own), and the rows not consumed
+at the checkpoint reach the new ranks exactly once."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import threading
@@ -65,8 +67,61 @@ def read_json(path: pathlib.Path):
         return None
 
 
+def write_spec(path: pathlib.Path, tmp_path: pathlib.Path, data: pathlib.Path, trainer: pathlib.Path, out: pathlib.Path, num: int) -> None:
+    path.write_text(
+        f"""
+name: world-size-{os.getpid()}
+data:
+  sources: [{{ uri: "file://{data}", format: parquet }}]
+  task_rows: 500
+  batch_size: 250
+  shuffle: {{ seed: 7 }}
+nodes: 1
+roles:
+  - {{ name: worker, num: {num}, command: ["{sys.executable}", "{trainer}", "{out}", "{SAVED_WORLD_SIZE}", "{CHECKPOINT_STEP}"] }}
+failover: {{ restart: on-failure, heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
+checkpoint: {{ uri: "file://{tmp_path / 'ckpt'}" }}
+"""
+    )
+
+
+class Run:
+    """`sluice run` of a spec, its output drained; `address` is where its AM serves."""
+
+    def __init__(self, sluice_bin: pathlib.Path, tmp_path: pathlib.Path, spec: pathlib.Path, env, extra=()):
+        self.process = subprocess.Popen(
+            [
+                str(sluice_bin), "run", str(spec), "--listen", "127.0.0.1:0",
+                "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(tmp_path / "state"),
+                "--ring-size", str(8 << 20), *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        line = self.process.stdout.readline()
+        assert " serving on " in line, f"expected the AM's address, got {line!r}"
+        self.address = line.rsplit(" serving on ", 1)[1].split()[0]
+        threading.Thread(target=self.process.stdout.read, daemon=True).start()
+        self.stderr = []
+        threading.Thread(target=lambda: self.stderr.append(self.process.stderr.read()), daemon=True).start()
+
+    def succeeds(self) -> None:
+        assert self.process.wait(timeout=WATCHDOG_S) == 0, f"sluice run failed: {''.join(self.stderr)[-4000:]}"
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=WATCHDOG_S)
+
+
+@pytest.mark.parametrize("how", ["scale", "resume_from"])
 @pytest.mark.parametrize("resumed_world_size", [3, 6])
-def test_a_checkpoint_of_four_ranks_resumes_at_another_world_size_with_every_row_once(sluice_bin, tmp_path, resumed_world_size):
+def test_a_checkpoint_of_four_ranks_resumes_at_another_world_size_with_every_row_once(sluice_bin, tmp_path, resumed_world_size, how):
+    """`scale`: the live job is scaled (`sluice scale`) once the four ranks saved their states.
+    `resume_from`: the job is stopped (SIGTERM) and run again with the new `roles[].num` and
+    `--resume-from TOKEN`."""
     rows = 12000
     data = tmp_path / "data"
     subprocess.run(
@@ -79,59 +134,34 @@ def test_a_checkpoint_of_four_ranks_resumes_at_another_world_size_with_every_row
     trainer = tmp_path / "trainer.py"
     trainer.write_text(TRAINER)
     spec = tmp_path / "job.yaml"
-    spec.write_text(
-        f"""
-name: world-size-{resumed_world_size}-{os.getpid()}
-data:
-  sources: [{{ uri: "file://{data}", format: parquet }}]
-  task_rows: 500
-  batch_size: 250
-  shuffle: {{ seed: 7 }}
-nodes: 1
-roles:
-  - {{ name: worker, num: {SAVED_WORLD_SIZE}, command: ["{sys.executable}", "{trainer}", "{out}", "{SAVED_WORLD_SIZE}", "{CHECKPOINT_STEP}"] }}
-failover: {{ restart: on-failure, heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
-checkpoint: {{ uri: "file://{tmp_path / 'ckpt'}" }}
-"""
-    )
+    write_spec(spec, tmp_path, data, trainer, out, SAVED_WORLD_SIZE)
     env = dict(os.environ)
     env.pop("SLUICE_TOKEN", None)
-    run = subprocess.Popen(
-        [
-            str(sluice_bin), "run", str(spec), "--listen", "127.0.0.1:0",
-            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(tmp_path / "state"),
-            "--ring-size", str(8 << 20),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+
+    def every_rank_saved():
+        return all((out / f"saved-{rank}.json").exists() for rank in range(SAVED_WORLD_SIZE))
+
+    run = Run(sluice_bin, tmp_path, spec, env)
     try:
-        line = run.stdout.readline()
-        assert " serving on " in line, f"expected the AM's address, got {line!r}"
-        address = line.rsplit(" serving on ", 1)[1].split()[0]
-        threading.Thread(target=run.stdout.read, daemon=True).start()
-        stderr = []
-        threading.Thread(target=lambda: stderr.append(run.stderr.read()), daemon=True).start()
-
-        def every_rank_saved():
-            return all((out / f"saved-{rank}.json").exists() for rank in range(SAVED_WORLD_SIZE))
-
         wait_until(every_rank_saved, "the four ranks' checkpoint", timeout_s=WATCHDOG_S)
-        scaled = subprocess.run(
-            [str(sluice_bin), "scale", "worker", str(resumed_world_size), "--am", address],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=WATCHDOG_S,
-        )
-        assert scaled.returncode == 0, scaled.stderr
-        assert run.wait(timeout=WATCHDOG_S) == 0, f"sluice run failed: {''.join(stderr)[-4000:]}"
+        if how == "scale":
+            scaled = subprocess.run(
+                [str(sluice_bin), "scale", "worker", str(resumed_world_size), "--am", run.address],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=WATCHDOG_S,
+            )
+            assert scaled.returncode == 0, scaled.stderr
+        else:
+            run.process.send_signal(signal.SIGTERM)
+            run.process.wait(timeout=WATCHDOG_S)
+            token = read_json(out / "saved-0.json")["state"]["token"]
+            write_spec(spec, tmp_path, data, trainer, out, resumed_world_size)
+            run = Run(sluice_bin, tmp_path, spec, env, ["--resume-from", token])
+        run.succeeds()
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait(timeout=WATCHDOG_S)
+        run.kill()
 
     saved = [read_json(out / f"saved-{rank}.json") for rank in range(SAVED_WORLD_SIZE)]
     tokens = {state["state"]["token"] for state in saved}
