@@ -67,6 +67,9 @@
 //! the epoch: the ranks that loaded it report only the tasks they read after it, so a checkpoint
 //! restores at any number of ranks. A snapshot does not hold it; an AM that takes the job over
 //! from one reads the checkpoint again from the store, which keeps it past `checkpoint.keep`.
+//! `--resume-from` restores at the roles' sizes of the spec the AM was started with
+//! ([`Master::resume_from`], journaled as [`Entry::ResumedFrom`]), and the trainers a restore
+//! launches are told the checkpoint, so that each finds the job already there.
 
 pub mod calls;
 pub mod checkpoint;
