@@ -413,7 +413,8 @@ impl Master {
     }
 
     /// The data checkpoint that trainer `id` is launched again for, when a restore launches it
-    /// (see [`RestoreRelaunch`]): its launch tells it, as `SLUICE_RESTORED_TO`.
+    /// (see the module's "Restoring a data checkpoint"): its launch tells it, as
+    /// `SLUICE_RESTORED_TO`.
     pub fn restored_to(&self, id: &ExecutorId) -> Option<&str> {
         self.restore_relaunch
             .as_ref()
