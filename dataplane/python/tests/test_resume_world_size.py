@@ -67,7 +67,7 @@ def read_json(path: pathlib.Path):
         return None
 
 
-def write_spec(path: pathlib.Path, tmp_path: pathlib.Path, data: pathlib.Path, trainer: pathlib.Path, out: pathlib.Path, num: int) -> None:
+def write_spec(path: pathlib.Path, tmp_path: pathlib.Path, data: pathlib.Path, trainer: pathlib.Path, out: pathlib.Path, num: int, nodes: int = 1) -> None:
     path.write_text(
         f"""
 name: world-size-{os.getpid()}
@@ -76,7 +76,7 @@ data:
   task_rows: 500
   batch_size: 250
   shuffle: {{ seed: 7 }}
-nodes: 1
+nodes: {nodes}
 roles:
   - {{ name: worker, num: {num}, command: ["{sys.executable}", "{trainer}", "{out}", "{SAVED_WORLD_SIZE}", "{CHECKPOINT_STEP}"] }}
 failover: {{ restart: on-failure, heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
@@ -116,12 +116,14 @@ class Run:
             self.process.wait(timeout=WATCHDOG_S)
 
 
-@pytest.mark.parametrize("how", ["scale", "resume_from"])
-@pytest.mark.parametrize("resumed_world_size", [3, 6])
-def test_a_checkpoint_of_four_ranks_resumes_at_another_world_size_with_every_row_once(sluice_bin, tmp_path, resumed_world_size, how):
+@pytest.mark.parametrize(
+    ("how", "resumed_world_size", "resumed_nodes"),
+    [("scale", 3, 1), ("scale", 6, 1), ("resume_from", 3, 1), ("resume_from", 6, 1), ("resume_from", 6, 2)],
+)
+def test_a_checkpoint_of_four_ranks_resumes_at_another_world_size_with_every_row_once(sluice_bin, tmp_path, how, resumed_world_size, resumed_nodes):
     """`scale`: the live job is scaled (`sluice scale`) once the four ranks saved their states.
-    `resume_from`: the job is stopped (SIGTERM) and run again with the new `roles[].num` and
-    `--resume-from TOKEN`."""
+    `resume_from`: the job is stopped (SIGTERM) and run again with the new `roles[].num` (and node
+    count) and `--resume-from TOKEN`."""
     rows = 12000
     data = tmp_path / "data"
     subprocess.run(
@@ -157,7 +159,7 @@ def test_a_checkpoint_of_four_ranks_resumes_at_another_world_size_with_every_row
             run.process.send_signal(signal.SIGTERM)
             run.process.wait(timeout=WATCHDOG_S)
             token = read_json(out / "saved-0.json")["state"]["token"]
-            write_spec(spec, tmp_path, data, trainer, out, resumed_world_size)
+            write_spec(spec, tmp_path, data, trainer, out, resumed_world_size, resumed_nodes)
             run = Run(sluice_bin, tmp_path, spec, env, ["--resume-from", token])
         run.succeeds()
     finally:
