@@ -22,11 +22,12 @@
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::clock::{AmClock, Clock, SystemClock};
+use crate::decide::DataPosition;
 use crate::error::AmError;
 use crate::launcher::{
     ExecutorEvent, ExecutorId, ExecutorState, Exit, LaunchAction, LaunchSpec, Launcher,
 };
-use crate::master::calls::{JobPhase, RankCommit};
+use crate::master::calls::{JobPhase, RankCommit, Restored};
 use crate::master::{Applied, CommitOutcome, Master, Placement};
 use crate::persist::{Durable, Persist, all_durable};
 use crate::spec::{HangAction, JobSpec};
@@ -41,6 +42,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 use tonic::{Request, Response, Status};
+
+/// How the master resets to a stored data checkpoint: [`Master::restore`] or
+/// [`Master::resume_from`], given the token, the stored position and the time.
+type ResetToCheckpoint =
+    fn(&mut Master, String, DataPosition, u64) -> Result<Applied<Restored>, AmError>;
 
 /// How long a trainer a scale stops has, from its SIGTERM, to finish the batch it holds and exit
 /// before it is killed.
@@ -367,12 +373,7 @@ impl Am {
     /// Resets the task table to the data checkpoint named `token`. The gRPC service and the JSON
     /// API both call it.
     pub async fn restore(&self, token: &str) -> Result<v1::RestoreDataCheckpointReply, AmError> {
-        let position = self.checkpoints.get(token).await?;
-        let token = token.to_owned();
-        let restored = self
-            .apply(|master| master.restore(token, position, self.now_ms()))
-            .await?;
-        Ok(wire::restore_reply(restored))
+        self.reset_to_stored(token, Master::restore).await
     }
 
     /// Resets the job to the stored data checkpoint `token` as the AM starts, at the role sizes of
@@ -381,10 +382,19 @@ impl Am {
         &self,
         token: &str,
     ) -> Result<v1::RestoreDataCheckpointReply, AmError> {
+        self.reset_to_stored(token, Master::resume_from).await
+    }
+
+    /// Reads the data checkpoint `token` from the store and resets the master to it with `reset`.
+    async fn reset_to_stored(
+        &self,
+        token: &str,
+        reset: ResetToCheckpoint,
+    ) -> Result<v1::RestoreDataCheckpointReply, AmError> {
         let position = self.checkpoints.get(token).await?;
         let token = token.to_owned();
         let restored = self
-            .apply(|master| master.resume_from(token, position, self.now_ms()))
+            .apply(|master| reset(master, token, position, self.now_ms()))
             .await?;
         Ok(wire::restore_reply(restored))
     }

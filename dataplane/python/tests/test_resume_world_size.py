@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from conftest import WATCHDOG_S, wait_until
+from conftest import WATCHDOG_S, generate, wait_until
 
 SAVED_WORLD_SIZE = 4
 CHECKPOINT_STEP = 6
@@ -126,11 +126,7 @@ def test_a_checkpoint_of_four_ranks_resumes_at_another_world_size_with_every_row
     count) and `--resume-from TOKEN`."""
     rows = 12000
     data = tmp_path / "data"
-    subprocess.run(
-        [str(sluice_bin), "gen", "--out", str(data), "--rows", str(rows), "--files", "2", "--row-group-rows", "500"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    generate(sluice_bin, data, rows)
     out = tmp_path / "out"
     out.mkdir()
     trainer = tmp_path / "trainer.py"
