@@ -509,7 +509,7 @@ pub(super) fn position_at_step(
         let reported = consumed_to.get(&task).copied().unwrap_or(origin);
         let end_row = floor
             .and_then(|floor| floor.row(index as u32, record.end))
-            .map_or(reported, |row| row.clamp(reported, record.end));
+            .map_or(reported, |row| row.max(reported).min(record.end));
         done_rows += end_row - origin;
         let was_started = end_row > origin || matches!(record.status, TaskStatus::InFlight { .. });
         let status = if end_row == record.end {
