@@ -35,9 +35,10 @@ use crate::workload::monotonic_ns;
 
 /// The delay before the first byte of every response by default, in ms: a store in another zone.
 pub const DEFAULT_DELAY_MS: u64 = 20;
-/// The link's bandwidth by default, in megabits per second: below what Sluice reads from a local S3
-/// server on two cores, so that the link is the bottleneck.
-pub const DEFAULT_MBPS: u64 = 400;
+/// The link's bandwidth by default, in megabits per second (12.5 MB/s): below what every system
+/// reads from the S3 server through the delay alone on two cores (Sluice about 36 MB/s of Parquet
+/// after its first batch, pyarrow about 55), so that the link is the bottleneck.
+pub const DEFAULT_MBPS: u64 = 100;
 /// How often a [`LinkMeter`] reads the proxy's count.
 pub const METER_PERIOD: Duration = Duration::from_millis(2);
 /// The region the systems sign their requests for.
