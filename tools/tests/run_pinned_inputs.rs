@@ -72,20 +72,7 @@ fn daemon(am: &str, ring_dir: &Path, log: &Path) -> Child {
 
 /// Starts the job's one trainer as torchrun would, writing the ids it reads to `ids`.
 fn trainer(am: &str, ring_dir: &Path, ids: &Path) -> Child {
-    sluice()
-        .args(["consume", "--ids-out"])
-        .arg(ids)
-        .env_remove("SLUICE_RING")
-        .env_remove("SLUICE_RANK")
-        .env_remove("SLUICE_WORLD_SIZE")
-        .env_remove("SLUICE_JOB")
-        .env_remove("SLUICE_TOKEN")
-        .env("SLUICE_AM", am)
-        .env("SLUICE_RING_DIR", ring_dir)
-        .env("RANK", "0")
-        .env("WORLD_SIZE", "1")
-        .env("LOCAL_RANK", "0")
-        .env("LOCAL_WORLD_SIZE", "1")
+    common::torchrun_consume(am, ring_dir, ids, (0, 1), (0, 1))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

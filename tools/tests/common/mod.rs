@@ -15,6 +15,34 @@ pub fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
 }
 
+/// `sluice consume --ids-out IDS` started as torchrun starts a trainer: rank `rank` of
+/// `world_size`, local rank `local` of `local_world_size`, the AM at `am` and its node's daemon's
+/// rings under `ring_dir`, and none of the variables the AM sets for the trainers it launches.
+pub fn torchrun_consume(
+    am: &str,
+    ring_dir: &Path,
+    ids: &Path,
+    (rank, world_size): (u32, u32),
+    (local, local_world_size): (u32, u32),
+) -> Command {
+    let mut command = sluice();
+    command
+        .args(["consume", "--ids-out"])
+        .arg(ids)
+        .env_remove("SLUICE_RING")
+        .env_remove("SLUICE_RANK")
+        .env_remove("SLUICE_WORLD_SIZE")
+        .env_remove("SLUICE_JOB")
+        .env_remove("SLUICE_TOKEN")
+        .env("SLUICE_AM", am)
+        .env("SLUICE_RING_DIR", ring_dir)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world_size.to_string())
+        .env("LOCAL_RANK", local.to_string())
+        .env("LOCAL_WORLD_SIZE", local_world_size.to_string());
+    command
+}
+
 /// Writes `rows` generated rows in `files` Parquet files of row groups of `row_group_rows` under
 /// `directory/data`, and returns that directory.
 pub fn generate(directory: &Path, rows: u64, files: u64, row_group_rows: u64) -> PathBuf {
