@@ -835,7 +835,7 @@ impl Master {
             RestoreMode::Requeue { now_ms },
         )?;
         self.origins.pieces = pieces;
-        let planned_splits = self.plan.splits.len() - self.added_splits.len();
+        let planned_splits = self.plan.splits.len() - self.added.splits.len();
         self.origins.place_added(&self.table, planned_splits);
         decide(&mut self.checkpoints, RanksChanged);
         self.stop_reason = None;

@@ -89,7 +89,7 @@ use crate::decide::{
 };
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit, LaunchAction};
-use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
+use crate::plan::JobPlan;
 use crate::spec::{JobSpec, LauncherKind, RoleSpec};
 use calls::{Heartbeat, JobPhase, NodeCommand, Registered, Registration, Scaled, TaskReport};
 use checkpoint::{Checkpoints, RanksChanged};
@@ -264,9 +264,9 @@ pub struct Master {
     /// Why executors last ended, where their launcher knew more than the exit (an OOM kill, an
     /// eviction, an image that cannot be pulled): for the job's error, not journaled.
     exit_causes: BTreeMap<ExecutorId, String>,
-    /// The files and splits followed sources added after the stored plan, as journaled.
-    added_files: Vec<PlannedFile>,
-    added_splits: Vec<PlannedSplit>,
+    /// The files, splits, split bytes and file identities followed sources added after the stored
+    /// plan, as journaled, indices counted from the first added file and split.
+    added: JobPlan,
     /// Each role's number of trainers, in spec order: the spec's, or a scale's.
     role_sizes: Vec<u32>,
     rescale: Option<Rescale>,
@@ -389,8 +389,7 @@ impl Master {
             rescale: None,
             follows,
             exit_causes: BTreeMap::new(),
-            added_files: Vec::new(),
-            added_splits: Vec::new(),
+            added: JobPlan::default(),
             latest_ms: 0,
         })
     }

@@ -3,7 +3,7 @@ use crate::decide::{ReportOutcome, TaskStatus};
 use crate::spec::Format;
 use crate::wire;
 use calls::{RankCommit, RestoreEffect};
-use sluice_formats::Split;
+use sluice_formats::{ObjectIdentity, Split};
 use v1::command::Command as Cmd;
 
 /// Two nodes, four trainers, tasks of 10 rows over splits of 25 and 15 rows.
@@ -1190,12 +1190,17 @@ fn added_splits_are_assigned_with_their_files_and_replay_from_the_journal() {
     let mut journal = Vec::new();
     journal.extend(register(&mut sut, 0, 0).entries);
     let first = assigned(&acquire(&mut sut, 0, 1, 1));
-    let added = sut.add_splits(
-        0,
-        None,
-        JobPlan::of_splits(0, vec![planned_split("part-1", 12)]),
-    );
-    assert!(matches!(added.entries[..], [Entry::SplitsAdded { .. }]));
+    // The added file is pinned to what it was when the follower found it.
+    let pinned = Split {
+        identity: Some(ObjectIdentity {
+            e_tag: Some("\"added\"".to_owned()),
+            version: None,
+            modified_ns: None,
+        }),
+        ..planned_split("part-1", 12)
+    };
+    let added = sut.add_splits(0, None, JobPlan::of_splits(0, vec![pinned]));
+    assert!(matches!(added.entries[..], [Entry::FilesAdded { .. }]));
     journal.extend(added.entries);
     let applied = acquire_applied(&mut sut, 0, 2, 100);
     journal.extend(applied.entries);
@@ -1210,6 +1215,23 @@ fn added_splits_are_assigned_with_their_files_and_replay_from_the_journal() {
         "{uris:?}"
     );
     assert_eq!(first.len() + rest.len(), 5, "3 planned tasks and 2 added");
+    let e_tags: BTreeSet<Option<String>> = first
+        .iter()
+        .chain(&rest)
+        .filter_map(|task| task.split.as_ref())
+        .filter(|split| split.uri.ends_with("part-1.parquet"))
+        .map(|split| {
+            split
+                .identity
+                .as_ref()
+                .and_then(|identity| identity.e_tag.clone())
+        })
+        .collect();
+    assert_eq!(
+        e_tags,
+        BTreeSet::from([Some("\"added\"".to_owned())]),
+        "the added file's tasks carry its identity"
+    );
     let status = sut.status(3);
     assert_eq!(status.sources.len(), 1);
     assert!(status.sources[0].followed && status.sources[0].following);
@@ -1228,6 +1250,9 @@ fn added_splits_are_assigned_with_their_files_and_replay_from_the_journal() {
         .expect("restore");
     assert_eq!(from_snapshot.snapshot(), sut.snapshot());
     assert_eq!(from_snapshot.status(3).sources, status.sources);
+    for master in [&recovered, &from_snapshot] {
+        assert_eq!(master.plan(), sut.plan(), "the added file stays pinned");
+    }
 }
 
 #[test]

@@ -5,10 +5,26 @@
 
 pub mod bed;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+/// What the test gets for `path` from the HTTP server at `address`, with a plain HTTP/1.0 request.
+pub fn http_get(address: SocketAddr, path: &str) -> String {
+    let mut stream =
+        TcpStream::connect_timeout(&address, Duration::from_secs(10)).expect("connect");
+    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").expect("send the request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("read the response");
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_else(|| panic!("an HTTP response from {address}: {response:?}"))
+}
 
 /// The `sluice` binary under test.
 pub fn sluice() -> Command {
@@ -260,16 +276,19 @@ pub struct LoggedAm {
     log: PathBuf,
     /// Its gRPC address.
     pub address: String,
+    /// The address of its status page and HTTP API.
+    pub http: String,
 }
 
 impl LoggedAm {
-    /// Starts `sluice am SPEC` on a free loopback address, its log in `log`.
+    /// Starts `sluice am SPEC` on free loopback addresses, its log in `log`.
     pub fn start(spec: &Path, log: &Path) -> LoggedAm {
         let address = free_address();
+        let http = free_address();
         let child = sluice()
             .arg("am")
             .arg(spec)
-            .args(["--listen", &address])
+            .args(["--listen", &address, "--http", &http])
             .env_remove("SLUICE_TOKEN")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
@@ -280,6 +299,7 @@ impl LoggedAm {
             child,
             log: log.to_path_buf(),
             address,
+            http,
         }
     }
 
