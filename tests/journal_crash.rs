@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sluice_am::journal::{self, JournalConfig, StorageOptions};
 use sluice_testkit::{BUCKET, s3_options, start_seaweed, wait_for_bucket};
-use sluice_tests::mix;
+use sluice_tests::{Count, mix};
 
 /// The writer's appends in flight (appended, not yet printed) at most: `WINDOW` in journal_writer.rs.
 const WINDOW: u64 = 512;
@@ -179,7 +179,7 @@ fn kill_repeatedly(uri: &str, options: &StorageOptions, kills: u32, delays_ms: (
         .build()
         .expect("runtime");
     let recovered = runtime.block_on(async {
-        let (journal, recovered) = journal::open::<u64, u64>(
+        let (journal, recovered) = journal::open::<u64, Count>(
             uri,
             options,
             JournalConfig::new("journal-crash").writer("journal_crash test"),
@@ -189,7 +189,7 @@ fn kill_repeatedly(uri: &str, options: &StorageOptions, kills: u32, delays_ms: (
         journal.close().await.expect("closes");
         recovered
     });
-    let start = recovered.snapshot.unwrap_or(0);
+    let start = recovered.snapshot.map_or(0, |Count(count)| count);
     let expected: Vec<u64> = (start..start + recovered.entries.len() as u64).collect();
     assert_eq!(recovered.entries, expected, "{uri}: after snapshot {start}");
     known.check(

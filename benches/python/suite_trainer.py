@@ -4,10 +4,13 @@
 
 SYSTEM is one of:
 
-- ``facts``: reads the dataset once with pyarrow and prints its rows, its numeric columns and their
+- ``facts``: reads the dataset once with pyarrow and prints its rows, its numeric columns, their
   Arrow bytes (the bytes of the Arrow IPC messages of its record batches of ``--batch-rows`` rows
-  of those columns, the unit of every GB/s of the suite);
+  of those columns, the unit of every GB/s of the suite) and their Parquet bytes (the compressed
+  column chunks of those columns, what a reader of the numeric columns must fetch at least);
 - ``probe``: prints the version of every peer's package, or why it cannot be imported;
+- ``mds``: converts the dataset to MDS in ``--scratch`` (see ``mosaic_streaming``) and prints the
+  bytes of the MDS files;
 - ``sluice``: ``sluice.Reader`` over the ring in ``SLUICE_RING`` (run as the trainer of a Sluice job),
   each batch turned into tensors by :func:`to_tensors`;
 - ``sluice_torch``: ``DataLoader(sluice.torch.Dataset(), batch_size=None)`` over the same ring;
@@ -20,7 +23,9 @@ SYSTEM is one of:
 - ``torchdata``: torchdata's ``StatefulDataLoader`` over the same Dataset as ``pytorch_dataloader``;
 - ``mosaic_streaming``: MosaicML ``StreamingDataset`` over the rows converted to MDS once (in
   ``--scratch``, reused while its ``_SUCCESS`` marker is there), one MDS sample per batch of numeric
-  arrays, through a ``DataLoader(batch_size=None)`` with ``--workers`` workers;
+  arrays, through a ``DataLoader(batch_size=None)`` with ``--workers`` workers; with ``--mds-remote
+  URI``, over that copy of the MDS files in S3 instead, downloaded into ``--scratch`` as its local
+  cache (which the driver gives empty);
 - ``ray_data``: ``ray.data.read_parquet(...).iter_torch_batches()``, with Ray started in the window.
 
 Every system delivers the same thing: a dict from the name of each integer or floating-point column to
@@ -32,6 +37,11 @@ prints one JSON line: the rows and batches seen, the seconds from the start of t
 reader, creating the iterator) to the end of the data, the seconds spent waiting for batches after the
 first one, the seconds until the first batch and its rows, and the window's ends on CLOCK_MONOTONIC in
 nanoseconds, so that the driver can attribute the CPU time of the system's processes to the window.
+
+An ``s3://`` source is read through pyarrow's S3 filesystem (:func:`filesystem_of`) by every system
+that reads Parquet in Python, at the endpoint in ``AWS_ENDPOINT_URL`` when that is set, with the keys
+and region of the environment. ``sluice bench suite --remote`` sets them to its S3 server behind its
+delaying proxy.
 """
 
 from __future__ import annotations
@@ -165,15 +175,41 @@ def rows_of_tensors(item: Dict[str, Any]) -> int:
     return len(next(iter(item.values())))
 
 
+def filesystem_of(source: str):
+    """The filesystem and path pyarrow reads ``source`` with: for an ``s3://`` URI, pyarrow's S3
+    filesystem, at ``AWS_ENDPOINT_URL`` when that is set (its scheme, host and port; path-style
+    requests), with the keys and region of the environment; for anything else, pyarrow's choice."""
+    if not source.startswith("s3://"):
+        return None, source
+    from pyarrow import fs
+
+    options = {"region": os.environ.get("AWS_REGION", "us-east-1")}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        scheme, _, address = endpoint.rpartition("://")
+        options.update(endpoint_override=address, scheme=scheme or "https")
+    return fs.S3FileSystem(**options), source[len("s3://") :]
+
+
 def open_dataset(source: str):
     import pyarrow.dataset as ds
 
-    return ds.dataset(source, format="parquet")
+    filesystem, path = filesystem_of(source)
+    return ds.dataset(path, format="parquet", filesystem=filesystem)
 
 
 def facts(source: str, batch_rows: int) -> dict:
     dataset = open_dataset(source)
     columns = numeric_columns(dataset.schema)
+    parquet_bytes = 0
+    for fragment in dataset.get_fragments():
+        metadata = fragment.metadata
+        for group in range(metadata.num_row_groups):
+            row_group = metadata.row_group(group)
+            for index in range(row_group.num_columns):
+                chunk = row_group.column(index)
+                if chunk.path_in_schema in columns:
+                    parquet_bytes += chunk.total_compressed_size
     rows = 0
     arrow_bytes = 0
     batches = 0
@@ -183,7 +219,13 @@ def facts(source: str, batch_rows: int) -> dict:
         rows += batch.num_rows
         arrow_bytes += batch.serialize().size
         batches += 1
-    return {"rows": rows, "arrow_bytes": arrow_bytes, "batches": batches, "columns": columns}
+    return {
+        "rows": rows,
+        "arrow_bytes": arrow_bytes,
+        "parquet_bytes": parquet_bytes,
+        "batches": batches,
+        "columns": columns,
+    }
 
 
 def probe() -> dict:
@@ -339,14 +381,23 @@ def convert_to_mds(args: argparse.Namespace) -> Path:
     return out
 
 
+def mds(args: argparse.Namespace) -> dict:
+    out = convert_to_mds(args)
+    return {"mds_bytes": sum(path.stat().st_size for path in out.iterdir() if path.is_file())}
+
+
 def mosaic_streaming(args: argparse.Namespace) -> dict:
     import torch.utils.data
     from streaming import StreamingDataset
 
-    local = convert_to_mds(args)
+    if args.mds_remote:
+        # Shards are downloaded from S3 (boto3, at S3_ENDPOINT_URL) into the empty local cache.
+        location = {"remote": args.mds_remote, "local": args.scratch}
+    else:
+        location = {"local": str(convert_to_mds(args))}
     return drive(
         lambda: torch.utils.data.DataLoader(
-            StreamingDataset(local=str(local), shuffle=False, batch_size=1),
+            StreamingDataset(**location, shuffle=False, batch_size=1),
             batch_size=None,
             **loader_options(args.workers),
         ),
@@ -361,7 +412,8 @@ def ray_data(args: argparse.Namespace) -> dict:
 
     def batches():
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-        dataset = ray.data.read_parquet(args.source, columns=args.columns)
+        filesystem, path = filesystem_of(args.source)
+        dataset = ray.data.read_parquet(path, filesystem=filesystem, columns=args.columns)
         return dataset.iter_torch_batches(batch_size=args.batch_rows)
 
     try:
@@ -372,13 +424,17 @@ def ray_data(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("system", choices=("facts", "probe") + SYSTEMS)
+    parser.add_argument("system", choices=("facts", "probe", "mds") + SYSTEMS)
     parser.add_argument("--source", help="the dataset: a Parquet file, a directory of them, or a URI pyarrow reads")
     parser.add_argument("--batch-rows", type=int, default=4096)
     parser.add_argument("--columns", help="the numeric columns, comma-separated, as `facts` printed them")
     parser.add_argument("--work-us", type=float, default=0.0)
     parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--scratch", help="where mosaic_streaming keeps the MDS copy of the dataset")
+    parser.add_argument(
+        "--scratch",
+        help="where mosaic_streaming keeps the MDS copy of the dataset, or with --mds-remote its local cache",
+    )
+    parser.add_argument("--mds-remote", help="the URI of the MDS copy mosaic_streaming reads, e.g. s3://bucket/prefix")
     args = parser.parse_args()
     args.columns = args.columns.split(",") if args.columns else None
     # Ray sends usage statistics unless told not to; nothing of a benchmark leaves the host.
@@ -386,6 +442,7 @@ def main() -> None:
     runs = {
         "facts": lambda: facts(args.source, args.batch_rows),
         "probe": probe,
+        "mds": lambda: mds(args),
         "sluice": lambda: sluice_reader(args),
         "sluice_torch": lambda: sluice_torch(args),
         "pyarrow": lambda: pyarrow_scan(args),

@@ -24,6 +24,7 @@ use sluice_bench::local_io::{
 use sluice_bench::pipeline::run_pipeline_bench;
 use sluice_bench::plan::{PlanBenchOptions, run_plan_bench};
 use sluice_bench::suite::chart::draw_rows_per_s;
+use sluice_bench::suite::remote::{DEFAULT_DELAY_MS, DEFAULT_MBPS, RemoteOptions};
 use sluice_bench::suite::{SuiteOptions, run_suite_bench};
 use sluice_bench::training_data::PyarrowComparison;
 use sluice_bench::workload::parse_sizes;
@@ -288,6 +289,18 @@ struct SuiteArgs {
     /// made once from python3].
     #[arg(long, value_name = "PY")]
     python: Option<OsString>,
+    /// Read the data from S3: a SeaweedFS server on 127.0.0.1 behind a delaying, bandwidth-capped
+    /// proxy, both started by the suite, the data uploaded to it once; idle trainers only, with the
+    /// bytes each system read through the link and the fraction of the link it used.
+    #[arg(long)]
+    remote: bool,
+    /// The time the link adds before the first byte of every response, in ms.
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_DELAY_MS, requires = "remote")]
+    remote_delay_ms: u64,
+    /// The link's bandwidth in each direction, shared by every connection, in megabits (1e6 bits)
+    /// per second.
+    #[arg(long, value_name = "MBPS", default_value_t = DEFAULT_MBPS, requires = "remote")]
+    remote_mbps: u64,
 }
 
 #[derive(Debug, Args)]
@@ -487,6 +500,15 @@ fn run_suite(args: SuiteArgs) -> anyhow::Result<()> {
         work_us: args.work_us,
         peer: PeerCommand::current_exe()
             .context("locating sluice-bench, which runs the ring's producer process")?,
+        remote: args
+            .remote
+            .then(|| {
+                RemoteOptions::new(
+                    Duration::from_millis(args.remote_delay_ms),
+                    args.remote_mbps,
+                )
+            })
+            .transpose()?,
     };
     let report = run_suite_bench(&options, &mut |line| eprintln!("{line}"))?;
     print!("{}", report.render_table());

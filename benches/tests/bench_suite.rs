@@ -4,22 +4,11 @@
 //! every row, the JSON holds finite figures for each, and the chart is a PNG. Speed is not asserted.
 
 mod common;
-
-use std::process::Command;
+mod suite_run;
 
 use serde_json::Value;
+use suite_run::{LOADERS, TRAINERS};
 
-/// The systems that run a trainer, with figures of their own beside rows/s.
-const TRAINERS: [&str; 8] = [
-    "sluice",
-    "sluice_torch",
-    "pytorch_dataloader",
-    "pytorch_dataloader_naive",
-    "torchdata",
-    "pyarrow",
-    "mosaic_streaming",
-    "ray_data",
-];
 /// The physical limits, with rows/s and GB/s only.
 const LIMITS: [&str; 2] = ["ring", "memcpy"];
 /// The figures every trainer system has, each a finite positive number.
@@ -36,8 +25,6 @@ const TRAINER_FIGURES: [&str; 11] = [
     "peak_rss_bytes",
     "peak_pss_bytes",
 ];
-/// The loaders run with several worker counts.
-const LOADERS: [&str; 3] = ["pytorch_dataloader", "torchdata", "mosaic_streaming"];
 
 fn positive(system: &Value, name: &str, key: &str) -> f64 {
     let number = system[key]
@@ -57,38 +44,10 @@ fn suite_quick_measures_every_peer_on_the_same_rows_and_draws_the_chart() {
         "torch, pyarrow, sluice, torchdata, streaming, ray.data",
     );
     let directory = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let json_path = directory.path().join("suite.json");
     let png_path = directory.path().join("suite.png");
-    let output = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
-        .args(["suite", "--quick", "--python", "python3", "--json"])
-        .arg(&json_path)
-        .arg("--png")
-        .arg(&png_path)
-        .arg("--cache-dir")
-        .arg(directory.path().join("cache"))
-        .output()
-        .expect("run sluice-bench suite");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "sluice-bench suite failed: {}\n{stdout}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains("targets: "), "no targets line: {stdout}");
-
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("the JSON report"))
-            .expect("the report is JSON");
-    assert_eq!(
-        report["not_installed"]
-            .as_object()
-            .map(serde_json::Map::len),
-        Some(0),
-        "every peer runs where the tests run: {}",
-        report["not_installed"]
-    );
-    let rows = report["rows"].as_u64().expect("rows");
-    assert_eq!(rows, 120_000, "{report}");
+    let (_, report) =
+        suite_run::run_quick(directory.path(), &["--png".into(), png_path.clone().into()]);
+    let rows = suite_run::QUICK_ROWS;
     let systems = report["systems"].as_object().expect("systems");
     for name in LIMITS {
         let system = &systems

@@ -71,10 +71,10 @@ pub struct JobPlan {
     /// Parquet and Delta splits, which find their rows in their files' footers. A plan stored before
     /// splits carried their bytes has none, and its row-format splits read their whole files.
     pub bytes: Vec<PlannedBytes>,
-    /// The identities of the files, sorted by file: one entry per file planned when the job was
-    /// (a Delta table's files pinned by their size in the table's log), none for the files a followed
-    /// source adds. A plan stored before files carried their identities has none, and its files are
-    /// read as they are.
+    /// The identities of the files, sorted by file: one entry per file, taken when the file was
+    /// planned, when the job was or when a followed source added it (a Delta table's files pinned by
+    /// their size in the table's log). A plan stored before files carried their identities has none,
+    /// and its files are read as they are.
     pub identities: Vec<PlannedIdentity>,
 }
 
@@ -108,17 +108,40 @@ impl JobPlan {
         block
     }
 
-    /// Appends the files and splits of `block` (as made by [`JobPlan::of_splits`]) after this
+    /// Appends the files, splits, split bytes and file identities of `block` (as made by
+    /// [`JobPlan::of_splits`], its indices counted from its own first file and split) after this
     /// plan's; returns the index of the first appended split.
-    pub fn append(&mut self, files: &[PlannedFile], splits: &[PlannedSplit]) -> usize {
+    pub fn append(&mut self, block: &JobPlan) -> usize {
         let first_file = self.files.len() as u32;
         let first_split = self.splits.len();
-        self.files.extend_from_slice(files);
-        self.splits.extend(splits.iter().map(|split| PlannedSplit {
-            file: first_file + split.file,
-            ..*split
-        }));
+        self.files.extend_from_slice(&block.files);
+        self.splits
+            .extend(block.splits.iter().map(|split| PlannedSplit {
+                file: first_file + split.file,
+                ..*split
+            }));
+        self.bytes
+            .extend(block.bytes.iter().map(|planned| PlannedBytes {
+                split: first_split as u32 + planned.split,
+                ..*planned
+            }));
+        self.identities
+            .extend(block.identities.iter().map(|planned| PlannedIdentity {
+                file: first_file + planned.file,
+                identity: planned.identity.clone(),
+            }));
         first_split
+    }
+
+    /// Keeps the first `files` files and `splits` splits, with their bytes and identities: undoes
+    /// [`JobPlan::append`]s made after the plan had that many.
+    pub fn truncate(&mut self, files: usize, splits: usize) {
+        self.files.truncate(files);
+        self.splits.truncate(splits);
+        self.bytes
+            .retain(|planned| (planned.split as usize) < splits);
+        self.identities
+            .retain(|planned| (planned.file as usize) < files);
     }
 
     /// Appends the splits of source `source`, keeping each file once with its identity, and the

@@ -134,6 +134,15 @@ impl AmServer {
                 for entry in recovered.entries {
                     master.replay(entry)?;
                 }
+                if let Some(token) = master.restored_position_missing() {
+                    let token = token.to_owned();
+                    let position = checkpoints.get(&token).await.map_err(|error| {
+                        AmError::FailedPrecondition(format!(
+                            "the job was restored to data checkpoint {token}, whose rows count in its later checkpoints, and it cannot be read: {error}; put it back under the checkpoint location"
+                        ))
+                    })?;
+                    master.restored_position(&position);
+                }
                 if resumed {
                     tracing::info!(
                         uri = checkpoint.uri,
@@ -154,7 +163,7 @@ impl AmServer {
             am.take_over();
         }
         if let Some(token) = &options.resume_from {
-            let reply = am.restore(token).await?;
+            let reply = am.resume_from(token).await?;
             tracing::info!(
                 token,
                 step = reply.step,

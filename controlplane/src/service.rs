@@ -22,11 +22,12 @@
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::clock::{AmClock, Clock, SystemClock};
+use crate::decide::DataPosition;
 use crate::error::AmError;
 use crate::launcher::{
     ExecutorEvent, ExecutorId, ExecutorState, Exit, LaunchAction, LaunchSpec, Launcher,
 };
-use crate::master::calls::{JobPhase, RankCommit};
+use crate::master::calls::{JobPhase, RankCommit, Restored};
 use crate::master::{Applied, CommitOutcome, Master, Placement};
 use crate::persist::{Durable, Persist, all_durable};
 use crate::spec::{HangAction, JobSpec};
@@ -41,6 +42,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 use tonic::{Request, Response, Status};
+
+/// How the master resets to a stored data checkpoint: [`Master::restore`] or
+/// [`Master::resume_from`], given the token, the stored position and the time.
+type ResetToCheckpoint =
+    fn(&mut Master, String, DataPosition, u64) -> Result<Applied<Restored>, AmError>;
 
 /// How long a trainer a scale stops has, from its SIGTERM, to finish the batch it holds and exit
 /// before it is killed.
@@ -367,10 +373,28 @@ impl Am {
     /// Resets the task table to the data checkpoint named `token`. The gRPC service and the JSON
     /// API both call it.
     pub async fn restore(&self, token: &str) -> Result<v1::RestoreDataCheckpointReply, AmError> {
+        self.reset_to_stored(token, Master::restore).await
+    }
+
+    /// Resets the job to the stored data checkpoint `token` as the AM starts, at the role sizes of
+    /// its spec ([`Master::resume_from`]).
+    pub async fn resume_from(
+        &self,
+        token: &str,
+    ) -> Result<v1::RestoreDataCheckpointReply, AmError> {
+        self.reset_to_stored(token, Master::resume_from).await
+    }
+
+    /// Reads the data checkpoint `token` from the store and resets the master to it with `reset`.
+    async fn reset_to_stored(
+        &self,
+        token: &str,
+        reset: ResetToCheckpoint,
+    ) -> Result<v1::RestoreDataCheckpointReply, AmError> {
         let position = self.checkpoints.get(token).await?;
         let token = token.to_owned();
         let restored = self
-            .apply(|master| master.restore(token, position, self.now_ms()))
+            .apply(|master| reset(master, token, position, self.now_ms()))
             .await?;
         Ok(wire::restore_reply(restored))
     }
@@ -445,9 +469,14 @@ impl Am {
             }
             let spec = {
                 let master = self.master();
-                executors
+                let mut spec = executors
                     .setup
-                    .spec_for(master.spec(), &master.placement(), &id)
+                    .spec_for(master.spec(), &master.placement(), &id);
+                if let Some(token) = master.restored_to(&id) {
+                    spec.env
+                        .insert("SLUICE_RESTORED_TO".to_owned(), token.to_owned());
+                }
+                spec
             };
             durables.push(self.record_change(|master| master.executor_launched(id)));
             launches.push(spec);

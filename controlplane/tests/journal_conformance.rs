@@ -10,7 +10,10 @@ use sluice_testkit::{BUCKET, s3_options, start_seaweed, wait_for_bucket};
 /// An entry: (appender, its n-th append).
 type Entry = (u32, u32);
 /// A snapshot: how many entries it replaces.
-type Snapshot = u64;
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Snapshot(u64);
+
+impl journal::SnapshotFormat for Snapshot {}
 
 async fn open(
     uri: &str,
@@ -80,11 +83,11 @@ async fn suite(uri: &str, options: StorageOptions) {
         );
     }
 
-    sut.snapshot(320).await.expect("snapshot durable");
+    sut.snapshot(Snapshot(320)).await.expect("snapshot durable");
     sut.append(&(99, 0)).await.expect("durable");
     sut.close().await.expect("closes");
     let (first, recovered) = open(uri, &options, "job-1").await.expect("reopens");
-    assert_eq!(recovered.snapshot, Some(320), "{uri}");
+    assert_eq!(recovered.snapshot, Some(Snapshot(320)), "{uri}");
     assert_eq!(
         recovered.entries,
         vec![(99, 0)],

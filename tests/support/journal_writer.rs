@@ -12,6 +12,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use sluice_am::journal::{self, Durable, JournalConfig, StorageOptions};
+use sluice_tests::Count;
 
 /// Appends in flight (appended, not yet printed) at most.
 const WINDOW: u64 = 512;
@@ -47,14 +48,14 @@ fn main() -> ExitCode {
 }
 
 async fn write_numbers(uri: &str, options: &StorageOptions) -> Result<(), String> {
-    let (journal, recovered) = journal::open::<u64, u64>(
+    let (journal, recovered) = journal::open::<u64, Count>(
         uri,
         options,
         JournalConfig::new("journal-crash").writer("journal-writer"),
     )
     .await
     .map_err(|error| error.to_string())?;
-    let start = recovered.snapshot.unwrap_or(0);
+    let start = recovered.snapshot.map_or(0, |Count(count)| count);
     for (index, &number) in recovered.entries.iter().enumerate() {
         if number != start + index as u64 {
             return Err(format!(
@@ -77,7 +78,7 @@ async fn write_numbers(uri: &str, options: &StorageOptions) -> Result<(), String
             next += 1;
             unprinted += 1;
             if next.is_multiple_of(SNAPSHOT_EVERY) {
-                in_flight.push_back((None, journal.snapshot(next)));
+                in_flight.push_back((None, journal.snapshot(Count(next))));
             }
         }
         // Durables resolve in order: await the oldest, then take every one already resolved.

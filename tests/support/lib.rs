@@ -10,6 +10,12 @@
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
+/// The snapshot of the crash tests' journal of numbers: how many numbers it replaces.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Count(pub u64);
+
+impl sluice_am::journal::SnapshotFormat for Count {}
+
 /// A SplitMix64 step: a fast, well-mixed hash of one word.
 pub fn mix(mut state: u64) -> u64 {
     state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);

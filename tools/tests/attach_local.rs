@@ -41,20 +41,7 @@ fn daemon(am: &str, node: u64, ring_dir: &Path) -> Child {
 /// A trainer as torchrun starts it: its ranks in the environment, the AM's address, the ring
 /// directory of its node's daemon.
 fn trainer(am: &str, rank: u32, ring_dir: &Path, ids: &Path) -> Child {
-    sluice()
-        .args(["consume", "--ids-out"])
-        .arg(ids)
-        .env_remove("SLUICE_RING")
-        .env_remove("SLUICE_RANK")
-        .env_remove("SLUICE_WORLD_SIZE")
-        .env_remove("SLUICE_JOB")
-        .env_remove("SLUICE_TOKEN")
-        .env("SLUICE_AM", am)
-        .env("SLUICE_RING_DIR", ring_dir)
-        .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", "4")
-        .env("LOCAL_RANK", (rank % 2).to_string())
-        .env("LOCAL_WORLD_SIZE", "2")
+    common::torchrun_consume(am, ring_dir, ids, (rank, 4), (rank % 2, 2))
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn sluice consume")

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -130,21 +130,6 @@ fn wait_until_reachable(address: SocketAddr) {
     }
 }
 
-/// What the test gets for `path` from the HTTP server at `address`, with a plain HTTP/1.0 request.
-fn fetch(address: SocketAddr, path: &str) -> String {
-    let mut stream =
-        TcpStream::connect_timeout(&address, Duration::from_secs(10)).expect("connect");
-    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").expect("send the request");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .expect("read the response");
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_else(|| panic!("an HTTP response from {address}: {response:?}"))
-}
-
 /// Starts `sleep 600` on `host`, its output going nowhere: a process that outlives a failed test
 /// holds no pipe of the test's.
 fn spawn_sleep(host: &Host) -> Child {
@@ -226,7 +211,7 @@ fn hosts_reach_each_other_by_address_and_by_name() {
         by_address, "served-by-n2\n",
         "n1 fetches from n2 by address"
     );
-    let from_test = fetch(
+    let from_test = common::http_get(
         SocketAddr::from((bed.address("n2"), HTTP_PORT)),
         "/page.txt",
     );

@@ -1,8 +1,9 @@
 //! Inputs pinned at plan time, on the real path: `sluice am` plans a job over two local files and
-//! serves it; the second file is then overwritten with other rows at the same size, before any
-//! daemon has read it; a `sluice daemon` and a `sluice consume` trainer started by hand (the
-//! external launcher) run the job. The overwritten file's tasks fail naming it, and the job fails by
-//! its failure policy instead of delivering the other rows.
+//! serves it (or, for a followed source, plans the first and then the second when it appears); the
+//! second file is then overwritten with other rows at the same size, before any daemon has read it;
+//! a `sluice daemon` and a `sluice consume` trainer started by hand (the external launcher) run the
+//! job. The overwritten file's tasks fail naming it, and the job fails by its failure policy
+//! instead of delivering the other rows.
 
 mod common;
 
@@ -72,24 +73,30 @@ fn daemon(am: &str, ring_dir: &Path, log: &Path) -> Child {
 
 /// Starts the job's one trainer as torchrun would, writing the ids it reads to `ids`.
 fn trainer(am: &str, ring_dir: &Path, ids: &Path) -> Child {
-    sluice()
-        .args(["consume", "--ids-out"])
-        .arg(ids)
-        .env_remove("SLUICE_RING")
-        .env_remove("SLUICE_RANK")
-        .env_remove("SLUICE_WORLD_SIZE")
-        .env_remove("SLUICE_JOB")
-        .env_remove("SLUICE_TOKEN")
-        .env("SLUICE_AM", am)
-        .env("SLUICE_RING_DIR", ring_dir)
-        .env("RANK", "0")
-        .env("WORLD_SIZE", "1")
-        .env("LOCAL_RANK", "0")
-        .env("LOCAL_WORLD_SIZE", "1")
+    common::torchrun_consume(am, ring_dir, ids, (0, 1), (0, 1))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn sluice consume")
+}
+
+/// Waits until the AM whose status page is at `address` has planned `files` files of its one
+/// source.
+fn wait_until_files_planned(address: &str, files: u64) {
+    let address = address.parse().expect("the AM's address");
+    let started = Instant::now();
+    loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&common::http_get(address, "/api/status")).expect("status JSON");
+        if status["sources"][0]["planned_files"] == files {
+            return;
+        }
+        assert!(
+            started.elapsed() < PLANNED_WITHIN,
+            "the AM did not plan {files} files within {PLANNED_WITHIN:?}: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Waits until the AM listens at `address`, which it does once it has planned the job.
@@ -104,25 +111,49 @@ fn wait_until_planned(address: &str) {
     }
 }
 
+/// How `part-1` joins the job.
+#[derive(Clone, Copy, PartialEq)]
+enum Part1 {
+    /// It is there when the job is planned.
+    Planned,
+    /// It appears after the job was planned, in the directory the job follows.
+    Followed,
+}
+
 /// Runs a job over `part-0` and `part-1` of `extension`, written by `write` with ids from 0 and
 /// from `ROWS`, whose `part-1` is overwritten with ids from `100 * ROWS` at the same size after the
-/// AM planned the job. Returns the AM's log: the job must fail naming `part-1`.
-fn run_with_part_1_overwritten(format: &str, extension: &str, write: fn(&Path, i64)) -> String {
+/// AM planned it. Returns the final error line of the AM's log: the job must fail naming `part-1`.
+fn run_with_part_1_overwritten(
+    format: &str,
+    extension: &str,
+    write: fn(&Path, i64),
+    part_1: Part1,
+) -> String {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
     let data = root.join("data");
     std::fs::create_dir(&data).expect("data directory");
     write(&data.join(format!("part-0.{extension}")), 0);
     let victim = data.join(format!("part-1.{extension}"));
-    write(&victim, ROWS);
-    let name = format!("pinned-{format}");
+    let staged = root.join(format!("part-1.{extension}"));
+    write(&staged, ROWS);
+    if part_1 == Part1::Planned {
+        std::fs::rename(&staged, &victim).expect("place part-1");
+    }
+    let (name, follow) = match part_1 {
+        Part1::Planned => (format!("pinned-{format}"), ""),
+        Part1::Followed => (
+            format!("pinned-followed-{format}"),
+            ", follow: { interval_ms: 50 }",
+        ),
+    };
     let spec = write_spec(
         root,
         &format!(
             r#"
 name: {name}
 data:
-  sources: [{{ uri: "file://{data}", format: {format}, columns: [id] }}]
+  sources: [{{ uri: "file://{data}", format: {format}, columns: [id]{follow} }}]
   task_rows: 500
   batch_size: 100
 nodes: 1
@@ -136,6 +167,10 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000, max_task_at
     );
     let am = LoggedAm::start(&spec, &root.join("am.log"));
     wait_until_planned(&am.address);
+    if part_1 == Part1::Followed {
+        std::fs::rename(&staged, &victim).expect("add part-1");
+        wait_until_files_planned(&am.http, 2);
+    }
 
     let planned = std::fs::metadata(&victim).expect("the victim");
     write(&victim, 100 * ROWS);
@@ -194,11 +229,18 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000, max_task_at
 
 #[test]
 fn a_parquet_file_overwritten_at_the_same_size_after_planning_fails_the_job_naming_it() {
-    let error = run_with_part_1_overwritten("parquet", "parquet", write_parquet);
+    let error = run_with_part_1_overwritten("parquet", "parquet", write_parquet, Part1::Planned);
+    assert!(error.contains("modified at"), "{error}");
+}
+
+#[test]
+fn a_parquet_file_a_followed_source_added_then_overwritten_at_the_same_size_fails_the_job_naming_it()
+ {
+    let error = run_with_part_1_overwritten("parquet", "parquet", write_parquet, Part1::Followed);
     assert!(error.contains("modified at"), "{error}");
 }
 
 #[test]
 fn an_arrow_ipc_file_overwritten_at_the_same_size_after_planning_fails_the_job_naming_it() {
-    run_with_part_1_overwritten("ipc", "arrow", write_ipc);
+    run_with_part_1_overwritten("ipc", "arrow", write_ipc, Part1::Planned);
 }

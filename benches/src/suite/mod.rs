@@ -38,10 +38,27 @@
 //! Rounds rotate the order of the systems; the figures are the medians over the rounds. The ring and
 //! memcpy have no processes or trainer of their own: their other figures are `None` (`null` in the
 //! JSON, `-` in the table).
+//!
+//! # Remote data
+//!
+//! With `--remote` ([`SuiteOptions::remote`]), the same systems read the data from a real S3 server
+//! behind a delaying, bandwidth-capped proxy (see [`remote`]): the suite starts both, uploads the
+//! Parquet files (and the MDS copy) once, past the proxy, and every system reads S3 its own way
+//! through the proxy: Sluice's AM and daemon with `object_store` (the job's source has the proxy's
+//! endpoint in its storage options); `pyarrow`, the DataLoaders, torchdata and Ray Data with
+//! `pyarrow.fs.S3FileSystem` at the proxy; MosaicML Streaming with its `remote` on S3 (boto3 at
+//! `S3_ENDPOINT_URL`) and a local cache directory that is empty at the start of each run. A remote
+//! run has the idle phase only: it asks how many rows per second each system makes of the link.
+//! Figures per system beside the idle phase's: the bytes the proxy handed to the system's processes
+//! over its run, and the link fraction, the bytes it handed them within the trainer's window over
+//! what the link carries in that time (bandwidth × window). The physical limit is the link (`link`):
+//! its bandwidth over the Parquet bytes per row of the delivered columns, the least a Parquet reader
+//! fetches.
 
 pub mod chart;
 pub mod process_tree;
 pub mod python_env;
+pub mod remote;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -60,6 +77,7 @@ use crate::peer::PeerCommand;
 use crate::transport::Transport;
 use crate::{RingBenchOptions, TransportBench};
 use process_tree::{TreeProcess, TreeSampler, TreeSamples};
+use remote::{RemoteOptions, RemoteStore};
 
 /// Rows per batch for every system, a common training batch.
 pub const BATCH_ROWS: usize = 4096;
@@ -180,6 +198,9 @@ pub struct SuiteOptions {
     pub work_us: Option<f64>,
     /// How the ring benchmark starts its producer process.
     pub peer: PeerCommand,
+    /// Read the data from an S3 server behind a link of this delay and bandwidth instead of local
+    /// files (see [the module's docs](self#remote-data)); `None` for local files.
+    pub remote: Option<RemoteOptions>,
 }
 
 /// A `DataLoader`-shaped peer: a Dataset or loader run with each of its worker counts.
@@ -311,8 +332,16 @@ struct TrainerLine {
 struct Facts {
     rows: u64,
     arrow_bytes: u64,
+    /// The compressed bytes of the columns' chunks in the Parquet files.
+    parquet_bytes: u64,
     batches: u64,
     columns: Vec<String>,
+}
+
+/// The JSON line of the trainer script's `mds`.
+#[derive(Debug, Clone, Deserialize)]
+struct MdsFacts {
+    mds_bytes: u64,
 }
 
 /// The JSON line of the trainer script's `probe`.
@@ -333,6 +362,17 @@ struct TrainerRun {
     daemon_cpu_seconds: f64,
     peak_rss_bytes: u64,
     peak_pss_bytes: u64,
+    /// What crossed the link, in a remote run.
+    link: Option<LinkUse>,
+}
+
+/// The bytes the link carried to one run of a system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LinkUse {
+    /// Over the whole run: the system's start, the trainer's window and its end.
+    bytes: u64,
+    /// Within the trainer's window.
+    window_bytes: u64,
 }
 
 impl TrainerRun {
@@ -344,6 +384,13 @@ impl TrainerRun {
     fn rows_per_s_steady(&self) -> f64 {
         let after_first = self.line.seconds - self.line.first_batch_seconds;
         (self.line.rows - self.line.first_batch_rows) as f64 / after_first.max(f64::MIN_POSITIVE)
+    }
+
+    /// The bytes the link carried in the trainer's window over what it can carry in that time.
+    fn link_fraction(&self, bandwidth_bytes_per_s: u64) -> Option<f64> {
+        self.link.map(|link| {
+            link.window_bytes as f64 / (bandwidth_bytes_per_s as f64 * self.line.seconds)
+        })
     }
 
     fn stall_percent(&self) -> f64 {
@@ -401,6 +448,14 @@ pub struct SystemFigures {
     pub num_workers: Option<u32>,
     /// Rows/s over sluice's rows/s.
     pub ratio_to_sluice: f64,
+    /// In a remote run, the bytes the link carried to the system over its whole run (its start, the
+    /// trainer's window and its end); `None` for the limits and in a local run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_bytes: Option<u64>,
+    /// In a remote run, the bytes the link carried to the system within the trainer's window over
+    /// the link's bandwidth × the window; `None` for the limits and in a local run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_fraction: Option<f64>,
 }
 
 /// One target of the suite, recorded against the figures (not asserted).
@@ -460,8 +515,8 @@ pub struct SuiteReport {
     /// The ring's and memcpy's record size: the mean Arrow IPC bytes of one batch.
     pub record_bytes: usize,
     /// The trainer's work per batch of the `data_overhead` and `stall_percent` figures, µs; the other
-    /// work phases run half and twice this.
-    pub work_us: f64,
+    /// work phases run half and twice this. `None` in a remote run, which has no work phases.
+    pub work_us: Option<f64>,
     /// Whether `work_us` was given (`--work-us`) or measured (the daemon's CPU per batch).
     pub work_us_given: bool,
     /// Rounds of each phase.
@@ -483,6 +538,30 @@ pub struct SuiteReport {
     pub not_installed: BTreeMap<String, String>,
     /// The targets, Sluice (`sluice`) against the best peer at each figure.
     pub targets: Vec<Target>,
+    /// The S3 server and the link of a remote run; `None` in a local run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteReport>,
+}
+
+/// What the systems of a remote run read through the link.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RemoteReport {
+    /// The data's URI on the S3 server.
+    pub uri: String,
+    /// The MosaicML Streaming copy's URI, when MosaicML Streaming ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mds_uri: Option<String>,
+    /// The link's delay before the first byte of every response, ms.
+    pub delay_ms: f64,
+    /// The link's bandwidth, bytes per second, in each direction.
+    pub bandwidth_bytes_per_s: u64,
+    /// The bytes of the Parquet files uploaded.
+    pub file_bytes: u64,
+    /// The compressed bytes of the delivered columns' chunks: the least a Parquet reader fetches.
+    pub parquet_bytes: u64,
+    /// The bytes of the MDS files uploaded, when MosaicML Streaming ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mds_bytes: Option<u64>,
 }
 
 /// The systems that are not Sluice.
@@ -540,7 +619,7 @@ pub fn run_suite_bench(
         operation: format!("writing {}", script.display()),
         source,
     })?;
-    let (source, mds) = match &options.source {
+    let (local_source, mds) = match &options.source {
         Some(source) => (DataSource::given(source)?, work.path().join("mds")),
         None => {
             let directory = data.directory_in(&options.cache_dir);
@@ -555,16 +634,17 @@ pub fn run_suite_bench(
             (source, data.mds_directory_in(&options.cache_dir))
         }
     };
-    progress(&format!("data: {}", source.python));
+    progress(&format!("data: {}", local_source.python));
     let mut runner = Runner {
         sluice: &options.sluice,
         python: &python,
         script: &script,
         work: work.path(),
-        source: &source,
+        source: local_source.clone(),
         task_rows: data.task_rows,
         columns: Vec::new(),
         mds: &mds,
+        remote: None,
     };
     // The facts pass reads every row once, which also warms the page cache for every system.
     let facts: Facts = runner.python_json(&["facts"])?;
@@ -573,7 +653,7 @@ pub fn run_suite_bench(
             option: "--source".to_owned(),
             reason: format!(
                 "{} holds no rows of integer or floating-point columns; give a dataset with some",
-                source.python
+                local_source.python
             ),
         });
     }
@@ -598,15 +678,43 @@ pub fn run_suite_bench(
         .into_iter()
         .filter(|system| !probe.missing.contains_key(system.name()))
         .collect();
+    let mosaic_runs = systems
+        .iter()
+        .any(|system| matches!(system, System::Loader(Loader::Mosaic, _)));
+    let store = options.remote.map(RemoteStore::start).transpose()?;
+    let remote_report = match &store {
+        Some(store) => {
+            let report = upload(
+                store,
+                &runner,
+                &local_source,
+                mosaic_runs.then_some(&mds),
+                facts.parquet_bytes,
+                progress,
+            )?;
+            runner.source = DataSource::remote(&report.uri);
+            runner.remote = Some(RemoteRun {
+                store,
+                mds_uri: report.mds_uri.clone(),
+            });
+            Some(report)
+        }
+        None => None,
+    };
     let mut entries: Vec<Entry> = systems.iter().copied().map(Entry::Trainer).collect();
-    entries.extend([Entry::Ring, Entry::Memcpy]);
-
     let ring_options = RingBenchOptions {
         sizes: vec![record_bytes],
         quick: options.quick,
         peer: options.peer.clone(),
     };
-    let mut transports = TransportBench::new(&ring_options)?;
+    // The limits of a local run are the ring and memcpy; a remote run's is the link.
+    let mut transports = match &store {
+        Some(_) => None,
+        None => {
+            entries.extend([Entry::Ring, Entry::Memcpy]);
+            Some(TransportBench::new(&ring_options)?)
+        }
+    };
     let mut idle: BTreeMap<System, Vec<TrainerRun>> = BTreeMap::new();
     let mut ring_rows_per_s = Vec::new();
     let mut memcpy_rows_per_s = Vec::new();
@@ -614,11 +722,18 @@ pub fn run_suite_bench(
         for offset in 0..entries.len() {
             let entry = entries[(round + offset) % entries.len()];
             let label = format!("idle trainer, round {}", round + 1);
-            match entry {
-                Entry::Trainer(system) => {
+            match (entry, transports.as_mut()) {
+                (Entry::Trainer(system), _) => {
                     let run = runner.run(system, 0.0, facts.rows)?;
+                    let link = run.link.map_or_else(String::new, |link| {
+                        format!(
+                            ", {:.1} MB through the link ({:.1} in the window)",
+                            link.bytes as f64 / 1e6,
+                            link.window_bytes as f64 / 1e6
+                        )
+                    });
                     progress(&format!(
-                        "{label}: {}: {:.3} M rows/s ({:.3} after the first batch at {:.2} s), {:.2} CPU s ({:.2} in the trainer)",
+                        "{label}: {}: {:.3} M rows/s ({:.3} after the first batch at {:.2} s), {:.2} CPU s ({:.2} in the trainer){link}",
                         system.label(),
                         run.rows_per_s() / 1e6,
                         run.rows_per_s_steady() / 1e6,
@@ -628,7 +743,7 @@ pub fn run_suite_bench(
                     ));
                     idle.entry(system).or_default().push(run);
                 }
-                Entry::Ring => {
+                (Entry::Ring, Some(transports)) => {
                     let measurement = transports.measure(Transport::SluiceRing, record_bytes)?;
                     let rows_per_s = measurement.msgs_per_s() * rows_per_record;
                     progress(&format!(
@@ -638,7 +753,7 @@ pub fn run_suite_bench(
                     ));
                     ring_rows_per_s.push(rows_per_s);
                 }
-                Entry::Memcpy => {
+                (Entry::Memcpy, Some(transports)) => {
                     let gbps = transports.measure_memcpy()?;
                     let rows_per_s = gbps * 1e9 / bytes_per_row;
                     progress(&format!(
@@ -647,42 +762,51 @@ pub fn run_suite_bench(
                     ));
                     memcpy_rows_per_s.push(rows_per_s);
                 }
+                // Only a local run lists the ring and memcpy, and it has their transports.
+                (Entry::Ring | Entry::Memcpy, None) => {}
             }
         }
     }
 
-    let (work_us, work_us_given) = match options.work_us {
-        Some(work_us) => (work_us, true),
-        None => (
+    // A remote run measures the link: it has no work phases.
+    let work = match (&store, options.work_us) {
+        (Some(_), _) => None,
+        (None, Some(work_us)) => Some((work_us, true)),
+        (None, None) => Some((
             daemon_us_per_batch(idle.get(&System::Sluice).map_or(&[][..], Vec::as_slice))?,
             false,
-        ),
+        )),
     };
-    progress(&format!(
-        "work phases: {} µs of work per batch",
-        WORK_MULTIPLES
-            .map(|multiple| format!("{:.1}", multiple * work_us))
-            .join(", ")
-    ));
     let mut working: BTreeMap<(System, usize), Vec<TrainerRun>> = BTreeMap::new();
-    for round in 0..rounds {
-        for (phase, multiple) in WORK_MULTIPLES.iter().enumerate() {
-            for offset in 0..systems.len() {
-                let system = systems[(round + offset) % systems.len()];
-                let phase_work_us = multiple * work_us;
-                let run = runner.run(system, phase_work_us, facts.rows)?;
-                progress(&format!(
-                    "work {phase_work_us:.0} µs per batch, round {}: {}: data overhead {:.3}, stall {:.2} %",
-                    round + 1,
-                    system.label(),
-                    run.data_overhead(phase_work_us),
-                    run.stall_percent()
-                ));
-                working.entry((system, phase)).or_default().push(run);
+    if let Some((work_us, _)) = work {
+        progress(&format!(
+            "work phases: {} µs of work per batch",
+            WORK_MULTIPLES
+                .map(|multiple| format!("{:.1}", multiple * work_us))
+                .join(", ")
+        ));
+        for round in 0..rounds {
+            for (phase, multiple) in WORK_MULTIPLES.iter().enumerate() {
+                for offset in 0..systems.len() {
+                    let system = systems[(round + offset) % systems.len()];
+                    let phase_work_us = multiple * work_us;
+                    let run = runner.run(system, phase_work_us, facts.rows)?;
+                    progress(&format!(
+                        "work {phase_work_us:.0} µs per batch, round {}: {}: data overhead {:.3}, stall {:.2} %",
+                        round + 1,
+                        system.label(),
+                        run.data_overhead(phase_work_us),
+                        run.stall_percent()
+                    ));
+                    working.entry((system, phase)).or_default().push(run);
+                }
             }
         }
     }
 
+    let bandwidth = remote_report
+        .as_ref()
+        .map(|report| report.bandwidth_bytes_per_s);
     let figures_of = |system: System| -> Result<SystemFigures> {
         let median =
             |runs: Option<&Vec<TrainerRun>>, figure: &dyn Fn(&TrainerRun) -> f64, what: &str| {
@@ -695,12 +819,15 @@ pub fn run_suite_bench(
             };
         let fast = idle.get(&system);
         let overhead = |phase: usize| {
-            let phase_work_us = WORK_MULTIPLES[phase] * work_us;
-            median(
-                working.get(&(system, phase)),
-                &|run| run.data_overhead(phase_work_us),
-                "data overhead",
-            )
+            work.map(|(work_us, _)| {
+                let phase_work_us = WORK_MULTIPLES[phase] * work_us;
+                median(
+                    working.get(&(system, phase)),
+                    &|run| run.data_overhead(phase_work_us),
+                    "data overhead",
+                )
+            })
+            .transpose()
         };
         let per_mrows = |seconds: f64, run: &TrainerRun| seconds / run.line.rows as f64 * 1e6;
         let rows_per_s = median(fast, &TrainerRun::rows_per_s, "rows/s")?;
@@ -727,19 +854,42 @@ pub fn run_suite_bench(
                 &|run| per_mrows(run.trainer_cpu_seconds, run),
                 "the trainer's CPU seconds per million rows",
             )?),
-            data_overhead: Some(overhead(0)?),
-            data_overhead_half_work: Some(overhead(1)?),
-            data_overhead_double_work: Some(overhead(2)?),
-            stall_percent: Some(median(
-                working.get(&(system, 0)),
-                &TrainerRun::stall_percent,
-                "stall %",
-            )?),
+            data_overhead: overhead(0)?,
+            data_overhead_half_work: overhead(1)?,
+            data_overhead_double_work: overhead(2)?,
+            stall_percent: work
+                .map(|_| {
+                    median(
+                        working.get(&(system, 0)),
+                        &TrainerRun::stall_percent,
+                        "stall %",
+                    )
+                })
+                .transpose()?,
             peak_rss_bytes: Some(median(fast, &|run| run.peak_rss_bytes as f64, "peak RSS")? as u64),
             peak_pss_bytes: Some(median(fast, &|run| run.peak_pss_bytes as f64, "peak PSS")? as u64),
             rows: Some(facts.rows),
             num_workers: system.workers(),
             ratio_to_sluice: 0.0,
+            link_bytes: bandwidth
+                .map(|_| {
+                    median(
+                        fast,
+                        &|run| run.link.map_or(f64::NAN, |link| link.bytes as f64),
+                        "bytes through the link",
+                    )
+                })
+                .transpose()?
+                .map(|bytes| bytes as u64),
+            link_fraction: bandwidth
+                .map(|bandwidth| {
+                    median(
+                        fast,
+                        &|run| run.link_fraction(bandwidth).unwrap_or(f64::NAN),
+                        "the link fraction",
+                    )
+                })
+                .transpose()?,
         })
     };
     let limit = |samples: Vec<f64>, what: &str| -> Result<SystemFigures> {
@@ -760,6 +910,8 @@ pub fn run_suite_bench(
             rows: None,
             num_workers: None,
             ratio_to_sluice: 0.0,
+            link_bytes: None,
+            link_fraction: None,
         })
     };
     let mut by_name: BTreeMap<String, SystemFigures> = BTreeMap::new();
@@ -777,12 +929,15 @@ pub fn run_suite_bench(
         }
     }
     for (name, counts) in &by_workers {
+        // The worker count of a loader's figure: the lowest data overhead, or in a remote run,
+        // which has no work phases, the most rows/s.
         let best = counts
             .iter()
             .min_by(|left, right| {
-                let overhead =
-                    |figures: &SystemFigures| figures.data_overhead.unwrap_or(f64::INFINITY);
-                overhead(left).total_cmp(&overhead(right))
+                let cost = |figures: &SystemFigures| {
+                    figures.data_overhead.unwrap_or(1.0 / figures.rows_per_s)
+                };
+                cost(left).total_cmp(&cost(right))
             })
             .cloned()
             .ok_or_else(|| BenchError::Disagree {
@@ -791,8 +946,22 @@ pub fn run_suite_bench(
             })?;
         by_name.insert(name.clone(), best);
     }
-    by_name.insert("ring".to_owned(), limit(ring_rows_per_s, "the ring")?);
-    by_name.insert("memcpy".to_owned(), limit(memcpy_rows_per_s, "memcpy")?);
+    match &remote_report {
+        Some(report) => {
+            let parquet_bytes_per_row = report.parquet_bytes as f64 / facts.rows as f64;
+            by_name.insert(
+                "link".to_owned(),
+                limit(
+                    vec![report.bandwidth_bytes_per_s as f64 / parquet_bytes_per_row],
+                    "the link",
+                )?,
+            );
+        }
+        None => {
+            by_name.insert("ring".to_owned(), limit(ring_rows_per_s, "the ring")?);
+            by_name.insert("memcpy".to_owned(), limit(memcpy_rows_per_s, "memcpy")?);
+        }
+    }
     let sluice = by_name
         .get("sluice")
         .cloned()
@@ -806,16 +975,19 @@ pub fn run_suite_bench(
     {
         figures.ratio_to_sluice = figures.rows_per_s / sluice.rows_per_s;
     }
-    let targets = targets(&sluice, &by_name);
+    let targets = match &remote_report {
+        Some(_) => remote_targets(&sluice, &by_name),
+        None => targets(&sluice, &by_name),
+    };
     Ok(SuiteReport {
-        source: source.python.clone(),
+        source: runner.source.python.clone(),
         rows: facts.rows,
         columns: facts.columns,
         arrow_bytes: facts.arrow_bytes,
         batch_rows: BATCH_ROWS,
         record_bytes,
-        work_us,
-        work_us_given,
+        work_us: work.map(|(work_us, _)| work_us),
+        work_us_given: work.is_some_and(|(_, given)| given),
         rounds,
         python: python.to_string_lossy().into_owned(),
         versions: probe.versions,
@@ -825,6 +997,71 @@ pub fn run_suite_bench(
         by_workers,
         not_installed: probe.missing,
         targets,
+        remote: remote_report,
+    })
+}
+
+/// Uploads the local data (and, for MosaicML Streaming, its MDS copy in `mds`, converted first) to
+/// the remote store, past the link.
+fn upload(
+    store: &RemoteStore,
+    runner: &Runner<'_>,
+    local_source: &DataSource,
+    mds: Option<&PathBuf>,
+    parquet_bytes: u64,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RemoteReport> {
+    let local = local_source.local.as_deref().ok_or_else(|| BenchError::InvalidOption {
+        option: "--source".to_owned(),
+        reason: format!(
+            "{} is a URI, and --remote reads the suite's own S3 server, to which it uploads the data; \
+             give a local Parquet file or directory",
+            local_source.python
+        ),
+    })?;
+    let name = |path: &Path| {
+        path.file_name().map_or_else(
+            || "data".to_owned(),
+            |name| name.to_string_lossy().into_owned(),
+        )
+    };
+    let prefix = format!("suite/{}", name(local));
+    let file_bytes = store.upload(local, &prefix)?;
+    let uri = store.uri(&prefix);
+    progress(&format!(
+        "uploaded {:.1} MB of Parquet to {uri}",
+        file_bytes as f64 / 1e6
+    ));
+    let mds_upload = match mds {
+        Some(mds) => {
+            let mds_text = mds.display().to_string();
+            let converted: MdsFacts = runner.python_json(&[
+                "mds",
+                "--scratch",
+                &mds_text,
+                "--columns",
+                &runner.columns.join(","),
+            ])?;
+            let mds_prefix = format!("suite/{}", name(mds));
+            store.upload(mds, &mds_prefix)?;
+            let mds_uri = store.uri(&mds_prefix);
+            progress(&format!(
+                "uploaded {:.1} MB of MDS to {mds_uri}",
+                converted.mds_bytes as f64 / 1e6
+            ));
+            Some((mds_uri, converted.mds_bytes))
+        }
+        None => None,
+    };
+    let options = store.options();
+    Ok(RemoteReport {
+        uri,
+        mds_uri: mds_upload.as_ref().map(|(uri, _)| uri.clone()),
+        delay_ms: options.delay.as_secs_f64() * 1e3,
+        bandwidth_bytes_per_s: options.bandwidth_bytes_per_s.get(),
+        file_bytes,
+        parquet_bytes,
+        mds_bytes: mds_upload.map(|(_, bytes)| bytes),
     })
 }
 
@@ -916,6 +1153,36 @@ fn targets(sluice: &SystemFigures, systems: &BTreeMap<String, SystemFigures>) ->
     targets
 }
 
+/// Sluice against the best peer through the link of a remote run: rows/s, and Sluice's share of the
+/// link.
+fn remote_targets(
+    sluice: &SystemFigures,
+    systems: &BTreeMap<String, SystemFigures>,
+) -> Vec<Target> {
+    let mut targets = Vec::new();
+    let best = PEERS
+        .iter()
+        .filter_map(|name| Some((*name, systems.get(*name)?.rows_per_s)))
+        .max_by(|left, right| left.1.total_cmp(&right.1));
+    if let Some((peer, peer_rows_per_s)) = best {
+        targets.push(Target::new(
+            "sluice's rows/s ÷ the best peer's, through the link",
+            Some(peer),
+            sluice.rows_per_s / peer_rows_per_s,
+            Targets::REMOTE_ROWS,
+            false,
+        ));
+    }
+    targets.push(Target::new(
+        "sluice's share of the link's bandwidth in its window",
+        None,
+        sluice.link_fraction.unwrap_or(f64::NAN),
+        Targets::REMOTE_LINK,
+        false,
+    ));
+    targets
+}
+
 /// The bounds of the suite's targets.
 struct Targets;
 
@@ -925,6 +1192,8 @@ impl Targets {
     const STEADY: f64 = 1.2;
     const CPU: f64 = 0.5;
     const TRAINER_CPU: f64 = 0.2;
+    const REMOTE_ROWS: f64 = 3.0;
+    const REMOTE_LINK: f64 = 0.8;
 }
 
 /// The daemon's CPU microseconds per batch, median over the runs of the `sluice` system.
@@ -988,6 +1257,8 @@ fn check_trainer_modules(python: &OsString) -> Result<()> {
 struct DataSource {
     sluice_uri: String,
     python: String,
+    /// The file or directory, when the dataset is local.
+    local: Option<PathBuf>,
 }
 
 impl DataSource {
@@ -995,16 +1266,23 @@ impl DataSource {
         DataSource {
             sluice_uri: format!("file://{}", path.display()),
             python: path.display().to_string(),
+            local: Some(path.to_owned()),
+        }
+    }
+
+    /// A dataset at a URI, which every system reads as it is.
+    fn remote(uri: &str) -> DataSource {
+        DataSource {
+            sluice_uri: uri.to_owned(),
+            python: uri.to_owned(),
+            local: None,
         }
     }
 
     /// The user's `--source`: a URI as it is, a path made absolute.
     fn given(source: &str) -> Result<DataSource> {
         if source.contains("://") {
-            return Ok(DataSource {
-                sluice_uri: source.to_owned(),
-                python: source.to_owned(),
-            });
+            return Ok(DataSource::remote(source));
         }
         let path = std::path::absolute(source).map_err(|source_error| BenchError::Setup {
             operation: format!("--source {source}: making the path absolute"),
@@ -1029,17 +1307,32 @@ struct Runner<'a> {
     python: &'a OsString,
     script: &'a Path,
     work: &'a Path,
-    source: &'a DataSource,
+    source: DataSource,
     task_rows: u64,
     /// The columns every system delivers, once `facts` has listed them.
     columns: Vec<String>,
     /// Where MosaicML Streaming's MDS copy of the data is kept.
     mds: &'a Path,
+    /// The remote store the systems read through, once the data is uploaded to it.
+    remote: Option<RemoteRun<'a>>,
+}
+
+/// The remote store of a remote run and the data on it.
+struct RemoteRun<'a> {
+    store: &'a RemoteStore,
+    /// The MDS copy's URI, when MosaicML Streaming runs.
+    mds_uri: Option<String>,
 }
 
 impl Runner<'_> {
-    /// The trainer script's command for `system` with `work_us` of work per batch.
-    fn trainer_arguments(&self, system: System, work_us: f64) -> Vec<String> {
+    /// The trainer script's command for `system` with `work_us` of work per batch; `mosaic_cache` is
+    /// MosaicML Streaming's local cache of a remote MDS copy.
+    fn trainer_arguments(
+        &self,
+        system: System,
+        work_us: f64,
+        mosaic_cache: Option<&Path>,
+    ) -> Vec<String> {
         let mut arguments = vec![
             self.script.display().to_string(),
             system.name().to_owned(),
@@ -1056,15 +1349,32 @@ impl Runner<'_> {
             arguments.extend(["--workers".to_owned(), workers.to_string()]);
         }
         if let System::Loader(Loader::Mosaic, _) = system {
-            arguments.extend(["--scratch".to_owned(), self.mds.display().to_string()]);
+            match (
+                self.remote
+                    .as_ref()
+                    .and_then(|remote| remote.mds_uri.as_ref()),
+                mosaic_cache,
+            ) {
+                (Some(mds_uri), Some(cache)) => arguments.extend([
+                    "--mds-remote".to_owned(),
+                    mds_uri.clone(),
+                    "--scratch".to_owned(),
+                    cache.display().to_string(),
+                ]),
+                _ => arguments.extend(["--scratch".to_owned(), self.mds.display().to_string()]),
+            }
         }
         arguments
     }
 
-    /// The Python interpreter, told not to send Ray's usage statistics anywhere.
+    /// The Python interpreter, told not to send Ray's usage statistics anywhere, and in a remote run
+    /// where the S3 server is and how to sign for it.
     fn python_command(&self) -> Command {
         let mut command = Command::new(self.python);
         command.env("RAY_USAGE_STATS_ENABLED", "0");
+        if let Some(remote) = &self.remote {
+            command.envs(remote.store.python_environment());
+        }
         command
     }
 
@@ -1088,19 +1398,31 @@ impl Runner<'_> {
     ///
     /// The CPU time counted is that of the trainer's window; the peak RSS is each process's whole life.
     fn run(&self, system: System, work_us: f64, rows: u64) -> Result<TrainerRun> {
-        let (command_line, line, samples) = if system.is_sluice() {
-            self.run_sluice(system, work_us)?
-        } else {
-            let mut command = self.python_command();
-            command.args(self.trainer_arguments(system, work_us));
-            let (run, samples) = run_sampled(&mut command, RUN_TIMEOUT)?;
-            let line = last_json_line(&run.stdout).map_err(|reason| BenchError::CommandOutput {
-                command: display(&command),
-                stdout: run.stdout.clone(),
-                reason,
-            })?;
-            (display(&command), line, samples)
+        // MosaicML Streaming's local cache of a remote copy starts empty in every run.
+        let mosaic_cache = match (&self.remote, system) {
+            (Some(_), System::Loader(Loader::Mosaic, _)) => Some(
+                tempfile::Builder::new()
+                    .prefix("mosaic-cache-")
+                    .tempdir_in(self.work)
+                    .map_err(|source| BenchError::Setup {
+                        operation: format!(
+                            "creating MosaicML Streaming's cache in {}",
+                            self.work.display()
+                        ),
+                        source,
+                    })?,
+            ),
+            _ => None,
         };
+        let mosaic_cache = mosaic_cache.as_ref().map(tempfile::TempDir::path);
+        let meter = self.remote.as_ref().map(|remote| remote.store.meter());
+        let ran = if system.is_sluice() {
+            self.run_sluice(system, work_us)
+        } else {
+            self.run_python(system, work_us, mosaic_cache)
+        };
+        let link_samples = meter.map(remote::LinkMeter::finish);
+        let (command_line, line, samples) = ran?;
         if line.rows != rows {
             return Err(BenchError::Disagree {
                 what: format!("rows of {} ({})", self.source.python, system.label()),
@@ -1122,6 +1444,10 @@ impl Runner<'_> {
             });
         let daemon_cpu_seconds =
             samples.cpu_seconds_between(line.window_start_ns, line.window_end_ns, is_sluice_daemon);
+        let link = link_samples.map(|link| LinkUse {
+            bytes: link.bytes(),
+            window_bytes: link.bytes_between(line.window_start_ns, line.window_end_ns),
+        });
         Ok(TrainerRun {
             cpu_seconds,
             trainer_cpu_seconds,
@@ -1129,7 +1455,26 @@ impl Runner<'_> {
             peak_rss_bytes: samples.peak_rss_sum(),
             peak_pss_bytes: samples.peak_pss_sum(),
             line,
+            link,
         })
+    }
+
+    /// Runs the trainer script as `system`, a peer, by itself.
+    fn run_python(
+        &self,
+        system: System,
+        work_us: f64,
+        mosaic_cache: Option<&Path>,
+    ) -> Result<(String, TrainerLine, TreeSamples)> {
+        let mut command = self.python_command();
+        command.args(self.trainer_arguments(system, work_us, mosaic_cache));
+        let (run, samples) = run_sampled(&mut command, RUN_TIMEOUT)?;
+        let line = last_json_line(&run.stdout).map_err(|reason| BenchError::CommandOutput {
+            command: display(&command),
+            stdout: run.stdout.clone(),
+            reason,
+        })?;
+        Ok((display(&command), line, samples))
     }
 
     /// Runs a Sluice job whose one trainer runs `system`: `sluice am`, then the trainer, then, once the
@@ -1158,11 +1503,17 @@ impl Runner<'_> {
             })?;
         let rings = ring_directory.path();
         let mut trainer_command = vec![self.python.to_string_lossy().into_owned()];
-        trainer_command.extend(self.trainer_arguments(system, work_us));
+        trainer_command.extend(self.trainer_arguments(system, work_us, None));
+        let storage_options = self
+            .remote
+            .as_ref()
+            .map(|remote| remote.store.storage_options())
+            .unwrap_or_default();
         std::fs::write(
             &spec,
             job_spec(
                 &self.source.sluice_uri,
+                &storage_options,
                 &self.columns,
                 self.task_rows,
                 &trainer_command,
@@ -1191,7 +1542,7 @@ impl Runner<'_> {
 
         let mut trainer = self.python_command();
         trainer
-            .args(self.trainer_arguments(system, work_us))
+            .args(self.trainer_arguments(system, work_us, None))
             .env("SLUICE_RING", rings.join(JOB_NAME).join("0.ring"))
             .env("SLUICE_AM", &address)
             .env("SLUICE_RANK", "0")
@@ -1397,14 +1748,29 @@ fn last_json_line<T: for<'de> Deserialize<'de>>(text: &str) -> std::result::Resu
     serde_json::from_str(line).map_err(|error| format!("not the trainer script's JSON: {error}"))
 }
 
-/// The job spec of the Sluice systems: one daemon, one trainer, all the data. `sluice am` launches no
-/// executor; the role's command records what the suite starts as the trainer.
-fn job_spec(uri: &str, columns: &[String], task_rows: u64, trainer: &[String]) -> String {
+/// The job spec of the Sluice systems: one daemon, one trainer, all the data, read with
+/// `storage_options` (none for local files). `sluice am` launches no executor; the role's command
+/// records what the suite starts as the trainer.
+fn job_spec(
+    uri: &str,
+    storage_options: &BTreeMap<String, String>,
+    columns: &[String],
+    task_rows: u64,
+    trainer: &[String],
+) -> String {
     let command = serde_json::to_string(trainer).unwrap_or_default();
+    let storage_options = if storage_options.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", storage_options: {}",
+            serde_json::to_string(storage_options).unwrap_or_default()
+        )
+    };
     format!(
         r#"name: {JOB_NAME}
 data:
-  sources: [{{ uri: {uri}, format: parquet, columns: {columns} }}]
+  sources: [{{ uri: {uri}, format: parquet, columns: {columns}{storage_options} }}]
   batch_size: {BATCH_ROWS}
   task_rows: {task_rows}
 nodes: 1
@@ -1433,7 +1799,7 @@ impl SuiteReport {
         for name in ["sluice", "sluice_torch"]
             .into_iter()
             .chain(PEERS)
-            .chain(["ring", "memcpy"])
+            .chain(["ring", "memcpy", "link"])
         {
             let Some(counts) = self.by_workers.get(name) else {
                 if let Some(figures) = self.systems.get(name) {
@@ -1480,14 +1846,147 @@ impl SuiteReport {
 
     /// The chart's title.
     pub fn chart_title(&self) -> String {
+        let link = self.remote.as_ref().map_or_else(String::new, |remote| {
+            format!(
+                ", from S3 over a link of {:.0} ms and {:.0} MB/s",
+                remote.delay_ms,
+                remote.bandwidth_bytes_per_s as f64 / 1e6
+            )
+        });
         format!(
-            "rows/s to one idle trainer, {} rows in batches of {}",
+            "rows/s to one idle trainer, {} rows in batches of {}{link}",
             self.rows, self.batch_rows
         )
     }
 
     /// The report as a table for people.
     pub fn render_table(&self) -> String {
+        let mut out = match &self.remote {
+            Some(remote) => self.render_remote_table(remote),
+            None => self.render_local_table(),
+        };
+        for (name, reason) in &self.not_installed {
+            writeln!(out, "{name:<36} not installed: {reason}").ok();
+        }
+        writeln!(
+            out,
+            "* the worker count with {}, the system's figure; versions: {}",
+            if self.remote.is_some() {
+                "the most rows/s"
+            } else {
+                "the lowest data overhead at 1×"
+            },
+            self.versions
+                .iter()
+                .map(|(name, version)| format!("{name} {version}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+        .ok();
+        let targets: Vec<String> = self
+            .targets
+            .iter()
+            .map(|target| {
+                format!(
+                    "{}{} {:.2} ({} {}: {})",
+                    target.figure,
+                    target
+                        .best_peer
+                        .as_ref()
+                        .map(|peer| format!(" [{peer}]"))
+                        .unwrap_or_default(),
+                    target.measured,
+                    if target.at_most { "≤" } else { "≥" },
+                    target.bound,
+                    if target.met { "met" } else { "NOT met" }
+                )
+            })
+            .collect();
+        writeln!(out, "targets: {}", targets.join("; ")).ok();
+        out
+    }
+
+    /// The header line and the rows of a remote run: the idle phase's figures and the link's.
+    fn render_remote_table(&self, remote: &RemoteReport) -> String {
+        let mut out = String::new();
+        let optional = |value: Option<f64>, precision: usize| {
+            value.map_or_else(|| "-".to_owned(), |value| format!("{value:.precision$}"))
+        };
+        // Writing to a String cannot fail.
+        writeln!(
+            out,
+            "sluice bench suite --remote: {} rows of {} (columns {}: {:.1} MB as Parquet, {:.1} MB as Arrow) in batches of {}, over a link of {:.0} ms before every response's first byte and {:.1} MB/s ({:.0} Mbit/s); idle trainers, median of {} round(s); load average {} at start, {} at end",
+            self.rows,
+            self.source,
+            self.columns.join(","),
+            remote.parquet_bytes as f64 / 1e6,
+            self.arrow_bytes as f64 / 1e6,
+            self.batch_rows,
+            remote.delay_ms,
+            remote.bandwidth_bytes_per_s as f64 / 1e6,
+            remote.bandwidth_bytes_per_s as f64 * 8.0 / 1e6,
+            self.rounds,
+            format_load(self.load_average_start),
+            format_load(self.load_average_end),
+        )
+        .ok();
+        writeln!(
+            out,
+            "{:<36} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>8}",
+            "system",
+            "M rows/s",
+            "steady",
+            "1st s",
+            "CPU s/M",
+            "trainer",
+            "MB read",
+            "÷ needed",
+            "link %",
+            "peak PSS",
+            "÷ sluice"
+        )
+        .ok();
+        for (label, figures) in self.rows() {
+            writeln!(
+                out,
+                "{:<36} {:>9.3} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>7.3}x",
+                label,
+                figures.rows_per_s / 1e6,
+                optional(figures.rows_per_s_steady.map(|rows| rows / 1e6), 3),
+                optional(figures.first_batch_s, 2),
+                optional(figures.cpu_s_per_mrows, 2),
+                optional(figures.trainer_cpu_s_per_mrows, 2),
+                optional(figures.link_bytes.map(|bytes| bytes as f64 / 1e6), 1),
+                optional(
+                    figures
+                        .link_bytes
+                        .map(|bytes| bytes as f64 / remote.parquet_bytes as f64),
+                    2
+                ),
+                optional(figures.link_fraction.map(|fraction| fraction * 100.0), 1),
+                figures.peak_pss_bytes.map_or_else(
+                    || "-".to_owned(),
+                    |bytes| format!("{:.0} MB", bytes as f64 / 1e6)
+                ),
+                figures.ratio_to_sluice,
+            )
+            .ok();
+        }
+        writeln!(
+            out,
+            "MB read: through the link over the run; ÷ needed: over the delivered columns' Parquet bytes ({:.1} MB{}); link %: the link's bytes in the trainer's window over bandwidth × window",
+            remote.parquet_bytes as f64 / 1e6,
+            remote.mds_bytes.map_or_else(String::new, |bytes| format!(
+                "; MosaicML Streaming reads MDS, {:.1} MB",
+                bytes as f64 / 1e6
+            )),
+        )
+        .ok();
+        out
+    }
+
+    /// The header line and the rows of a local run.
+    fn render_local_table(&self) -> String {
         let mut out = String::new();
         let optional = |value: Option<f64>, precision: usize| {
             value.map_or_else(|| "-".to_owned(), |value| format!("{value:.precision$}"))
@@ -1504,7 +2003,7 @@ impl SuiteReport {
             self.batch_rows,
             self.record_bytes,
             self.rounds,
-            self.work_us,
+            self.work_us.unwrap_or_default(),
             if self.work_us_given {
                 "--work-us"
             } else {
@@ -1553,39 +2052,6 @@ impl SuiteReport {
             )
             .ok();
         }
-        for (name, reason) in &self.not_installed {
-            writeln!(out, "{name:<36} not installed: {reason}").ok();
-        }
-        writeln!(
-            out,
-            "* the worker count with the lowest data overhead at 1×, the system's figure; versions: {}",
-            self.versions
-                .iter()
-                .map(|(name, version)| format!("{name} {version}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-        .ok();
-        let targets: Vec<String> = self
-            .targets
-            .iter()
-            .map(|target| {
-                format!(
-                    "{}{} {:.2} ({} {}: {})",
-                    target.figure,
-                    target
-                        .best_peer
-                        .as_ref()
-                        .map(|peer| format!(" [{peer}]"))
-                        .unwrap_or_default(),
-                    target.measured,
-                    if target.at_most { "≤" } else { "≥" },
-                    target.bound,
-                    if target.met { "met" } else { "NOT met" }
-                )
-            })
-            .collect();
-        writeln!(out, "targets: {}", targets.join("; ")).ok();
         out
     }
 }
@@ -1606,7 +2072,13 @@ mod tests {
             "12.5".to_owned(),
         ];
         let columns = ["id".to_owned(), "label".to_owned()];
-        let spec = job_spec("file:///data/suite dir", &columns, 1 << 15, &trainer);
+        let spec = job_spec(
+            "file:///data/suite dir",
+            &BTreeMap::new(),
+            &columns,
+            1 << 15,
+            &trainer,
+        );
         let job = JobSpec::parse(&spec, Format::Yaml).expect("a valid job spec");
         assert_eq!(job.nodes, 1);
         assert_eq!(job.roles.len(), 1);
@@ -1615,6 +2087,28 @@ mod tests {
         assert_eq!(job.data.batch_size as usize, BATCH_ROWS);
         assert_eq!(job.data.sources[0].uri, "file:///data/suite dir");
         assert_eq!(job.data.sources[0].columns.as_deref(), Some(&columns[..]));
+        assert!(job.data.sources[0].storage_options.is_empty());
+    }
+
+    #[test]
+    fn a_remote_job_reads_with_the_storage_options_of_the_link() {
+        let options = BTreeMap::from([
+            (
+                "aws_endpoint".to_owned(),
+                "http://127.0.0.1:40001".to_owned(),
+            ),
+            ("aws_allow_http".to_owned(), "true".to_owned()),
+        ]);
+        let spec = job_spec(
+            "s3://sluice-test/suite/data",
+            &options,
+            &["id".to_owned()],
+            1 << 15,
+            &["python3".to_owned()],
+        );
+        let job = JobSpec::parse(&spec, Format::Yaml).expect("a valid job spec");
+        assert_eq!(job.data.sources[0].uri, "s3://sluice-test/suite/data");
+        assert_eq!(job.data.sources[0].storage_options, options);
     }
 
     fn run(line: TrainerLine, daemon_cpu_seconds: f64) -> TrainerRun {
@@ -1625,6 +2119,7 @@ mod tests {
             daemon_cpu_seconds,
             peak_rss_bytes: 1,
             peak_pss_bytes: 1,
+            link: None,
         }
     }
 
@@ -1716,6 +2211,8 @@ mod tests {
             rows: Some(1),
             num_workers: None,
             ratio_to_sluice: 1.0,
+            link_bytes: None,
+            link_fraction: None,
         };
         let sluice = figures(1.02, 6.0, 0.2, 0.05);
         let systems = BTreeMap::from([

@@ -336,6 +336,18 @@ impl JobState {
         })
     }
 
+    /// Every task of the current epoch, in task order: its rows, and whether it is done.
+    pub fn task_spans(&self) -> impl Iterator<Item = (TaskSpan, bool)> + '_ {
+        self.slots.iter().map(|task_slot| {
+            let span = TaskSpan {
+                split: task_slot.split,
+                start: task_slot.start,
+                end: task_slot.end,
+            };
+            (span, task_slot.state == SlotState::Done)
+        })
+    }
+
     /// The split of every task of the current epoch, in task order.
     pub fn task_splits(&self) -> impl Iterator<Item = u32> + '_ {
         self.slots.iter().map(|task_slot| task_slot.split)

@@ -76,13 +76,30 @@ use frame::{RecordKind, SEGMENT_MAGIC};
 use store::{Created, IDENTITY_OBJECT, OpenRecord, Store, blocking, segment_name};
 use writer::{Fence, Shared, Sink};
 
+/// How a journal reads its snapshots back: the `postcard` encoding of the type, by default. A type
+/// that grew fields at its end reads the snapshots written before them too, by overriding
+/// [`SnapshotFormat::decode`], so that the journal keeps its layout.
+pub trait SnapshotFormat: Serialize + DeserializeOwned {
+    /// Decodes the body of a snapshot.
+    ///
+    /// # Errors
+    ///
+    /// The decoder's error when `body` is no snapshot of this type or of an earlier encoding.
+    fn decode(body: &[u8]) -> postcard::Result<Self> {
+        postcard::from_bytes(body)
+    }
+}
+
 /// How many times opening reads the journal and tries to claim its next sequence.
 const CLAIM_ATTEMPTS: u32 = 16;
 /// The version of the journal's layout, stored in `identity.json`: the byte format of its segments
 /// and snapshots and the `postcard` encoding of the entries and snapshots the AM appends (the
 /// master's `Entry` and `Snapshot`). A journal of another layout is refused, naming both, since
-/// `postcard` is not self-describing: bump it when either encoding changes, and keep the journal
-/// of the first layout in `tests/data/journal-format-1` replaying (`tests/journal_format.rs`).
+/// `postcard` is not self-describing. Entry variants added at the end, and snapshot fields added at
+/// the end that [`SnapshotFormat::decode`] reads without, keep the layout: this build still replays
+/// the journal of the first layout in `tests/data/journal-format-1` (`tests/journal_format.rs`),
+/// and an older build stops at an entry it does not know with [`JournalError::Decode`]. Bump it for
+/// any other change of either encoding.
 const LAYOUT_VERSION: u32 = 1;
 
 /// The least time between two writes to an object store by default: at most 20 puts per second,
@@ -170,7 +187,7 @@ pub async fn open<E, S>(
 ) -> Result<(Journal<E, S>, Recovered<E, S>)>
 where
     E: Serialize + DeserializeOwned + Send + 'static,
-    S: Serialize + DeserializeOwned + Send + 'static,
+    S: SnapshotFormat + Send + 'static,
 {
     open_store(Store::open(uri, options)?, config).await
 }
@@ -181,7 +198,7 @@ async fn open_store<E, S>(
 ) -> Result<(Journal<E, S>, Recovered<E, S>)>
 where
     E: Serialize + DeserializeOwned + Send + 'static,
-    S: Serialize + DeserializeOwned + Send + 'static,
+    S: SnapshotFormat + Send + 'static,
 {
     if let Store::Local(local) = &store {
         let local = Arc::clone(local);

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use serde::de::DeserializeOwned;
 
+use super::SnapshotFormat;
 use super::error::{JournalError, Result};
 use super::frame::{RecordKind, SNAPSHOT_HEADER, open_snapshot, parse_segment};
 use super::store::{
@@ -112,7 +113,7 @@ impl Listing {
 pub(super) async fn recover<E, S>(store: &Store) -> Result<Recovery<E, S>>
 where
     E: DeserializeOwned + Send + 'static,
-    S: DeserializeOwned + Send + 'static,
+    S: SnapshotFormat + Send + 'static,
 {
     for _ in 0..ATTEMPTS {
         let listing = Listing::read(store).await?;
@@ -187,7 +188,7 @@ pub(super) fn replay<E, S>(
 ) -> Result<Recovery<E, S>>
 where
     E: DeserializeOwned,
-    S: DeserializeOwned,
+    S: SnapshotFormat,
 {
     if let Some(foreign) = stored
         .snapshot
@@ -215,7 +216,7 @@ where
                         reason,
                     }
                 })?;
-            let value = postcard::from_bytes(body).map_err(|error| JournalError::Decode {
+            let value = S::decode(body).map_err(|error| JournalError::Decode {
                 object: snapshot.object.clone(),
                 offset: SNAPSHOT_HEADER as u64,
                 reason: format!("the snapshot does not decode: {error}"),

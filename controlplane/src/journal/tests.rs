@@ -31,6 +31,8 @@ struct Count {
     through: u64,
 }
 
+impl SnapshotFormat for Count {}
+
 fn entry(number: u64) -> Entry {
     Entry {
         number,

@@ -15,7 +15,7 @@
 //! parent piece.
 
 use super::calls::{RankCommit, RestoreEffect, Restored};
-use super::{Applied, Entry, Master, TaskOrigins};
+use super::{Applied, Entry, Master, RestoreRelaunch, TaskOrigins};
 use crate::decide::{
     DataPosition, JobState, NodeRecord, RestoreMode, TaskId, TaskRecord, TaskStatus,
 };
@@ -51,6 +51,78 @@ pub(super) struct Checkpoints {
     pending: BTreeMap<u64, PendingCheckpoint>,
     stored: BTreeMap<u64, String>,
     restored: Option<RestoredAt>,
+    /// What the checkpoint of `restored` had consumed, while it is known: set by a reset, and by
+    /// the service from the stored checkpoint after a snapshot (which does not hold it).
+    floor: Option<ConsumedFloor>,
+}
+
+/// The rows of its epoch a restored data checkpoint had consumed: they are consumed at every later
+/// step of that epoch, whoever reads on. The ranks that load the checkpoint report only the tasks
+/// they read after it (at another world size they have no positions of their own to carry), so the
+/// master counts these rows itself when it builds a later step's position.
+///
+/// Held compactly: a bit per task consumed to its end, and the row of each task consumed in part,
+/// which are the tasks in progress at the checkpoint's step, bounded by the rings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ConsumedFloor {
+    epoch: u32,
+    first_task_id: u64,
+    /// Bit `slot` is set when the task of `slot` was consumed to its end.
+    done: Vec<u64>,
+    /// The row up to which a task consumed in part was consumed, by slot.
+    partial: BTreeMap<u32, u64>,
+}
+
+impl ConsumedFloor {
+    /// The floor of a position of `epoch` whose tasks, from `first_task_id` on, are `tasks`
+    /// (`(done, start)`: consumed to its end, or up to `start`), with `origin` giving where the
+    /// task of a slot began in its epoch.
+    pub(super) fn new(
+        epoch: u32,
+        first_task_id: u64,
+        tasks: impl Iterator<Item = (bool, u64)>,
+        origin: impl Fn(u32) -> u64,
+    ) -> ConsumedFloor {
+        let mut done = Vec::new();
+        let mut partial = BTreeMap::new();
+        for (slot, (task_done, start)) in tasks.enumerate() {
+            let slot = slot as u32;
+            let word = slot as usize / 64;
+            if done.len() <= word {
+                done.push(0u64);
+            }
+            if task_done {
+                done[word] |= 1 << (slot % 64);
+            } else if start > origin(slot) {
+                partial.insert(slot, start);
+            }
+        }
+        ConsumedFloor {
+            epoch,
+            first_task_id,
+            done,
+            partial,
+        }
+    }
+
+    /// The row up to which the task of `slot` was consumed at the checkpoint, if any of it was;
+    /// `end` is the task's last row, which a task consumed to its end was consumed up to.
+    fn row(&self, slot: u32, end: u64) -> Option<u64> {
+        let done = self
+            .done
+            .get(slot as usize / 64)
+            .is_some_and(|word| word & (1 << (slot % 64)) != 0);
+        if done {
+            Some(end)
+        } else {
+            self.partial.get(&slot).copied()
+        }
+    }
+
+    /// Whether the floor is of the table's epoch, whose tasks it numbers.
+    fn applies_to(&self, table: &JobState, epoch: u32) -> bool {
+        self.epoch == epoch && self.first_task_id == table.first_task_id()
+    }
 }
 
 /// The parts of [`Checkpoints`] as the journal's snapshots hold them.
@@ -184,14 +256,29 @@ impl CheckpointEvent for Stored {
     fn apply(self, state: &mut Checkpoints) -> Vec<String> {
         state.pending.remove(&self.step);
         state.stored.insert(self.step, self.token);
+        // The checkpoint the table was reset to stays besides the newest `keep`: what it consumed
+        // counts in every later step of its epoch, and an AM that takes the job over reads it.
+        let standing_on = state.restored.as_ref().map(|at| at.token.as_str());
+        let exempt = state
+            .stored
+            .values()
+            .any(|token| Some(token.as_str()) == standing_on);
         let keep = self.keep.map_or(usize::MAX, |keep| keep as usize);
-        let mut forgotten = Vec::new();
-        while state.stored.len() > keep {
-            if let Some((_, oldest)) = state.stored.pop_first() {
-                forgotten.push(oldest);
-            }
-        }
-        forgotten
+        let excess = state
+            .stored
+            .len()
+            .saturating_sub(keep.saturating_add(usize::from(exempt)));
+        let oldest: Vec<u64> = state
+            .stored
+            .iter()
+            .filter(|(_, token)| Some(token.as_str()) != standing_on)
+            .map(|(step, _)| *step)
+            .take(excess)
+            .collect();
+        oldest
+            .into_iter()
+            .filter_map(|step| state.stored.remove(&step))
+            .collect()
     }
 }
 
@@ -241,6 +328,8 @@ pub(super) struct ResetTo {
     pub(super) token: String,
     /// The rows the job has consumed in all after the reset.
     pub(super) rows_consumed: u64,
+    /// What the checkpoint had consumed of its epoch.
+    pub(super) floor: ConsumedFloor,
 }
 
 impl CheckpointEvent for ResetTo {
@@ -252,6 +341,7 @@ impl CheckpointEvent for ResetTo {
             token: self.token,
             rows_consumed: self.rows_consumed,
         });
+        state.floor = Some(self.floor);
     }
 }
 
@@ -274,6 +364,7 @@ impl Checkpoints {
             pending,
             stored,
             restored,
+            floor: None,
         }
     }
 
@@ -284,6 +375,25 @@ impl Checkpoints {
             self.stored.clone(),
             self.restored.clone(),
         )
+    }
+
+    /// The token of the checkpoint the table was last reset to, when what it consumed is not
+    /// known: the service then reads it from the store and gives it ([`Checkpoints::set_floor`]).
+    pub(super) fn floor_missing(&self) -> Option<&str> {
+        match (&self.restored, &self.floor) {
+            (Some(at), None) => Some(&at.token),
+            _ => None,
+        }
+    }
+
+    /// Sets what the checkpoint the table was last reset to had consumed.
+    pub(super) fn set_floor(&mut self, floor: ConsumedFloor) {
+        self.floor = Some(floor);
+    }
+
+    /// What the checkpoint the table was last reset to had consumed, if known.
+    pub(super) fn floor(&self) -> Option<&ConsumedFloor> {
+        self.floor.as_ref()
     }
 
     /// The reports of a step still waiting to be stored, by rank.
@@ -371,9 +481,10 @@ pub fn check_report(
 
 /// Builds the data position of `epoch` at a step from the ranks' reports, over the tasks of the
 /// current table. Every task not fully consumed is pending, tasks in progress at the step first.
-pub fn position_at_step(
+pub(super) fn position_at_step(
     table: &JobState,
     origins: &TaskOrigins,
+    floor: Option<&ConsumedFloor>,
     epoch: u32,
     ranks: &BTreeMap<u32, RankPositions>,
 ) -> Result<DataPosition> {
@@ -387,6 +498,7 @@ pub fn position_at_step(
     check_report(table, origins, epoch, &consumed_to)?;
     let current = table.position();
     let first = current.first_task_id;
+    let floor = floor.filter(|floor| floor.applies_to(table, epoch));
 
     let mut started = Vec::new();
     let mut tasks = Vec::with_capacity(current.tasks.len());
@@ -394,7 +506,10 @@ pub fn position_at_step(
     for (index, record) in current.tasks.iter().enumerate() {
         let task = TaskId(first + index as u64);
         let origin = origins.origin(table, index as u32);
-        let end_row = consumed_to.get(&task).copied().unwrap_or(origin);
+        let reported = consumed_to.get(&task).copied().unwrap_or(origin);
+        let end_row = floor
+            .and_then(|floor| floor.row(index as u32, record.end))
+            .map_or(reported, |row| row.max(reported).min(record.end));
         done_rows += end_row - origin;
         let was_started = end_row > origin || matches!(record.status, TaskStatus::InFlight { .. });
         let status = if end_row == record.end {
@@ -487,7 +602,13 @@ impl Master {
                         "data checkpoint of step {step}: its reports are gone; commit it again"
                     ))
                 })?;
-                let position = position_at_step(&self.table, &self.origins, epoch, ranks)?;
+                let position = position_at_step(
+                    &self.table,
+                    &self.origins,
+                    self.checkpoints.floor(),
+                    epoch,
+                    ranks,
+                )?;
                 let digest = crc32c::crc32c(
                     &serde_json::to_vec(&position).expect("a data position serializes to JSON"),
                 );
@@ -576,7 +697,7 @@ impl Master {
                 })
             }
             RestoreAction::Reset => {
-                self.apply_restore(token.clone(), position.clone(), now_ms)?;
+                self.apply_restore(token.clone(), position.clone(), now_ms, None)?;
                 tracing::info!(%token, step = reply.step, "job reset to a data checkpoint: the trainers restart");
                 Ok(Applied {
                     reply,
@@ -590,6 +711,43 @@ impl Master {
         }
     }
 
+    /// Resets the task table to a stored data checkpoint as the AM starts (`--resume-from`), with
+    /// the roles' sizes of the spec it was started with: a job resumed with another
+    /// `roles[].num` launches its trainers at the new sizes, and the rows not consumed at the
+    /// checkpoint reach them exactly once. With the job's sizes, it is [`Master::restore`].
+    pub fn resume_from(
+        &mut self,
+        token: String,
+        position: DataPosition,
+        now_ms: u64,
+    ) -> Result<Applied<Restored>> {
+        let role_sizes: Vec<u32> = self.spec.roles.iter().map(|role| role.num).collect();
+        if role_sizes == self.role_sizes {
+            return self.restore(token, position, now_ms);
+        }
+        let reply = Restored {
+            step: self.checkpoints.step_of(&token).unwrap_or(0),
+            epoch: position.epoch,
+            effect: self.restore_effect(),
+        };
+        self.apply_restore(
+            token.clone(),
+            position.clone(),
+            now_ms,
+            Some(role_sizes.clone()),
+        )?;
+        tracing::info!(%token, step = reply.step, ?role_sizes, "job reset to a data checkpoint at the spec's role sizes");
+        Ok(Applied {
+            reply,
+            entries: vec![Entry::ResumedFrom {
+                token,
+                position,
+                now_ms,
+                role_sizes,
+            }],
+        })
+    }
+
     /// What a restore that changes the job does beside the task table.
     pub(super) fn restore_effect(&self) -> RestoreEffect {
         if self.executors.is_some() {
@@ -599,26 +757,51 @@ impl Master {
         }
     }
 
-    /// Resets the task table to `position`, restarts the trainers and takes the rings back.
+    /// Resets the task table to `position`, restarts the trainers (at `role_sizes`, when given)
+    /// and takes the rings back.
     pub(super) fn apply_restore(
         &mut self,
         token: String,
         position: DataPosition,
         now_ms: u64,
+        role_sizes: Option<Vec<u32>>,
     ) -> Result<()> {
         self.latest_ms = self.latest_ms.max(now_ms);
         self.reset_to(position, now_ms)?;
-        if let Some(executors) = &mut self.executors {
-            executors.restart_trainers();
-        }
+        // The rings the nodes hold are ranked over the sizes they were opened for.
         let previous_sizes = self.rescale.as_ref().map_or_else(
             || self.role_sizes.clone(),
             |rescale| rescale.previous_sizes.clone(),
         );
+        let resized = role_sizes.filter(|sizes| *sizes != self.role_sizes);
+        if let Some(sizes) = &resized {
+            self.role_sizes.clone_from(sizes);
+        }
+        let trainers = self.trainer_ids();
+        if let Some(executors) = &mut self.executors {
+            if resized.is_some() {
+                executors.replace_trainers(trainers.iter().cloned());
+            } else {
+                executors.restart_trainers();
+            }
+            self.restore_relaunch = Some(RestoreRelaunch {
+                token: token.clone(),
+                pending: trainers.into_iter().collect(),
+            });
+        }
         self.take_rings_back(previous_sizes, true);
+        let floor = ConsumedFloor::new(
+            self.table.epoch(),
+            self.table.first_task_id(),
+            self.table
+                .task_spans()
+                .map(|(span, done)| (done, span.start)),
+            |slot| self.origins.origin(&self.table, slot),
+        );
         let event = ResetTo {
             token,
             rows_consumed: self.rows_consumed_total(),
+            floor,
         };
         decide(&mut self.checkpoints, event);
         Ok(())
@@ -652,7 +835,7 @@ impl Master {
             RestoreMode::Requeue { now_ms },
         )?;
         self.origins.pieces = pieces;
-        let planned_splits = self.plan.splits.len() - self.added_splits.len();
+        let planned_splits = self.plan.splits.len() - self.added.splits.len();
         self.origins.place_added(&self.table, planned_splits);
         decide(&mut self.checkpoints, RanksChanged);
         self.stop_reason = None;
@@ -661,6 +844,32 @@ impl Master {
             executors.restart_ended();
         }
         Ok(())
+    }
+
+    /// The token of the data checkpoint the table was last reset to, when what it consumed is not
+    /// known, as after a takeover from a snapshot: give it with [`Master::restored_position`].
+    pub fn restored_position_missing(&self) -> Option<&str> {
+        self.checkpoints.floor_missing()
+    }
+
+    /// Gives the stored position of the data checkpoint the table was last reset to
+    /// ([`Master::restored_position_missing`]): the rows it consumed count in every later step of
+    /// its epoch.
+    pub fn restored_position(&mut self, position: &DataPosition) {
+        // A position of an epoch the job has left counts in none of its steps.
+        let current = position.epoch == self.table.epoch()
+            && position.first_task_id == self.table.first_task_id();
+        let tasks = position.tasks.iter().filter(|_| current);
+        let floor = ConsumedFloor::new(
+            position.epoch,
+            position.first_task_id,
+            tasks.map(|task| (task.status == TaskStatus::Done, task.start)),
+            |slot| match self.table.task_span(slot) {
+                Some(_) => self.origins.origin(&self.table, slot),
+                None => 0,
+            },
+        );
+        self.checkpoints.set_floor(floor);
     }
 
     /// The origins of the re-split pieces of a position over the same epoch's tasks, kept from the
@@ -795,6 +1004,33 @@ mod tests {
     }
 
     #[test]
+    fn a_floor_holds_tasks_done_in_bits_and_tasks_in_progress_by_row() {
+        // Slot 0 done, 1 untouched, 2 consumed to row 35 of [30, 40), 3..130 done but 70.
+        let tasks = (0..130u32).map(|slot| match slot {
+            0 => (true, 10),
+            1 => (false, 10),
+            2 => (false, 35),
+            70 => (false, 0),
+            _ => (true, 0),
+        });
+        let sut = ConsumedFloor::new(1, 100, tasks, |slot| {
+            u64::from(slot) * 10 + 10 * u64::from(slot == 1)
+        });
+        assert_eq!(sut.row(0, 10), Some(10));
+        assert_eq!(sut.row(1, 20), None, "a task at its origin was not touched");
+        assert_eq!(sut.row(2, 40), Some(35));
+        assert_eq!(sut.row(70, 710), None);
+        assert_eq!(sut.row(129, 1300), Some(1300));
+        assert_eq!(sut.row(130, 1310), None, "past the position's tasks");
+        assert_eq!(
+            sut.partial.len(),
+            1,
+            "only the task in progress takes a row"
+        );
+        assert_eq!(sut.done.len(), 3);
+    }
+
+    #[test]
     fn a_restore_to_where_the_job_stands_changes_nothing_and_one_elsewhere_then_is_refused() {
         let mut sut = Checkpoints::default();
         let asked = |token: &str, rows_consumed| RestoreAsked {
@@ -811,6 +1047,7 @@ mod tests {
             ResetTo {
                 token: "a".into(),
                 rows_consumed: 40,
+                floor: ConsumedFloor::new(0, 0, std::iter::empty(), |_| 0),
             },
         );
         assert!(

@@ -1,7 +1,7 @@
 //! Following sources that grow: the splits a followed source adds, and when following ends.
 //!
 //! The follower ([`crate::follow`]) polls the sources and hands the master what it found; the master
-//! journals it ([`Entry::SplitsAdded`], [`Entry::FollowEnded`]) and the task table takes the new
+//! journals it ([`Entry::FilesAdded`], [`Entry::FollowEnded`]) and the task table takes the new
 //! splits' tasks.
 //!
 //! Pure like the task table's [`decide`](crate::decide::decide): [`decide`] takes where following
@@ -10,7 +10,7 @@
 
 use super::{Applied, Entry, Master};
 use crate::decide::Event;
-use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
+use crate::plan::JobPlan;
 use crate::spec::{FollowSpec, JobSpec};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -199,15 +199,18 @@ impl Master {
         self.follows.sources()
     }
 
-    /// A followed source grew by `block`'s files and splits (for a Delta table, up to `version`).
+    /// A followed source grew by `block`'s files and splits (for a Delta table, up to `version`),
+    /// each file pinned to the identity it had when the follower planned it.
     pub fn add_splits(&mut self, source: u32, version: Option<u64>, block: JobPlan) -> Applied<()> {
-        let entry = Entry::SplitsAdded {
+        let entry = Entry::FilesAdded {
             source,
             version,
             files: block.files.clone(),
             splits: block.splits.clone(),
+            bytes: block.bytes.clone(),
+            identities: block.identities.clone(),
         };
-        self.apply_added(source, version, block.files, block.splits);
+        self.apply_added(source, version, block);
         Applied {
             reply: (),
             entries: vec![entry],
@@ -231,24 +234,11 @@ impl Master {
         Applied { reply: (), entries }
     }
 
-    pub(super) fn apply_added(
-        &mut self,
-        source: u32,
-        version: Option<u64>,
-        files: Vec<PlannedFile>,
-        splits: Vec<PlannedSplit>,
-    ) {
+    pub(super) fn apply_added(&mut self, source: u32, version: Option<u64>, block: JobPlan) {
         decide(&mut self.follows, FollowEvent::Grew { source, version });
-        let first_split = self.plan.splits.len();
-        let split_rows: Vec<u64> = splits.iter().map(|split| split.row_count).collect();
-        let first_file = self.added_files.len() as u32;
-        self.added_files.extend_from_slice(&files);
-        self.added_splits
-            .extend(splits.iter().map(|split| PlannedSplit {
-                file: first_file + split.file,
-                ..*split
-            }));
-        Arc::make_mut(&mut self.plan).append(&files, &splits);
+        let split_rows = block.split_rows();
+        self.added.append(&block);
+        let first_split = Arc::make_mut(&mut self.plan).append(&block);
         if split_rows.is_empty() {
             return;
         }

@@ -61,6 +61,15 @@
 //! nothing: the trainers relaunched by a restore each load the same checkpoint and call again, and
 //! they converge. A restore to another checkpoint then is refused, naming both: the ranks loaded
 //! different steps, and restoring each in turn would restart the trainers for ever.
+//!
+//! It also remembers what that checkpoint had consumed of its epoch (a bit per task consumed to its
+//! end, the row of each task consumed in part), and counts those rows in every later checkpoint of
+//! the epoch: the ranks that loaded it report only the tasks they read after it, so a checkpoint
+//! restores at any number of ranks. A snapshot does not hold it; an AM that takes the job over
+//! from one reads the checkpoint again from the store, which keeps it past `checkpoint.keep`.
+//! `--resume-from` restores at the roles' sizes of the spec the AM was started with
+//! ([`Master::resume_from`], journaled as [`Entry::ResumedFrom`]), and the trainers a restore
+//! launches are told the checkpoint, so that each finds the job already there.
 
 pub mod calls;
 pub mod checkpoint;
@@ -80,7 +89,7 @@ use crate::decide::{
 };
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit, LaunchAction};
-use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
+use crate::plan::JobPlan;
 use crate::spec::{JobSpec, LauncherKind, RoleSpec};
 use calls::{Heartbeat, JobPhase, NodeCommand, Registered, Registration, Scaled, TaskReport};
 use checkpoint::{Checkpoints, RanksChanged};
@@ -216,6 +225,22 @@ impl Throughput {
     }
 }
 
+/// The trainers a restore to a data checkpoint launches again: each is told the checkpoint
+/// (`SLUICE_RESTORED_TO`), so that loading it finds the job already there whatever the ranks
+/// launched with it read meanwhile. A trainer launched again after one of these ended (a crash)
+/// is not told: its checkpoint takes the job back again, as it must, since the others read on.
+///
+/// Rebuilt on replay from the journal's restores and launches; a snapshot does not hold it,
+/// so after a takeover from one the trainers still to launch are not told, and a rank that loads
+/// the checkpoint after another read on takes the job back to it once more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RestoreRelaunch {
+    /// The checkpoint's token.
+    token: String,
+    /// Trainers the restore launches again, not launched yet.
+    pending: BTreeSet<ExecutorId>,
+}
+
 /// The AM's state: the task table and what the AM keeps beside it.
 #[derive(Debug)]
 pub struct Master {
@@ -227,6 +252,8 @@ pub struct Master {
     outbox: BTreeMap<NodeId, Vec<NodeCommand>>,
     nodes: BTreeMap<NodeId, NodeInfo>,
     checkpoints: Checkpoints,
+    /// The trainers a restore launches again, while it does (see [`RestoreRelaunch`]).
+    restore_relaunch: Option<RestoreRelaunch>,
     stop_reason: Option<String>,
     /// The last task that failed for good, and why: the cause a failed job's reason names.
     last_task_failure: Option<String>,
@@ -237,9 +264,9 @@ pub struct Master {
     /// Why executors last ended, where their launcher knew more than the exit (an OOM kill, an
     /// eviction, an image that cannot be pulled): for the job's error, not journaled.
     exit_causes: BTreeMap<ExecutorId, String>,
-    /// The files and splits followed sources added after the stored plan, as journaled.
-    added_files: Vec<PlannedFile>,
-    added_splits: Vec<PlannedSplit>,
+    /// The files, splits, split bytes and file identities followed sources added after the stored
+    /// plan, as journaled, indices counted from the first added file and split.
+    added: JobPlan,
     /// Each role's number of trainers, in spec order: the spec's, or a scale's.
     role_sizes: Vec<u32>,
     rescale: Option<Rescale>,
@@ -352,6 +379,7 @@ impl Master {
             outbox: BTreeMap::new(),
             nodes: BTreeMap::new(),
             checkpoints: Checkpoints::default(),
+            restore_relaunch: None,
             stop_reason: None,
             last_task_failure: None,
             shut_down: BTreeSet::new(),
@@ -361,8 +389,7 @@ impl Master {
             rescale: None,
             follows,
             exit_causes: BTreeMap::new(),
-            added_files: Vec::new(),
-            added_splits: Vec::new(),
+            added: JobPlan::default(),
             latest_ms: 0,
         })
     }
@@ -382,6 +409,16 @@ impl Master {
     /// order.
     pub fn trainer_ids(&self) -> Vec<ExecutorId> {
         self.placement().trainer_ids(&self.spec.roles)
+    }
+
+    /// The data checkpoint that trainer `id` is launched again for, when a restore launches it
+    /// (see the module's "Restoring a data checkpoint"): its launch tells it, as
+    /// `SLUICE_RESTORED_TO`.
+    pub fn restored_to(&self, id: &ExecutorId) -> Option<&str> {
+        self.restore_relaunch
+            .as_ref()
+            .filter(|relaunch| relaunch.pending.contains(id))
+            .map(|relaunch| relaunch.token.as_str())
     }
 
     /// Every trainer of the job as (role, rank), ranks numbered across roles in spec order.
@@ -416,6 +453,9 @@ impl Master {
     pub fn executor_launched(&mut self, id: ExecutorId) -> Applied<()> {
         if let Some(executors) = &mut self.executors {
             executors.launched(&id);
+        }
+        if let Some(relaunch) = &mut self.restore_relaunch {
+            relaunch.pending.remove(&id);
         }
         Applied {
             reply: (),
@@ -616,6 +656,7 @@ impl Master {
     }
 
     fn apply_scale(&mut self, role: usize, num: u32) {
+        self.restore_relaunch = None;
         let previous_sizes = self.role_sizes.clone();
         self.role_sizes[role] = num;
         let trainers: Vec<ExecutorId> = self

@@ -1,9 +1,10 @@
 //! The master's journal: the [`Entry`] each change of state is recorded as, the [`Snapshot`] a
 //! journal is compacted into, and how a new AM rebuilds the state from both.
 //!
-//! Their encoding is the journal's format: a variant or field is added only at the end, and a
-//! change that an older AM could not read raises the plan or layout version (see
-//! [`crate::checkpoint_store`] and the golden journal of `tests/journal_format.rs`).
+//! Their encoding is the journal's format: a variant is added only at the end of [`Entry`], and a
+//! field only at the end of [`Snapshot`], which still reads the snapshots written without it (see
+//! [`crate::journal::SnapshotFormat`]); any other change raises the layout version (see the golden
+//! journal of `tests/journal_format.rs`).
 
 use super::calls::NodeCommand;
 use super::checkpoint::{Checkpoints, PendingCheckpoint, RankPositions, RestoredAt};
@@ -12,7 +13,7 @@ use super::{Master, SourceFollow};
 use crate::decide::{DataPosition, Event, JobState, NodeId, RestoreMode, TableSnapshot, TaskId};
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit};
-use crate::plan::{PlannedFile, PlannedSplit};
+use crate::plan::{JobPlan, PlannedBytes, PlannedFile, PlannedIdentity, PlannedSplit};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -64,7 +65,8 @@ pub enum Entry {
         reason: String,
     },
     /// A followed source grew: its new files and splits join the plan, and their tasks the
-    /// current epoch.
+    /// current epoch. Written by releases whose followed files were not pinned; this one writes
+    /// [`Entry::FilesAdded`].
     SplitsAdded {
         /// The index of the source in the spec.
         source: u32,
@@ -94,6 +96,35 @@ pub enum Entry {
         /// How.
         exit: Exit,
     },
+    /// The task table was reset to a stored data checkpoint at start (`--resume-from`), with the
+    /// roles' sizes of the spec the AM was started with.
+    ResumedFrom {
+        /// The checkpoint's token.
+        token: String,
+        /// The position it holds.
+        position: DataPosition,
+        /// When the AM reset the table.
+        now_ms: u64,
+        /// The roles' sizes, in spec order.
+        role_sizes: Vec<u32>,
+    },
+    /// A followed source grew: its new files and splits join the plan, pinned to the identities
+    /// the files had when the follower planned them, and their tasks the current epoch.
+    FilesAdded {
+        /// The index of the source in the spec.
+        source: u32,
+        /// For a Delta table, the version planned up to, this one included.
+        version: Option<u64>,
+        /// The new files.
+        files: Vec<PlannedFile>,
+        /// Their splits, with file indices counted from the first of `files`.
+        splits: Vec<PlannedSplit>,
+        /// Where the rows of the row formats' splits lie, split indices counted from the first of
+        /// `splits`.
+        bytes: Vec<PlannedBytes>,
+        /// The files' identities, file indices counted from the first of `files`.
+        identities: Vec<PlannedIdentity>,
+    },
 }
 
 /// The AM's state at one point of its journal, from which the entries after it replay.
@@ -113,6 +144,61 @@ pub struct Snapshot {
     pub(super) added_files: Vec<PlannedFile>,
     pub(super) added_splits: Vec<PlannedSplit>,
     pub(super) restored: Option<RestoredAt>,
+    pub(super) added_bytes: Vec<PlannedBytes>,
+    pub(super) added_identities: Vec<PlannedIdentity>,
+}
+
+/// A [`Snapshot`] as written before followed files were pinned: its fields up to `restored`.
+#[derive(Deserialize)]
+struct SnapshotWithoutAddedPins {
+    position: TableSnapshot,
+    last_seen_ms: BTreeMap<NodeId, u64>,
+    pieces: BTreeMap<TaskId, u64>,
+    checkpoints: BTreeMap<u64, PendingCheckpoint>,
+    stored: BTreeMap<u64, String>,
+    stop_reason: Option<String>,
+    executors: Option<Executors>,
+    last_task_failure: Option<String>,
+    role_sizes: Vec<u32>,
+    rescale: Option<Rescale>,
+    follows: Vec<Option<SourceFollow>>,
+    added_files: Vec<PlannedFile>,
+    added_splits: Vec<PlannedSplit>,
+    restored: Option<RestoredAt>,
+}
+
+impl crate::journal::SnapshotFormat for Snapshot {
+    /// Reads a snapshot of this release, or one written before the files followed sources add
+    /// carried their bytes and identities: those files are then read as they are, unpinned.
+    fn decode(body: &[u8]) -> postcard::Result<Snapshot> {
+        let error = match postcard::from_bytes(body) {
+            Ok(snapshot) => return Ok(snapshot),
+            Err(error) => error,
+        };
+        // The older encoding is the newer one's prefix: it must take the whole body, or the body
+        // is neither.
+        match postcard::take_from_bytes::<SnapshotWithoutAddedPins>(body) {
+            Ok((older, [])) => Ok(Snapshot {
+                position: older.position,
+                last_seen_ms: older.last_seen_ms,
+                pieces: older.pieces,
+                checkpoints: older.checkpoints,
+                stored: older.stored,
+                stop_reason: older.stop_reason,
+                executors: older.executors,
+                last_task_failure: older.last_task_failure,
+                role_sizes: older.role_sizes,
+                rescale: older.rescale,
+                follows: older.follows,
+                added_files: older.added_files,
+                added_splits: older.added_splits,
+                restored: older.restored,
+                added_bytes: Vec::new(),
+                added_identities: Vec::new(),
+            }),
+            _ => Err(error),
+        }
+    }
 }
 
 impl Master {
@@ -149,7 +235,13 @@ impl Master {
                 token,
                 position,
                 now_ms,
-            } => self.apply_restore(token, position, now_ms)?,
+            } => self.apply_restore(token, position, now_ms, None)?,
+            Entry::ResumedFrom {
+                token,
+                position,
+                now_ms,
+                role_sizes,
+            } => self.apply_restore(token, position, now_ms, Some(role_sizes))?,
             Entry::RoleScaled { role, num } => {
                 let index = self
                     .spec
@@ -169,7 +261,33 @@ impl Master {
                 version,
                 files,
                 splits,
-            } => self.apply_added(source, version, files, splits),
+            } => self.apply_added(
+                source,
+                version,
+                JobPlan {
+                    files,
+                    splits,
+                    ..JobPlan::default()
+                },
+            ),
+            Entry::FilesAdded {
+                source,
+                version,
+                files,
+                splits,
+                bytes,
+                identities,
+            } => self.apply_added(
+                source,
+                version,
+                JobPlan {
+                    files,
+                    splits,
+                    bytes,
+                    identities,
+                    versions: Vec::new(),
+                },
+            ),
             Entry::FollowEnded { source, reason } => self.apply_follow_ended(source, reason),
             Entry::ExecutorLaunched { id } => {
                 self.executor_launched(id);
@@ -204,28 +322,28 @@ impl Master {
             role_sizes: self.role_sizes.clone(),
             rescale: self.rescale.clone(),
             follows: self.follows.sources().to_vec(),
-            added_files: self.added_files.clone(),
-            added_splits: self.added_splits.clone(),
+            added_files: self.added.files.clone(),
+            added_splits: self.added.splits.clone(),
             restored,
+            added_bytes: self.added.bytes.clone(),
+            added_identities: self.added.identities.clone(),
         }
     }
 
     /// Replaces this master's state with a snapshot of the same job.
     pub fn restore_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
-        let planned_splits = self.plan.splits.len() - self.added_splits.len();
+        let planned_files = self.plan.files.len() - self.added.files.len();
+        let planned_splits = self.plan.splits.len() - self.added.splits.len();
+        self.added = JobPlan {
+            files: snapshot.added_files,
+            splits: snapshot.added_splits,
+            bytes: snapshot.added_bytes,
+            identities: snapshot.added_identities,
+            versions: Vec::new(),
+        };
         let plan = Arc::make_mut(&mut self.plan);
-        plan.files
-            .truncate(plan.files.len() - self.added_files.len());
-        plan.splits.truncate(planned_splits);
-        let first_file = plan.files.len() as u32;
-        plan.files.extend_from_slice(&snapshot.added_files);
-        plan.splits
-            .extend(snapshot.added_splits.iter().map(|split| PlannedSplit {
-                file: first_file + split.file,
-                ..*split
-            }));
-        self.added_files = snapshot.added_files;
-        self.added_splits = snapshot.added_splits;
+        plan.truncate(planned_files, planned_splits);
+        plan.append(&self.added);
         self.follows.restore(snapshot.follows);
         let mut table = JobState::restore(
             self.config,

@@ -1,9 +1,9 @@
 use super::*;
-use crate::decide::ReportOutcome;
+use crate::decide::{ReportOutcome, TaskStatus};
 use crate::spec::Format;
 use crate::wire;
 use calls::{RankCommit, RestoreEffect};
-use sluice_formats::Split;
+use sluice_formats::{ObjectIdentity, Split};
 use v1::command::Command as Cmd;
 
 /// Two nodes, four trainers, tasks of 10 rows over splits of 25 and 15 rows.
@@ -517,10 +517,20 @@ fn commit(
     rank: u32,
     positions: &[(u64, u64)],
 ) -> Result<Applied<CommitOutcome>> {
+    commit_of(sut, step, (rank, 2), positions)
+}
+
+/// Rank `rank` of `world_size` commits its positions at `step` of epoch 0.
+fn commit_of(
+    sut: &mut Master,
+    step: u64,
+    (rank, world_size): (u32, u32),
+    positions: &[(u64, u64)],
+) -> Result<Applied<CommitOutcome>> {
     sut.commit_checkpoint(RankCommit {
         step,
         rank,
-        world_size: 2,
+        world_size,
         epoch: 0,
         positions: positions
             .iter()
@@ -623,6 +633,105 @@ fn a_data_checkpoint_restores_exactly_the_rows_not_consumed_at_its_step() {
     after.sort_unstable();
     assert_eq!(after, expected);
     assert_eq!(sut.phase(), JobPhase::Succeeded);
+}
+
+#[test]
+fn a_checkpoint_after_a_restore_counts_what_the_restored_one_consumed_at_any_world_size() {
+    let mut sut = master();
+    register(&mut sut, 0, 0);
+    let tasks = assigned(&acquire(&mut sut, 0, 1, 3));
+    let (first, second, third) = (&tasks[0], &tasks[1], &tasks[2]);
+    consume(&mut sut, 0, 2, first, first.end - first.start);
+    commit(
+        &mut sut,
+        5,
+        0,
+        &[
+            (first.task_id, first.end),
+            (second.task_id, second.start + 4),
+        ],
+    )
+    .expect("rank 0 of 2");
+    let CommitOutcome::Ready(ready) = commit(&mut sut, 5, 1, &[(third.task_id, third.start + 2)])
+        .expect("rank 1 of 2")
+        .reply
+    else {
+        panic!("both ranks reported");
+    };
+    sut.checkpoint_stored(5, ready.token.clone());
+    sut.restore(ready.token.clone(), ready.position.clone(), 10)
+        .expect("restore");
+    assert!(has_release(&heartbeat(&mut sut, 0, 11, &[])));
+    register(&mut sut, 0, 12);
+    let snapshot = sut.snapshot();
+
+    // Three ranks read on from the checkpoint; each reports only the tasks it read since: rank 0
+    // the rest of the second task. The rows the checkpoint had consumed count all the same: the
+    // first task, and 2 rows of the third, which no rank reports.
+    let after_restore = |sut: &mut Master| {
+        let mut resumed: Vec<(u64, u64)> = assigned(&acquire(sut, 0, 13, 2))
+            .iter()
+            .map(|task| (task.task_id, task.start))
+            .collect();
+        resumed.sort_unstable();
+        let mut in_progress = [
+            (second.task_id, second.start + 4),
+            (third.task_id, third.start + 2),
+        ];
+        in_progress.sort_unstable();
+        assert_eq!(
+            resumed, in_progress,
+            "the tasks in progress at the step come first, from their consumed counts"
+        );
+        let reports = [vec![(second.task_id, second.end)], vec![], vec![]];
+        let mut outcome = None;
+        for (rank, positions) in reports.iter().enumerate() {
+            outcome = Some(
+                commit_of(sut, 8, (rank as u32, 3), positions)
+                    .expect("a rank of 3")
+                    .reply,
+            );
+        }
+        let Some(CommitOutcome::Ready(ready)) = outcome else {
+            panic!("the three ranks reported: {outcome:?}");
+        };
+        ready.position
+    };
+    let position = after_restore(&mut sut);
+    assert_eq!(
+        position.done_rows,
+        (first.end - first.start) + (second.end - second.start) + 2,
+        "rows consumed before the restore count at the later step"
+    );
+    let starts: Vec<(TaskStatus, u64)> = [first, second, third]
+        .iter()
+        .map(|task| {
+            let record = &position.tasks[(task.task_id - position.first_task_id) as usize];
+            (record.status.clone(), record.start)
+        })
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            (TaskStatus::Done, first.end),
+            (TaskStatus::Done, second.end),
+            (TaskStatus::Pending, third.start + 2),
+        ]
+    );
+
+    // An AM that takes the job over from a snapshot taken after the restore reads the restored
+    // checkpoint from the store, and counts the same.
+    let mut taken_over = master();
+    taken_over
+        .restore_snapshot(snapshot)
+        .expect("the snapshot after the restore");
+    assert_eq!(
+        taken_over.restored_position_missing(),
+        Some(ready.token.as_str())
+    );
+    taken_over.restored_position(&ready.position);
+    assert_eq!(taken_over.restored_position_missing(), None);
+    assert_eq!(after_restore(&mut taken_over), position);
 }
 
 #[test]
@@ -1081,12 +1190,17 @@ fn added_splits_are_assigned_with_their_files_and_replay_from_the_journal() {
     let mut journal = Vec::new();
     journal.extend(register(&mut sut, 0, 0).entries);
     let first = assigned(&acquire(&mut sut, 0, 1, 1));
-    let added = sut.add_splits(
-        0,
-        None,
-        JobPlan::of_splits(0, vec![planned_split("part-1", 12)]),
-    );
-    assert!(matches!(added.entries[..], [Entry::SplitsAdded { .. }]));
+    // The added file is pinned to what it was when the follower found it.
+    let pinned = Split {
+        identity: Some(ObjectIdentity {
+            e_tag: Some("\"added\"".to_owned()),
+            version: None,
+            modified_ns: None,
+        }),
+        ..planned_split("part-1", 12)
+    };
+    let added = sut.add_splits(0, None, JobPlan::of_splits(0, vec![pinned]));
+    assert!(matches!(added.entries[..], [Entry::FilesAdded { .. }]));
     journal.extend(added.entries);
     let applied = acquire_applied(&mut sut, 0, 2, 100);
     journal.extend(applied.entries);
@@ -1101,6 +1215,23 @@ fn added_splits_are_assigned_with_their_files_and_replay_from_the_journal() {
         "{uris:?}"
     );
     assert_eq!(first.len() + rest.len(), 5, "3 planned tasks and 2 added");
+    let e_tags: BTreeSet<Option<String>> = first
+        .iter()
+        .chain(&rest)
+        .filter_map(|task| task.split.as_ref())
+        .filter(|split| split.uri.ends_with("part-1.parquet"))
+        .map(|split| {
+            split
+                .identity
+                .as_ref()
+                .and_then(|identity| identity.e_tag.clone())
+        })
+        .collect();
+    assert_eq!(
+        e_tags,
+        BTreeSet::from([Some("\"added\"".to_owned())]),
+        "the added file's tasks carry its identity"
+    );
     let status = sut.status(3);
     assert_eq!(status.sources.len(), 1);
     assert!(status.sources[0].followed && status.sources[0].following);
@@ -1119,6 +1250,9 @@ fn added_splits_are_assigned_with_their_files_and_replay_from_the_journal() {
         .expect("restore");
     assert_eq!(from_snapshot.snapshot(), sut.snapshot());
     assert_eq!(from_snapshot.status(3).sources, status.sources);
+    for master in [&recovered, &from_snapshot] {
+        assert_eq!(master.plan(), sut.plan(), "the added file stays pinned");
+    }
 }
 
 #[test]
@@ -1235,10 +1369,19 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
         trainers_to_launch(&sut),
         (0..4).map(trainer).collect::<Vec<_>>()
     );
+    assert!(
+        (0..4).all(|rank| sut.restored_to(&trainer(rank)) == Some(token.as_str())),
+        "each trainer the restore launches again is told the checkpoint"
+    );
 
     // Each relaunched trainer loads the same checkpoint: nothing changes.
     for rank in 0..4 {
         sut.executor_launched(trainer(rank));
+        assert_eq!(
+            sut.restored_to(&trainer(rank)),
+            None,
+            "a trainer launched again after this one ended is not told"
+        );
         let again = sut
             .restore(token.clone(), checkpoint.clone(), 13)
             .expect("the same checkpoint");
@@ -1286,6 +1429,44 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
         .expect("restore again");
     assert_eq!(restored.entries.len(), 1);
     assert!(sut.scaling());
+}
+
+#[test]
+fn resuming_from_a_checkpoint_relaunches_the_trainers_at_the_spec_sizes_and_replays_the_same() {
+    let mut journal = Vec::new();
+    let mut sut = launching_master(&mut journal);
+    let checkpoint = sut.table().position();
+    // The job runs at two trainers when it is resumed with the spec's four.
+    journal.extend(sut.scale("worker", 2).expect("scale").entries);
+    for rank in 0..4 {
+        journal.extend(sut.executor_exited(trainer(rank), Exit::Killed).entries);
+    }
+    give_rings_back(&mut sut, 1, &mut journal);
+    assert_eq!(
+        trainers_to_launch(&sut),
+        (0..2).map(trainer).collect::<Vec<_>>()
+    );
+
+    let resumed = sut
+        .resume_from("unit-step3-0".to_owned(), checkpoint, 10)
+        .expect("resume");
+    assert!(matches!(resumed.entries[..], [Entry::ResumedFrom { .. }]));
+    journal.extend(resumed.entries);
+    assert!(
+        sut.scaling(),
+        "the rings go back before the trainers launch"
+    );
+    let ranks = give_rings_back(&mut sut, 11, &mut journal);
+    assert_eq!(ranks, vec![vec![0, 1], vec![2, 3]], "four ranks again");
+    assert_eq!(
+        trainers_to_launch(&sut),
+        (0..4).map(trainer).collect::<Vec<_>>()
+    );
+    assert!(
+        (0..4).all(|rank| sut.restored_to(&trainer(rank)) == Some("unit-step3-0")),
+        "the trainers are told the checkpoint they start from"
+    );
+    assert_eq!(replayed_from(journal).snapshot(), sut.snapshot());
 }
 
 #[test]
@@ -1556,6 +1737,19 @@ fn stored_checkpoints_past_keep_are_pruned_oldest_first_and_replay_prunes_the_sa
         replayed.replay(entry).expect("replay");
     }
     assert_eq!(replayed.snapshot(), sut.snapshot());
+
+    // The checkpoint the job was restored to stays, besides the newest two.
+    let position = sut.table().position();
+    sut.restore("d".to_owned(), position, 1).expect("restore");
+    let pruned: Vec<Vec<String>> = [(6, "f"), (7, "g")]
+        .into_iter()
+        .map(|(step, token)| sut.checkpoint_stored(step, token.to_owned()).reply)
+        .collect();
+    assert_eq!(pruned, [Vec::new(), vec!["e".to_owned()]]);
+    assert_eq!(
+        sut.snapshot().stored.into_values().collect::<Vec<_>>(),
+        ["d", "f", "g"]
+    );
 }
 
 #[test]

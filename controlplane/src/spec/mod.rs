@@ -530,8 +530,9 @@ pub struct CheckpointSpec {
     pub uri: String,
     /// Seconds between compacted snapshots (default 300).
     pub interval_s: u64,
-    /// How many data checkpoints are kept: the newest by step; an older one is deleted once a
-    /// newer one is stored past the count. `None` (the default) keeps them all.
+    /// How many data checkpoints are kept: the newest by step, and the one the job was last
+    /// restored to; an older one is deleted once a newer one is stored past the count. `None` (the
+    /// default) keeps them all.
     pub keep: Option<u32>,
 }
 

@@ -18,12 +18,13 @@ const URI_SCHEMES: &[&str] = &[
     "file", "s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https", "memory",
 ];
 
-/// Environment variables the AM sets for every trainer.
+/// Environment variables the AM sets for its trainers.
 const RESERVED_ENV: &[&str] = &[
     "SLUICE_RING",
     "SLUICE_RANK",
     "SLUICE_WORLD_SIZE",
     "SLUICE_AM",
+    "SLUICE_RESTORED_TO",
 ];
 
 /// The most attempts a task may be given; a larger number hides a broken task.

@@ -38,6 +38,16 @@ def sluice_bin() -> pathlib.Path:
     return binary
 
 
+def generate(sluice_bin: pathlib.Path, data: pathlib.Path, rows: int) -> None:
+    """Writes `rows` generated rows (ids 0 to rows - 1) into `data`: two Parquet files of row groups
+    of 500 rows."""
+    subprocess.run(
+        [str(sluice_bin), "gen", "--out", str(data), "--rows", str(rows), "--files", "2", "--row-group-rows", "500"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
 class Job:
     """A generated dataset, its job spec, and the AM and daemon serving it."""
 
@@ -49,11 +59,7 @@ class Job:
         self.data = root / "data"
         self.rings = root / "rings"
         self.processes: List[subprocess.Popen] = []
-        subprocess.run(
-            [str(sluice_bin), "gen", "--out", str(self.data), "--rows", str(rows), "--files", "2", "--row-group-rows", "500"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        generate(sluice_bin, self.data, rows)
         self.spec = root / "job.yaml"
         self.spec.write_text(
             f"""

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 
-from conftest import WATCHDOG_S, wait_until
+from conftest import WATCHDOG_S, generate, wait_until
 
 # The trainer: reads paced batches, saves {state, ids} atomically every CHECKPOINT_EVERY batches,
 # and at the end writes the ids loaded from its saved state and the ids it read after loading.
@@ -63,11 +63,7 @@ def read_json(path: pathlib.Path):
 def test_a_trainer_killed_alone_resumes_from_its_last_checkpoint_with_every_row_once(sluice_bin, tmp_path):
     rows = 6000
     data = tmp_path / "data"
-    subprocess.run(
-        [str(sluice_bin), "gen", "--out", str(data), "--rows", str(rows), "--files", "2", "--row-group-rows", "500"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    generate(sluice_bin, data, rows)
     out = tmp_path / "out"
     out.mkdir()
     trainer = tmp_path / "trainer.py"

@@ -151,6 +151,8 @@ fn spawn_weed(
             &format!("-ip={ip}"),
             &format!("-ip.bind={ip}"),
             "-admin.ui=false",
+            // Nothing of a test leaves the host: no anonymous statistics to SeaweedFS's server.
+            "-master.telemetry=false",
         ])
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
         .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)

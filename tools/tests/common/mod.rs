@@ -5,14 +5,58 @@
 
 pub mod bed;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// What the test gets for `path` from the HTTP server at `address`, with a plain HTTP/1.0 request.
+pub fn http_get(address: SocketAddr, path: &str) -> String {
+    let mut stream =
+        TcpStream::connect_timeout(&address, Duration::from_secs(10)).expect("connect");
+    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").expect("send the request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("read the response");
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_else(|| panic!("an HTTP response from {address}: {response:?}"))
+}
+
 /// The `sluice` binary under test.
 pub fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// `sluice consume --ids-out IDS` started as torchrun starts a trainer: rank `rank` of
+/// `world_size`, local rank `local` of `local_world_size`, the AM at `am` and its node's daemon's
+/// rings under `ring_dir`, and none of the variables the AM sets for the trainers it launches.
+pub fn torchrun_consume(
+    am: &str,
+    ring_dir: &Path,
+    ids: &Path,
+    (rank, world_size): (u32, u32),
+    (local, local_world_size): (u32, u32),
+) -> Command {
+    let mut command = sluice();
+    command
+        .args(["consume", "--ids-out"])
+        .arg(ids)
+        .env_remove("SLUICE_RING")
+        .env_remove("SLUICE_RANK")
+        .env_remove("SLUICE_WORLD_SIZE")
+        .env_remove("SLUICE_JOB")
+        .env_remove("SLUICE_TOKEN")
+        .env("SLUICE_AM", am)
+        .env("SLUICE_RING_DIR", ring_dir)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world_size.to_string())
+        .env("LOCAL_RANK", local.to_string())
+        .env("LOCAL_WORLD_SIZE", local_world_size.to_string());
+    command
 }
 
 /// Writes `rows` generated rows in `files` Parquet files of row groups of `row_group_rows` under
@@ -232,16 +276,19 @@ pub struct LoggedAm {
     log: PathBuf,
     /// Its gRPC address.
     pub address: String,
+    /// The address of its status page and HTTP API.
+    pub http: String,
 }
 
 impl LoggedAm {
-    /// Starts `sluice am SPEC` on a free loopback address, its log in `log`.
+    /// Starts `sluice am SPEC` on free loopback addresses, its log in `log`.
     pub fn start(spec: &Path, log: &Path) -> LoggedAm {
         let address = free_address();
+        let http = free_address();
         let child = sluice()
             .arg("am")
             .arg(spec)
-            .args(["--listen", &address])
+            .args(["--listen", &address, "--http", &http])
             .env_remove("SLUICE_TOKEN")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
@@ -252,6 +299,7 @@ impl LoggedAm {
             child,
             log: log.to_path_buf(),
             address,
+            http,
         }
     }
 

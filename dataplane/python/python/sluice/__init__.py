@@ -351,9 +351,16 @@ class Reader:
         different checkpoints are refused. Without the AM's address, the job must have been started
         from the checkpoint's token (``sluice run JOB --resume-from TOKEN``).
 
-        The reader's step, epoch and positions become the checkpoint's. A reader that has read
-        already refuses: load the state in a new reader (a relaunched trainer), or restart the job
-        from the token.
+        The token names the job's data position, whatever the number of ranks: any rank's state of
+        a checkpoint restores the job, and a job resumed with another number of trainers (another
+        ``roles[].num`` or node count) loads it in every rank, a new rank included (for example the
+        state of rank ``rank % saved_world_size``). The rows not consumed at the checkpoint then
+        reach the new ranks exactly once. The AM counts what the checkpoint had consumed in every
+        later checkpoint of its epoch, so a rank reports only what it reads after loading.
+
+        The reader's step and epoch become the checkpoint's. A reader that has read already
+        refuses: load the state in a new reader (a relaunched trainer), or restart the job from the
+        token.
         """
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "token" not in state:
             raise SluiceError(f"load_state_dict: not a sluice reader state (expected a dict of version {_STATE_VERSION} with a token, as state_dict() returns)")
@@ -363,12 +370,12 @@ class Reader:
                 "call load_state_dict() on a new reader before reading (as a relaunched trainer does), or restart the job "
                 f"with `sluice run JOB --resume-from {state['token']}`"
             )
-        if state["world_size"] != self.world_size or state["rank"] != self.rank:
-            raise SluiceError(
-                f"load_state_dict: the checkpoint is of rank {state['rank']} of {state['world_size']}, this reader is rank "
-                f"{self.rank} of {self.world_size}; load each rank's own state"
-            )
-        if self._am:
+        if self._am and os.environ.get("SLUICE_RESTORED_TO") == state["token"]:
+            # Launched by the AM's restore to this very checkpoint: the job stands there, whatever
+            # the ranks launched with this one read meanwhile.
+            if self._ring_replaced():
+                self._reopen_replaced_ring(state["token"])
+        elif self._am:
             effect = restore_data_checkpoint(self._am, self._auth_token, state["token"], self._checkpoint_timeout_s)
             if effect == "trainers_restart":
                 self._wait_to_be_stopped(state["token"])
@@ -380,4 +387,4 @@ class Reader:
         self._token = state["token"]
         self._step_offset = int(state["step"])
         self._epoch = int(state["epoch"])
-        self._positions = {int(task): int(end) for task, end in state["positions"].items()}
+        self._positions = {}
