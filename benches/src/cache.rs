@@ -191,6 +191,8 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 60000 }}
         .stdin(Stdio::null())
         .spawn()
         .map_err(|error| failed(format!("starting sluice run: {error}")))?;
+    // The token `sluice run` makes for the job, once it has: the status page asks for it.
+    let token = directory.join("state").join("token");
     let started = Instant::now();
     let at_start = bytes();
     let mut samples = Vec::new();
@@ -208,7 +210,7 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 60000 }}
                 log.display()
             )));
         }
-        if let Some(status) = api_status(http)
+        if let Some(status) = api_status(http, &token)
             && let (Some(epoch), Some(rows_consumed)) = (
                 status["epoch"].as_u64(),
                 status["tasks"]["rows_consumed"].as_u64(),
@@ -224,9 +226,12 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 60000 }}
         std::thread::sleep(POLL);
     };
     if !status.success() {
+        // The run's directory goes with the benchmark's: its last lines say why.
+        let output = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = output.lines().collect();
         return Err(failed(format!(
-            "sluice run failed ({status}); see {}",
-            log.display()
+            "sluice run failed ({status}); its last lines:\n{}",
+            lines[lines.len().saturating_sub(10)..].join("\n")
         )));
     }
     let at_end = bytes();
@@ -269,13 +274,19 @@ fn free_address() -> Result<SocketAddr> {
 }
 
 /// The AM's status from its status page at `http` (`GET /api/status`, the object of `sluice status
-/// --json`), or `None` while it does not answer: read in-process, so that polling it every
-/// [`POLL`] costs the host little and times an epoch of local data too.
-fn api_status(http: SocketAddr) -> Option<serde_json::Value> {
+/// --json`) with the job's token read from `token`, or `None` while either is not there yet: read
+/// in-process, so that polling it every [`POLL`] costs the host little and times an epoch of local
+/// data too.
+fn api_status(http: SocketAddr, token: &Path) -> Option<serde_json::Value> {
     use std::io::{Read, Write};
+    let token = std::fs::read_to_string(token).ok()?;
     let mut stream = std::net::TcpStream::connect_timeout(&http, POLL).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    stream.write_all(b"GET /api/status HTTP/1.0\r\n\r\n").ok()?;
+    let request = format!(
+        "GET /api/status HTTP/1.0\r\nAuthorization: Bearer {}\r\n\r\n",
+        token.trim()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).ok()?;
     let body = response
@@ -353,7 +364,7 @@ pub fn run_cache_bench(
         epochs: run_job(
             options,
             &root.join("local"),
-            &local.display().to_string(),
+            &format!("file://{}", local.display()),
             None,
             &[],
             &no_bytes,
