@@ -86,20 +86,6 @@ fn failed(reason: impl Into<String>) -> BenchError {
     }
 }
 
-/// The environment of a `sluice` process that reaches S3 at `endpoint`.
-fn s3_environment(endpoint: SocketAddr) -> [(&'static str, String); 5] {
-    [
-        ("AWS_ACCESS_KEY_ID", sluice_testkit::ACCESS_KEY.to_owned()),
-        (
-            "AWS_SECRET_ACCESS_KEY",
-            sluice_testkit::SECRET_KEY.to_owned(),
-        ),
-        ("AWS_ENDPOINT_URL", format!("http://{endpoint}")),
-        ("AWS_ALLOW_HTTP", "true".to_owned()),
-        ("AWS_REGION", "us-east-1".to_owned()),
-    ]
-}
-
 /// Writes the dataset with `sluice gen` to `out`, with `environment`.
 fn generate(options: &CacheBenchOptions, out: &str, environment: &[(&str, String)]) -> Result<()> {
     let generated = Command::new(&options.sluice)
@@ -326,10 +312,10 @@ pub fn run_cache_bench(
     let s3 = format!("s3://{}/bench-cache", sluice_testkit::BUCKET);
     let local = root.join("data");
     progress("writing the dataset to S3 and to local disk");
-    generate(options, &s3, &s3_environment(upstream))?;
+    generate(options, &s3, &sluice_testkit::s3_environment(upstream))?;
     generate(options, &local.display().to_string(), &[])?;
     let data_bytes = directory_bytes(&local);
-    let through_proxy = s3_environment(proxy.address());
+    let through_proxy = sluice_testkit::s3_environment(proxy.address());
     let proxy_bytes = || proxy.bytes_to_client();
     let no_bytes = || 0;
     let mut runs = Vec::new();

@@ -16,20 +16,9 @@ fn the_s3_example_reads_a_dataset_from_a_local_s3_server() {
     let server = sluice_testkit::start_seaweed();
     let options = sluice_testkit::s3_options();
     common::runtime().block_on(sluice_testkit::wait_for_bucket(&server, &options));
-    let environment = [
-        ("AWS_ACCESS_KEY_ID", sluice_testkit::ACCESS_KEY.to_owned()),
-        (
-            "AWS_SECRET_ACCESS_KEY",
-            sluice_testkit::SECRET_KEY.to_owned(),
-        ),
-        (
-            "AWS_ENDPOINT_URL",
-            format!("http://127.0.0.1:{}", sluice_testkit::S3_PORT),
-        ),
-        ("AWS_ALLOW_HTTP", "true".to_owned()),
-        ("AWS_REGION", "us-east-1".to_owned()),
-        ("S3_BUCKET", sluice_testkit::BUCKET.to_owned()),
-    ];
+    let endpoint = std::net::SocketAddr::from(([127, 0, 0, 1], sluice_testkit::S3_PORT));
+    let mut environment = sluice_testkit::s3_environment(endpoint).to_vec();
+    environment.push(("S3_BUCKET", sluice_testkit::BUCKET.to_owned()));
     let rows = 30_000;
     let generated = sluice()
         .args([

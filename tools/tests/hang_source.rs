@@ -7,7 +7,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::sluice;
@@ -31,18 +30,6 @@ fn a_source_read_that_makes_no_progress_shows_as_a_hung_task() {
         DELAY,
         None,
     );
-    let environment = |endpoint: SocketAddr| {
-        [
-            ("AWS_ACCESS_KEY_ID", sluice_testkit::ACCESS_KEY.to_owned()),
-            (
-                "AWS_SECRET_ACCESS_KEY",
-                sluice_testkit::SECRET_KEY.to_owned(),
-            ),
-            ("AWS_ENDPOINT_URL", format!("http://{endpoint}")),
-            ("AWS_ALLOW_HTTP", "true".to_owned()),
-            ("AWS_REGION", "us-east-1".to_owned()),
-        ]
-    };
     let data = format!("s3://{}/slow-source", sluice_testkit::BUCKET);
     let generated = sluice()
         .args([
@@ -55,7 +42,7 @@ fn a_source_read_that_makes_no_progress_shows_as_a_hung_task() {
             "1",
         ])
         .args(["--row-group-rows", "1000"])
-        .envs(environment(upstream))
+        .envs(sluice_testkit::s3_environment(upstream))
         .output()
         .expect("sluice gen");
     assert!(
@@ -87,29 +74,13 @@ failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 60000, hang: {{ a
         ),
     );
     let address = common::free_address();
-    let output = std::fs::File::create(root.join("run.out")).expect("output file");
-    let mut run = sluice()
-        .arg("run")
-        .arg(&spec)
-        .args(["--listen", &address])
-        .arg("--ring-dir")
-        .arg(root.join("rings"))
-        .arg("--state-dir")
-        .arg(root.join("state"))
-        .envs(environment(proxy.address()))
-        .env("NO_COLOR", "1")
-        .stdout(output.try_clone().expect("output file"))
-        .stderr(output)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn sluice run");
-    let printed = || {
-        format!(
-            "{}\n{}",
-            std::fs::read_to_string(root.join("run.out")).unwrap_or_default(),
-            sluice_testkit::job::logs(&root.join("state"))
-        )
-    };
+    let mut run = common::spawn_run(
+        root,
+        &spec,
+        &address,
+        &sluice_testkit::s3_environment(proxy.address()),
+    );
+    let printed = || common::run_output(root);
 
     let started = Instant::now();
     let hang = loop {

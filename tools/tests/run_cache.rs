@@ -12,7 +12,6 @@ mod common;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,20 +34,6 @@ const DELAY: Duration = Duration::from_millis(20);
 const BANDWIDTH_BYTES_PER_S: u64 = 64 << 20;
 /// How long a job may run (deadlock watchdog).
 const WATCHDOG: Duration = Duration::from_secs(240);
-
-/// The environment of a `sluice` process that reaches S3 at `endpoint`.
-fn environment(endpoint: SocketAddr) -> [(&'static str, String); 5] {
-    [
-        ("AWS_ACCESS_KEY_ID", sluice_testkit::ACCESS_KEY.to_owned()),
-        (
-            "AWS_SECRET_ACCESS_KEY",
-            sluice_testkit::SECRET_KEY.to_owned(),
-        ),
-        ("AWS_ENDPOINT_URL", format!("http://{endpoint}")),
-        ("AWS_ALLOW_HTTP", "true".to_owned()),
-        ("AWS_REGION", "us-east-1".to_owned()),
-    ]
-}
 
 /// The spec of a job named `name` over `data` with the cache in `cache`, one trainer writing its
 /// ids to `ids` at no more than `rows_per_s`.
@@ -86,29 +71,13 @@ fn run_job(root: &Path, spec: &str, proxy: &DelayProxy) -> Ran {
     std::fs::create_dir_all(root).expect("job directory");
     let spec = common::write_spec(root, spec);
     let address = common::free_address();
-    let output = std::fs::File::create(root.join("run.out")).expect("output file");
-    let mut run = sluice()
-        .arg("run")
-        .arg(&spec)
-        .args(["--listen", &address])
-        .arg("--ring-dir")
-        .arg(root.join("rings"))
-        .arg("--state-dir")
-        .arg(root.join("state"))
-        .envs(environment(proxy.address()))
-        .env("NO_COLOR", "1")
-        .stdout(output.try_clone().expect("output file"))
-        .stderr(output)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn sluice run");
-    let printed = || {
-        format!(
-            "{}\n{}",
-            std::fs::read_to_string(root.join("run.out")).unwrap_or_default(),
-            sluice_testkit::job::logs(&root.join("state"))
-        )
-    };
+    let mut run = common::spawn_run(
+        root,
+        &spec,
+        &address,
+        &sluice_testkit::s3_environment(proxy.address()),
+    );
+    let printed = || common::run_output(root);
     let started = Instant::now();
     let mut first_epoch = None;
     let mut bytes_at_next_epoch = None;
@@ -178,7 +147,7 @@ fn a_second_epoch_reads_from_the_cache_and_an_overwritten_file_is_read_anew() {
     let generated = sluice()
         .args(["gen", "--out", &data, "--rows", &ROWS.to_string()])
         .args(["--files", "4", "--row-group-rows", "5000"])
-        .envs(environment(upstream))
+        .envs(sluice_testkit::s3_environment(upstream))
         .output()
         .expect("sluice gen");
     assert!(

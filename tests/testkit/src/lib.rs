@@ -246,6 +246,19 @@ pub fn s3_options_at(endpoint: SocketAddr) -> BTreeMap<String, String> {
     .collect()
 }
 
+/// The environment of a `sluice` process that reaches the server's S3 gateway at `endpoint` (the
+/// server's [`S3_PORT`] on 127.0.0.1, or a [`DelayProxy`] in front of it): the endpoint over plain
+/// HTTP, the server's keys and its region.
+pub fn s3_environment(endpoint: SocketAddr) -> [(&'static str, String); 5] {
+    [
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_owned()),
+        ("AWS_ENDPOINT_URL", format!("http://{endpoint}")),
+        ("AWS_ALLOW_HTTP", "true".to_owned()),
+        ("AWS_REGION", "us-east-1".to_owned()),
+    ]
+}
+
 /// A client of the server's bucket with the storage options `options` ([`s3_options`],
 /// [`s3_options_at`]).
 ///

@@ -26,6 +26,37 @@ pub fn http_get(address: SocketAddr, path: &str) -> String {
         .unwrap_or_else(|| panic!("an HTTP response from {address}: {response:?}"))
 }
 
+/// `sluice run SPEC` listening at `address`, its rings and state under `root` (`rings`, `state`),
+/// with `environment`; its output (stdout and stderr) goes to `root/run.out`, read back by
+/// [`run_output`].
+pub fn spawn_run(root: &Path, spec: &Path, address: &str, environment: &[(&str, String)]) -> Child {
+    let output = std::fs::File::create(root.join("run.out")).expect("output file");
+    sluice()
+        .arg("run")
+        .arg(spec)
+        .args(["--listen", address])
+        .arg("--ring-dir")
+        .arg(root.join("rings"))
+        .arg("--state-dir")
+        .arg(root.join("state"))
+        .envs(environment.iter().map(|(key, value)| (key, value)))
+        .env("NO_COLOR", "1")
+        .stdout(output.try_clone().expect("output file"))
+        .stderr(output)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn sluice run")
+}
+
+/// What a `sluice run` of [`spawn_run`] under `root` printed, and its executors' logs.
+pub fn run_output(root: &Path) -> String {
+    format!(
+        "{}\n{}",
+        std::fs::read_to_string(root.join("run.out")).unwrap_or_default(),
+        sluice_testkit::job::logs(&root.join("state"))
+    )
+}
+
 /// The `sluice` binary under test.
 pub fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
