@@ -26,23 +26,27 @@
 //!   entry or none: a daemon killed while writing leaves a temporary file that no read ever opens,
 //!   removed after ten minutes. The data's CRC catches an entry that a crash of the machine left
 //!   short (its rename reached the disk before its data): such an entry is removed and read again
-//!   from the store, never served.
+//!   from the store, never served. A process checks an entry file's CRC the first time it reads
+//!   it, reading it whole; its later reads of the same file (by device and inode) read the header
+//!   and the bytes they need alone, since a file written whole before its rename stays whole while
+//!   the machine runs, and every daemon started after a crash checks each entry again.
 //! - **Sharing.** The daemons of a node share the directory: a rename is atomic, and two daemons
 //!   that fetch the same block write the same bytes. The directory is the user's own (0700; one of
 //!   another user's is refused), as the rings' is.
 //! - **Eviction.** Least recently used, by the entries' modification times: a read that finds an
-//!   entry sets its time to now. When the bytes this process counts pass `max_bytes`, it lists the
+//!   entry sets its time to now, when it is more than ten seconds old. When the bytes this process counts pass `max_bytes`, it lists the
 //!   whole directory, the other daemons' entries with its own, and removes the oldest entries until
 //!   the cache holds 90 % of `max_bytes`. An entry removed while another daemon reads it stays
 //!   readable through that daemon's open file.
 //! - **Failures.** The cache never fails a read: an entry it cannot read is a miss, and a block it
 //!   cannot write (a full disk) is logged and left out.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::ops::{Range, RangeInclusive};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -73,6 +77,13 @@ const LOW_WATER_PERCENT: u64 = 90;
 
 /// How old a temporary file must be before it counts as left by a daemon that died writing it.
 const STALE_TEMPORARY: Duration = Duration::from_secs(600);
+
+/// How stale an entry's time of last use may be before a read sets it again: eviction needs the
+/// order of use at about this grain, not a write of metadata per read.
+const USE_GRANULARITY: Duration = Duration::from_secs(10);
+
+/// The most bytes an entry's header line takes: a key of a long URI, and the object's facts.
+const MAX_HEADER_BYTES: usize = 16 << 10;
 
 /// The layout of an entry's header; an entry of another layout is a miss.
 const ENTRY_FORMAT: u32 = 1;
@@ -167,6 +178,9 @@ pub struct BlockCache {
     next_temporary: AtomicU64,
     /// Held by the one thread of this process that evicts at a time.
     evicting: Mutex<()>,
+    /// The entry files (device, inode) this process read whole and found whole: a later read of
+    /// one reads only the bytes it needs.
+    verified: Mutex<HashSet<(u64, u64)>>,
 }
 
 impl BlockCache {
@@ -225,6 +239,7 @@ impl BlockCache {
             counters: Counters::default(),
             next_temporary: AtomicU64::new(0),
             evicting: Mutex::new(()),
+            verified: Mutex::new(HashSet::new()),
         };
         cache.evict();
         Ok(Arc::new(cache))
@@ -264,8 +279,15 @@ impl BlockCache {
             .join(format!("{}.{block}", key.name))
     }
 
-    /// The entry of `block` of the object `key`, when the cache has a whole one; marks it used.
-    fn read_entry(&self, key: &ObjectKey, block: u64) -> Option<Entry> {
+    /// The bytes `want` (offsets in the block) of the entry of `block` of the object `key`, when
+    /// the cache has a whole one; marks it used.
+    ///
+    /// The first read of an entry file by this process reads it whole and checks its CRC; later
+    /// reads of the same file read its header and the bytes wanted alone. An entry file is written
+    /// whole before it is renamed into place, so a file this process found whole stays whole while
+    /// it runs; what the CRC guards against, a file that a crash of the machine left short or
+    /// zeroed, is met again by the first read of every daemon started after it.
+    fn read_entry(&self, key: &ObjectKey, block: u64, want: Range<u64>) -> Option<Entry> {
         let path = self.entry_path(key, block);
         let mut file = match File::open(&path) {
             Ok(file) => file,
@@ -275,18 +297,49 @@ impl BlockCache {
                 return None;
             }
         };
-        let mut content = Vec::new();
-        if let Err(error) = file.read_to_end(&mut content) {
-            tracing::warn!(entry = %path.display(), %error, "cannot read a cache entry");
-            return None;
-        }
-        let Some(entry) = Entry::parse(content, key, block) else {
+        let metadata = file.metadata().ok()?;
+        let identity = (metadata.dev(), metadata.ino());
+        let verified = self
+            .verified
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .contains(&identity);
+        let entry = if verified {
+            read_part(&file, metadata.len(), key, block, want)
+        } else {
+            let mut content = Vec::new();
+            if let Err(error) = file.read_to_end(&mut content) {
+                tracing::warn!(entry = %path.display(), %error, "cannot read a cache entry");
+                return None;
+            }
+            let entry = Entry::parse(content, key, block);
+            if entry.is_some() {
+                let mut verified = self
+                    .verified
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                // Entries evicted and written again leave their identities behind: start over
+                // once there are more than the cache can hold.
+                if verified.len() as u64 > 2 * (self.max_bytes / self.block_bytes) + 1024 {
+                    verified.clear();
+                }
+                verified.insert(identity);
+            }
+            entry
+        };
+        let Some(entry) = entry else {
             // A damaged entry (or a clash of names): it is replaced by the block fetched again.
             tracing::warn!(entry = %path.display(), "removed a cache entry that does not hold its block whole");
             let _ = fs::remove_file(&path);
             return None;
         };
-        if let Err(error) = file.set_modified(SystemTime::now()) {
+        let used = metadata
+            .modified()
+            .ok()
+            .and_then(|modified| SystemTime::now().duration_since(modified).ok());
+        if used.is_none_or(|since| since >= USE_GRANULARITY)
+            && let Err(error) = file.set_modified(SystemTime::now())
+        {
             tracing::debug!(entry = %path.display(), %error, "cannot mark a cache entry used");
         }
         Some(entry)
@@ -382,17 +435,29 @@ impl BlockCache {
         self.held.store(total, Ordering::Relaxed);
     }
 
-    /// The entries of `blocks` of the object `key` that the cache has, in order.
+    /// The entries of `blocks` of the object `key` that the cache has, in order, each with the
+    /// bytes of `requested` (offsets in the object) that fall in its block.
     async fn lookup(
         self: &Arc<Self>,
         key: &Arc<ObjectKey>,
         blocks: RangeInclusive<u64>,
+        requested: Range<u64>,
     ) -> Vec<Option<Entry>> {
         let count = blocks.clone().count();
         let cache = Arc::clone(self);
         let key = Arc::clone(key);
         tokio::task::spawn_blocking(move || {
-            blocks.map(|block| cache.read_entry(&key, block)).collect()
+            blocks
+                .map(|block| {
+                    let start = block * cache.block_bytes;
+                    let want = requested.start.max(start).saturating_sub(start)
+                        ..requested
+                            .end
+                            .min(start.saturating_add(cache.block_bytes))
+                            .saturating_sub(start);
+                    cache.read_entry(&key, block, want)
+                })
+                .collect()
         })
         .await
         .unwrap_or_else(|_| vec![None; count])
@@ -427,9 +492,11 @@ impl BlockCache {
         let block_bytes = usize::try_from(self.block_bytes).unwrap_or(usize::MAX);
         (0..data.len())
             .step_by(block_bytes)
-            .map(|start| Entry {
-                object: object.clone(),
-                data: data.slice(start..data.len().min(start.saturating_add(block_bytes))),
+            .map(|start| {
+                Entry::whole(
+                    object.clone(),
+                    data.slice(start..data.len().min(start.saturating_add(block_bytes))),
+                )
             })
             .collect()
     }
@@ -445,7 +512,7 @@ impl BlockCache {
         let key = Arc::new(ObjectKey::new(&pinned, self.block_bytes));
         let requested = match pinned.range.clone() {
             Some(range) => range,
-            None => match self.lookup(&key, 0..=0).await.pop().flatten() {
+            None => match self.lookup(&key, 0..=0, 0..0).await.pop().flatten() {
                 Some(first) => 0..first.object.size,
                 None => return self.fetch_whole(inner, path, &key, &pinned, options).await,
             },
@@ -456,7 +523,11 @@ impl BlockCache {
         let block_bytes = self.block_bytes;
         let first_block = requested.start / block_bytes;
         let mut found = self
-            .lookup(&key, first_block..=(requested.end - 1) / block_bytes)
+            .lookup(
+                &key,
+                first_block..=(requested.end - 1) / block_bytes,
+                requested.clone(),
+            )
             .await;
         let was_hit: Vec<bool> = found.iter().map(Option::is_some).collect();
         let mut object = found
@@ -528,9 +599,11 @@ impl BlockCache {
                 return inner.get_opts(path, options).await;
             };
             let from = served.start.max(block_start) - block_start;
-            let to = (served.end.min(block_start + block_bytes) - block_start)
-                .min(entry.data.len() as u64);
-            data.extend_from_slice(&entry.data[from as usize..to as usize]);
+            let to = (served.end.min(block_start + block_bytes) - block_start).min(entry.len);
+            let Some(bytes) = entry.bytes(from..to) else {
+                return inner.get_opts(path, options).await;
+            };
+            data.extend_from_slice(bytes);
             if was_hit[offset] {
                 hits += 1;
                 from_cache += to - from;
@@ -715,14 +788,36 @@ struct EntryHeader {
     object: ObjectFacts,
 }
 
-/// One block of an object: its data, and what its read told of the object.
+/// One block of an object, or the part of it a read needs: its data, where the data starts in the
+/// block, the block's length, and what its read told of the object.
 #[derive(Debug, Clone)]
 struct Entry {
     object: ObjectFacts,
     data: Bytes,
+    /// The offset in the block of `data`'s first byte.
+    offset: u64,
+    /// The length of the whole block.
+    len: u64,
 }
 
 impl Entry {
+    /// A whole block's entry.
+    fn whole(object: ObjectFacts, data: Bytes) -> Entry {
+        Entry {
+            object,
+            len: data.len() as u64,
+            data,
+            offset: 0,
+        }
+    }
+
+    /// The bytes `range` (offsets in the block) of the entry, when it holds them.
+    fn bytes(&self, range: Range<u64>) -> Option<&[u8]> {
+        let start = usize::try_from(range.start.checked_sub(self.offset)?).ok()?;
+        let end = usize::try_from(range.end.checked_sub(self.offset)?).ok()?;
+        self.data.get(start..end)
+    }
+
     fn header(&self, key: &ObjectKey, block: u64) -> EntryHeader {
         EntryHeader {
             format: ENTRY_FORMAT,
@@ -744,11 +839,42 @@ impl Entry {
             && header.block == block
             && header.len == data.len() as u64
             && header.crc32c == crc32c::crc32c(&data);
-        whole.then_some(Entry {
-            object: header.object,
-            data,
-        })
+        whole.then(|| Entry::whole(header.object, data))
     }
+}
+
+/// The bytes `want` (offsets in the block) of the entry file `file` of `file_len` bytes, an entry
+/// already found whole: its header is read and checked against `key` and `block`, and the length
+/// of the file against the header; the data is not checked again.
+fn read_part(
+    file: &File,
+    file_len: u64,
+    key: &ObjectKey,
+    block: u64,
+    want: Range<u64>,
+) -> Option<Entry> {
+    let mut head = vec![0; MAX_HEADER_BYTES.min(usize::try_from(file_len).ok()?)];
+    file.read_exact_at(&mut head, 0).ok()?;
+    let newline = head.iter().position(|byte| *byte == b'\n')?;
+    let header: EntryHeader = serde_json::from_slice(&head[..newline]).ok()?;
+    let data_start = newline as u64 + 1;
+    let fits = header.format == ENTRY_FORMAT
+        && header.key == key.text
+        && header.block == block
+        && data_start.checked_add(header.len) == Some(file_len);
+    if !fits {
+        return None;
+    }
+    let end = want.end.min(header.len);
+    let start = want.start.min(end);
+    let mut data = vec![0; usize::try_from(end - start).ok()?];
+    file.read_exact_at(&mut data, data_start + start).ok()?;
+    Some(Entry {
+        object: header.object,
+        data: Bytes::from(data),
+        offset: start,
+        len: header.len,
+    })
 }
 
 /// An object store with a [`BlockCache`] in front of its pinned reads.
@@ -925,6 +1051,81 @@ mod tests {
             .iter()
             .map(|path| fs::metadata(path).expect("stat").len())
             .sum()
+    }
+
+    #[tokio::test]
+    async fn ranges_read_again_from_entries_found_whole_are_the_objects_bytes() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let inner = Arc::new(InMemory::new());
+        let size = 5 * BLOCK + 300;
+        let data = content(7, size as usize);
+        let tag = put(&inner, "r.parquet", data.clone()).await;
+        let cache =
+            BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
+        let sut = cache.wrap("s3://bucket/", inner.clone());
+        let ranges = [
+            0..size,
+            0..1,
+            BLOCK - 1..BLOCK + 1,
+            BLOCK..2 * BLOCK,
+            100..4 * BLOCK + 7,
+            3 * BLOCK + 5..3 * BLOCK + 6,
+            5 * BLOCK..size,
+            size - 1..size,
+        ];
+        // The first round fills the cache and finds each entry whole; the later ones read the
+        // parts they need from the entries found whole.
+        for round in 0..3 {
+            for range in ranges.clone() {
+                let got = read(sut.as_ref(), "r.parquet", &tag, Some(range.clone()))
+                    .await
+                    .expect("read");
+                assert_eq!(
+                    got,
+                    data.slice(range.start as usize..range.end as usize),
+                    "round {round}, {range:?}"
+                );
+            }
+        }
+        assert_eq!(cache.figures().misses, 6, "each block fetched once");
+    }
+
+    #[tokio::test]
+    async fn an_entry_file_replaced_after_it_was_found_whole_is_checked_again() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let inner = Arc::new(InMemory::new());
+        let data = content(3, (2 * BLOCK) as usize);
+        let tag = put(&inner, "e.parquet", data.clone()).await;
+        let cache =
+            BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
+        let sut = cache.wrap("s3://bucket/", inner.clone());
+        for _ in 0..2 {
+            read(sut.as_ref(), "e.parquet", &tag, Some(0..BLOCK))
+                .await
+                .expect("read");
+        }
+        assert_eq!(cache.figures().misses, 1);
+        // Another file in the entry's place, its data damaged at the same length.
+        let entry = entries(directory.path()).remove(0);
+        let mut damaged = fs::read(&entry).expect("entry");
+        let last = damaged.len() - 1;
+        damaged[last] ^= 0xff;
+        let replacement = directory.path().join("replacement");
+        fs::write(&replacement, &damaged).expect("write");
+        fs::rename(&replacement, &entry).expect("rename");
+        let got = read(sut.as_ref(), "e.parquet", &tag, Some(0..BLOCK))
+            .await
+            .expect("read");
+        assert_eq!(
+            got,
+            data.slice(0..BLOCK as usize),
+            "never the damaged bytes"
+        );
+        assert_eq!(
+            cache.figures().misses,
+            2,
+            "the damaged entry is fetched again"
+        );
     }
 
     #[tokio::test]
