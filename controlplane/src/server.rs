@@ -471,9 +471,14 @@ fn advertised(bound: SocketAddr) -> String {
 }
 
 /// The identity of a job's journal: its name and a digest of what it reads and how it is cut into
-/// tasks, so a journal is never replayed over other data.
+/// tasks, so a journal is never replayed over other data. Where the nodes cache the data is not
+/// part of it: a job started again with another `data.cache` takes its journal over.
 fn journal_identity(spec: &JobSpec) -> String {
-    let data = serde_json::to_vec(&spec.data).expect("the data section serializes");
+    let data = crate::spec::DataSpec {
+        cache: None,
+        ..spec.data.clone()
+    };
+    let data = serde_json::to_vec(&data).expect("the data section serializes");
     format!("{}:{:08x}", spec.name, crc32c::crc32c(&data))
 }
 

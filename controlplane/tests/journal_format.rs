@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use sluice_am::master::calls::JobPhase;
 use sluice_am::server::{AmOptions, AmServer};
-use sluice_am::spec::JobSpec;
+use sluice_am::spec::{CacheSpec, JobSpec};
 
 /// The rows of the recorded job.
 const ROWS: u64 = 20_000;
@@ -70,6 +70,20 @@ async fn a_journal_of_the_first_format_is_taken_over_where_it_ended() {
     assert_eq!(master.rows_consumed_total(), ROWS, "every row once");
     assert_eq!(master.table().done_rows(), ROWS);
     assert_eq!(master.world_size(), 3, "the scale to three trainers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_started_again_with_a_local_cache_takes_its_journal_over() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let mut spec = recorded_job(directory.path());
+    spec.data.cache = Some(CacheSpec {
+        dir: directory.path().join("cache").display().to_string(),
+        max_bytes: 1 << 30,
+    });
+    let sut = AmServer::start(spec, options())
+        .await
+        .expect("where the nodes cache the data is not part of the journal's identity");
+    assert_eq!(sut.am().master().rows_consumed_total(), ROWS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

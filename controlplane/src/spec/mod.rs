@@ -152,6 +152,9 @@ pub struct DataSpec {
     /// batch holds what the reader decoded of `batch_size` rows once the filter has run).
     pub fixed_batch_size: bool,
     /// The local disk cache of remote sources on each node, read again from the second epoch on.
+    /// Not part of what the job reads: left out of the journal's identity (and so out of the
+    /// encoding when unset, as the data section of a spec without it was encoded before it).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheSpec>,
 }
 
