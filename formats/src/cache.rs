@@ -1035,6 +1035,22 @@ mod tests {
             .await
     }
 
+    /// A cache of 1 MiB in blocks of [`BLOCK`] in a new directory, in front of a new in-memory
+    /// store: the directory, the store, the cache and the cached store.
+    fn cached_store() -> (
+        tempfile::TempDir,
+        Arc<InMemory>,
+        Arc<BlockCache>,
+        Arc<dyn ObjectStore>,
+    ) {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let inner = Arc::new(InMemory::new());
+        let cache =
+            BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
+        let sut = cache.wrap("s3://bucket/", inner.clone());
+        (directory, inner, cache, sut)
+    }
+
     /// Every entry file of the cache in `dir`.
     fn entries(dir: &FsPath) -> Vec<PathBuf> {
         let mut found: Vec<PathBuf> = fs::read_dir(dir.join("blocks"))
@@ -1055,14 +1071,10 @@ mod tests {
 
     #[tokio::test]
     async fn ranges_read_again_from_entries_found_whole_are_the_objects_bytes() {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let inner = Arc::new(InMemory::new());
+        let (_directory, inner, cache, sut) = cached_store();
         let size = 5 * BLOCK + 300;
         let data = content(7, size as usize);
         let tag = put(&inner, "r.parquet", data.clone()).await;
-        let cache =
-            BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
-        let sut = cache.wrap("s3://bucket/", inner.clone());
         let ranges = [
             0..size,
             0..1,
@@ -1092,13 +1104,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_entry_file_replaced_after_it_was_found_whole_is_checked_again() {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let inner = Arc::new(InMemory::new());
+        let (directory, inner, cache, sut) = cached_store();
         let data = content(3, (2 * BLOCK) as usize);
         let tag = put(&inner, "e.parquet", data.clone()).await;
-        let cache =
-            BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
-        let sut = cache.wrap("s3://bucket/", inner.clone());
         for _ in 0..2 {
             read(sut.as_ref(), "e.parquet", &tag, Some(0..BLOCK))
                 .await
@@ -1131,13 +1139,9 @@ mod tests {
     #[tokio::test]
     async fn a_pinned_read_is_fetched_once_then_served_from_disk_and_an_unpinned_one_never_cached()
     {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let inner = Arc::new(InMemory::new());
+        let (directory, inner, cache, sut) = cached_store();
         let data = content(1, 10_000);
         let tag = put(&inner, "d/a.parquet", data.clone()).await;
-        let cache =
-            BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
-        let sut = cache.wrap("s3://bucket/", inner.clone());
 
         let range = 1500..4200;
         let first = read(sut.as_ref(), "d/a.parquet", &tag, Some(range.clone()))
@@ -1196,13 +1200,9 @@ mod tests {
     #[tokio::test]
     async fn an_overwritten_object_is_read_anew_and_a_read_pinned_to_the_old_tag_gets_the_old_bytes()
      {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let inner = Arc::new(InMemory::new());
+        let (_directory, inner, _cache, sut) = cached_store();
         let old = content(1, 3000);
         let old_tag = put(&inner, "a.csv", old.clone()).await;
-        let cache =
-            BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
-        let sut = cache.wrap("s3://bucket/", inner.clone());
         read(sut.as_ref(), "a.csv", &old_tag, Some(0..BLOCK))
             .await
             .expect("cached");
@@ -1336,13 +1336,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_damaged_or_unfinished_entry_is_never_served() {
-        let directory = tempfile::tempdir().expect("tempdir");
-        let inner = Arc::new(InMemory::new());
+        let (directory, inner, cache, sut) = cached_store();
         let data = content(3, 2 * BLOCK as usize);
         let tag = put(&inner, "a.arrow", data.clone()).await;
-        let cache =
-            BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
-        let sut = cache.wrap("s3://bucket/", inner.clone());
         read(sut.as_ref(), "a.arrow", &tag, None)
             .await
             .expect("cached");
