@@ -239,6 +239,7 @@ roles:
                 stages: Vec::new(),
                 rings: Vec::new(),
                 keeps_finished_until_durable: true,
+                bad: Vec::new(),
             };
             let applied = master.heartbeat(request, round);
             // Not awaited, as a heartbeat of counts alone is answered.

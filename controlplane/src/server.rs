@@ -476,6 +476,7 @@ fn advertised(bound: SocketAddr) -> String {
 fn journal_identity(spec: &JobSpec) -> String {
     let data = crate::spec::DataSpec {
         cache: None,
+        bad_data: crate::spec::BadDataSpec::default(),
         ..spec.data.clone()
     };
     let data = serde_json::to_vec(&data).expect("the data section serializes");

@@ -1492,6 +1492,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
                     task_id,
                     enqueued,
                     consumed,
+                    bad: Vec::new(),
                 })
                 .collect(),
             ..v1::HeartbeatRequest::default()

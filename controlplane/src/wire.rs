@@ -5,12 +5,13 @@
 
 use crate::decide::{Assignment, NodeId, NodeStatus, Refusal, ReportOutcome, TaskId, TaskProgress};
 use crate::error::{AmError, Result};
+use crate::master::BadRange;
 use crate::master::calls::{
     Heartbeat, JobPhase, NodeCommand, RankCommit, Registered, Registration, RestoreEffect,
     Restored, Scaled, TaskReport,
 };
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
-use crate::spec::{JobSpec, TransformSpec};
+use crate::spec::{BadDataPolicy, JobSpec, TransformSpec};
 use sluice_formats::{ObjectIdentity, SplitBytes};
 use sluice_proto::v1::{self, command, refusal};
 
@@ -67,6 +68,25 @@ pub(crate) fn heartbeat(request: v1::HeartbeatRequest) -> Heartbeat {
         rings: request.rings,
         hostname: request.hostname,
         keeps_finished_until_durable: request.keeps_finished_until_durable,
+        bad: request
+            .progress
+            .into_iter()
+            .flat_map(|progress| {
+                let task = TaskId(progress.task_id);
+                progress.bad.into_iter().map(move |range| {
+                    (
+                        task,
+                        BadRange {
+                            uri: range.uri,
+                            row_group: range.row_group,
+                            first_row: range.first_row,
+                            row_count: range.row_count,
+                            cause: range.cause,
+                        },
+                    )
+                })
+            })
+            .collect(),
     }
 }
 
@@ -355,6 +375,12 @@ pub(crate) fn job_data(spec: &JobSpec, plan: &JobPlan) -> v1::JobData {
             dir: cache.dir.clone(),
             max_bytes: cache.max_bytes,
         }),
+        on_bad_data: match spec.data.bad_data.policy {
+            BadDataPolicy::Fail => v1::BadDataPolicy::Fail,
+            BadDataPolicy::Skip => v1::BadDataPolicy::Skip,
+            BadDataPolicy::Warn => v1::BadDataPolicy::Warn,
+        }
+        .into(),
     }
 }
 

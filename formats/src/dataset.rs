@@ -79,6 +79,15 @@ impl FormatKind {
     }
 }
 
+/// The rows a reader skips from a row that does not decode: see [`Dataset::bad_data_unit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadDataUnit {
+    /// The Parquet row group the rows belong to.
+    pub row_group: Option<u32>,
+    /// The end of the rows skipped (exclusive), counted from the split's first row.
+    pub end: u64,
+}
+
 /// How to open a dataset.
 #[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
@@ -758,6 +767,46 @@ impl Dataset {
                     .await
             }
         }
+    }
+
+    /// What a reader skips when the rows of `split` do not decode from `row` on (counted from the
+    /// split's first row): the rest of the Parquet row group holding `row`, or for a row format,
+    /// whose split decodes as one, the rest of the split.
+    ///
+    /// # Errors
+    ///
+    /// Returns the error of reading the file's footer.
+    pub async fn bad_data_unit(&self, split: &Split, row: u64) -> Result<BadDataUnit> {
+        if !matches!(self.kind, FormatKind::Parquet | FormatKind::Delta) {
+            return Ok(BadDataUnit {
+                row_group: None,
+                end: split.row_count,
+            });
+        }
+        let path = self.path_of(split)?;
+        let footer = self
+            .footers
+            .get(&self.access, &path, split.planned(), PageIndexNeed::Nothing)
+            .await?;
+        let file_row = split.first_row.saturating_add(row);
+        let mut group_start = 0u64;
+        for (group, rows) in crate::parquet::row_group_rows(footer.metadata.metadata())
+            .into_iter()
+            .enumerate()
+        {
+            let group_end = group_start.saturating_add(rows);
+            if file_row < group_end {
+                return Ok(BadDataUnit {
+                    row_group: u32::try_from(group).ok(),
+                    end: (group_end - split.first_row).min(split.row_count),
+                });
+            }
+            group_start = group_end;
+        }
+        Ok(BadDataUnit {
+            row_group: None,
+            end: split.row_count,
+        })
     }
 
     /// The Delta table at `version`: the one the dataset was opened at, or a snapshot opened for

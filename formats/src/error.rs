@@ -178,6 +178,26 @@ impl From<sluice_store::LocationError> for FormatError {
 }
 
 impl FormatError {
+    /// Whether the error is about the bytes of the data: a file, row group or record that does not
+    /// decode, which reading again cannot mend. Not a store that fails, a file that changed since it
+    /// was planned, or a plan that does not fit the file.
+    pub fn is_bad_data(&self) -> bool {
+        match self {
+            Self::Parquet { cause, .. } => {
+                !matches!(cause, parquet::errors::ParquetError::External(_))
+            }
+            Self::TfRecord { .. } | Self::Record { .. } => true,
+            Self::Arrow { cause, .. } => matches!(
+                cause,
+                arrow::error::ArrowError::CsvError(_)
+                    | arrow::error::ArrowError::JsonError(_)
+                    | arrow::error::ArrowError::ParseError(_)
+                    | arrow::error::ArrowError::IpcError(_)
+            ),
+            _ => false,
+        }
+    }
+
     /// Wraps an object store error with what was being done.
     pub fn store(context: impl Into<String>, source: object_store::Error) -> Self {
         Self::ObjectStore {

@@ -126,6 +126,7 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                 task_id: TaskId(5).into(),
                 enqueued: 300,
                 consumed: 200,
+                bad: Vec::new(),
             }],
         })
         .await
@@ -144,11 +145,13 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                     task_id: 5,
                     enqueued: 400,
                     consumed: 350,
+                    bad: Vec::new(),
                 },
                 TaskProgress {
                     task_id: 9,
                     enqueued: 10,
                     consumed: 0,
+                    bad: Vec::new(),
                 },
             ],
             stages: Vec::new(),

@@ -2,7 +2,7 @@
 
 use prost::Message;
 use sluice_proto::v1::{
-    AssignTasks, Blacklisted, Command, CountOutOfRange, DeletionVector, DeltaSplitInfo,
+    AssignTasks, BadRange, Blacklisted, Command, CountOutOfRange, DeletionVector, DeltaSplitInfo,
     DoneBeforeEnd, Fence, HeartbeatReply, HeartbeatRequest, JournalMark, NoStopRequested, NotHeld,
     ObjectIdentity, PartitionValue, Refusal, Refuse, Release, RingStats, Shutdown, Split,
     SplitBytes, StageStats, StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode,
@@ -20,11 +20,19 @@ fn heartbeat_request() -> HeartbeatRequest {
                 task_id: 11,
                 enqueued: 4096,
                 consumed: 1024,
+                bad: vec![BadRange {
+                    uri: "s3://bucket/part-0.parquet".into(),
+                    row_group: Some(2),
+                    first_row: 500,
+                    row_count: 250,
+                    cause: "invalid page header".into(),
+                }],
             },
             TaskProgress {
                 task_id: 12,
                 enqueued: 0,
                 consumed: 0,
+                bad: Vec::new(),
             },
         ],
         stages: vec![

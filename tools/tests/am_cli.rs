@@ -112,6 +112,7 @@ fn a_daemon_pulls_every_row_once_and_the_am_exits_when_the_job_succeeds() {
                             task_id: task.task_id,
                             enqueued: rows,
                             consumed: rows,
+                            bad: Vec::new(),
                         }],
                         ..v1::HeartbeatRequest::default()
                     })

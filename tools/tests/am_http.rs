@@ -171,6 +171,7 @@ async fn run_daemon(address: &str, token: Option<&str>, beats: u64) -> Reported 
             task_id: *task_id,
             enqueued: *enqueued,
             consumed: *consumed,
+            bad: Vec::new(),
         })
         .collect();
     for beat in 1..=beats {

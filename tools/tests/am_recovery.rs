@@ -120,6 +120,7 @@ impl Daemon {
                 task_id: *task_id,
                 enqueued: held.consumed,
                 consumed: held.consumed,
+                bad: Vec::new(),
             })
             .collect()
     }

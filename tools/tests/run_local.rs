@@ -285,3 +285,98 @@ fn an_object_deleted_during_the_job_fails_it_by_the_policy_naming_it() {
         "the final error says the object is missing: {error}"
     );
 }
+
+/// A row group of one file does not decode (its first page header is overwritten before the job
+/// plans it). With `data.on_bad_data: skip`, the job succeeds, every other row arrives once, and
+/// `sluice run`'s summary names the file, the row group and the cause.
+#[test]
+fn a_row_group_that_does_not_decode_is_skipped_and_named_in_the_summary() {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use std::io::{Seek, SeekFrom, Write};
+
+    let directory = tempfile::tempdir().expect("tempdir");
+    let root = directory.path();
+    let data = common::generate(root, 4000, 2, 500);
+    let victim = data.join("part-00001.parquet");
+    let builder = ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(&victim).expect("open the file"),
+    )
+    .expect("a parquet file");
+    let page = builder.metadata().row_group(1).column(0).data_page_offset();
+    let bad_ids: Vec<i64> = builder
+        .with_row_groups(vec![1])
+        .build()
+        .expect("a reader")
+        .flat_map(|batch| {
+            let batch = batch.expect("a batch");
+            let ids = batch.column_by_name("id").expect("an id column");
+            let ids = arrow::compute::cast(ids, &arrow::datatypes::DataType::Int64).expect("ints");
+            ids.as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .expect("int64")
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(bad_ids.len(), 500);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&victim)
+        .expect("open to write");
+    file.seek(SeekFrom::Start(u64::try_from(page).expect("an offset")))
+        .expect("seek");
+    file.write_all(&[0xff; 24])
+        .expect("overwrite the page header");
+    drop(file);
+
+    let spec = common::write_spec(
+        root,
+        &format!(
+            r#"
+name: run-bad-data
+data:
+  sources: [{{ uri: "file://{data}", format: parquet }}]
+  task_rows: 1000
+  batch_size: 128
+  on_bad_data: skip
+  max_bad_fraction: 0.2
+nodes: 1
+roles:
+  - {{ name: worker, num: 2, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin"] }}
+failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
+"#,
+            data = data.display(),
+            sluice = env!("CARGO_BIN_EXE_sluice"),
+            root = root.display(),
+        ),
+    );
+    let output = run_with_deadline(
+        sluice()
+            .arg("run")
+            .arg(&spec)
+            .arg("--ring-dir")
+            .arg(root.join("rings"))
+            .arg("--state-dir")
+            .arg(root.join("state")),
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("bad data: 500 rows skipped in 1 skips")
+            && stdout.contains(&format!(
+                "{} row group 1: 500 rows: parquet file",
+                victim.display()
+            )),
+        "the summary names the skip: {stdout}"
+    );
+    let mut ids: Vec<i64> = (0..2)
+        .flat_map(|rank| read_ids(&root.join(format!("ids-{rank}.bin"))))
+        .collect();
+    ids.sort_unstable();
+    let expected: Vec<i64> = (0..4000).filter(|id| !bad_ids.contains(id)).collect();
+    assert_eq!(ids, expected, "every other row once");
+}

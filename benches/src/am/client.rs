@@ -316,6 +316,7 @@ impl Daemon {
                     task_id: task.task_id,
                     enqueued: task.enqueued,
                     consumed: task.consumed,
+                    bad: Vec::new(),
                 })
                 .collect(),
             stages: self.stage_stats(),

@@ -124,6 +124,20 @@ fn register_job(registry: &mut Registry, status: &v1::StatusReply) {
         "Rows consumed per second, averaged over the last few ticks of the AM",
         gauge::<f64, AtomicU64>(status.rows_per_second),
     );
+    let bad_rows = Counter::<u64, AtomicU64>::default();
+    bad_rows.inc_by(status.bad_rows);
+    registry.register(
+        "bad_data_rows",
+        "Rows skipped because they did not decode (data.on_bad_data), in every epoch",
+        bad_rows,
+    );
+    let bad_skips = Counter::<u64, AtomicU64>::default();
+    bad_skips.inc_by(status.bad_ranges);
+    registry.register(
+        "bad_data_skips",
+        "Skips of rows that did not decode (data.on_bad_data), in every epoch; the job's status names each",
+        bad_skips,
+    );
     let task_states = Family::<StateLabel, GaugeU64>::default();
     for (state, count) in [
         ("pending", tasks.pending),

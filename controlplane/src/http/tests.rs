@@ -97,6 +97,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
             task_id: *task_id,
             enqueued,
             consumed,
+            bad: Vec::new(),
         })
         .collect();
     sut.heartbeat(
@@ -288,6 +289,9 @@ fn reported_status() -> v1::StatusReply {
         state: v1::JobState::Running as i32,
         failure_reason: None,
         waiting: None,
+        bad_data: Vec::new(),
+        bad_rows: 120,
+        bad_ranges: 2,
         epoch: 1,
         epochs: 3,
         roles: Vec::new(),
@@ -396,6 +400,8 @@ fn exposition_lists_every_figure_with_help() {
         "sluice_am_epoch_rows_consumed 1234",
         "sluice_am_epoch_rows_failed 10",
         "sluice_am_rows_per_second 456.5",
+        "sluice_am_bad_data_rows_total 120",
+        "sluice_am_bad_data_skips_total 2",
         "sluice_am_tasks{state=\"pending\"} 5",
         "sluice_am_tasks{state=\"in_flight\"} 4",
         "sluice_am_tasks{state=\"done\"} 11",

@@ -82,6 +82,9 @@ pub struct Heartbeat {
     /// The daemon keeps reporting a task consumed to its end until the AM's journal mark says its
     /// end is durable, so that the AM may answer before it is.
     pub keeps_finished_until_durable: bool,
+    /// The rows of its tasks it skipped because they did not decode, reported again with the
+    /// tasks' counts.
+    pub bad: Vec<(TaskId, super::BadRange)>,
 }
 
 /// A daemon ends a task.

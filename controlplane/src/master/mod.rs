@@ -71,6 +71,7 @@
 //! ([`Master::resume_from`], journaled as [`Entry::ResumedFrom`]), and the trainers a restore
 //! launches are told the checkpoint, so that each finds the job already there.
 
+mod bad_data;
 pub mod calls;
 pub mod checkpoint;
 mod following;
@@ -91,6 +92,8 @@ use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit, LaunchAction};
 use crate::plan::JobPlan;
 use crate::spec::{JobSpec, LauncherKind, RoleSpec};
+pub use bad_data::BadRange;
+use bad_data::{BadDataLog, SkipKey};
 use calls::{Heartbeat, JobPhase, NodeCommand, Registered, Registration, Scaled, TaskReport};
 use checkpoint::{Checkpoints, RanksChanged};
 pub use checkpoint::{CommitOutcome, ReadyCheckpoint};
@@ -270,6 +273,8 @@ pub struct Master {
     /// Each role's number of trainers, in spec order: the spec's, or a scale's.
     role_sizes: Vec<u32>,
     rescale: Option<Rescale>,
+    /// The rows the daemons skipped because they did not decode.
+    bad_data: BadDataLog,
     /// The latest time of a change applied, journaled or replayed: the time a new AM's clock
     /// continues from, so that the journal's times never go back.
     latest_ms: u64,
@@ -390,6 +395,7 @@ impl Master {
             follows,
             exit_causes: BTreeMap::new(),
             added: JobPlan::default(),
+            bad_data: BadDataLog::default(),
             latest_ms: 0,
         })
     }
@@ -865,16 +871,85 @@ impl Master {
                 info.hostname = request.hostname;
             }
         }
+        // Before the counts: the heartbeat may end the epoch whose tasks the skips belong to.
+        let mut entries = self.bad_data_reported(request.bad);
         let event = Event::Heartbeat {
             node,
             now_ms,
             progress: request.progress,
         };
-        let (commands, entries) = self.apply_and_log(node, event);
+        let (commands, more) = self.apply_and_log(node, event);
+        entries.extend(more);
         Applied {
             reply: commands,
             entries,
         }
+    }
+
+    /// Records the skips a daemon reports that are new, and fails the job when its epoch's skipped
+    /// rows pass `data.max_bad_fraction` of the epoch's rows. A skip of a task of another epoch
+    /// than the current one was recorded when it was reported first, in the same heartbeat as the
+    /// task's last counts.
+    fn bad_data_reported(&mut self, reported: Vec<(TaskId, BadRange)>) -> Vec<Entry> {
+        let mut entries = Vec::new();
+        if self.table.outcome().is_some() {
+            return entries;
+        }
+        let epoch = self.table.epoch();
+        let first = self.table.first_task_id();
+        for (task, range) in reported {
+            let span = task
+                .0
+                .checked_sub(first)
+                .and_then(|index| u32::try_from(index).ok())
+                .and_then(|index| self.table.task_span(index));
+            let Some(span) = span else {
+                continue;
+            };
+            let key = SkipKey {
+                epoch,
+                split: span.split,
+                first_row: range.first_row,
+            };
+            if self.bad_data.knows(&key) {
+                continue;
+            }
+            entries.push(Entry::BadDataSkipped {
+                key,
+                range: range.clone(),
+            });
+            if let Some(reason) = self.record_bad_data(key, range) {
+                entries.extend(self.fail(reason).entries);
+                break;
+            }
+        }
+        entries
+    }
+
+    /// Records a skip; returns why the job fails when the epoch's skipped rows pass the budget.
+    fn record_bad_data(&mut self, key: SkipKey, range: BadRange) -> Option<String> {
+        let policy = self.spec.data.bad_data;
+        if policy.policy == crate::spec::BadDataPolicy::Warn {
+            tracing::warn!(
+                epoch = key.epoch,
+                rows = range.row_count,
+                cause = %range.cause,
+                "skipped {} as bad data",
+                range.place()
+            );
+        }
+        let place = range.place();
+        let cause = range.cause.clone();
+        let skipped = self.bad_data.record(key, range);
+        let epoch_rows = self.plan.split_rows().iter().sum::<u64>();
+        (skipped as f64 > policy.max_fraction * epoch_rows as f64).then(|| {
+            format!(
+                "epoch {}: {skipped} rows skipped as bad data, {:.2}% of the epoch's {epoch_rows}, pass data.max_bad_fraction ({}); the last: {place}: {cause}",
+                key.epoch,
+                skipped as f64 * 100.0 / epoch_rows.max(1) as f64,
+                policy.max_fraction
+            )
+        })
     }
 
     /// A daemon asks for more tasks.

@@ -589,6 +589,7 @@ impl Sim<'_> {
                 stages: Vec::new(),
                 rings: Vec::new(),
                 keeps_finished_until_durable: self.keeps_finished,
+                bad: Vec::new(),
             },
             self.now_ms,
         );
@@ -625,6 +626,7 @@ impl Sim<'_> {
                 stages: Vec::new(),
                 rings: Vec::new(),
                 keeps_finished_until_durable: self.keeps_finished,
+                bad: Vec::new(),
             },
             self.now_ms,
         );

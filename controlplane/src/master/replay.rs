@@ -6,6 +6,7 @@
 //! [`crate::journal::SnapshotFormat`]); any other change raises the layout version (see the golden
 //! journal of `tests/journal_format.rs`).
 
+use super::bad_data::{BadDataLog, BadRange, SkipKey};
 use super::calls::NodeCommand;
 use super::checkpoint::{Checkpoints, PendingCheckpoint, RankPositions, RestoredAt};
 use super::rescale::Rescale;
@@ -125,11 +126,26 @@ pub enum Entry {
         /// The files' identities, file indices counted from the first of `files`.
         identities: Vec<PlannedIdentity>,
     },
+    /// A daemon skipped rows that did not decode (`data.on_bad_data: skip | warn`).
+    BadDataSkipped {
+        /// Where the rows lie in the job's plan.
+        key: SkipKey,
+        /// The rows and why.
+        range: BadRange,
+    },
 }
 
 /// The AM's state at one point of its journal, from which the entries after it replay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
+    pub(super) core: SnapshotCore,
+    pub(super) bad_data: BadDataLog,
+}
+
+/// The fields of a [`Snapshot`] written before skipped bad data was recorded: the encoding of such a
+/// snapshot, and the first part of this release's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) struct SnapshotCore {
     pub(super) position: TableSnapshot,
     pub(super) last_seen_ms: BTreeMap<NodeId, u64>,
     pub(super) pieces: BTreeMap<TaskId, u64>,
@@ -167,18 +183,27 @@ struct SnapshotWithoutAddedPins {
     restored: Option<RestoredAt>,
 }
 
+/// Decodes `body` as exactly one `T`, with nothing left over.
+fn exactly<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Option<T> {
+    match postcard::take_from_bytes::<T>(body) {
+        Ok((value, [])) => Some(value),
+        _ => None,
+    }
+}
+
 impl crate::journal::SnapshotFormat for Snapshot {
-    /// Reads a snapshot of this release, or one written before the files followed sources add
-    /// carried their bytes and identities: those files are then read as they are, unpinned.
+    /// Reads a snapshot of this release, or one written by an earlier release: before skipped bad
+    /// data was recorded (none then), or before the files followed sources add carried their bytes
+    /// and identities (those files are then read as they are, unpinned).
     fn decode(body: &[u8]) -> postcard::Result<Snapshot> {
         let error = match postcard::from_bytes(body) {
             Ok(snapshot) => return Ok(snapshot),
             Err(error) => error,
         };
-        // The older encoding is the newer one's prefix: it must take the whole body, or the body
-        // is neither.
-        match postcard::take_from_bytes::<SnapshotWithoutAddedPins>(body) {
-            Ok((older, [])) => Ok(Snapshot {
+        // Each older encoding is a prefix of the newer ones: it must take the whole body, or the
+        // body is none of them.
+        let core = exactly::<SnapshotCore>(body).or_else(|| {
+            exactly::<SnapshotWithoutAddedPins>(body).map(|older| SnapshotCore {
                 position: older.position,
                 last_seen_ms: older.last_seen_ms,
                 pieces: older.pieces,
@@ -195,9 +220,13 @@ impl crate::journal::SnapshotFormat for Snapshot {
                 restored: older.restored,
                 added_bytes: Vec::new(),
                 added_identities: Vec::new(),
-            }),
-            _ => Err(error),
-        }
+            })
+        });
+        core.map(|core| Snapshot {
+            core,
+            bad_data: BadDataLog::default(),
+        })
+        .ok_or(error)
     }
 }
 
@@ -289,6 +318,9 @@ impl Master {
                 },
             ),
             Entry::FollowEnded { source, reason } => self.apply_follow_ended(source, reason),
+            Entry::BadDataSkipped { key, range } => {
+                self.bad_data.record(key, range);
+            }
             Entry::ExecutorLaunched { id } => {
                 self.executor_launched(id);
             }
@@ -306,7 +338,7 @@ impl Master {
     /// [`JobState::capture`]), and encoding the snapshot is left to the journal's own threads.
     pub fn snapshot(&self) -> Snapshot {
         let (checkpoints_pending, stored, restored) = self.checkpoints.to_parts();
-        Snapshot {
+        let core = SnapshotCore {
             position: self.table.capture(),
             last_seen_ms: self
                 .table
@@ -327,11 +359,20 @@ impl Master {
             restored,
             added_bytes: self.added.bytes.clone(),
             added_identities: self.added.identities.clone(),
+        };
+        Snapshot {
+            core,
+            bad_data: self.bad_data.clone(),
         }
     }
 
     /// Replaces this master's state with a snapshot of the same job.
     pub fn restore_snapshot(&mut self, snapshot: Snapshot) -> Result<()> {
+        let Snapshot {
+            core: snapshot,
+            bad_data,
+        } = snapshot;
+        self.bad_data = bad_data;
         let planned_files = self.plan.files.len() - self.added.files.len();
         let planned_splits = self.plan.splits.len() - self.added.splits.len();
         self.added = JobPlan {

@@ -21,7 +21,12 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
 "#;
 
 fn master() -> Master {
-    let spec = Arc::new(JobSpec::parse(SPEC, Format::Yaml).expect("valid spec"));
+    master_of(SPEC)
+}
+
+/// A master of the job `spec` over the splits of [`master`].
+fn master_of(spec: &str) -> Master {
+    let spec = Arc::new(JobSpec::parse(spec, Format::Yaml).expect("valid spec"));
     let mut plan = JobPlan::default();
     let splits = [25u64, 15]
         .iter()
@@ -103,6 +108,7 @@ fn heartbeat_applied(
                     task_id: *task_id,
                     enqueued: *enqueued,
                     consumed: *consumed,
+                    bad: Vec::new(),
                 })
                 .collect(),
             ..v1::HeartbeatRequest::default()
@@ -919,7 +925,7 @@ fn a_scale_stops_the_trainers_takes_the_rings_back_and_relaunches_over_the_new_r
     journal.extend(scaled.entries);
     assert!(sut.scaling());
     assert!(
-        sut.snapshot().checkpoints.is_empty(),
+        sut.snapshot().core.checkpoints.is_empty(),
         "a checkpoint waiting for ranks of the old world is dropped"
     );
     assert!(
@@ -1747,7 +1753,7 @@ fn stored_checkpoints_past_keep_are_pruned_oldest_first_and_replay_prunes_the_sa
         .collect();
     assert_eq!(pruned, [Vec::new(), vec!["e".to_owned()]]);
     assert_eq!(
-        sut.snapshot().stored.into_values().collect::<Vec<_>>(),
+        sut.snapshot().core.stored.into_values().collect::<Vec<_>>(),
         ["d", "f", "g"]
     );
 }
@@ -1764,5 +1770,115 @@ fn a_role_on_kubernetes_is_not_scaled_in_place() {
             .to_string()
             .contains("change `roles[].num` in the spec"),
         "{error}"
+    );
+}
+
+/// [`SPEC`] with `data.on_bad_data: skip` and a budget of a fifth of the 40 rows: 8.
+fn skipping_master() -> Master {
+    master_of(&SPEC.replace(
+        "  shuffle: { seed: 3 }\n",
+        "  shuffle: { seed: 3 }\n  on_bad_data: skip\n  max_bad_fraction: 0.2\n",
+    ))
+}
+
+/// A heartbeat of `node` with the counts of `task` and the rows of it skipped from `first_row`.
+fn heartbeat_with_skip(
+    sut: &mut Master,
+    node: u64,
+    now_ms: u64,
+    task: &v1::TaskAssignment,
+    first_row: u64,
+    row_count: u64,
+) -> Applied<Vec<NodeCommand>> {
+    sut.heartbeat(
+        wire::heartbeat(v1::HeartbeatRequest {
+            node_id: node,
+            progress: vec![v1::TaskProgress {
+                task_id: task.task_id,
+                enqueued: 0,
+                consumed: 0,
+                bad: vec![v1::BadRange {
+                    uri: task.split.as_ref().expect("a split").uri.clone(),
+                    row_group: Some(0),
+                    first_row,
+                    row_count,
+                    cause: "invalid page header".into(),
+                }],
+            }],
+            ..v1::HeartbeatRequest::default()
+        }),
+        now_ms,
+    )
+}
+
+#[test]
+fn skipped_bad_data_is_counted_once_kept_across_takeover_and_fails_the_job_past_its_budget() {
+    let mut sut = skipping_master();
+    let mut journal = Vec::new();
+    journal.extend(register(&mut sut, 0, 0).entries);
+    let applied = acquire_applied(&mut sut, 0, 10, 2);
+    journal.extend(applied.entries);
+    let tasks = assigned(&applied.reply);
+    let task = &tasks[0];
+
+    for now_ms in [100, 200] {
+        let applied = heartbeat_with_skip(&mut sut, 0, now_ms, task, task.start + 2, 3);
+        let skips = applied
+            .entries
+            .iter()
+            .filter(|entry| matches!(entry, Entry::BadDataSkipped { .. }))
+            .count();
+        assert_eq!(
+            skips,
+            usize::from(now_ms == 100),
+            "a skip reported again is journaled once"
+        );
+        journal.extend(applied.entries);
+    }
+    let status = sut.status(300);
+    assert_eq!((status.bad_rows, status.bad_ranges), (3, 1));
+    let [listed] = status.bad_data.as_slice() else {
+        panic!("one skip listed: {:?}", status.bad_data);
+    };
+    assert_eq!(
+        (listed.epoch, listed.row_group, listed.rows),
+        (0, Some(0), 3)
+    );
+    assert!(listed.uri.ends_with(".parquet") && listed.cause == "invalid page header");
+    assert_eq!(status.state, v1::JobState::Running as i32);
+
+    // A new AM knows the skip from the journal, or from a snapshot, old encodings included.
+    let mut replayed = skipping_master();
+    for entry in journal.clone() {
+        replayed.replay(entry).expect("replay");
+    }
+    assert_eq!(replayed.status(300).bad_rows, 3);
+    let encoded = postcard::to_stdvec(&sut.snapshot()).expect("a snapshot encodes");
+    let decoded = <Snapshot as crate::journal::SnapshotFormat>::decode(&encoded).expect("decodes");
+    let mut restored = skipping_master();
+    restored.restore_snapshot(decoded).expect("restore");
+    assert_eq!(restored.status(300).bad_data, status.bad_data);
+    let older = postcard::to_stdvec(&sut.snapshot().core).expect("the core encodes");
+    let decoded = <Snapshot as crate::journal::SnapshotFormat>::decode(&older).expect("decodes");
+    assert_eq!(decoded.core, sut.snapshot().core);
+    assert_eq!(decoded.bad_data, BadDataLog::default());
+
+    // Six more rows make nine of the 40, past the budget of 8: the job fails, naming the last skip.
+    let applied = heartbeat_with_skip(&mut sut, 0, 400, &tasks[1], tasks[1].start, 6);
+    assert!(
+        applied
+            .entries
+            .iter()
+            .any(|entry| matches!(entry, Entry::Event(Event::Failed { .. }))),
+        "the failure is journaled"
+    );
+    let status = sut.status(500);
+    assert_eq!(status.state, v1::JobState::Failed as i32);
+    let reason = status.failure_reason.expect("a reason");
+    assert!(
+        reason.contains("9 rows skipped as bad data")
+            && reason.contains("data.max_bad_fraction (0.2)")
+            && reason.contains("row group 0: invalid page header"),
+        "{reason}"
     );
 }

@@ -56,6 +56,19 @@ impl Master {
             sources: self.source_statuses(),
             waiting: self.waiting(),
             hangs: self.hangs(now_ms),
+            bad_data: self
+                .bad_data
+                .recent()
+                .map(|(key, range)| v1::BadData {
+                    epoch: key.epoch,
+                    uri: range.uri.clone(),
+                    row_group: range.row_group,
+                    rows: range.row_count,
+                    cause: range.cause.clone(),
+                })
+                .collect(),
+            bad_rows: self.bad_data.rows(),
+            bad_ranges: self.bad_data.len() as u64,
         }
     }
 

@@ -156,6 +156,56 @@ pub struct DataSpec {
     /// encoding when unset, as the data section of a spec without it was encoded before it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheSpec>,
+    /// What a daemon does with data it cannot decode (`data.on_bad_data`, `data.max_bad_fraction`).
+    /// Left out of the journal's identity like the cache, and out of the encoding at its default.
+    #[serde(skip_serializing_if = "BadDataSpec::is_default")]
+    pub bad_data: BadDataSpec,
+}
+
+/// `data.on_bad_data` and `data.max_bad_fraction`: what happens to a file, row group or record that
+/// does not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BadDataSpec {
+    /// The policy (default `fail`).
+    pub policy: BadDataPolicy,
+    /// With `skip` or `warn`, the share of an epoch's rows, and of a source's files, that may be
+    /// skipped before the job fails (default 0.01).
+    pub max_fraction: f64,
+}
+
+impl BadDataSpec {
+    /// The default `max_bad_fraction`.
+    pub const DEFAULT_MAX_FRACTION: f64 = 0.01;
+
+    fn is_default(&self) -> bool {
+        *self == BadDataSpec::default()
+    }
+}
+
+impl Default for BadDataSpec {
+    fn default() -> Self {
+        BadDataSpec {
+            policy: BadDataPolicy::Fail,
+            max_fraction: BadDataSpec::DEFAULT_MAX_FRACTION,
+        }
+    }
+}
+
+/// What a daemon does with data that does not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BadDataPolicy {
+    /// The task fails, and the failover policy decides (attempts, then the failed percentages).
+    Fail,
+    /// The rows that do not decode are skipped: counted in the metrics and named in the job's summary.
+    Skip,
+    /// As `skip`, and every skip is also logged as a warning by the daemon and the AM.
+    Warn,
+}
+
+impl BadDataPolicy {
+    /// The names accepted in `data.on_bad_data`.
+    pub const NAMES: &'static [&'static str] = &["fail", "skip", "warn"];
 }
 
 /// `data.cache`: where each node keeps the blocks of the remote objects it read, and how many

@@ -30,6 +30,8 @@ pub(crate) struct RawData {
     pub(crate) transforms: Option<Vec<RawTransform>>,
     pub(crate) fixed_batch_size: Option<bool>,
     pub(crate) cache: Option<RawCache>,
+    pub(crate) on_bad_data: Option<String>,
+    pub(crate) max_bad_fraction: Option<f64>,
 }
 
 /// `data.cache`: a local disk cache of remote sources.

@@ -1226,3 +1226,43 @@ fn a_cache_has_an_absolute_directory_and_a_size_and_is_off_without_one() {
         );
     }
 }
+
+#[test]
+fn the_bad_data_policy_is_checked_and_its_budget_only_goes_with_a_policy_that_skips() {
+    let with_data = |lines: &str| minimal_with("").replace("data:\n", &format!("data:\n{lines}"));
+    let sut = parse_yaml(MINIMAL_YAML).expect("valid");
+    assert_eq!(sut.data.bad_data, BadDataSpec::default());
+    assert_eq!(sut.data.bad_data.policy, BadDataPolicy::Fail);
+    let sut = parse_yaml(&with_data(
+        "  on_bad_data: warn\n  max_bad_fraction: 0.05\n",
+    ))
+    .expect("valid");
+    assert_eq!(
+        sut.data.bad_data,
+        BadDataSpec {
+            policy: BadDataPolicy::Warn,
+            max_fraction: 0.05
+        }
+    );
+    let sut = parse_yaml(&with_data("  on_bad_data: skip\n")).expect("valid");
+    assert_eq!(sut.data.bad_data.max_fraction, 0.01);
+
+    let error = refused(&with_data("  on_bad_data: skipp\n"));
+    assert_error(
+        &error,
+        "data.on_bad_data",
+        &["`skipp`", "did you mean `skip`?"],
+    );
+    let error = refused(&with_data("  max_bad_fraction: 0.1\n"));
+    assert_error(
+        &error,
+        "data.max_bad_fraction",
+        &["`fail`", "set data.on_bad_data to `skip` or `warn`"],
+    );
+    for absurd in ["1.5", "-0.1", ".nan"] {
+        let error = refused(&with_data(&format!(
+            "  on_bad_data: skip\n  max_bad_fraction: {absurd}\n"
+        )));
+        assert_error(&error, "data.max_bad_fraction", &["a fraction from 0 to 1"]);
+    }
+}

@@ -6,10 +6,10 @@ use super::raw::{
     RawResources, RawRole, RawSource, RawToleration, RawTransform, ScalarString,
 };
 use super::{
-    CacheSpec, CheckpointSpec, DataSpec, FailoverSpec, FollowSpec, Gang, HangAction, HangSpec,
-    JobSpec, KubernetesSpec, LauncherKind, MAX_NODES, MAX_TRAINERS, Resources, RestartPolicy,
-    RoleSpec, ShuffleSpec, SlurmSpec, SourceFormat, SourceSpec, SpecError, Toleration,
-    TransformSpec,
+    BadDataPolicy, BadDataSpec, CacheSpec, CheckpointSpec, DataSpec, FailoverSpec, FollowSpec,
+    Gang, HangAction, HangSpec, JobSpec, KubernetesSpec, LauncherKind, MAX_NODES, MAX_TRAINERS,
+    Resources, RestartPolicy, RoleSpec, ShuffleSpec, SlurmSpec, SourceFormat, SourceSpec,
+    SpecError, Toleration, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -536,6 +536,47 @@ fn validate_data(raw: RawData) -> Result<DataSpec, SpecError> {
         transforms,
         fixed_batch_size: raw.fixed_batch_size.unwrap_or(false),
         cache: raw.cache.map(validate_cache).transpose()?,
+        bad_data: validate_bad_data(raw.on_bad_data.as_deref(), raw.max_bad_fraction)?,
+    })
+}
+
+fn validate_bad_data(
+    policy: Option<&str>,
+    max_fraction: Option<f64>,
+) -> Result<BadDataSpec, SpecError> {
+    let policy = match policy {
+        None | Some("fail") => BadDataPolicy::Fail,
+        Some("skip") => BadDataPolicy::Skip,
+        Some("warn") => BadDataPolicy::Warn,
+        Some(other) => {
+            return Err(SpecError::invalid(
+                "data.on_bad_data",
+                format!("has unknown value `{other}`"),
+                suggest(other, BadDataPolicy::NAMES),
+            ));
+        }
+    };
+    let max_fraction = match max_fraction {
+        None => BadDataSpec::DEFAULT_MAX_FRACTION,
+        Some(_) if policy == BadDataPolicy::Fail => {
+            return Err(SpecError::invalid(
+                "data.max_bad_fraction",
+                "is set, but data.on_bad_data is `fail`, which skips nothing",
+                "set data.on_bad_data to `skip` or `warn`, or leave max_bad_fraction out",
+            ));
+        }
+        Some(fraction) if fraction.is_finite() && (0.0..=1.0).contains(&fraction) => fraction,
+        Some(fraction) => {
+            return Err(SpecError::invalid(
+                "data.max_bad_fraction",
+                format!("is {fraction}"),
+                "give a fraction from 0 to 1, for example 0.01 for at most 1% of the rows",
+            ));
+        }
+    };
+    Ok(BadDataSpec {
+        policy,
+        max_fraction,
     })
 }
 

@@ -50,6 +50,8 @@ struct HeldTask {
     enqueued_end: u64,
     consumed_end: u64,
     failure: Option<Failure>,
+    /// The rows skipped because they did not decode, reported with the task's counts.
+    skipped: Vec<v1::BadRange>,
     /// Reported consumed to its end: the generation of the AM it was first reported to, and the
     /// end of that AM's journal once the report was appended. The task goes once as much of that
     /// journal is durable.
@@ -208,6 +210,7 @@ impl TaskBook {
                 enqueued_end: entry.enqueued_end,
                 consumed_end: entry.consumed_end,
                 failure: None,
+                skipped: Vec::new(),
                 reported_done: None,
             },
         );
@@ -292,6 +295,14 @@ impl TaskBook {
         }
     }
 
+    /// Records rows of the held task `task_id` that its feeder skipped because they did not decode;
+    /// every later heartbeat reports them with the task's counts.
+    pub(crate) fn skipped(&mut self, task_id: TaskId, ranges: Vec<v1::BadRange>) {
+        if let Some(task) = self.tasks.get_mut(&task_id) {
+            task.skipped.extend(ranges);
+        }
+    }
+
     /// Whether the task `task_id` is held and its failure known.
     pub(crate) fn failed(&self, task_id: TaskId) -> bool {
         self.tasks
@@ -318,6 +329,7 @@ impl TaskBook {
                 task_id: task_id.0,
                 enqueued: task.enqueued_end.saturating_sub(task.start),
                 consumed: task.consumed_end.saturating_sub(task.start),
+                bad: task.skipped.clone(),
             })
             .collect()
     }
@@ -334,6 +346,7 @@ impl TaskBook {
                     .max(task.consumed_end)
                     .saturating_sub(task.start),
                 consumed: task.consumed_end.saturating_sub(task.start),
+                bad: task.skipped.clone(),
             })
             .collect()
     }
@@ -509,6 +522,7 @@ mod tests {
                 task_id: 4,
                 enqueued: 30,
                 consumed: 10,
+                bad: Vec::new(),
             }]
         );
         let done = LedgerTask {
@@ -658,6 +672,7 @@ mod tests {
                 task_id: 1,
                 enqueued: 40,
                 consumed: 20,
+                bad: Vec::new(),
             }]
         );
     }
@@ -739,6 +754,7 @@ mod tests {
                 task_id: 1,
                 enqueued: 20,
                 consumed: 20,
+                bad: Vec::new(),
             }]
         );
     }

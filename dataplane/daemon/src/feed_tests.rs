@@ -41,6 +41,7 @@ struct JobShape {
     shuffle: Option<(u64, u32)>,
     fixed_batch_size: bool,
     transforms: Vec<v1::transform::Kind>,
+    on_bad_data: v1::BadDataPolicy,
 }
 
 async fn pipeline(uri: &str, format: &str, shape: &JobShape) -> Arc<Pipeline> {
@@ -66,6 +67,7 @@ async fn pipeline(uri: &str, format: &str, shape: &JobShape) -> Arc<Pipeline> {
             .collect(),
         fixed_batch_size: shape.fixed_batch_size,
         cache: None,
+        on_bad_data: shape.on_bad_data.into(),
     };
     Arc::new(
         open_pipeline(&data, tokio::runtime::Handle::current(), None)
@@ -144,20 +146,28 @@ async fn run_feeder(
     assignments: Vec<v1::TaskAssignment>,
     stop_after: Option<u64>,
 ) -> (Vec<Delivered>, Option<u64>) {
-    let (delivered, stopped_at, failures) = feed_tasks(pipeline, assignments, stop_after).await;
-    for (task_id, failed) in failures {
-        assert_eq!(failed, None, "task {task_id} failed");
+    let (delivered, stopped_at, ends) = feed_tasks(pipeline, assignments, stop_after).await;
+    for end in ends {
+        assert_eq!(end.failed, None, "task {} failed", end.task_id);
     }
     (delivered, stopped_at)
 }
 
-/// Runs a feeder over `assignments` as [`run_feeder`] does, and returns besides what it wrote why
-/// each task failed, if it did.
+/// How a task fed by [`feed_tasks`] ended: why it failed, if it did, and the rows it skipped.
+#[derive(Debug)]
+struct TaskEnd {
+    task_id: u64,
+    failed: Option<String>,
+    skipped: Vec<v1::BadRange>,
+}
+
+/// Runs a feeder over `assignments` as [`run_feeder`] does, and returns besides what it wrote how
+/// each task ended.
 async fn feed_tasks(
     pipeline: Arc<Pipeline>,
     assignments: Vec<v1::TaskAssignment>,
     stop_after: Option<u64>,
-) -> (Vec<Delivered>, Option<u64>, Vec<(u64, Option<String>)>) {
+) -> (Vec<Delivered>, Option<u64>, Vec<TaskEnd>) {
     let (jobs, queue) = mpsc::unbounded_channel();
     let (writer, mut written) = mpsc::channel(1);
     let mut controls = Vec::new();
@@ -210,11 +220,18 @@ async fn feed_tasks(
         }
     }
     feeder.await.expect("the feeder ends");
-    let failures = controls
+    let ends = controls
         .iter()
-        .map(|(assignment, control)| (assignment.task_id, lock(control).failed.clone()))
+        .map(|(assignment, control)| {
+            let control = lock(control);
+            TaskEnd {
+                task_id: assignment.task_id,
+                failed: control.failed.clone(),
+                skipped: control.skipped.clone(),
+            }
+        })
         .collect();
-    (delivered, stopped_at, failures)
+    (delivered, stopped_at, ends)
 }
 
 /// Checks that a task's batches tile `[start, end)` and returns its ids in order.
@@ -322,6 +339,7 @@ async fn a_stop_mid_task_on_a_filtered_source_delivers_every_row_once() {
             shuffle,
             fixed_batch_size,
             transforms: Vec::new(),
+            on_bad_data: v1::BadDataPolicy::Fail,
         };
         let expected: Vec<i64> = match shuffle {
             None => in_file_order.clone(),
@@ -703,17 +721,167 @@ async fn a_task_whose_file_changed_after_planning_fails_naming_it_and_writes_no_
     file.set_modified(planned + std::time::Duration::from_secs(1))
         .expect("set mtime");
     let pipeline = pipeline(&uri, "parquet", &JobShape::default()).await;
-    let (delivered, _, failures) =
+    let (delivered, _, ends) =
         feed_tasks(pipeline, vec![assignment(7, 0, 1, &split, 0, 1000)], None).await;
     assert!(
         delivered.is_empty(),
         "no row of the changed file is written"
     );
-    let [(7, Some(reason))] = failures.as_slice() else {
-        panic!("the task fails: {failures:?}");
+    let [
+        TaskEnd {
+            task_id: 7,
+            failed: Some(reason),
+            ..
+        },
+    ] = ends.as_slice()
+    else {
+        panic!("the task fails: {ends:?}");
     };
     assert!(
         reason.contains(&split.uri) && reason.contains("changed since it was planned"),
         "{reason}"
     );
+}
+
+/// Overwrites the header of the first data page of row group `group`'s first column in the Parquet
+/// file at `path`: the group's rows no longer decode; the footer and the other groups stay whole.
+fn corrupt_row_group(path: &std::path::Path, group: usize) {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use std::io::{Seek, SeekFrom, Write};
+    let reader = SerializedFileReader::new(std::fs::File::open(path).expect("open"))
+        .expect("a parquet file");
+    let offset = reader
+        .metadata()
+        .row_group(group)
+        .column(0)
+        .data_page_offset();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open to write");
+    file.seek(SeekFrom::Start(u64::try_from(offset).expect("an offset")))
+        .expect("seek");
+    file.write_all(&[0xff; 24])
+        .expect("overwrite the page header");
+}
+
+/// With `data.on_bad_data: skip`, a row group that does not decode is skipped, covered by an empty
+/// batch and reported, and every other row of the task arrives once, with or without a shuffle;
+/// with `fail`, the task fails naming the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_group_that_does_not_decode_is_skipped_and_reported_or_fails_the_task() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 3000, 1).await;
+    corrupt_row_group(&std::path::Path::new(&uri).join("part-00000.parquet"), 2);
+    let split = splits(&uri, 3000).await.remove(0);
+    let expected: Vec<i64> = (0..1000).chain(1500..3000).collect();
+    for shuffle in [None, Some((5, 1))] {
+        let shape = JobShape {
+            batch_size: 200,
+            shuffle,
+            on_bad_data: v1::BadDataPolicy::Skip,
+            ..JobShape::default()
+        };
+        let pipeline = pipeline(&uri, "parquet", &shape).await;
+        let (delivered, _, ends) =
+            feed_tasks(pipeline, vec![assignment(3, 0, 0, &split, 0, 3000)], None).await;
+        let [
+            TaskEnd {
+                failed: None,
+                skipped,
+                ..
+            },
+        ] = ends.as_slice()
+        else {
+            panic!("the task ends without failing: {ends:?}");
+        };
+        let [range] = skipped.as_slice() else {
+            panic!("one skip is reported: {skipped:?}");
+        };
+        assert_eq!(
+            (range.row_group, range.first_row, range.row_count),
+            (Some(2), 1000, 500),
+            "{range:?}"
+        );
+        assert!(
+            range.uri.ends_with("part-00000.parquet") && !range.cause.is_empty(),
+            "{range:?}"
+        );
+        let mut ids = tiled_ids(&delivered, 3, 0, 3000, "id");
+        ids.sort_unstable();
+        assert_eq!(
+            ids, expected,
+            "shuffle {shuffle:?}: every row but the bad group's, once"
+        );
+    }
+    let pipeline = pipeline(
+        &uri,
+        "parquet",
+        &JobShape {
+            batch_size: 200,
+            ..JobShape::default()
+        },
+    )
+    .await;
+    let (_, _, ends) = feed_tasks(pipeline, vec![assignment(4, 0, 0, &split, 0, 3000)], None).await;
+    let [
+        TaskEnd {
+            failed: Some(reason),
+            skipped,
+            ..
+        },
+    ] = ends.as_slice()
+    else {
+        panic!("with on_bad_data: fail the task fails: {ends:?}");
+    };
+    assert!(
+        skipped.is_empty() && reason.contains("part-00000.parquet"),
+        "{reason}"
+    );
+}
+
+/// A real file whose pages do not decode (`ARROW-GH-41321.parquet`, rep and def levels fewer than
+/// its page header says): skipped row group by row group, each reported with the decoder's cause,
+/// and the task ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_corrupt_file_is_skipped_row_group_by_row_group() {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/testdata/parquet/bad_data/ARROW-GH-41321.parquet");
+    let file = file
+        .canonicalize()
+        .expect("the shared testdata beside the repository");
+    let uri = format!("file://{}", file.display());
+    let split = splits(&uri, 1000).await.remove(0);
+    let shape = JobShape {
+        batch_size: 64,
+        on_bad_data: v1::BadDataPolicy::Warn,
+        ..JobShape::default()
+    };
+    let pipeline = pipeline(&uri, "parquet", &shape).await;
+    let rows = split.row_count;
+    let (delivered, _, ends) =
+        feed_tasks(pipeline, vec![assignment(1, 0, 0, &split, 0, rows)], None).await;
+    let [
+        TaskEnd {
+            failed: None,
+            skipped,
+            ..
+        },
+    ] = ends.as_slice()
+    else {
+        panic!("the task ends without failing: {ends:?}");
+    };
+    assert!(!skipped.is_empty(), "the corrupt pages are reported");
+    let skipped_rows: u64 = skipped.iter().map(|range| range.row_count).sum();
+    let delivered_rows: u64 = delivered
+        .iter()
+        .map(|batch| batch.batch.num_rows() as u64)
+        .sum();
+    assert_eq!(skipped_rows + delivered_rows, rows, "{skipped:?}");
+    for range in skipped {
+        assert!(
+            range.row_group.is_some() && range.cause.contains("parquet file"),
+            "{range:?}"
+        );
+    }
 }

@@ -10,7 +10,7 @@ use sluice_proto::{TaskId, v1};
 use tokio::sync::mpsc;
 
 use crate::error::{DaemonError, FeedError, Result};
-use crate::pipeline::{Shape, TaskFeed};
+use crate::pipeline::{Shape, Skipped, TaskFeed};
 use crate::shuffle::Interleave;
 use crate::sources::{Source, open_sources};
 use crate::stats::Stages;
@@ -25,6 +25,8 @@ pub(crate) struct Control {
     pub(crate) sent_end: u64,
     /// Why reading failed.
     pub(crate) failed: Option<String>,
+    /// The rows the feeder skipped because they did not decode, not yet taken by the main loop.
+    pub(crate) skipped: Vec<v1::BadRange>,
 }
 
 /// Which task a ring's feeder waits for the next batch of, from its source, and since when: a read
@@ -65,7 +67,7 @@ pub(crate) struct Job {
 /// The job's sources and how every task is shaped.
 #[derive(Debug)]
 pub(crate) struct Pipeline {
-    sources: Vec<Source>,
+    sources: Vec<Arc<Source>>,
     /// How every task is shaped.
     pub(crate) shape: Shape,
     /// The schema of the batches written to the rings: the first source's, after the transforms.
@@ -152,7 +154,7 @@ pub(crate) async fn feed(
                 epoch = Some(job_epoch);
                 interleave = Interleave::new(seed, job_epoch);
             }
-            let pump = Pump::start(job.assignment.clone(), pipeline.clone());
+            let pump = Pump::start(&job, pipeline.clone());
             open.push((job, pump));
         }
         if open.is_empty() {
@@ -163,7 +165,7 @@ pub(crate) async fn feed(
                 }
                 epoch = Some(job.assignment.epoch);
                 interleave = Interleave::new(seed, job.assignment.epoch);
-                let pump = Pump::start(job.assignment.clone(), pipeline.clone());
+                let pump = Pump::start(&job, pipeline.clone());
                 open.push((job, pump));
             }
             continue;
@@ -238,12 +240,15 @@ struct Pump {
 }
 
 impl Pump {
-    fn start(assignment: v1::TaskAssignment, pipeline: Arc<Pipeline>) -> Pump {
+    fn start(job: &Job, pipeline: Arc<Pipeline>) -> Pump {
+        let assignment = job.assignment.clone();
+        let control = Arc::clone(&job.control);
+        let skipped: Skipped = Arc::new(move |range| lock(&control).skipped.push(range));
         let (sender, batches) = mpsc::channel(READ_AHEAD_BATCHES);
         let reader = pipeline.decode.clone().spawn(async move {
             // Opening reads the footer, and with a shuffle the whole split.
             let opening = Instant::now();
-            let opened = open_task(&assignment, &pipeline).await;
+            let opened = open_task(&assignment, &pipeline, skipped).await;
             pipeline.stages.read.busy(opening.elapsed());
             let mut task = match opened {
                 Ok(task) => task,
@@ -290,6 +295,7 @@ fn fail(job: &Job, error: &FeedError) {
 async fn open_task(
     assignment: &v1::TaskAssignment,
     pipeline: &Pipeline,
+    skipped: Skipped,
 ) -> Result<TaskFeed, FeedError> {
     let split = assignment.split.as_ref().ok_or(FeedError::NoSplit {
         task_id: assignment.task_id,
@@ -302,7 +308,7 @@ async fn open_task(
                 task_id: assignment.task_id,
                 source_index: split.source_index,
             })?;
-    TaskFeed::open(assignment, source, &pipeline.shape).await
+    TaskFeed::open(assignment, source, &pipeline.shape, skipped).await
 }
 
 /// Whether a task has more to give after a batch.
@@ -379,7 +385,7 @@ pub(crate) async fn open_pipeline(
         .output_schema(&first.schema)
         .map_err(DaemonError::Transform)?;
     Ok(Pipeline {
-        sources,
+        sources: sources.into_iter().map(Arc::new).collect(),
         shape,
         schema,
         stages: Arc::default(),

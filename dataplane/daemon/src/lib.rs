@@ -374,10 +374,11 @@ async fn serve(
             tokio::time::sleep(PROGRESS_POLL.min(interval)).await;
             book.record(rings.counts(book.placed()));
             for (task_id, control) in &controls {
+                let mut control = lock(control);
+                book.skipped(*task_id, std::mem::take(&mut control.skipped));
                 if book.failed(*task_id) {
                     continue;
                 }
-                let control = lock(control);
                 if let Some(reason) = &control.failed {
                     book.fail(*task_id, reason, control.sent_end);
                 }

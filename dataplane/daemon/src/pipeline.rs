@@ -9,6 +9,7 @@
 //! hands on still tiles the task, and a piece can be cut again at the stop row.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
@@ -33,6 +34,8 @@ pub(crate) struct Shape {
     pub(crate) transforms: Transforms,
     /// The shuffle, when the job has one.
     pub(crate) shuffle: Option<ShuffleOptions>,
+    /// What a read does with rows that do not decode.
+    pub(crate) on_bad_data: v1::BadDataPolicy,
 }
 
 /// The daemon's part of `data.shuffle`.
@@ -55,6 +58,7 @@ impl Shape {
                 seed: data.shuffle_seed,
                 window: data.shuffle_window.max(1) as usize,
             }),
+            on_bad_data: data.on_bad_data(),
         })
     }
 
@@ -177,6 +181,144 @@ impl Batcher {
     }
 }
 
+/// Where a task's read tells of the rows it skipped because they did not decode.
+pub(crate) type Skipped = Arc<dyn Fn(v1::BadRange) + Send + Sync>;
+
+/// Reads `read`, rows of a split from its row `offset` on, as covered batches whose rows count
+/// from the split's first row. With `skipping` (whether to log each skip as a warning, and where
+/// to tell of it), rows that do not decode are skipped to the end of their unit (the rest of the
+/// Parquet row group, or of a row-format split: see [`sluice_formats::Dataset::bad_data_unit`]):
+/// an empty batch covers them, and the read opens again after them. Any other error ends the
+/// read.
+fn read_covered(
+    source: &Arc<Source>,
+    read: sluice_formats::Split,
+    offset: u64,
+    skipping: Option<(bool, Skipped)>,
+) -> BoxStream<'static, Result<SplitBatch, FeedError>> {
+    let reading = CoveredRead {
+        source: Arc::clone(source),
+        read,
+        offset,
+        skipping,
+        batches: None,
+        next_row: 0,
+        ended: false,
+    };
+    stream::unfold(reading, CoveredRead::advance).boxed()
+}
+
+/// The state of [`read_covered`].
+struct CoveredRead {
+    source: Arc<Source>,
+    read: sluice_formats::Split,
+    offset: u64,
+    skipping: Option<(bool, Skipped)>,
+    /// The open read of the rows from the one covered last on, rows counted from `read`'s first.
+    batches: Option<BoxStream<'static, sluice_formats::Result<SplitBatch>>>,
+    /// The rows of `read` covered so far.
+    next_row: u64,
+    ended: bool,
+}
+
+impl CoveredRead {
+    async fn advance(mut self) -> Option<(Result<SplitBatch, FeedError>, Self)> {
+        if self.ended {
+            return None;
+        }
+        let error = loop {
+            match self.batches.as_mut() {
+                None => {
+                    if self.next_row >= self.read.row_count {
+                        return None;
+                    }
+                    let rest = sluice_formats::Split {
+                        first_row: self.read.first_row + self.next_row,
+                        row_count: self.read.row_count - self.next_row,
+                        ..self.read.clone()
+                    };
+                    match self
+                        .source
+                        .dataset
+                        .read_split_covered(&rest, &self.source.options)
+                        .await
+                    {
+                        Ok(batches) => {
+                            let base = self.next_row;
+                            self.batches = Some(
+                                batches
+                                    .map(move |covered| {
+                                        covered.map(|mut covered| {
+                                            covered.first_row += base;
+                                            covered
+                                        })
+                                    })
+                                    .boxed(),
+                            );
+                        }
+                        Err(error) => break error,
+                    }
+                }
+                Some(batches) => match batches.next().await {
+                    None => return None,
+                    Some(Ok(mut covered)) => {
+                        self.next_row = covered.end();
+                        covered.first_row += self.offset;
+                        return Some((Ok(covered), self));
+                    }
+                    Some(Err(error)) => break error,
+                },
+            }
+        };
+        let Some((warn, skipped)) = self
+            .skipping
+            .as_ref()
+            .filter(|_| error.is_bad_data() && self.next_row < self.read.row_count)
+        else {
+            self.ended = true;
+            return Some((Err(FeedError::Read(error)), self));
+        };
+        let from = self.next_row;
+        // A footer that cannot be read again leaves the rest of the read as the unit.
+        let unit = self
+            .source
+            .dataset
+            .bad_data_unit(&self.read, from)
+            .await
+            .unwrap_or(sluice_formats::BadDataUnit {
+                row_group: None,
+                end: self.read.row_count,
+            });
+        let end = unit.end.clamp(from + 1, self.read.row_count);
+        let range = v1::BadRange {
+            uri: self.read.uri.clone(),
+            row_group: unit.row_group,
+            first_row: self.offset + from,
+            row_count: end - from,
+            cause: error.to_string(),
+        };
+        if *warn {
+            tracing::warn!(
+                uri = %range.uri,
+                row_group = ?range.row_group,
+                first_row = range.first_row,
+                rows = range.row_count,
+                cause = %range.cause,
+                "rows that do not decode skipped (data.on_bad_data)"
+            );
+        }
+        skipped(range);
+        self.next_row = end;
+        self.batches = None;
+        let covering = SplitBatch::empty(
+            Arc::clone(&self.source.schema),
+            self.offset + from,
+            end - from,
+        );
+        Some((Ok(covering), self))
+    }
+}
+
 /// One task's batches, ready for the ring: read, permuted, transformed and batched.
 pub(crate) struct TaskFeed {
     batches: BoxStream<'static, Result<SplitBatch, FeedError>>,
@@ -201,8 +343,9 @@ impl TaskFeed {
     /// with one the whole split is read and put in its delivery order first.
     pub(crate) async fn open(
         assignment: &v1::TaskAssignment,
-        source: &Source,
+        source: &Arc<Source>,
         shape: &Shape,
+        skipped: Skipped,
     ) -> Result<Self, FeedError> {
         let split = assignment.split.as_ref().ok_or(FeedError::NoSplit {
             task_id: assignment.task_id,
@@ -216,19 +359,15 @@ impl TaskFeed {
                 rows: split.row_count,
             });
         }
+        let skipping = match shape.on_bad_data {
+            v1::BadDataPolicy::Fail => None,
+            v1::BadDataPolicy::Skip => Some((false, skipped)),
+            v1::BadDataPolicy::Warn => Some((true, skipped)),
+        };
         let batches = match shape.shuffle {
             None => {
                 let read = read_split(assignment, split, split.first_row + start, end - start);
-                source
-                    .dataset
-                    .read_split_covered(&read, &source.options)
-                    .await?
-                    .map(move |covered| {
-                        let mut covered = covered?;
-                        covered.first_row += start;
-                        Ok(covered)
-                    })
-                    .boxed()
+                read_covered(source, read, start, skipping)
             }
             Some(shuffle) => {
                 let rows =
@@ -237,11 +376,7 @@ impl TaskFeed {
                         rows: split.row_count,
                     })?;
                 let read = read_split(assignment, split, split.first_row, split.row_count);
-                let whole: Vec<SplitBatch> = source
-                    .dataset
-                    .read_split_covered(&read, &source.options)
-                    .await?
-                    .map(|covered| covered.map_err(FeedError::Read))
+                let whole: Vec<SplitBatch> = read_covered(source, read, 0, skipping)
                     .collect::<Vec<_>>()
                     .await
                     .into_iter()

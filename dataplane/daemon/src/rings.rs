@@ -415,6 +415,7 @@ impl Recovered {
                 task_id: task.task_id,
                 enqueued: task.enqueued_end.saturating_sub(task.start),
                 consumed: task.consumed_end.saturating_sub(task.start),
+                bad: Vec::new(),
             }));
         }
         Ok(held)

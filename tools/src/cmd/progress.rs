@@ -173,8 +173,32 @@ fn render_summary(status: &v1::StatusReply, seconds: f64) -> String {
         )
         .ok();
     }
+    if status.bad_ranges > 0 {
+        writeln!(
+            out,
+            "bad data: {} rows skipped in {} skips (data.on_bad_data); the last:",
+            status.bad_rows, status.bad_ranges
+        )
+        .ok();
+        let shown = status.bad_data.len().saturating_sub(BAD_DATA_SHOWN);
+        for skip in &status.bad_data[shown..] {
+            let group = skip
+                .row_group
+                .map(|group| format!(" row group {group}"))
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "  epoch {}: {}{group}: {} rows: {}",
+                skip.epoch, skip.uri, skip.rows, skip.cause
+            )
+            .ok();
+        }
+    }
     out
 }
+
+/// How many skips of bad data the closing table names.
+const BAD_DATA_SHOWN: usize = 10;
 
 /// Prints a progress line until aborted: redrawn in place twice a second on a terminal, one
 /// line every five seconds otherwise.
