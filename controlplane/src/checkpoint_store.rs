@@ -18,8 +18,9 @@ const PLAN_MAGIC: &[u8; 8] = b"SLPLAN\0\0";
 /// The plan format this build writes. Bump it, and read the older ones, when the encoding of
 /// [`JobPlan`] changes. Format 3 adds the bytes of the row formats' splits
 /// ([`JobPlan::bytes`]) after the fields of formats 1 and 2; format 4 adds the identities of the
-/// plain files ([`JobPlan::identities`]) after those of format 3.
-const PLAN_FORMAT: u32 = 4;
+/// plain files ([`JobPlan::identities`]) after those of format 3; format 5 adds the files left out
+/// because they do not decode ([`JobPlan::left_out`]) after those of format 4.
+const PLAN_FORMAT: u32 = 5;
 
 /// A plan of formats 1 and 2, whose splits carry no bytes: the fields of [`JobPlan`] before them,
 /// in their order.
@@ -38,6 +39,17 @@ struct PlanWithoutIdentities {
     splits: Vec<crate::plan::PlannedSplit>,
     versions: Vec<Option<u64>>,
     bytes: Vec<crate::plan::PlannedBytes>,
+}
+
+/// A plan of format 4, which leaves no file out: the fields of [`JobPlan`] before
+/// [`JobPlan::left_out`], in their order.
+#[derive(serde::Deserialize)]
+struct PlanWithoutLeftOut {
+    files: Vec<crate::plan::PlannedFile>,
+    splits: Vec<crate::plan::PlannedSplit>,
+    versions: Vec<Option<u64>>,
+    bytes: Vec<crate::plan::PlannedBytes>,
+    identities: Vec<crate::plan::PlannedIdentity>,
 }
 
 /// The store of data checkpoints and of the job's plan.
@@ -253,6 +265,7 @@ fn decode_plan(bytes: &[u8]) -> std::result::Result<JobPlan, String> {
                 versions: plan.versions,
                 bytes: Vec::new(),
                 identities: Vec::new(),
+                left_out: Vec::new(),
             })
         }
         3 => {
@@ -263,6 +276,18 @@ fn decode_plan(bytes: &[u8]) -> std::result::Result<JobPlan, String> {
                 versions: plan.versions,
                 bytes: plan.bytes,
                 identities: Vec::new(),
+                left_out: Vec::new(),
+            })
+        }
+        4 => {
+            let plan: PlanWithoutLeftOut = postcard::from_bytes(body).map_err(damaged)?;
+            Ok(JobPlan {
+                files: plan.files,
+                splits: plan.splits,
+                versions: plan.versions,
+                bytes: plan.bytes,
+                identities: plan.identities,
+                left_out: Vec::new(),
             })
         }
         PLAN_FORMAT => postcard::from_bytes(body).map_err(damaged),
@@ -275,7 +300,7 @@ fn decode_plan(bytes: &[u8]) -> std::result::Result<JobPlan, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{PlannedBytes, PlannedFile, PlannedIdentity, PlannedSplit};
+    use crate::plan::{LeftOutFile, PlannedBytes, PlannedFile, PlannedIdentity, PlannedSplit};
 
     fn plan_with_bytes() -> JobPlan {
         JobPlan {
@@ -310,6 +335,7 @@ mod tests {
                     modified_ns: Some(1_764_245_847_123_456_789),
                 },
             }],
+            left_out: Vec::new(),
         }
     }
 
@@ -322,21 +348,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_plan_keeps_its_identities_and_a_plan_of_format_3_reads_unpinned() {
+    async fn a_plan_keeps_its_identities_and_left_out_files_and_older_formats_read_without_them() {
         let directory = tempfile::tempdir().expect("tempdir");
         let uri = format!("file://{}", directory.path().display());
         let sut = CheckpointStore::at(&uri, &Default::default()).expect("store");
-        let plan = plan_with_bytes();
+        let plan = JobPlan {
+            left_out: vec![LeftOutFile {
+                source: 0,
+                uri: "file:///d/broken.csv".to_owned(),
+                cause: "csv file file:///d/broken.csv: unequal lengths".to_owned(),
+            }],
+            ..plan_with_bytes()
+        };
         sut.store_plan(plan.clone()).await.expect("stores");
         let stored = std::fs::read(directory.path().join(PLAN_OBJECT)).expect("the plan object");
-        assert_eq!(&stored[..12], encoded(4, &[]).as_slice(), "format 4");
+        assert_eq!(&stored[..12], encoded(5, &[]).as_slice(), "format 5");
         let loaded = sut.load_plan().await.expect("loads").expect("a plan");
         assert_eq!(loaded, plan);
         assert!(loaded.identity_of(0).is_some(), "the file is pinned");
 
+        let none_left_out = JobPlan {
+            left_out: Vec::new(),
+            ..plan
+        };
+        let fields = postcard::to_stdvec(&(
+            &none_left_out.files,
+            &none_left_out.splits,
+            &none_left_out.versions,
+            &none_left_out.bytes,
+            &none_left_out.identities,
+        ))
+        .expect("encodes");
+        assert_eq!(decode_plan(&encoded(4, &fields)), Ok(none_left_out.clone()));
+
         let unpinned = JobPlan {
             identities: Vec::new(),
-            ..plan
+            ..none_left_out
         };
         let fields = postcard::to_stdvec(&(
             &unpinned.files,

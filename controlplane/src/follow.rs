@@ -168,9 +168,12 @@ impl Follower {
             .is_some_and(|until| wall_ms() as i64 >= until);
         let uri = self.source_spec().uri.clone();
         if self.dataset.is_none() {
-            let dataset = Dataset::open(&uri, &open_options(self.source_spec()))
-                .await
-                .map_err(|error| PollError::Retry(error.to_string()))?;
+            let dataset = Dataset::open(
+                &uri,
+                &open_options(self.source_spec(), self.spec.data.bad_data.policy),
+            )
+            .await
+            .map_err(|error| PollError::Retry(error.to_string()))?;
             self.dataset = Some(dataset);
         }
         let Some(dataset) = &self.dataset else {
@@ -251,7 +254,7 @@ impl Follower {
                 .await;
         }
         let now = wall_ms() as i64;
-        let options = open_options(&source);
+        let options = open_options(&source, self.spec.data.bad_data.policy);
         let commits = delta_commits(&source.uri, &options, last_planned, follow.until_version)
             .await
             .map_err(|error| match error {

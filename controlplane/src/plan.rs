@@ -5,7 +5,7 @@
 //! commits): task ids and row positions keep their meaning across restarts.
 
 use crate::error::{AmError, Result};
-use crate::spec::{JobSpec, SourceFormat, SourceSpec};
+use crate::spec::{BadDataPolicy, JobSpec, SourceFormat, SourceSpec};
 use serde::{Deserialize, Serialize};
 use sluice_formats::{
     Dataset, DeltaSplitInfo, FormatKind, ObjectIdentity, OpenOptions, Split, SplitBytes,
@@ -76,6 +76,20 @@ pub struct JobPlan {
     /// their size in the table's log). A plan stored before files carried their identities has none,
     /// and its files are read as they are.
     pub identities: Vec<PlannedIdentity>,
+    /// The files left out of the plan because they do not decode (`data.on_bad_data: skip |
+    /// warn`), in source order. A plan stored before files were left out has none.
+    pub left_out: Vec<LeftOutFile>,
+}
+
+/// A file left out of a job's plan because it does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftOutFile {
+    /// The index of the file's source in the job spec's `data.sources`.
+    pub source: u32,
+    /// The file's URI.
+    pub uri: String,
+    /// Why it does not decode.
+    pub cause: String,
 }
 
 impl JobPlan {
@@ -87,15 +101,38 @@ impl JobPlan {
                 uri: source.uri.clone(),
                 source: error,
             };
-            let dataset = Dataset::open(&source.uri, &open_options(source))
+            let bad_data = spec.data.bad_data;
+            let dataset = Dataset::open(&source.uri, &open_options(source, bad_data.policy))
                 .await
                 .map_err(source_error)?;
-            let splits = dataset
-                .plan(spec.data.task_rows)
+            let (splits, left_out) = dataset
+                .plan_leaving_out(spec.data.task_rows)
                 .await
                 .map_err(source_error)?;
+            let files_before = plan.files.len();
             plan.extend(index as u32, splits);
             plan.versions.push(dataset.delta_version());
+            if let Some(first) = left_out.first() {
+                let files = plan.files.len() - files_before + left_out.len();
+                if left_out.len() as f64 > bad_data.max_fraction * files as f64 {
+                    return Err(AmError::FailedPrecondition(format!(
+                        "source {}: {} of its {files} files do not decode, past data.max_bad_fraction ({}); the first: {}: {}",
+                        source.uri,
+                        left_out.len(),
+                        bad_data.max_fraction,
+                        first.uri,
+                        first.cause
+                    )));
+                }
+            }
+            for file in left_out {
+                tracing::warn!(uri = %file.uri, cause = %file.cause, "file left out of the plan: it does not decode (data.on_bad_data)");
+                plan.left_out.push(LeftOutFile {
+                    source: index as u32,
+                    uri: file.uri,
+                    cause: file.cause,
+                });
+            }
         }
         Ok(plan)
     }
@@ -202,12 +239,13 @@ impl JobPlan {
 }
 
 /// How the formats layer opens a source of the spec.
-pub fn open_options(source: &SourceSpec) -> OpenOptions {
+pub fn open_options(source: &SourceSpec, bad_data: BadDataPolicy) -> OpenOptions {
     OpenOptions {
         storage_options: source.storage_options.clone(),
         format: Some(format_kind(source.format)),
         version: source.version,
         timestamp: source.timestamp.clone(),
+        skip_bad_files: bad_data != BadDataPolicy::Fail,
         ..OpenOptions::default()
     }
 }

@@ -116,5 +116,5 @@ async fn a_plan_format_of_a_newer_release_is_refused_naming_both() {
         .expect_err("an unknown plan format is refused")
         .to_string();
     assert!(error.contains("format 9"), "{error}");
-    assert!(error.contains("reads formats 1 to 4"), "{error}");
+    assert!(error.contains("reads formats 1 to 5"), "{error}");
 }

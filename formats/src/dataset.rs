@@ -79,6 +79,38 @@ impl FormatKind {
     }
 }
 
+/// The schema of one file of a dataset of `kind`: a Parquet file's from its footer, a row format's
+/// from its header or first records.
+async fn file_schema_of(
+    kind: FormatKind,
+    location: &Location,
+    access: &FileAccess,
+    footers: &FooterCache,
+    ipc_footers: &IpcFooters,
+    file: &DataFile,
+) -> Result<SchemaRef> {
+    match kind {
+        FormatKind::Parquet => Ok(Arc::clone(
+            footers
+                .get(access, &file.path, file.planned(), PageIndexNeed::Nothing)
+                .await?
+                .metadata
+                .schema(),
+        )),
+        other => {
+            RowFileFormat::from_kind(other)?
+                .schema(&RowFile {
+                    store: &location.store,
+                    stats: access.fetch_stats(),
+                    path: &file.path,
+                    planned: file.planned(),
+                    footers: ipc_footers,
+                })
+                .await
+        }
+    }
+}
+
 /// The rows a reader skips from a row that does not decode: see [`Dataset::bad_data_unit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadDataUnit {
@@ -103,6 +135,19 @@ pub struct OpenOptions {
     pub local_io: LocalIo,
     /// A cache on local disk for the pinned reads of a remote store's files; local files ignore it.
     pub cache: Option<Arc<BlockCache>>,
+    /// Whether a file whose footer (or, for a row format, whose records) does not decode is left
+    /// out of [`Dataset::plan_leaving_out`]'s plan rather than failing it; the schema then comes
+    /// from the first file that decodes (`data.on_bad_data: skip | warn`).
+    pub skip_bad_files: bool,
+}
+
+/// A file left out of a plan because it does not decode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftOut {
+    /// The file.
+    pub uri: String,
+    /// Why it does not decode.
+    pub cause: String,
 }
 
 /// One data file of a dataset.
@@ -142,6 +187,8 @@ pub struct Dataset {
     footers: FooterCache,
     ipc_footers: IpcFooters,
     access: FileAccess,
+    /// Whether [`Dataset::plan_leaving_out`] leaves out the files that do not decode.
+    skip_bad_files: bool,
     delta: Option<Arc<DeltaTable>>,
     /// Snapshots of the Delta table at other versions than the one it was opened at, for splits
     /// planned while following the table; the most recently opened last.
@@ -383,31 +430,25 @@ impl Dataset {
         let footers = FooterCache::default();
         let ipc_footers = IpcFooters::default();
         let access = file_access(&location, options.local_io)?;
-        let first = &files[0];
-        let file_schema: SchemaRef = match kind {
-            FormatKind::Parquet => Arc::clone(
-                footers
-                    .get(
-                        &access,
-                        &first.path,
-                        first.planned(),
-                        PageIndexNeed::Nothing,
-                    )
-                    .await?
-                    .metadata
-                    .schema(),
-            ),
-            other => {
-                RowFileFormat::from_kind(other)?
-                    .schema(&RowFile {
-                        store: &location.store,
-                        stats: access.fetch_stats(),
-                        path: &first.path,
-                        planned: first.planned(),
-                        footers: &ipc_footers,
-                    })
-                    .await?
+        let mut found = None;
+        for (index, file) in files.iter().enumerate() {
+            match file_schema_of(kind, &location, &access, &footers, &ipc_footers, file).await {
+                Ok(schema) => {
+                    found = Some(schema);
+                    break;
+                }
+                Err(error)
+                    if options.skip_bad_files && error.is_bad_data() && index + 1 < files.len() =>
+                {
+                    tracing::warn!(uri = %file.uri, %error, "the schema comes from a later file: this one does not decode");
+                }
+                Err(error) => return Err(error),
             }
+        }
+        let Some(file_schema) = found else {
+            return Err(FormatError::EmptyDataset {
+                uri: location.uri.clone(),
+            });
         };
         let mut fields: Vec<Field> = file_schema
             .fields()
@@ -436,6 +477,7 @@ impl Dataset {
             access,
             delta: None,
             other_versions: std::sync::Mutex::default(),
+            skip_bad_files: options.skip_bad_files,
         })
     }
 
@@ -459,6 +501,7 @@ impl Dataset {
             access,
             delta: Some(Arc::new(table)),
             other_versions: std::sync::Mutex::default(),
+            skip_bad_files: options.skip_bad_files,
         })
     }
 
@@ -550,8 +593,27 @@ impl Dataset {
     ///
     /// Returns an error when a footer cannot be read.
     pub async fn plan(&self, task_rows: u64) -> Result<Vec<Split>> {
-        self.plan_files_at(task_rows, (0..self.files.len()).collect())
-            .await
+        let (splits, _) = self
+            .plan_files_at(task_rows, (0..self.files.len()).collect(), false)
+            .await?;
+        Ok(splits)
+    }
+
+    /// Plans the dataset as [`Dataset::plan`] does; a dataset opened with
+    /// [`OpenOptions::skip_bad_files`] leaves out the files that do not decode, and returns them
+    /// with their causes.
+    ///
+    /// # Errors
+    ///
+    /// As [`Dataset::plan`], for a file that cannot be read (a store that fails) rather than one
+    /// that does not decode.
+    pub async fn plan_leaving_out(&self, task_rows: u64) -> Result<(Vec<Split>, Vec<LeftOut>)> {
+        self.plan_files_at(
+            task_rows,
+            (0..self.files.len()).collect(),
+            self.skip_bad_files,
+        )
+        .await
     }
 
     /// Plans only the files whose URIs are in `uris`, as [`Dataset::plan`] plans them: for a
@@ -568,25 +630,49 @@ impl Dataset {
         let kept = (0..self.files.len())
             .filter(|index| uris.contains(&self.files[*index].uri))
             .collect();
-        self.plan_files_at(task_rows, kept).await
+        let (splits, _) = self.plan_files_at(task_rows, kept, false).await?;
+        Ok(splits)
     }
 
-    /// Plans the files at the indices `kept`, in that order.
-    async fn plan_files_at(&self, task_rows: u64, kept: Vec<usize>) -> Result<Vec<Split>> {
+    /// Plans the files at the indices `kept`, in that order; with `leave_out`, the files that do
+    /// not decode are left out and returned.
+    async fn plan_files_at(
+        &self,
+        task_rows: u64,
+        kept: Vec<usize>,
+        leave_out: bool,
+    ) -> Result<(Vec<Split>, Vec<LeftOut>)> {
         if task_rows == 0 {
             return Err(FormatError::InvalidArgument(
                 "task rows must be at least 1".to_string(),
             ));
         }
-        let (row_groups, layouts): (Vec<Vec<u64>>, Vec<Option<FileLayout>>) = stream::iter(
+        let read = stream::iter(
             kept.iter()
                 .map(|index| self.file_row_groups(&self.files[*index], task_rows)),
         )
         .buffered(PLAN_CONCURRENCY)
-        .try_collect::<Vec<_>>()
-        .await?
-        .into_iter()
-        .unzip();
+        .collect::<Vec<_>>()
+        .await;
+        let mut left_out = Vec::new();
+        let mut decoded = Vec::with_capacity(kept.len());
+        let mut row_groups = Vec::with_capacity(kept.len());
+        let mut layouts = Vec::with_capacity(kept.len());
+        for (index, file) in kept.into_iter().zip(read) {
+            match file {
+                Ok((groups, layout)) => {
+                    decoded.push(index);
+                    row_groups.push(groups);
+                    layouts.push(layout);
+                }
+                Err(error) if leave_out && error.is_bad_data() => left_out.push(LeftOut {
+                    uri: self.files[index].uri.clone(),
+                    cause: error.to_string(),
+                }),
+                Err(error) => return Err(error),
+            }
+        }
+        let kept = decoded;
         let delta_info = self.delta.as_ref();
         let splits = cut(&row_groups, task_rows)
             .into_iter()
@@ -614,7 +700,7 @@ impl Dataset {
                 }
             })
             .collect();
-        Ok(splits)
+        Ok((splits, left_out))
     }
 
     fn path_of(&self, split: &Split) -> Result<Path> {

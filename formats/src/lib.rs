@@ -46,7 +46,7 @@ pub use sluice_io::uring;
 
 pub use cache::{BlockCache, CacheConfig, CacheFigures, CacheOpenError};
 pub use coverage::SplitBatch;
-pub use dataset::{BadDataUnit, Dataset, FormatKind, OpenOptions};
+pub use dataset::{BadDataUnit, Dataset, FormatKind, LeftOut, OpenOptions};
 pub use error::{FormatError, Result};
 pub use fetch::FetchStats;
 pub use filter::Expr;

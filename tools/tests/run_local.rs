@@ -380,3 +380,86 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
     let expected: Vec<i64> = (0..4000).filter(|id| !bad_ids.contains(id)).collect();
     assert_eq!(ids, expected, "every other row once");
 }
+
+/// A file whose footer does not decode (`PARQUET-1481.parquet`, a corrupt schema) among two good
+/// ones, first in path order, so that the schema must come from another: with `data.on_bad_data:
+/// skip` it is left out of the plan and named in the summary, and every row of the others
+/// arrives once; with a budget it passes, the job does not start, naming it.
+#[test]
+fn a_file_whose_footer_does_not_decode_is_left_out_of_the_plan_and_named() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let root = directory.path();
+    let data = common::generate(root, 2000, 2, 500);
+    let corrupt = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/testdata/parquet/bad_data/PARQUET-1481.parquet");
+    std::fs::copy(&corrupt, data.join("PARQUET-1481.parquet")).expect("copy the corrupt file");
+    let spec_with = |name: &str, budget: f64| {
+        common::write_spec(
+            root,
+            &format!(
+                r#"
+name: {name}
+data:
+  sources: [{{ uri: "file://{data}", format: parquet }}]
+  task_rows: 500
+  batch_size: 128
+  on_bad_data: warn
+  max_bad_fraction: {budget}
+nodes: 1
+roles:
+  - {{ name: worker, num: 1, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin"] }}
+failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
+"#,
+                data = data.display(),
+                sluice = env!("CARGO_BIN_EXE_sluice"),
+                root = root.display(),
+            ),
+        )
+    };
+    let run = |spec: &Path, state: &str| {
+        run_with_deadline(
+            sluice()
+                .arg("run")
+                .arg(spec)
+                .arg("--ring-dir")
+                .arg(root.join("rings"))
+                .arg("--state-dir")
+                .arg(root.join(state)),
+        )
+    };
+    let output = run(&spec_with("run-bad-file", 0.5), "state");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("bad data: 0 rows skipped in 1 skips")
+            && stdout.contains("PARQUET-1481.parquet: 0 rows: parquet file"),
+        "the summary names the file left out: {stdout}"
+    );
+    let mut ids = read_ids(&root.join("ids-0.bin"));
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..2000).collect::<Vec<i64>>(),
+        "every row of the good files once"
+    );
+
+    let output = run(&spec_with("run-bad-file-budget", 0.2), "state-budget");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        !output.status.success(),
+        "past the budget the job fails: {text}"
+    );
+    assert!(
+        text.contains("1 of its 3 files do not decode, past data.max_bad_fraction (0.2)")
+            && text.contains("PARQUET-1481.parquet"),
+        "{text}"
+    );
+}

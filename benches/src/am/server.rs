@@ -102,6 +102,7 @@ pub fn synthetic_plan(tasks: u64) -> JobPlan {
         versions: vec![None],
         bytes: Vec::new(),
         identities: Vec::new(),
+        left_out: Vec::new(),
     }
 }
 

@@ -315,6 +315,7 @@ impl Master {
                     bytes,
                     identities,
                     versions: Vec::new(),
+                    left_out: Vec::new(),
                 },
             ),
             Entry::FollowEnded { source, reason } => self.apply_follow_ended(source, reason),
@@ -381,6 +382,7 @@ impl Master {
             bytes: snapshot.added_bytes,
             identities: snapshot.added_identities,
             versions: Vec::new(),
+            left_out: Vec::new(),
         };
         let plan = Arc::make_mut(&mut self.plan);
         plan.truncate(planned_files, planned_splits);

@@ -57,18 +57,26 @@ impl Master {
             waiting: self.waiting(),
             hangs: self.hangs(now_ms),
             bad_data: self
-                .bad_data
-                .recent()
-                .map(|(key, range)| v1::BadData {
+                .plan
+                .left_out
+                .iter()
+                .map(|file| v1::BadData {
+                    epoch: 0,
+                    uri: file.uri.clone(),
+                    row_group: None,
+                    rows: 0,
+                    cause: file.cause.clone(),
+                })
+                .chain(self.bad_data.recent().map(|(key, range)| v1::BadData {
                     epoch: key.epoch,
                     uri: range.uri.clone(),
                     row_group: range.row_group,
                     rows: range.row_count,
                     cause: range.cause.clone(),
-                })
+                }))
                 .collect(),
             bad_rows: self.bad_data.rows(),
-            bad_ranges: self.bad_data.len() as u64,
+            bad_ranges: (self.plan.left_out.len() + self.bad_data.len()) as u64,
         }
     }
 

@@ -39,6 +39,8 @@ pub(crate) async fn open_sources(
             format: Some(format),
             version: source.version,
             cache: cache.cloned(),
+            // The AM left such files out of the plan: the schema comes from one that decodes.
+            skip_bad_files: data.on_bad_data() != v1::BadDataPolicy::Fail,
             ..OpenOptions::default()
         };
         let dataset = Dataset::open(&source.uri, &open)
