@@ -52,6 +52,8 @@ struct HeldTask {
     failure: Option<Failure>,
     /// The rows skipped because they did not decode, reported with the task's counts.
     skipped: Vec<v1::BadRange>,
+    /// How many of `skipped` an answered heartbeat carried.
+    skips_answered: usize,
     /// Reported consumed to its end: the generation of the AM it was first reported to, and the
     /// end of that AM's journal once the report was appended. The task goes once as much of that
     /// journal is durable.
@@ -211,6 +213,7 @@ impl TaskBook {
                 consumed_end: entry.consumed_end,
                 failure: None,
                 skipped: Vec::new(),
+                skips_answered: 0,
                 reported_done: None,
             },
         );
@@ -311,12 +314,14 @@ impl TaskBook {
     }
 
     /// Whether to heartbeat now, `waited` after the last one: once per interval, or as soon as a
-    /// task is consumed to its end (and not reported yet) or has failed, so that the AM learns it
-    /// at once and the daemon can pull the next task.
+    /// task is consumed to its end (and not reported yet), has failed or has skipped rows no
+    /// heartbeat carried yet, so that the AM learns it at once and the daemon can pull the next
+    /// task.
     pub(crate) fn heartbeat_due(&self, waited: Duration) -> bool {
         let settled = self.tasks.values().any(|task| {
             (task.consumed_end >= task.end && task.reported_done.is_none())
                 || task.failure.is_some()
+                || task.skips_answered < task.skipped.len()
         });
         settled || waited >= self.heartbeat_interval
     }
@@ -372,6 +377,9 @@ impl TaskBook {
     /// the tasks whose wait is over go. Without (an AM that keeps no journal, or that answers a
     /// heartbeat only once it is recorded), they all go.
     pub(crate) fn heartbeat_answered(&mut self, journal: Option<&v1::JournalMark>) -> Vec<Freed> {
+        for task in self.tasks.values_mut() {
+            task.skips_answered = task.skipped.len();
+        }
         let Some(mark) = journal else {
             let finished: Vec<TaskId> = self
                 .tasks
@@ -688,6 +696,31 @@ mod tests {
         assert!(
             sut.heartbeat_due(Duration::ZERO),
             "a failure is told at once"
+        );
+    }
+
+    #[test]
+    fn skipped_rows_are_told_at_once_and_in_every_heartbeat_while_the_task_is_held() {
+        let mut sut = book(1, 1);
+        sut.assign(&assignment(1, 0, 100), None).expect("assigns");
+        sut.record([counts(1, 50, 30)]);
+        let skip = v1::BadRange {
+            uri: "file:///d/part-0.parquet".to_owned(),
+            row_group: Some(1),
+            first_row: 40,
+            row_count: 10,
+            cause: "invalid page header".to_owned(),
+        };
+        sut.skipped(TaskId(1), vec![skip.clone()]);
+        sut.skipped(TaskId(2), vec![skip.clone()]);
+        assert!(sut.heartbeat_due(Duration::ZERO), "a skip is told at once");
+        assert_eq!(sut.progress()[0].bad, vec![skip.clone()]);
+        assert!(sut.heartbeat_answered(None).is_empty(), "not finished");
+        assert!(!sut.heartbeat_due(INTERVAL / 2), "told once at once");
+        assert_eq!(
+            sut.progress()[0].bad,
+            vec![skip],
+            "and again with the counts"
         );
     }
 
