@@ -223,7 +223,26 @@ pub enum Event {
         /// What went wrong, naming the trainer and the fix.
         reason: String,
     },
+    /// A daemon asks for up to `max_tasks` more tasks, and the pending tasks `near` come first if
+    /// they are still pending and among the next [`NEAR_WINDOW`] of the epoch's order: tasks of
+    /// splits the node read before, whose blocks its cache may hold (locality). Tasks queued again
+    /// still come before them.
+    AcquireNear {
+        /// The daemon.
+        node: NodeId,
+        /// When the AM received it.
+        now_ms: u64,
+        /// The most tasks it wants now.
+        max_tasks: u32,
+        /// The tasks to hand out first, in order.
+        near: Vec<TaskId>,
+    },
 }
+
+/// How far into the epoch's order of pending tasks [`Event::AcquireNear`] looks: a node takes a
+/// task of a split it read before over at most this many tasks ahead of it, so the order of the
+/// epoch moves only locally and every node still gets work at once.
+pub const NEAR_WINDOW: usize = 64;
 
 impl Event {
     /// When the AM received the event, for the events that carry a time.
@@ -232,6 +251,7 @@ impl Event {
             Event::Register { now_ms, .. }
             | Event::Heartbeat { now_ms, .. }
             | Event::Acquire { now_ms, .. }
+            | Event::AcquireNear { now_ms, .. }
             | Event::StopAck { now_ms, .. }
             | Event::Report { now_ms, .. }
             | Event::Tick { now_ms } => Some(*now_ms),
@@ -453,7 +473,13 @@ pub fn decide(state: &mut JobState, event: Event) -> Vec<Action> {
             node,
             now_ms,
             max_tasks,
-        } => state.on_acquire(node, now_ms, max_tasks, &mut actions),
+        } => state.on_acquire(node, now_ms, max_tasks, &[], &mut actions),
+        Event::AcquireNear {
+            node,
+            now_ms,
+            max_tasks,
+            near,
+        } => state.on_acquire(node, now_ms, max_tasks, &near, &mut actions),
         Event::StopAck {
             node,
             now_ms,

@@ -18,8 +18,8 @@
 use super::chunks::ChunkedVec;
 use super::order::epoch_order;
 use super::{
-    Action, Assignment, DecideConfig, JobOutcome, NodeId, Refusal, ReportOutcome, TaskId,
-    TaskProgress,
+    Action, Assignment, DecideConfig, JobOutcome, NEAR_WINDOW, NodeId, Refusal, ReportOutcome,
+    TaskId, TaskProgress,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -747,6 +747,36 @@ impl JobState {
         });
     }
 
+    /// Moves the tasks `near` that are pending among the next [`NEAR_WINDOW`] of the order to its
+    /// front, in the order given, each swapping places with the task it displaces.
+    fn bring_forward(&mut self, near: &[TaskId]) {
+        let end = self.order.len().min(self.cursor + NEAR_WINDOW);
+        let mut front = self.cursor;
+        for task in near {
+            let Some(slot) = task
+                .0
+                .checked_sub(self.first_task_id)
+                .and_then(|index| u32::try_from(index).ok())
+            else {
+                continue;
+            };
+            if let Some(at) = (front..end).find(|at| self.order[*at] == slot) {
+                let displaced = self.order[front];
+                self.order[front] = slot;
+                self.order[at] = displaced;
+                front += 1;
+            }
+        }
+    }
+
+    /// The next [`NEAR_WINDOW`] tasks of the epoch's order not yet handed out, with their splits.
+    pub fn pending_window(&self) -> impl Iterator<Item = (TaskId, u32)> + '_ {
+        self.order
+            .iter_from(self.cursor)
+            .take(NEAR_WINDOW)
+            .map(|slot| (self.task_id(*slot), self.slots[*slot as usize].split))
+    }
+
     fn next_pending(&mut self) -> Option<u32> {
         if let Some(slot) = self.requeued.pop_front() {
             return Some(slot);
@@ -761,11 +791,13 @@ impl JobState {
         node: NodeId,
         now_ms: u64,
         max_tasks: u32,
+        near: &[TaskId],
         actions: &mut Vec<Action>,
     ) {
         if !self.admit(node, now_ms, actions) {
             return;
         }
+        self.bring_forward(near);
         let mut tasks = Vec::new();
         while tasks.len() < max_tasks as usize {
             let Some(slot) = self.next_pending() else {

@@ -275,6 +275,9 @@ pub struct Master {
     rescale: Option<Rescale>,
     /// The rows the daemons skipped because they did not decode.
     bad_data: BadDataLog,
+    /// Per split, the node its last task went to: a hint for locality, rebuilt by the events a new
+    /// AM replays (those before its snapshot are not), never needed to replay them.
+    readers: Vec<Option<NodeId>>,
     /// The latest time of a change applied, journaled or replayed: the time a new AM's clock
     /// continues from, so that the journal's times never go back.
     latest_ms: u64,
@@ -396,6 +399,7 @@ impl Master {
             exit_causes: BTreeMap::new(),
             added: JobPlan::default(),
             bad_data: BadDataLog::default(),
+            readers: Vec::new(),
             latest_ms: 0,
         })
     }
@@ -974,10 +978,27 @@ impl Master {
                 entries: Vec::new(),
             };
         }
-        let event = Event::Acquire {
-            node,
-            now_ms,
-            max_tasks,
+        // Tasks of splits this node read last come first (locality: its cache may hold their
+        // blocks). The event carries them, so that a replay hands out what this AM did.
+        let near: Vec<TaskId> = self
+            .table
+            .pending_window()
+            .filter(|(_, split)| self.readers.get(*split as usize) == Some(&Some(node)))
+            .map(|(task, _)| task)
+            .collect();
+        let event = if near.is_empty() {
+            Event::Acquire {
+                node,
+                now_ms,
+                max_tasks,
+            }
+        } else {
+            Event::AcquireNear {
+                node,
+                now_ms,
+                max_tasks,
+                near,
+            }
         };
         let (commands, entries) = self.apply_and_log(node, event);
         Applied {
@@ -1128,6 +1149,13 @@ impl Master {
         for action in actions {
             let (node, command) = match action {
                 Action::Assign { node, tasks } | Action::Resume { node, tasks } => {
+                    for task in &tasks {
+                        let split = task.split as usize;
+                        if self.readers.len() <= split {
+                            self.readers.resize(split + 1, None);
+                        }
+                        self.readers[split] = Some(node);
+                    }
                     (node, NodeCommand::Assign(tasks))
                 }
                 Action::StopAt { node, task, row } => (node, NodeCommand::Stop { task, row }),

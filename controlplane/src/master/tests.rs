@@ -1882,3 +1882,64 @@ fn skipped_bad_data_is_counted_once_kept_across_takeover_and_fails_the_job_past_
         "{reason}"
     );
 }
+
+/// One task for `node`, consumed to its end: the assignment, and the journal entries of both calls.
+fn take_and_finish(sut: &mut Master, node: u64, now_ms: u64) -> (v1::TaskAssignment, Vec<Entry>) {
+    let applied = acquire_applied(sut, node, now_ms, 1);
+    let mut entries = applied.entries;
+    let Ok([task]) = <[v1::TaskAssignment; 1]>::try_from(assigned(&applied.reply)) else {
+        panic!("one task for node-{node}: {:?}", applied.reply);
+    };
+    let rows = task.end - task.start;
+    entries.extend(heartbeat_applied(sut, node, now_ms + 1, &[(task.task_id, rows, rows)]).entries);
+    (task, entries)
+}
+
+#[test]
+fn a_node_takes_first_the_pending_tasks_of_the_splits_it_read_last_and_a_replay_agrees() {
+    let spec = SPEC.replace("  task_rows: 10\n", "  task_rows: 10\n  epochs: 3\n");
+    let mut sut = master_of(&spec);
+    let mut journal = Vec::new();
+    journal.extend(register(&mut sut, 0, 0).entries);
+    journal.extend(register(&mut sut, 1, 0).entries);
+    let mut near_choices = 0;
+    let mut now_ms = 10;
+    // Three epochs of five tasks, the nodes taking one task each in turn.
+    for turn in 0..15u64 {
+        let node = NodeId(turn % 2);
+        let near: Vec<TaskId> = sut
+            .table()
+            .pending_window()
+            .filter(|(_, split)| sut.readers.get(*split as usize) == Some(&Some(node)))
+            .map(|(task, _)| task)
+            .collect();
+        let (task, entries) = take_and_finish(&mut sut, node.0, now_ms);
+        journal.extend(entries);
+        now_ms += 10;
+        if !near.is_empty() {
+            near_choices += 1;
+            assert!(
+                near.contains(&TaskId(task.task_id)),
+                "turn {turn}: node-{} got task-{} of split {}, not one of {near:?}",
+                node.0,
+                task.task_id,
+                task.split_index
+            );
+        }
+    }
+    assert!(near_choices >= 5, "locality chose {near_choices} times");
+    assert!(
+        journal
+            .iter()
+            .any(|entry| matches!(entry, Entry::Event(Event::AcquireNear { .. }))),
+        "the choices are journaled"
+    );
+    assert_eq!(sut.status(now_ms).state, v1::JobState::Succeeded as i32);
+
+    let mut replayed = master_of(&spec);
+    for entry in journal {
+        replayed.replay(entry).expect("replay");
+    }
+    assert_eq!(replayed.table().position(), sut.table().position());
+    assert_eq!(replayed.readers, sut.readers);
+}
