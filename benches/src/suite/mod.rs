@@ -1909,9 +1909,6 @@ impl SuiteReport {
     /// The header line and the rows of a remote run: the idle phase's figures and the link's.
     fn render_remote_table(&self, remote: &RemoteReport) -> String {
         let mut out = String::new();
-        let optional = |value: Option<f64>, precision: usize| {
-            value.map_or_else(|| "-".to_owned(), |value| format!("{value:.precision$}"))
-        };
         // Writing to a String cannot fail.
         writeln!(
             out,
@@ -1930,48 +1927,22 @@ impl SuiteReport {
             format_load(self.load_average_end),
         )
         .ok();
-        writeln!(
-            out,
-            "{:<36} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>8}",
-            "system",
-            "M rows/s",
-            "steady",
-            "1st s",
-            "CPU s/M",
-            "trainer",
-            "MB read",
-            "÷ needed",
-            "link %",
-            "peak PSS",
-            "÷ sluice"
-        )
-        .ok();
-        for (label, figures) in self.rows() {
-            writeln!(
-                out,
-                "{:<36} {:>9.3} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>7.3}x",
-                label,
-                figures.rows_per_s / 1e6,
-                optional(figures.rows_per_s_steady.map(|rows| rows / 1e6), 3),
-                optional(figures.first_batch_s, 2),
-                optional(figures.cpu_s_per_mrows, 2),
-                optional(figures.trainer_cpu_s_per_mrows, 2),
-                optional(figures.link_bytes.map(|bytes| bytes as f64 / 1e6), 1),
+        let parquet_bytes = remote.parquet_bytes as f64;
+        let columns = [
+            Column::figure("MB read", 9, |figures| {
+                optional(figures.link_bytes.map(|bytes| bytes as f64 / 1e6), 1)
+            }),
+            Column::figure("÷ needed", 9, move |figures| {
                 optional(
-                    figures
-                        .link_bytes
-                        .map(|bytes| bytes as f64 / remote.parquet_bytes as f64),
-                    2
-                ),
-                optional(figures.link_fraction.map(|fraction| fraction * 100.0), 1),
-                figures.peak_pss_bytes.map_or_else(
-                    || "-".to_owned(),
-                    |bytes| format!("{:.0} MB", bytes as f64 / 1e6)
-                ),
-                figures.ratio_to_sluice,
-            )
-            .ok();
-        }
+                    figures.link_bytes.map(|bytes| bytes as f64 / parquet_bytes),
+                    2,
+                )
+            }),
+            Column::figure("link %", 7, |figures| {
+                optional(figures.link_fraction.map(|fraction| fraction * 100.0), 1)
+            }),
+        ];
+        self.render_rows(&mut out, columns);
         writeln!(
             out,
             "MB read: through the link over the run; ÷ needed: over the delivered columns' Parquet bytes ({:.1} MB{}); link %: the link's bytes in the trainer's window over bandwidth × window",
@@ -1988,9 +1959,6 @@ impl SuiteReport {
     /// The header line and the rows of a local run.
     fn render_local_table(&self) -> String {
         let mut out = String::new();
-        let optional = |value: Option<f64>, precision: usize| {
-            value.map_or_else(|| "-".to_owned(), |value| format!("{value:.precision$}"))
-        };
         // Writing to a String cannot fail.
         writeln!(
             out,
@@ -2013,47 +1981,96 @@ impl SuiteReport {
             format_load(self.load_average_end),
         )
         .ok();
-        writeln!(
-            out,
-            "{:<36} {:>9} {:>9} {:>6} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>9} {:>8}",
-            "system",
-            "M rows/s",
-            "steady",
-            "1st s",
-            "CPU s/M",
-            "trainer",
-            "ovh ½×",
-            "ovh 1×",
-            "ovh 2×",
-            "stall %",
-            "peak PSS",
-            "÷ sluice"
-        )
-        .ok();
-        for (label, figures) in self.rows() {
-            writeln!(
-                out,
-                "{:<36} {:>9.3} {:>9} {:>6} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>9} {:>7.3}x",
-                label,
-                figures.rows_per_s / 1e6,
-                optional(figures.rows_per_s_steady.map(|rows| rows / 1e6), 3),
-                optional(figures.first_batch_s, 2),
-                optional(figures.cpu_s_per_mrows, 2),
-                optional(figures.trainer_cpu_s_per_mrows, 2),
-                optional(figures.data_overhead_half_work, 2),
-                optional(figures.data_overhead, 2),
-                optional(figures.data_overhead_double_work, 2),
-                optional(figures.stall_percent, 1),
-                figures.peak_pss_bytes.map_or_else(
-                    || "-".to_owned(),
-                    |bytes| format!("{:.0} MB", bytes as f64 / 1e6)
-                ),
-                figures.ratio_to_sluice,
-            )
-            .ok();
-        }
+        let columns = [
+            Column::figure("ovh ½×", 7, |figures| {
+                optional(figures.data_overhead_half_work, 2)
+            }),
+            Column::figure("ovh 1×", 7, |figures| optional(figures.data_overhead, 2)),
+            Column::figure("ovh 2×", 7, |figures| {
+                optional(figures.data_overhead_double_work, 2)
+            }),
+            Column::figure("stall %", 7, |figures| optional(figures.stall_percent, 1)),
+        ];
+        self.render_rows(&mut out, columns);
         out
     }
+
+    /// The header line and a row per system: the figures every table has, `middle` between the
+    /// trainer's CPU and the peak memory.
+    fn render_rows<'a>(&'a self, out: &mut String, middle: impl IntoIterator<Item = Column<'a>>) {
+        let columns: Vec<Column<'a>> = [
+            Column::figure("M rows/s", 9, |figures| {
+                format!("{:.3}", figures.rows_per_s / 1e6)
+            }),
+            Column::figure("steady", 9, |figures| {
+                optional(figures.rows_per_s_steady.map(|rows| rows / 1e6), 3)
+            }),
+            Column::figure("1st s", 6, |figures| optional(figures.first_batch_s, 2)),
+            Column::figure("CPU s/M", 9, |figures| optional(figures.cpu_s_per_mrows, 2)),
+            Column::figure("trainer", 9, |figures| {
+                optional(figures.trainer_cpu_s_per_mrows, 2)
+            }),
+        ]
+        .into_iter()
+        .chain(middle)
+        .chain([
+            Column::figure("peak PSS", 9, |figures| {
+                figures.peak_pss_bytes.map_or_else(
+                    || "-".to_owned(),
+                    |bytes| format!("{:.0} MB", bytes as f64 / 1e6),
+                )
+            }),
+            Column::figure("÷ sluice", 8, |figures| {
+                format!("{:.3}x", figures.ratio_to_sluice)
+            }),
+        ])
+        .collect();
+        // Writing to a String cannot fail.
+        write!(out, "{:<36}", "system").ok();
+        for column in &columns {
+            write!(out, " {:>width$}", column.header, width = column.width).ok();
+        }
+        writeln!(out).ok();
+        for (label, figures) in self.rows() {
+            write!(out, "{label:<36}").ok();
+            for column in &columns {
+                write!(
+                    out,
+                    " {:>width$}",
+                    (column.cell)(figures),
+                    width = column.width
+                )
+                .ok();
+            }
+            writeln!(out).ok();
+        }
+    }
+}
+
+/// One column of the suite's table: its header, its width, and its cell for a system's figures.
+struct Column<'a> {
+    header: &'static str,
+    width: usize,
+    cell: Box<dyn Fn(&SystemFigures) -> String + 'a>,
+}
+
+impl<'a> Column<'a> {
+    fn figure(
+        header: &'static str,
+        width: usize,
+        cell: impl Fn(&SystemFigures) -> String + 'a,
+    ) -> Column<'a> {
+        Column {
+            header,
+            width,
+            cell: Box::new(cell),
+        }
+    }
+}
+
+/// A figure with `precision` decimals, or `-` where the system has none.
+fn optional(value: Option<f64>, precision: usize) -> String {
+    value.map_or_else(|| "-".to_owned(), |value| format!("{value:.precision$}"))
 }
 
 #[cfg(test)]
@@ -2245,6 +2262,78 @@ mod tests {
         assert!(
             (trainer.measured - 0.5).abs() < 1e-9 && !trainer.met,
             "{trainer:?}"
+        );
+    }
+
+    #[test]
+    fn both_tables_line_up_their_headers_and_figures() {
+        let sluice = SystemFigures {
+            rows_per_s: 3_780_000.0,
+            gb_per_s: 1.0,
+            rows_per_s_steady: Some(4_012_345.0),
+            first_batch_s: Some(0.284),
+            cpu_s_per_mrows: Some(0.511),
+            trainer_cpu_s_per_mrows: None,
+            data_overhead: Some(1.031),
+            data_overhead_half_work: Some(1.06),
+            data_overhead_double_work: Some(1.004),
+            stall_percent: Some(2.25),
+            peak_rss_bytes: Some(1),
+            peak_pss_bytes: Some(412_000_000),
+            rows: Some(1),
+            num_workers: None,
+            ratio_to_sluice: 1.0,
+            link_bytes: Some(52_400_000),
+            link_fraction: Some(0.734),
+        };
+        let mut sut = SuiteReport {
+            source: "generated".to_owned(),
+            rows: 2_000_000,
+            columns: vec!["id".to_owned()],
+            arrow_bytes: 16_000_000,
+            batch_rows: 4096,
+            record_bytes: 32_768,
+            work_us: Some(120.0),
+            work_us_given: false,
+            rounds: 3,
+            python: "python3".to_owned(),
+            versions: BTreeMap::new(),
+            load_average_start: None,
+            load_average_end: None,
+            systems: BTreeMap::from([("sluice".to_owned(), sluice)]),
+            by_workers: BTreeMap::new(),
+            not_installed: BTreeMap::new(),
+            targets: Vec::new(),
+            remote: None,
+        };
+        let local = sut.render_table();
+        let lines: Vec<&str> = local.lines().collect();
+        assert_eq!(
+            lines[1],
+            "system                                M rows/s    steady  1st s   CPU s/M   trainer  ovh ½×  ovh 1×  ovh 2× stall %  peak PSS ÷ sluice"
+        );
+        assert_eq!(
+            lines[2],
+            "sluice                                   3.780     4.012   0.28      0.51         -    1.06    1.03    1.00     2.2    412 MB   1.000x"
+        );
+        sut.remote = Some(RemoteReport {
+            uri: "s3://bench/suite".to_owned(),
+            mds_uri: None,
+            delay_ms: 20.0,
+            bandwidth_bytes_per_s: 50_000_000,
+            file_bytes: 60_000_000,
+            parquet_bytes: 52_400_000,
+            mds_bytes: None,
+        });
+        let remote = sut.render_table();
+        let lines: Vec<&str> = remote.lines().collect();
+        assert_eq!(
+            lines[1],
+            "system                                M rows/s    steady  1st s   CPU s/M   trainer   MB read  ÷ needed  link %  peak PSS ÷ sluice"
+        );
+        assert_eq!(
+            lines[2],
+            "sluice                                   3.780     4.012   0.28      0.51         -      52.4      1.00    73.4    412 MB   1.000x"
         );
     }
 
