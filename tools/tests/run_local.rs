@@ -106,17 +106,29 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
     }
 }
 
-/// Runs the job of `spec` and checks that its trainers saw exactly the ids `expected`, once each.
-fn run_job(root: &Path, spec: &Path, job: &str, expected: &[i64]) {
-    let output = run_with_deadline(
+/// Runs `sluice run SPEC` with its rings under `root` and its state in `root/state`, to its end.
+fn run_spec(root: &Path, spec: &Path, state: &str) -> std::process::Output {
+    run_with_deadline(
         sluice()
             .arg("run")
             .arg(spec)
             .arg("--ring-dir")
             .arg(root.join("rings"))
             .arg("--state-dir")
-            .arg(root.join("state")),
-    );
+            .arg(root.join(state)),
+    )
+}
+
+/// The ids the trainers of ranks `0..ranks` wrote under `root`, rank after rank.
+fn delivered_ids(root: &Path, ranks: u32) -> Vec<i64> {
+    (0..ranks)
+        .flat_map(|rank| read_ids(&root.join(format!("ids-{rank}.bin"))))
+        .collect()
+}
+
+/// Runs the job of `spec` and checks that its trainers saw exactly the ids `expected`, once each.
+fn run_job(root: &Path, spec: &Path, job: &str, expected: &[i64]) {
+    let output = run_spec(root, spec, "state");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let logs = sluice_testkit::job::logs(&root.join("state"));
     assert!(
@@ -125,9 +137,7 @@ fn run_job(root: &Path, spec: &Path, job: &str, expected: &[i64]) {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains(&format!("job {job} succeeded")), "{stdout}");
-    let mut ids: Vec<i64> = (0..4)
-        .flat_map(|rank| read_ids(&root.join(format!("ids-{rank}.bin"))))
-        .collect();
+    let mut ids = delivered_ids(root, 4);
     let delivered = ids.len();
     ids.sort_unstable();
     ids.dedup();
@@ -159,15 +169,7 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
             root = root.display(),
         ),
     );
-    let output = run_with_deadline(
-        sluice()
-            .arg("run")
-            .arg(&spec)
-            .arg("--ring-dir")
-            .arg(root.join("rings"))
-            .arg("--state-dir")
-            .arg(root.join("state")),
-    );
+    let output = run_spec(root, &spec, "state");
     assert!(
         output.status.success(),
         "{}{}",
@@ -292,7 +294,6 @@ fn an_object_deleted_during_the_job_fails_it_by_the_policy_naming_it() {
 #[test]
 fn a_row_group_that_does_not_decode_is_skipped_and_named_in_the_summary() {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    use std::io::{Seek, SeekFrom, Write};
 
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
@@ -302,7 +303,6 @@ fn a_row_group_that_does_not_decode_is_skipped_and_named_in_the_summary() {
         std::fs::File::open(&victim).expect("open the file"),
     )
     .expect("a parquet file");
-    let page = builder.metadata().row_group(1).column(0).data_page_offset();
     let bad_ids: Vec<i64> = builder
         .with_row_groups(vec![1])
         .build()
@@ -319,15 +319,7 @@ fn a_row_group_that_does_not_decode_is_skipped_and_named_in_the_summary() {
         })
         .collect();
     assert_eq!(bad_ids.len(), 500);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&victim)
-        .expect("open to write");
-    file.seek(SeekFrom::Start(u64::try_from(page).expect("an offset")))
-        .expect("seek");
-    file.write_all(&[0xff; 24])
-        .expect("overwrite the page header");
-    drop(file);
+    sluice_testkit::corrupt_row_group(&victim, 1);
 
     let spec = common::write_spec(
         root,
@@ -350,15 +342,7 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
             root = root.display(),
         ),
     );
-    let output = run_with_deadline(
-        sluice()
-            .arg("run")
-            .arg(&spec)
-            .arg("--ring-dir")
-            .arg(root.join("rings"))
-            .arg("--state-dir")
-            .arg(root.join("state")),
-    );
+    let output = run_spec(root, &spec, "state");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -373,9 +357,7 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
             )),
         "the summary names the skip: {stdout}"
     );
-    let mut ids: Vec<i64> = (0..2)
-        .flat_map(|rank| read_ids(&root.join(format!("ids-{rank}.bin"))))
-        .collect();
+    let mut ids = delivered_ids(root, 2);
     ids.sort_unstable();
     let expected: Vec<i64> = (0..4000).filter(|id| !bad_ids.contains(id)).collect();
     assert_eq!(ids, expected, "every other row once");
@@ -390,8 +372,7 @@ fn a_file_whose_footer_does_not_decode_is_left_out_of_the_plan_and_named() {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
     let data = common::generate(root, 2000, 2, 500);
-    let corrupt = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/testdata/parquet/bad_data/PARQUET-1481.parquet");
+    let corrupt = sluice_testkit::testdata().join("parquet/bad_data/PARQUET-1481.parquet");
     std::fs::copy(&corrupt, data.join("PARQUET-1481.parquet")).expect("copy the corrupt file");
     let spec_with = |name: &str, budget: f64| {
         common::write_spec(
@@ -416,18 +397,7 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
             ),
         )
     };
-    let run = |spec: &Path, state: &str| {
-        run_with_deadline(
-            sluice()
-                .arg("run")
-                .arg(spec)
-                .arg("--ring-dir")
-                .arg(root.join("rings"))
-                .arg("--state-dir")
-                .arg(root.join(state)),
-        )
-    };
-    let output = run(&spec_with("run-bad-file", 0.5), "state");
+    let output = run_spec(root, &spec_with("run-bad-file", 0.5), "state");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -447,7 +417,7 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
         "every row of the good files once"
     );
 
-    let output = run(&spec_with("run-bad-file-budget", 0.2), "state-budget");
+    let output = run_spec(root, &spec_with("run-bad-file-budget", 0.2), "state-budget");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

@@ -743,28 +743,6 @@ async fn a_task_whose_file_changed_after_planning_fails_naming_it_and_writes_no_
     );
 }
 
-/// Overwrites the header of the first data page of row group `group`'s first column in the Parquet
-/// file at `path`: the group's rows no longer decode; the footer and the other groups stay whole.
-fn corrupt_row_group(path: &std::path::Path, group: usize) {
-    use parquet::file::reader::{FileReader, SerializedFileReader};
-    use std::io::{Seek, SeekFrom, Write};
-    let reader = SerializedFileReader::new(std::fs::File::open(path).expect("open"))
-        .expect("a parquet file");
-    let offset = reader
-        .metadata()
-        .row_group(group)
-        .column(0)
-        .data_page_offset();
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .expect("open to write");
-    file.seek(SeekFrom::Start(u64::try_from(offset).expect("an offset")))
-        .expect("seek");
-    file.write_all(&[0xff; 24])
-        .expect("overwrite the page header");
-}
-
 /// With `data.on_bad_data: skip`, a row group that does not decode is skipped, covered by an empty
 /// batch and reported, and every other row of the task arrives once, with or without a shuffle;
 /// with `fail`, the task fails naming the file.
@@ -772,7 +750,7 @@ fn corrupt_row_group(path: &std::path::Path, group: usize) {
 async fn a_row_group_that_does_not_decode_is_skipped_and_reported_or_fails_the_task() {
     let directory = tempfile::tempdir().expect("tempdir");
     let uri = generated(directory.path(), 3000, 1).await;
-    corrupt_row_group(&std::path::Path::new(&uri).join("part-00000.parquet"), 2);
+    sluice_testkit::corrupt_row_group(&std::path::Path::new(&uri).join("part-00000.parquet"), 2);
     let split = splits(&uri, 3000).await.remove(0);
     let expected: Vec<i64> = (0..1000).chain(1500..3000).collect();
     for shuffle in [None, Some((5, 1))] {
@@ -845,11 +823,7 @@ async fn a_row_group_that_does_not_decode_is_skipped_and_reported_or_fails_the_t
 /// and the task ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_corrupt_file_is_skipped_row_group_by_row_group() {
-    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/testdata/parquet/bad_data/ARROW-GH-41321.parquet");
-    let file = file
-        .canonicalize()
-        .expect("the shared testdata beside the repository");
+    let file = sluice_testkit::testdata().join("parquet/bad_data/ARROW-GH-41321.parquet");
     let uri = format!("file://{}", file.display());
     let split = splits(&uri, 1000).await.remove(0);
     let shape = JobShape {

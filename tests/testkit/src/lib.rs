@@ -189,6 +189,36 @@ pub fn testdata() -> PathBuf {
     path
 }
 
+/// Overwrites the header of the first data page of row group `group`'s first column in the Parquet
+/// file at `path`: the group's rows no longer decode, while the footer and the other groups stay
+/// whole (the data of a file damaged on disk or in transit).
+///
+/// # Panics
+///
+/// Panics when the file cannot be read as Parquet or written, naming it.
+pub fn corrupt_row_group(path: &FsPath, group: usize) {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use std::io::{Seek, SeekFrom, Write};
+    let file = std::fs::File::open(path)
+        .unwrap_or_else(|error| panic!("opening {}: {error}", path.display()));
+    let reader = SerializedFileReader::new(file)
+        .unwrap_or_else(|error| panic!("{} is not a Parquet file: {error}", path.display()));
+    let offset = reader
+        .metadata()
+        .row_group(group)
+        .column(0)
+        .data_page_offset();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|error| panic!("opening {} to write: {error}", path.display()));
+    file.seek(SeekFrom::Start(
+        u64::try_from(offset).expect("a page offset is positive"),
+    ))
+    .and_then(|_| file.write_all(&[0xff; 24]))
+    .unwrap_or_else(|error| panic!("overwriting a page header of {}: {error}", path.display()));
+}
+
 /// Fails the test unless `python3` imports every module of `modules`, a comma-separated list as an
 /// `import` statement takes it (`"pyarrow"`, `"torch, sluice"`).
 ///
