@@ -119,6 +119,27 @@ fn run_spec(root: &Path, spec: &Path, state: &str) -> std::process::Output {
     )
 }
 
+/// A one-node job `name` whose data section is `data` (YAML lines under `data:`, indented by two)
+/// and whose `workers` reference trainers write the ids they read to `root/ids-RANK.bin`.
+fn ids_spec(root: &Path, name: &str, data: &str, workers: u32) -> std::path::PathBuf {
+    common::write_spec(
+        root,
+        &format!(
+            r#"
+name: {name}
+data:
+{data}
+nodes: 1
+roles:
+  - {{ name: worker, num: {workers}, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin"] }}
+failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
+"#,
+            sluice = env!("CARGO_BIN_EXE_sluice"),
+            root = root.display(),
+        ),
+    )
+}
+
 /// The ids the trainers of ranks `0..ranks` wrote under `root`, rank after rank.
 fn delivered_ids(root: &Path, ranks: u32) -> Vec<i64> {
     (0..ranks)
@@ -150,24 +171,16 @@ fn tasks_whose_rows_the_filter_removes_still_complete() {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
     let data = common::generate(root, 4000, 2, 500);
-    let spec = common::write_spec(
+    let spec = ids_spec(
         root,
+        "run-filter",
         &format!(
-            r#"
-name: run-filter
-data:
-  sources: [{{ uri: "file://{data}", format: parquet, filter: "id < 700 or id >= 3900" }}]
+            r#"  sources: [{{ uri: "file://{}", format: parquet, filter: "id < 700 or id >= 3900" }}]
   task_rows: 500
-  batch_size: 128
-nodes: 1
-roles:
-  - {{ name: worker, num: 1, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin"] }}
-failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
-"#,
-            data = data.display(),
-            sluice = env!("CARGO_BIN_EXE_sluice"),
-            root = root.display(),
+  batch_size: 128"#,
+            data.display()
         ),
+        1,
     );
     let output = run_spec(root, &spec, "state");
     assert!(
@@ -321,26 +334,18 @@ fn a_row_group_that_does_not_decode_is_skipped_and_named_in_the_summary() {
     assert_eq!(bad_ids.len(), 500);
     sluice_testkit::corrupt_row_group(&victim, 1);
 
-    let spec = common::write_spec(
+    let spec = ids_spec(
         root,
+        "run-bad-data",
         &format!(
-            r#"
-name: run-bad-data
-data:
-  sources: [{{ uri: "file://{data}", format: parquet }}]
+            r#"  sources: [{{ uri: "file://{}", format: parquet }}]
   task_rows: 1000
   batch_size: 128
   on_bad_data: skip
-  max_bad_fraction: 0.2
-nodes: 1
-roles:
-  - {{ name: worker, num: 2, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin"] }}
-failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
-"#,
-            data = data.display(),
-            sluice = env!("CARGO_BIN_EXE_sluice"),
-            root = root.display(),
+  max_bad_fraction: 0.2"#,
+            data.display()
         ),
+        2,
     );
     let output = run_spec(root, &spec, "state");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -375,26 +380,18 @@ fn a_file_whose_footer_does_not_decode_is_left_out_of_the_plan_and_named() {
     let corrupt = sluice_testkit::testdata().join("parquet/bad_data/PARQUET-1481.parquet");
     std::fs::copy(&corrupt, data.join("PARQUET-1481.parquet")).expect("copy the corrupt file");
     let spec_with = |name: &str, budget: f64| {
-        common::write_spec(
+        ids_spec(
             root,
+            name,
             &format!(
-                r#"
-name: {name}
-data:
-  sources: [{{ uri: "file://{data}", format: parquet }}]
+                r#"  sources: [{{ uri: "file://{}", format: parquet }}]
   task_rows: 500
   batch_size: 128
   on_bad_data: warn
-  max_bad_fraction: {budget}
-nodes: 1
-roles:
-  - {{ name: worker, num: 1, command: ["{sluice}", consume, --ids-out, "{root}/ids-{{rank}}.bin"] }}
-failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
-"#,
-                data = data.display(),
-                sluice = env!("CARGO_BIN_EXE_sluice"),
-                root = root.display(),
+  max_bad_fraction: {budget}"#,
+                data.display()
             ),
+            1,
         )
     };
     let output = run_spec(root, &spec_with("run-bad-file", 0.5), "state");
