@@ -743,6 +743,28 @@ async fn a_task_whose_file_changed_after_planning_fails_naming_it_and_writes_no_
     );
 }
 
+/// Feeds the one task `task` of the source `uri` shaped by `shape`, which must end without failing;
+/// returns what it wrote and the rows it skipped.
+async fn feed_one_that_skips(
+    uri: &str,
+    shape: &JobShape,
+    task: v1::TaskAssignment,
+) -> (Vec<Delivered>, Vec<v1::BadRange>) {
+    let pipeline = pipeline(uri, "parquet", shape).await;
+    let (delivered, _, ends) = feed_tasks(pipeline, vec![task], None).await;
+    let [
+        TaskEnd {
+            failed: None,
+            skipped,
+            ..
+        },
+    ] = ends.as_slice()
+    else {
+        panic!("the task ends without failing: {ends:?}");
+    };
+    (delivered, skipped.clone())
+}
+
 /// With `data.on_bad_data: skip`, a row group that does not decode is skipped, covered by an empty
 /// batch and reported, and every other row of the task arrives once, with or without a shuffle;
 /// with `fail`, the task fails naming the file.
@@ -760,19 +782,8 @@ async fn a_row_group_that_does_not_decode_is_skipped_and_reported_or_fails_the_t
             on_bad_data: v1::BadDataPolicy::Skip,
             ..JobShape::default()
         };
-        let pipeline = pipeline(&uri, "parquet", &shape).await;
-        let (delivered, _, ends) =
-            feed_tasks(pipeline, vec![assignment(3, 0, 0, &split, 0, 3000)], None).await;
-        let [
-            TaskEnd {
-                failed: None,
-                skipped,
-                ..
-            },
-        ] = ends.as_slice()
-        else {
-            panic!("the task ends without failing: {ends:?}");
-        };
+        let (delivered, skipped) =
+            feed_one_that_skips(&uri, &shape, assignment(3, 0, 0, &split, 0, 3000)).await;
         let [range] = skipped.as_slice() else {
             panic!("one skip is reported: {skipped:?}");
         };
@@ -831,20 +842,9 @@ async fn a_real_corrupt_file_is_skipped_row_group_by_row_group() {
         on_bad_data: v1::BadDataPolicy::Warn,
         ..JobShape::default()
     };
-    let pipeline = pipeline(&uri, "parquet", &shape).await;
     let rows = split.row_count;
-    let (delivered, _, ends) =
-        feed_tasks(pipeline, vec![assignment(1, 0, 0, &split, 0, rows)], None).await;
-    let [
-        TaskEnd {
-            failed: None,
-            skipped,
-            ..
-        },
-    ] = ends.as_slice()
-    else {
-        panic!("the task ends without failing: {ends:?}");
-    };
+    let (delivered, skipped) =
+        feed_one_that_skips(&uri, &shape, assignment(1, 0, 0, &split, 0, rows)).await;
     assert!(!skipped.is_empty(), "the corrupt pages are reported");
     let skipped_rows: u64 = skipped.iter().map(|range| range.row_count).sum();
     let delivered_rows: u64 = delivered
