@@ -40,6 +40,10 @@ snapshot per step, and the AM hears of the checkpoints that are saved::
     ...
     loader.load_state_dict(torch.load(path))         # in a new process: exactly the rest
 
+A commit that fails (the AM refuses it, or a rank does not commit the step in time) raises from the
+pickling, after ``torch.save`` opened its file: save to a new name and rename it to keep the
+previous file whole.
+
 Every rank must commit the step. A framework that asks every rank for its state but writes only rank
 0's file (Lightning's checkpoints, Accelerate's ``register_for_checkpointing``) pickles nothing on
 the other ranks: commit on every rank when it asks, with :func:`commit` (``commit(state)`` returns
