@@ -7,9 +7,9 @@ Run it as the trainer of ``examples/torch.yaml`` (from the repository's root)::
     sluice run examples/torch.yaml
 
 Every ``CHECKPOINT_EVERY`` steps it saves the model, the optimizer and the data position together
-(``Dataset.state_dict()`` commits a data checkpoint to the AM and returns its token) to
-``$SLUICE_EXAMPLE_STATE/model.pt``. To resume after a crash, start the job again from the token the
-checkpoint holds (printed at each save)::
+to ``$SLUICE_EXAMPLE_STATE/model.pt`` (``Dataset.state_dict()`` notes the position, and ``torch.save``
+commits it to the AM as a data checkpoint as it pickles it). To resume after a crash, start the job
+again from the token the checkpoint holds (printed at each save)::
 
     sluice run examples/torch.yaml --resume-from TOKEN
 
@@ -61,7 +61,7 @@ def main():
         if checkpoint_path and step % CHECKPOINT_EVERY == 0:
             data = dataset.state_dict()
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "data": data}, checkpoint_path)
-            print(json.dumps({"checkpoint_step": step, "rows": rows, "token": data["token"]}), flush=True)
+            print(json.dumps({"checkpoint_step": step, "rows": rows, "token": data["token"].token}), flush=True)
     print(json.dumps({"steps": step, "rows": rows, "loss": None if loss is None else float(loss)}), flush=True)
 
 

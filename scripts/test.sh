@@ -2,7 +2,8 @@
 # Runs every test of the workspace: unit, integration and multi-process tests, the loom models of the
 # ring, the ring under Miri, and the Python client's tests. Installs first everything the tests need
 # beyond the Rust toolchain, so that it works on a fresh machine by itself: the Python packages
-# (pyarrow, the SeaweedFS S3 server, maturin, pytest, torch, the benchmark suite's peers), Debian's Chromium and DejaVu fonts,
+# (pyarrow, the SeaweedFS S3 server, maturin, pytest, torch, the benchmark suite's peers, Lightning and
+# Accelerate), Debian's Chromium and DejaVu fonts,
 # Debian's Slurm, and the nightly toolchain's Miri. No test skips: a missing prerequisite fails its
 # test, naming the fix. The one exception: the tests that need root, the multi-host tests (test
 # binaries `netbed*`, hosts made of network namespaces), the Slurm tests (test binary `slurm`, a
@@ -37,6 +38,10 @@ fi
 echo "== the benchmark suite's peers (benches/python/requirements.txt: torchdata, MosaicML Streaming, Ray Data)"
 # Beside the torch above, so that `sluice-bench suite --python python3` runs every peer in the tests.
 pip_install -r benches/python/requirements.txt
+
+echo "== the framework examples' packages (scripts/requirements-torch.txt: Lightning, Accelerate)"
+# After torch, so that they take the torch installed above.
+pip_install -r scripts/requirements-torch.txt
 
 echo "== chromium (renders the AM's status page), fonts-dejavu-core (the text of bench suite --png), openssl (certificates of the Python TLS test)"
 if [ ! -x /usr/bin/chromium ] || [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || ! command -v openssl >/dev/null; then

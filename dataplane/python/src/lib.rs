@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use sluice_ring::{Consumer, Lease, RecordKind, Ring};
+use sluice_ring::{Consumer, Lease, RecordKind, Ring, TryRecvError};
 
 create_exception!(
     _native,
@@ -71,31 +71,23 @@ impl Reader {
                 .next()
                 .map(|record| record.map(sluice_ring::Record::lease))
         });
-        let Some(lease) = next.map_err(|error| SluiceError::new_err(error.to_string()))? else {
-            return Ok(None);
-        };
-        let meta = lease.meta();
-        let position = lease.position();
-        let payload = lease.payload();
-        let (address, size) = (payload.as_ptr() as usize, payload.len());
-        let kind = kind_name(meta.kind);
-        let record = Py::new(
-            py,
-            Record {
-                ring: self.ring.clone(),
-                kind,
-                lease: Some(lease),
-            },
-        )?;
-        Ok(Some((
-            record,
-            kind,
-            position,
-            meta.task_id,
-            meta.first_row + meta.row_count,
-            address,
-            size,
-        )))
+        match next.map_err(|error| SluiceError::new_err(error.to_string()))? {
+            Some(lease) => self.hand_out(py, lease).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The next record as [`Reader::next`] gives it if the daemon has published one, without
+    /// waiting; `None` when the ring is empty now or closed (`next` then waits, or tells which).
+    /// A reader holding records calls it first, so that it can release them before it waits: the
+    /// daemon may need their room for the next record.
+    fn try_next(&mut self, py: Python<'_>) -> PyResult<Option<NextRecord>> {
+        let next = self.consumer.try_next().map(sluice_ring::Record::lease);
+        match next {
+            Ok(lease) => self.hand_out(py, lease).map(Some),
+            Err(TryRecvError::Empty | TryRecvError::Closed) => Ok(None),
+            Err(error) => Err(SluiceError::new_err(error.to_string())),
+        }
     }
 
     /// The end of the released prefix, in bytes since the ring was created: a record whose
@@ -132,6 +124,34 @@ impl Reader {
     #[getter]
     fn inode(&self) -> u64 {
         self.ring.inode()
+    }
+}
+
+impl Reader {
+    /// The tuple `next` returns for `lease`, whose record becomes a Python [`Record`].
+    fn hand_out(&self, py: Python<'_>, lease: Lease) -> PyResult<NextRecord> {
+        let meta = lease.meta();
+        let position = lease.position();
+        let payload = lease.payload();
+        let (address, size) = (payload.as_ptr() as usize, payload.len());
+        let kind = kind_name(meta.kind);
+        let record = Py::new(
+            py,
+            Record {
+                ring: self.ring.clone(),
+                kind,
+                lease: Some(lease),
+            },
+        )?;
+        Ok((
+            record,
+            kind,
+            position,
+            meta.task_id,
+            meta.first_row + meta.row_count,
+            address,
+            size,
+        ))
     }
 }
 

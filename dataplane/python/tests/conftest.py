@@ -51,11 +51,24 @@ def generate(sluice_bin: pathlib.Path, data: pathlib.Path, rows: int) -> None:
 class Job:
     """A generated dataset, its job spec, and the AM and daemon serving it."""
 
-    def __init__(self, sluice_bin: pathlib.Path, root: pathlib.Path, name: str, rows: int, task_rows: int, batch_size: int):
+    def __init__(
+        self,
+        sluice_bin: pathlib.Path,
+        root: pathlib.Path,
+        name: str,
+        rows: int,
+        task_rows: int,
+        batch_size: int,
+        epochs: int = 1,
+        ring_size: int = 8 << 20,
+        world_size: int = 1,
+    ):
         self.sluice_bin = sluice_bin
         self.root = root
         self.name = name
         self.rows = rows
+        self.ring_size = ring_size
+        self.world_size = world_size
         self.data = root / "data"
         self.rings = root / "rings"
         self.processes: List[subprocess.Popen] = []
@@ -68,9 +81,10 @@ data:
   sources: [{{ uri: "file://{self.data}", format: parquet }}]
   task_rows: {task_rows}
   batch_size: {batch_size}
+  epochs: {epochs}
 nodes: 1
 roles:
-  - {{ name: worker, num: 1, command: [python3, train.py] }}
+  - {{ name: worker, num: {world_size}, command: [python3, train.py] }}
 failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
 checkpoint: {{ uri: "file://{root / 'ckpt'}" }}
 """
@@ -81,14 +95,14 @@ checkpoint: {{ uri: "file://{root / 'ckpt'}" }}
     def ring(self) -> pathlib.Path:
         return self.rings / self.name / "0.ring"
 
-    def trainer_env(self) -> Dict[str, str]:
+    def trainer_env(self, rank: int = 0) -> Dict[str, str]:
         env = dict(os.environ)
         env.pop("SLUICE_TOKEN", None)
         env.update(
-            SLUICE_RING=str(self.ring),
+            SLUICE_RING=str(self.rings / self.name / f"{rank}.ring"),
             SLUICE_AM=self.am_address or "",
-            SLUICE_RANK="0",
-            SLUICE_WORLD_SIZE="1",
+            SLUICE_RANK=str(rank),
+            SLUICE_WORLD_SIZE=str(self.world_size),
         )
         return env
 
@@ -115,7 +129,7 @@ checkpoint: {{ uri: "file://{root / 'ckpt'}" }}
     def start_daemon_with(self, env: Dict[str, str], *arguments: str) -> subprocess.Popen:
         """Starts `sluice daemon ARGUMENTS` with `env`, on the job's ring directory."""
         daemon = subprocess.Popen(
-            [str(self.sluice_bin), "daemon", *arguments, "--ring-dir", str(self.rings), "--ring-size", str(8 << 20)],
+            [str(self.sluice_bin), "daemon", *arguments, "--ring-dir", str(self.rings), "--ring-size", str(self.ring_size)],
             env=env,
         )
         self.processes.append(daemon)
@@ -151,8 +165,16 @@ checkpoint: {{ uri: "file://{root / 'ckpt'}" }}
 def make_job(sluice_bin, tmp_path):
     jobs: List[Job] = []
 
-    def make(name: str, rows: int = 6000, task_rows: int = 1000, batch_size: int = 250) -> Job:
-        job = Job(sluice_bin, tmp_path, name, rows, task_rows, batch_size)
+    def make(
+        name: str,
+        rows: int = 6000,
+        task_rows: int = 1000,
+        batch_size: int = 250,
+        epochs: int = 1,
+        ring_size: int = 8 << 20,
+        world_size: int = 1,
+    ) -> Job:
+        job = Job(sluice_bin, tmp_path, name, rows, task_rows, batch_size, epochs, ring_size, world_size)
         jobs.append(job)
         return job
 
@@ -169,9 +191,12 @@ def wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def run_python(script: str, env: Dict[str, str], timeout_s: float = WATCHDOG_S) -> subprocess.Popen:
-    """Starts ``script`` in a new Python interpreter (a trainer process)."""
-    return subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_python(script: str, env: Dict[str, str], *arguments: str) -> subprocess.Popen:
+    """Starts ``script`` in a new Python interpreter (a trainer process), with ``arguments`` as its
+    ``sys.argv[1:]``."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *arguments], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def write_tls_files(directory: pathlib.Path) -> Dict[str, pathlib.Path]:

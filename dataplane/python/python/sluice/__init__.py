@@ -33,6 +33,10 @@ before reading: a trainer the AM launched again after a crash does so, and the A
 trainer of the job from that checkpoint (each one then loads it again, and reads on from there).
 A job started again from the token (``sluice run JOB --resume-from TOKEN``) stands at the checkpoint
 already, and its trainers read on at once.
+
+``Reader.state_dict()`` commits at once, every rank waiting for the others. ``sluice.torch.Dataset``,
+whose loaders may ask for the state at every step, notes the position without calling the AM and
+commits it when the state is pickled (see :mod:`sluice.torch`).
 """
 
 from __future__ import annotations
@@ -67,6 +71,51 @@ def _env_int(name: str, explicit: Optional[int]) -> int:
         return int(value)
     except ValueError:
         raise SluiceError(f"{name}={value!r}: expected an integer; the AM sets it for the trainers it launches") from None
+
+
+class _TaskRows:
+    """Per task of an epoch, the split row up to which its batches were handed out.
+
+    A task's rows come in order on one ring, so the row only grows. The tasks changed lately sit in a
+    small dict beside the others, which are folded into a dict never changed once made: a snapshot
+    shares that one and copies the few recent ones, so taking it costs the same however many tasks
+    the epoch has.
+    """
+
+    __slots__ = ("_folded", "_recent")
+
+    # Recent tasks folded at once: a fold copies every task of the epoch, once per this many.
+    _FOLD_AT = 64
+
+    def __init__(self) -> None:
+        self._folded: Dict[int, int] = {}
+        self._recent: Dict[int, int] = {}
+
+    def advance(self, task_id: int, end_row: int) -> None:
+        known = self._recent.get(task_id, self._folded.get(task_id, 0))
+        if end_row <= known:
+            return
+        self._recent[task_id] = end_row
+        if len(self._recent) >= self._FOLD_AT:
+            self._folded = {**self._folded, **self._recent}
+            self._recent = {}
+
+    def snapshot(self) -> "_RowsSnapshot":
+        return _RowsSnapshot(self._folded, dict(self._recent))
+
+
+class _RowsSnapshot:
+    """What a :class:`_TaskRows` held when it was taken: the folded dict, shared, and a copy of the
+    recent one."""
+
+    __slots__ = ("_folded", "_recent")
+
+    def __init__(self, folded: Dict[int, int], recent: Dict[int, int]) -> None:
+        self._folded = folded
+        self._recent = recent
+
+    def positions(self) -> Dict[int, int]:
+        return {**self._folded, **self._recent}
 
 
 class Lease:
@@ -167,6 +216,9 @@ class Reader:
         self._finished = False
         self._epoch_over = False
         self._token: Optional[str] = None
+        # The epoch and per-task rows of every batch handed out, released or not.
+        self._yielded_epoch = 0
+        self._yielded_rows = _TaskRows()
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -184,11 +236,21 @@ class Reader:
 
     def __next__(self) -> pa.RecordBatch:
         self._release_current()
+        batch = self._next_batch(wait=True)
+        assert batch is not None, "a read that waits returns a batch or stops"
+        return batch
+
+    def _next_batch(self, wait: bool) -> Optional[pa.RecordBatch]:
+        """The next batch, held as the current one; raises StopIteration at the end of the epoch or of
+        the data. Without ``wait``, returns None instead of waiting when the daemon has published
+        no record, and never learns then that the daemon closed the ring."""
         if self._finished or self._epoch_over:
             raise StopIteration
         while True:
-            item = self._native.next()
+            item = self._native.next() if wait else self._native.try_next()
             if item is None:
+                if not wait:
+                    return None
                 self._finished = True
                 raise StopIteration
             record, kind, position, task_id, end_row, address, size = item
@@ -200,6 +262,7 @@ class Reader:
                 buffer = pa.foreign_buffer(address, size, base=record)
                 batch = pa.ipc.read_record_batch(pa.ipc.read_message(buffer), self._schema)
                 self._unreleased.append((position, task_id, end_row))
+                self._yielded_rows.advance(task_id, end_row)
                 self._current = record
                 self._current_batch = batch
                 self._batches += 1
@@ -210,6 +273,8 @@ class Reader:
             elif kind == "end_of_epoch":
                 self._unreleased.append((position, None, 0))
                 record.release()
+                self._yielded_epoch += 1
+                self._yielded_rows = _TaskRows()
                 self._epoch_over = True
                 raise StopIteration
             else:
@@ -312,23 +377,12 @@ class Reader:
         rank must commit the same step, and the call waits up to ``checkpoint_timeout_s`` for the
         others. The returned dict holds the token, the step, the epoch and this rank's positions.
         """
-        if not self._am:
-            raise SluiceError("state_dict() needs the AM's address: set SLUICE_AM (the AM sets it for its trainers) or pass Reader(am=ADDRESS)")
+        self._require_am("state_dict()")
         self._release_current()
         self._advance_positions()
         step = self.step if step is None else int(step)
-        positions = sorted(self._positions.items())
-        token = commit_data_checkpoint(
-            self._am,
-            self._auth_token,
-            step,
-            self.rank,
-            self.world_size,
-            self._epoch,
-            positions,
-            self._checkpoint_timeout_s,
-        )
-        self._token = token
+        positions = dict(self._positions)
+        token = self._commit(step, self._epoch, positions)
         return {
             "version": _STATE_VERSION,
             "token": token,
@@ -336,8 +390,29 @@ class Reader:
             "epoch": self._epoch,
             "rank": self.rank,
             "world_size": self.world_size,
-            "positions": {int(task): int(end) for task, end in positions},
+            "positions": {int(task): int(end) for task, end in sorted(positions.items())},
         }
+
+    def _require_am(self, what: str) -> None:
+        if not self._am:
+            raise SluiceError(f"{what} needs the AM's address: set SLUICE_AM (the AM sets it for its trainers) or pass Reader(am=ADDRESS)")
+
+    def _commit(self, step: int, epoch: int, positions: Dict[int, int]) -> str:
+        """Commits this rank's ``positions`` of ``epoch`` at ``step`` to the AM, waiting for the other
+        ranks of the step; returns the checkpoint's token."""
+        self._require_am("a data checkpoint")
+        token = commit_data_checkpoint(
+            self._am,
+            self._auth_token,
+            step,
+            self.rank,
+            self.world_size,
+            epoch,
+            sorted(positions.items()),
+            self._checkpoint_timeout_s,
+        )
+        self._token = token
+        return token
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continues from a checkpoint that ``state_dict()`` returned; must come before the first
@@ -388,3 +463,5 @@ class Reader:
         self._step_offset = int(state["step"])
         self._epoch = int(state["epoch"])
         self._positions = {}
+        self._yielded_epoch = self._epoch
+        self._yielded_rows = _TaskRows()
