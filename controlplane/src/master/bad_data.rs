@@ -76,8 +76,8 @@ impl From<BadDataLog> for Vec<(SkipKey, BadRange)> {
     }
 }
 
-/// How many skips status lists.
-const LISTED: usize = 100;
+/// How many skips status lists, and how many of the files left out of the plan.
+pub(super) const LISTED: usize = 100;
 
 impl BadDataLog {
     /// Whether the skip at `key` is already recorded.

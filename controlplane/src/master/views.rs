@@ -5,7 +5,7 @@
 //! state made for the wire and nothing else reads it, so a domain copy would only repeat the
 //! message field by field (see [`super::calls`]).
 
-use super::Master;
+use super::{Master, bad_data};
 use crate::launcher::{ExecutorId, ExecutorState, Executors};
 use crate::spec::LauncherKind;
 use crate::wire;
@@ -60,6 +60,7 @@ impl Master {
                 .plan
                 .left_out
                 .iter()
+                .take(bad_data::LISTED)
                 .map(|file| v1::BadData {
                     epoch: 0,
                     uri: file.uri.clone(),
