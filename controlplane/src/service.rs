@@ -393,9 +393,23 @@ impl Am {
     ) -> Result<v1::RestoreDataCheckpointReply, AmError> {
         let position = self.checkpoints.get(token).await?;
         let token = token.to_owned();
-        let restored = self
+        let mut restored = self
             .apply(|master| reset(master, token, position, self.now_ms()))
             .await?;
+        if self
+            .master()
+            .spec()
+            .checkpoint
+            .as_ref()
+            .is_some_and(|checkpoint| checkpoint.keep.is_some())
+        {
+            for old in std::mem::take(&mut restored.forgotten) {
+                // As a pruned checkpoint: one left behind costs only space.
+                if let Err(error) = self.checkpoints.delete(&old).await {
+                    tracing::warn!(token = old, %error, "deleting a data checkpoint the restore left behind failed");
+                }
+            }
+        }
         Ok(wire::restore_reply(restored))
     }
 

@@ -163,7 +163,7 @@ pub enum RestoreEffect {
 }
 
 /// The master's answer to a restore.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Restored {
     /// The step the checkpoint was committed at (0 when this AM did not store it).
     pub step: u64,
@@ -171,4 +171,7 @@ pub struct Restored {
     pub epoch: u32,
     /// What the restore does beyond the task table.
     pub effect: RestoreEffect,
+    /// The stored checkpoints of steps after this one, which belong to the run the restore left:
+    /// the job forgets their steps, and under `checkpoint.keep` their objects are deleted.
+    pub forgotten: Vec<String>,
 }

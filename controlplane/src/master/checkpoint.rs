@@ -333,15 +333,29 @@ pub(super) struct ResetTo {
 }
 
 impl CheckpointEvent for ResetTo {
-    type Action = ();
+    /// The tokens of the stored checkpoints the reset forgot.
+    type Action = Vec<String>;
 
-    fn apply(self, state: &mut Checkpoints) {
+    fn apply(self, state: &mut Checkpoints) -> Vec<String> {
         state.pending.clear();
+        // The steps stored after the checkpoint reset to belong to the run it left: the trainers
+        // count their steps again from the checkpoint's, and a step they commit anew is a new
+        // position, never the token of the old one. Those steps are forgotten (all of them but the
+        // checkpoint's own when this AM did not store it).
+        let from = state.step_of(&self.token);
+        let (kept, forgotten) =
+            std::mem::take(&mut state.stored)
+                .into_iter()
+                .partition(|(step, stored)| {
+                    *stored == self.token || from.is_some_and(|from| *step <= from)
+                });
+        state.stored = kept;
         state.restored = Some(RestoredAt {
             token: self.token,
             rows_consumed: self.rows_consumed,
         });
         state.floor = Some(self.floor);
+        forgotten.into_values().collect()
     }
 }
 
@@ -681,6 +695,7 @@ impl Master {
             step: self.checkpoints.step_of(&token).unwrap_or(0),
             epoch: position.epoch,
             effect: self.restore_effect(),
+            forgotten: Vec::new(),
         };
         let event = RestoreAsked {
             token: token.clone(),
@@ -697,7 +712,8 @@ impl Master {
                 })
             }
             RestoreAction::Reset => {
-                self.apply_restore(token.clone(), position.clone(), now_ms, None)?;
+                reply.forgotten =
+                    self.apply_restore(token.clone(), position.clone(), now_ms, None)?;
                 tracing::info!(%token, step = reply.step, "job reset to a data checkpoint: the trainers restart");
                 Ok(Applied {
                     reply,
@@ -725,12 +741,13 @@ impl Master {
         if role_sizes == self.role_sizes {
             return self.restore(token, position, now_ms);
         }
-        let reply = Restored {
+        let mut reply = Restored {
             step: self.checkpoints.step_of(&token).unwrap_or(0),
             epoch: position.epoch,
             effect: self.restore_effect(),
+            forgotten: Vec::new(),
         };
-        self.apply_restore(
+        reply.forgotten = self.apply_restore(
             token.clone(),
             position.clone(),
             now_ms,
@@ -765,7 +782,7 @@ impl Master {
         position: DataPosition,
         now_ms: u64,
         role_sizes: Option<Vec<u32>>,
-    ) -> Result<()> {
+    ) -> Result<Vec<String>> {
         self.latest_ms = self.latest_ms.max(now_ms);
         self.reset_to(position, now_ms)?;
         // The rings the nodes hold are ranked over the sizes they were opened for.
@@ -803,8 +820,7 @@ impl Master {
             rows_consumed: self.rows_consumed_total(),
             floor,
         };
-        decide(&mut self.checkpoints, event);
-        Ok(())
+        Ok(decide(&mut self.checkpoints, event))
     }
 
     /// Resets the task table to `position`. The executors that ended for good are launched again,
@@ -960,6 +976,48 @@ mod tests {
             all.dedup();
             prop_assert_eq!(all.len(), steps.len(), "every stored checkpoint is kept or forgotten, once");
         }
+    }
+
+    #[test]
+    fn after_a_reset_a_step_stored_past_the_checkpoint_is_committed_anew() {
+        let mut sut = Checkpoints::default();
+        for step in [1, 2, 3] {
+            decide(
+                &mut sut,
+                Stored {
+                    step,
+                    token: format!("t{step}"),
+                    keep: None,
+                },
+            );
+        }
+        decide(
+            &mut sut,
+            ResetTo {
+                token: "t2".into(),
+                rows_consumed: 0,
+                floor: ConsumedFloor::new(0, 0, std::iter::empty(), |_| 0),
+            },
+        );
+        assert_eq!(
+            decide(&mut sut, report(2, 0, 1)).expect("a report"),
+            ReportAction::AlreadyStored("t2".into()),
+            "the checkpoint reset to, and those before it, stay"
+        );
+        assert_eq!(
+            decide(&mut sut, report(3, 0, 1)).expect("a report"),
+            ReportAction::Complete { epoch: 0 },
+            "step 3 of the run that left is forgotten"
+        );
+        decide(
+            &mut sut,
+            ResetTo {
+                token: "from-another-run".into(),
+                rows_consumed: 0,
+                floor: ConsumedFloor::new(0, 0, std::iter::empty(), |_| 0),
+            },
+        );
+        assert!(sut.stored.is_empty(), "{:?}", sut.stored);
     }
 
     #[test]

@@ -260,17 +260,22 @@ impl Master {
                 // The checkpoints it pruned were deleted, or are left, by the AM that wrote it.
                 self.checkpoint_stored(step, token);
             }
+            // The checkpoints a restore forgot were deleted, or are left, by the AM that wrote it.
             Entry::Restored {
                 token,
                 position,
                 now_ms,
-            } => self.apply_restore(token, position, now_ms, None)?,
+            } => {
+                self.apply_restore(token, position, now_ms, None)?;
+            }
             Entry::ResumedFrom {
                 token,
                 position,
                 now_ms,
                 role_sizes,
-            } => self.apply_restore(token, position, now_ms, Some(role_sizes))?,
+            } => {
+                self.apply_restore(token, position, now_ms, Some(role_sizes))?;
+            }
             Entry::RoleScaled { role, num } => {
                 let index = self
                     .spec
