@@ -43,11 +43,6 @@ use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 use tonic::{Request, Response, Status};
 
-/// How the master resets to a stored data checkpoint: [`Master::restore`] or
-/// [`Master::resume_from`], given the token, the stored position and the time.
-type ResetToCheckpoint =
-    fn(&mut Master, String, DataPosition, u64) -> Result<Applied<Restored>, AmError>;
-
 /// How long a trainer a scale stops has, from its SIGTERM, to finish the batch it holds and exit
 /// before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -353,7 +348,11 @@ impl Am {
             }),
             CommitOutcome::Stored(token) => v1::commit_data_checkpoint_reply::State::Token(token),
             CommitOutcome::Ready(ready) => {
-                self.checkpoints.put(&ready.token, &ready.position).await?;
+                if let Err(error) = self.checkpoints.put(&ready.token, &ready.position).await {
+                    // The ranks waiting for the token complete the step again when they ask.
+                    self.master().checkpoint_store_failed(ready.step);
+                    return Err(error);
+                }
                 let token = ready.token.clone();
                 let pruned = self
                     .apply(|master| Ok(master.checkpoint_stored(ready.step, ready.token)))
@@ -372,8 +371,15 @@ impl Am {
 
     /// Resets the task table to the data checkpoint named `token`. The gRPC service and the JSON
     /// API both call it.
-    pub async fn restore(&self, token: &str) -> Result<v1::RestoreDataCheckpointReply, AmError> {
-        self.reset_to_stored(token, Master::restore).await
+    pub async fn restore(
+        &self,
+        token: &str,
+        rank: Option<u32>,
+    ) -> Result<v1::RestoreDataCheckpointReply, AmError> {
+        self.reset_to_stored(token, |master, token, position, now_ms| {
+            master.restore(token, position, now_ms, rank)
+        })
+        .await
     }
 
     /// Resets the job to the stored data checkpoint `token` as the AM starts, at the role sizes of
@@ -385,11 +391,13 @@ impl Am {
         self.reset_to_stored(token, Master::resume_from).await
     }
 
-    /// Reads the data checkpoint `token` from the store and resets the master to it with `reset`.
+    /// Reads the data checkpoint `token` from the store and resets the master to it with `reset`
+    /// ([`Master::restore`] or [`Master::resume_from`]), given the token, the stored position and
+    /// the time.
     async fn reset_to_stored(
         &self,
         token: &str,
-        reset: ResetToCheckpoint,
+        reset: impl FnOnce(&mut Master, String, DataPosition, u64) -> Result<Applied<Restored>, AmError>,
     ) -> Result<v1::RestoreDataCheckpointReply, AmError> {
         let position = self.checkpoints.get(token).await?;
         let token = token.to_owned();
@@ -719,7 +727,8 @@ impl CheckpointService for AmService {
         &self,
         request: Request<v1::RestoreDataCheckpointRequest>,
     ) -> Result<Response<v1::RestoreDataCheckpointReply>, Status> {
-        let reply = self.am.restore(&request.into_inner().token).await?;
+        let request = request.into_inner();
+        let reply = self.am.restore(&request.token, request.rank).await?;
         Ok(Response::new(reply))
     }
 }

@@ -174,7 +174,7 @@ async fn one_port_serves_grpc_and_the_json_checkpoint_calls() {
         .await
         .expect("the gRPC client connects");
     let refused = unauthenticated
-        .restore_data_checkpoint(v1::RestoreDataCheckpointRequest { token })
+        .restore_data_checkpoint(v1::RestoreDataCheckpointRequest { token, rank: None })
         .await
         .expect_err("a gRPC call without the token is refused");
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);

@@ -7,7 +7,7 @@
 //!   "positions": [{"task_id", "end_row"}]}`, as `CommitDataCheckpoint` does, and answers
 //!   `{"token": ...}` once every rank of the step has reported, `{"pending": {"ranks_reported",
 //!   "world_size"}}` before.
-//! - `POST /api/v1/checkpoints/restore` takes `{"token"}`, as `RestoreDataCheckpoint` does, and
+//! - `POST /api/v1/checkpoints/restore` takes `{"token"}` (and the `rank` asking, for trainers that no AM launched), as `RestoreDataCheckpoint` does, and
 //!   answers `{"step", "epoch", "effect"}`, the effect being `"already_there"`,
 //!   `"trainers_restart"` or `"rings_replaced"`.
 //! - `POST /api/v1/job` takes `{}` and answers `{"job_id", "world_size"}`: a trainer that someone
@@ -110,6 +110,9 @@ enum CommitReply {
 #[derive(Debug, Deserialize)]
 struct RestoreRequest {
     token: String,
+    /// The rank asking, for trainers that no AM launched.
+    #[serde(default)]
+    rank: Option<u32>,
 }
 
 /// The point the task table was reset to, and what the restore does to the trainers.
@@ -165,7 +168,7 @@ async fn restore(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<axum::Json<RestoreReply>, ApiError> {
     let request: RestoreRequest = parse(body, r#"{"token": "..."}"#)?;
-    let reply = am.restore(&request.token).await?;
+    let reply = am.restore(&request.token, request.rank).await?;
     let effect = match reply.effect() {
         v1::RestoreEffect::AlreadyThere => "already_there",
         v1::RestoreEffect::TrainersRestart => "trainers_restart",

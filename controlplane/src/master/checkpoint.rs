@@ -21,7 +21,7 @@ use crate::decide::{
 };
 use crate::error::{AmError, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The data checkpoint the task table was last reset to, and the rows consumed right after.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +54,15 @@ pub(super) struct Checkpoints {
     /// What the checkpoint of `restored` had consumed, while it is known: set by a reset, and by
     /// the service from the stored checkpoint after a snapshot (which does not hold it).
     floor: Option<ConsumedFloor>,
+    /// The ranks that asked for the restore to `restored`, when they said which they are (trainers
+    /// that no AM launched each ask). Kept by this AM alone: what it decides from them changes
+    /// nothing the journal holds, and a new AM without them resets the job as an earlier release
+    /// did.
+    loaded: BTreeSet<u32>,
+    /// The steps whose every rank reported, while the service stores them: a report repeated
+    /// meanwhile waits for the token, instead of completing the step a second time (at a later
+    /// state of the table, so under another token). Kept by this AM alone, as `loaded` is.
+    completing: BTreeSet<u64>,
 }
 
 /// The rows of its epoch a restored data checkpoint had consumed: they are consumed at every later
@@ -227,7 +236,7 @@ impl CheckpointEvent for RankReported {
                 ranks: BTreeMap::new(),
             });
         pending.ranks.insert(rank, positions);
-        if pending.ranks.len() < world_size as usize {
+        if pending.ranks.len() < world_size as usize || !state.completing.insert(step) {
             return Ok(ReportAction::Pending {
                 reported: pending.ranks.len() as u32,
                 world_size,
@@ -255,6 +264,7 @@ impl CheckpointEvent for Stored {
 
     fn apply(self, state: &mut Checkpoints) -> Vec<String> {
         state.pending.remove(&self.step);
+        state.completing.remove(&self.step);
         state.stored.insert(self.step, self.token);
         // The checkpoint the table was reset to stays besides the newest `keep`: what it consumed
         // counts in every later step of its epoch, and an AM that takes the job over reads it.
@@ -289,6 +299,8 @@ pub(super) struct RestoreAsked {
     pub(super) token: String,
     /// The rows the job has consumed in all.
     pub(super) rows_consumed: u64,
+    /// The rank asking, when it says.
+    pub(super) rank: Option<u32>,
 }
 
 /// What the master does after a restore was asked.
@@ -307,17 +319,28 @@ impl CheckpointEvent for RestoreAsked {
         let RestoreAsked {
             token,
             rows_consumed,
+            rank,
         } = self;
-        match &state.restored {
+        // A rank that had not asked yet for the restore the job stands at is one of its ranks
+        // coming late, after others read on: it reads on too. One that asks again started over.
+        let late = |rank: Option<u32>| rank.is_some_and(|rank| !state.loaded.contains(&rank));
+        let action = match &state.restored {
             Some(at) if at.rows_consumed == rows_consumed && at.token != token => {
-                Err(AmError::FailedPrecondition(format!(
+                return Err(AmError::FailedPrecondition(format!(
                     "data checkpoint {token}: the job was restored to data checkpoint {} and no row was consumed since, so the ranks loaded different checkpoints ({} and {token}); load the states that every rank saved at the same step",
                     at.token, at.token
-                )))
+                )));
             }
-            Some(at) if at.rows_consumed == rows_consumed => Ok(RestoreAction::AlreadyThere),
-            _ => Ok(RestoreAction::Reset),
-        }
+            Some(at) if at.token == token && (at.rows_consumed == rows_consumed || late(rank)) => {
+                RestoreAction::AlreadyThere
+            }
+            _ => {
+                state.loaded.clear();
+                RestoreAction::Reset
+            }
+        };
+        state.loaded.extend(rank);
+        Ok(action)
     }
 }
 
@@ -338,6 +361,7 @@ impl CheckpointEvent for ResetTo {
 
     fn apply(self, state: &mut Checkpoints) -> Vec<String> {
         state.pending.clear();
+        state.completing.clear();
         // The steps stored after the checkpoint reset to belong to the run it left: the trainers
         // count their steps again from the checkpoint's, and a step they commit anew is a new
         // position, never the token of the old one. Those steps are forgotten (all of them but the
@@ -368,6 +392,22 @@ impl CheckpointEvent for RanksChanged {
 
     fn apply(self, state: &mut Checkpoints) {
         state.pending.clear();
+        state.completing.clear();
+    }
+}
+
+/// Storing the checkpoint of `step` failed: the next report of the step completes it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StoreFailed {
+    /// The trainer's step.
+    pub(super) step: u64,
+}
+
+impl CheckpointEvent for StoreFailed {
+    type Action = ();
+
+    fn apply(self, state: &mut Checkpoints) {
+        state.completing.remove(&self.step);
     }
 }
 
@@ -379,6 +419,8 @@ impl Checkpoints {
             stored,
             restored,
             floor: None,
+            loaded: BTreeSet::new(),
+            completing: BTreeSet::new(),
         }
     }
 
@@ -660,6 +702,12 @@ impl Master {
         decide(&mut self.checkpoints, report).map(drop)
     }
 
+    /// Storing the checkpoint of `step` that [`Master::commit_checkpoint`] made ready failed: a
+    /// rank that reports the step again completes it again.
+    pub fn checkpoint_store_failed(&mut self, step: u64) {
+        decide(&mut self.checkpoints, StoreFailed { step });
+    }
+
     /// Records that the checkpoint of `step` was stored under `token`, and forgets the oldest
     /// stored checkpoints past `checkpoint.keep`. Returns the tokens forgotten, whose objects the
     /// caller deletes once the entry is durable.
@@ -684,12 +732,16 @@ impl Master {
     /// Resets the task table to a stored data checkpoint and restarts the trainers from there
     /// (see "Restoring a data checkpoint" in the module's documentation). A restore to the
     /// checkpoint the job already stands at, with no row consumed since, changes nothing; one to
-    /// another checkpoint then is refused.
+    /// another checkpoint then is refused. With the `rank` asking, a restore to that checkpoint
+    /// from a rank that had not asked for it yet changes nothing either, whatever was consumed
+    /// since: the ranks of trainers that no AM launched each ask, and the first to ask may have
+    /// read on before the last does.
     pub fn restore(
         &mut self,
         token: String,
         position: DataPosition,
         now_ms: u64,
+        rank: Option<u32>,
     ) -> Result<Applied<Restored>> {
         let mut reply = Restored {
             step: self.checkpoints.step_of(&token).unwrap_or(0),
@@ -700,6 +752,7 @@ impl Master {
         let event = RestoreAsked {
             token: token.clone(),
             rows_consumed: self.rows_consumed_total(),
+            rank,
         };
         match decide(&mut self.checkpoints, event)? {
             RestoreAction::AlreadyThere => {
@@ -739,7 +792,7 @@ impl Master {
     ) -> Result<Applied<Restored>> {
         let role_sizes: Vec<u32> = self.spec.roles.iter().map(|role| role.num).collect();
         if role_sizes == self.role_sizes {
-            return self.restore(token, position, now_ms);
+            return self.restore(token, position, now_ms, None);
         }
         let mut reply = Restored {
             step: self.checkpoints.step_of(&token).unwrap_or(0),
@@ -928,10 +981,14 @@ mod tests {
         ) {
             let mut sut = Checkpoints::default();
             let mut seen = std::collections::BTreeSet::new();
+            let mut completed = false;
             for rank in ranks.into_iter().map(|rank| rank % world_size) {
                 seen.insert(rank);
                 let action = decide(&mut sut, report(7, rank, world_size)).expect("a valid report");
-                if seen.len() == world_size as usize {
+                if seen.len() == world_size as usize && completed {
+                    prop_assert_eq!(action, ReportAction::Pending { reported: world_size, world_size }, "completed once, while it is stored");
+                } else if seen.len() == world_size as usize {
+                    completed = true;
                     prop_assert_eq!(action, ReportAction::Complete { epoch: 0 });
                     let reports = sut.reports(7).expect("the reports stay until stored");
                     prop_assert_eq!(reports.keys().copied().collect::<Vec<_>>(), (0..world_size).collect::<Vec<_>>());
@@ -1094,6 +1151,7 @@ mod tests {
         let asked = |token: &str, rows_consumed| RestoreAsked {
             token: token.into(),
             rows_consumed,
+            rank: None,
         };
         assert_eq!(
             decide(&mut sut, asked("a", 0)).expect("a first restore"),
@@ -1124,6 +1182,46 @@ mod tests {
         assert_eq!(
             decide(&mut sut, asked("b", 41)).expect("after rows were consumed"),
             RestoreAction::Reset
+        );
+    }
+
+    #[test]
+    fn a_rank_asking_late_for_the_restore_the_job_stands_at_reads_on_and_one_asking_again_resets() {
+        let mut sut = Checkpoints::default();
+        let asked = |rows_consumed, rank| RestoreAsked {
+            token: "a".into(),
+            rows_consumed,
+            rank: Some(rank),
+        };
+        let reset_to_a = |sut: &mut Checkpoints, rows_consumed| {
+            decide(
+                sut,
+                ResetTo {
+                    token: "a".into(),
+                    rows_consumed,
+                    floor: ConsumedFloor::new(0, 0, std::iter::empty(), |_| 0),
+                },
+            )
+        };
+        assert_eq!(
+            decide(&mut sut, asked(0, 0)).expect("rank 0"),
+            RestoreAction::Reset
+        );
+        reset_to_a(&mut sut, 10);
+        // Rank 0 read on before rank 1 asked.
+        assert_eq!(
+            decide(&mut sut, asked(25, 1)).expect("rank 1, late"),
+            RestoreAction::AlreadyThere
+        );
+        assert_eq!(
+            decide(&mut sut, asked(30, 0)).expect("rank 0 again"),
+            RestoreAction::Reset,
+            "a rank that asked before started over"
+        );
+        reset_to_a(&mut sut, 30);
+        assert_eq!(
+            decide(&mut sut, asked(31, 1)).expect("rank 1 after the new reset"),
+            RestoreAction::AlreadyThere
         );
     }
 }

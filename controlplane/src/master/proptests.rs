@@ -771,7 +771,7 @@ impl Sim<'_> {
         for id in launched_trainers {
             let applied = self
                 .sut
-                .restore(token.clone(), position.clone(), self.now_ms)
+                .restore(token.clone(), position.clone(), self.now_ms, None)
                 .map_err(|error| {
                     fail(format!(
                         "{id}, relaunched by the restore of {token}, calls restore again: {error}"
@@ -869,10 +869,12 @@ impl Sim<'_> {
             return Ok(());
         }
         let stored = self.stored[usize::from(pick) % self.stored.len()].clone();
-        let Ok(applied) =
-            self.sut
-                .restore(stored.token.clone(), stored.position.clone(), self.now_ms)
-        else {
+        let Ok(applied) = self.sut.restore(
+            stored.token.clone(),
+            stored.position.clone(),
+            self.now_ms,
+            None,
+        ) else {
             return Ok(());
         };
         if applied.entries.is_empty() {

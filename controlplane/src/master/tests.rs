@@ -590,7 +590,7 @@ fn a_data_checkpoint_restores_exactly_the_rows_not_consumed_at_its_step() {
     // afterwards is exactly the rows not consumed at step 5.
     consume(&mut sut, 0, 4, third, third.end - third.start);
     let restored = sut
-        .restore(ready.token.clone(), ready.position.clone(), 10)
+        .restore(ready.token.clone(), ready.position.clone(), 10, None)
         .expect("restore");
     assert_eq!(restored.reply.step, 5);
     assert_eq!(
@@ -665,7 +665,7 @@ fn a_checkpoint_after_a_restore_counts_what_the_restored_one_consumed_at_any_wor
         panic!("both ranks reported");
     };
     sut.checkpoint_stored(5, ready.token.clone());
-    sut.restore(ready.token.clone(), ready.position.clone(), 10)
+    sut.restore(ready.token.clone(), ready.position.clone(), 10, None)
         .expect("restore");
     assert!(has_release(&heartbeat(&mut sut, 0, 11, &[])));
     register(&mut sut, 0, 12);
@@ -1067,7 +1067,7 @@ fn restoring_a_finished_job_launches_its_daemons_and_trainers_again() {
     assert!(sut.executors_to_launch().is_empty());
 
     let applied = sut
-        .restore("unit-step1-0".into(), at_start, 10)
+        .restore("unit-step1-0".into(), at_start, 10, None)
         .expect("restore");
     let mut replayed = launching_master(&mut Vec::new());
     for rank in 0..4 {
@@ -1114,7 +1114,7 @@ fn a_daemon_that_ends_after_its_finished_job_was_restored_is_launched_again() {
     }
     assert_eq!(sut.outcome(), Some(JobPhase::Succeeded));
     let mut journal = sut
-        .restore("unit-step1-0".into(), at_start, 10)
+        .restore("unit-step1-0".into(), at_start, 10, None)
         .expect("restore")
         .entries;
     assert!(
@@ -1333,7 +1333,7 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
     assert_eq!(rows_consumed(&sut), 8);
 
     let restored = sut
-        .restore(token.clone(), checkpoint.clone(), 4)
+        .restore(token.clone(), checkpoint.clone(), 4, None)
         .expect("restore");
     assert_eq!(restored.reply.effect, RestoreEffect::TrainersRestart);
     assert_eq!(restored.entries.len(), 1, "the restore is journaled");
@@ -1389,7 +1389,7 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
             "a trainer launched again after this one ended is not told"
         );
         let again = sut
-            .restore(token.clone(), checkpoint.clone(), 13)
+            .restore(token.clone(), checkpoint.clone(), 13, None)
             .expect("the same checkpoint");
         assert!(again.entries.is_empty(), "rank {rank}: nothing to journal");
         assert_eq!(again.reply.effect, RestoreEffect::AlreadyThere);
@@ -1400,7 +1400,7 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
         "no trainer is stopped again"
     );
     let error = sut
-        .restore("unit-step9-0".into(), checkpoint.clone(), 14)
+        .restore("unit-step9-0".into(), checkpoint.clone(), 14, None)
         .expect_err("another checkpoint");
     let message = error.to_string();
     assert!(
@@ -1421,7 +1421,7 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
         (0..4).map(trainer).collect::<Vec<_>>()
     );
     let again = replayed
-        .restore(token, checkpoint, 16)
+        .restore(token, checkpoint, 16, None)
         .expect("the same checkpoint after a replay");
     assert!(
         again.entries.is_empty(),
@@ -1431,7 +1431,7 @@ fn a_live_restore_stops_the_trainers_takes_the_rings_back_and_relaunches_them() 
     // Once a row is consumed, the same checkpoint restores again.
     consume(&mut sut, 0, 16, resumed, 1);
     let restored = sut
-        .restore("unit-step3-0".into(), sut.table().position(), 17)
+        .restore("unit-step3-0".into(), sut.table().position(), 17, None)
         .expect("restore again");
     assert_eq!(restored.entries.len(), 1);
     assert!(sut.scaling());
@@ -1493,7 +1493,7 @@ fn a_restore_to_a_checkpoint_taken_before_a_node_registered_takes_that_nodes_rin
     consume(&mut sut, 1, 3, &task, 4);
 
     let restored = sut
-        .restore("unit-step1-0".into(), checkpoint, 4)
+        .restore("unit-step1-0".into(), checkpoint, 4, None)
         .expect("restore");
     journal.extend(restored.entries);
     for rank in 0..4 {
@@ -1527,7 +1527,7 @@ fn an_am_taking_a_job_over_mid_restore_carries_on_where_it_stood() {
     let applied = acquire_applied(&mut sut, 1, 1, 2);
     journal.extend(applied.entries);
     let restored = sut
-        .restore("unit-step0-0".into(), checkpoint.clone(), 2)
+        .restore("unit-step0-0".into(), checkpoint.clone(), 2, None)
         .expect("restore");
     journal.extend(restored.entries);
     for rank in 0..2 {
@@ -1541,7 +1541,7 @@ fn an_am_taking_a_job_over_mid_restore_carries_on_where_it_stood() {
         assert!(taken_over.scaling());
         assert_eq!(taken_over.table().in_flight_count(), 0, "the reset table");
         let again = taken_over
-            .restore("unit-step0-0".into(), checkpoint.clone(), 3)
+            .restore("unit-step0-0".into(), checkpoint.clone(), 3, None)
             .expect("a relaunched trainer's call mid-restore");
         assert!(again.entries.is_empty());
         assert_eq!(
@@ -1747,7 +1747,9 @@ fn stored_checkpoints_past_keep_are_pruned_oldest_first_and_replay_prunes_the_sa
     // The checkpoint the job was restored to stays, besides the newest two; the one of a later
     // step belongs to the run the restore left, and is forgotten at once.
     let position = sut.table().position();
-    let restored = sut.restore("d".to_owned(), position, 1).expect("restore");
+    let restored = sut
+        .restore("d".to_owned(), position, 1, None)
+        .expect("restore");
     assert_eq!(restored.reply.forgotten, ["e"]);
     let pruned: Vec<Vec<String>> = [(6, "f"), (7, "g")]
         .into_iter()

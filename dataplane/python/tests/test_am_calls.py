@@ -18,7 +18,7 @@ def test_an_am_that_is_not_there_is_named_with_the_fix():
     with pytest.raises(sluice.SluiceError, match=f"cannot reach the AM at {address}: .*check SLUICE_AM and that the AM runs"):
         commit_data_checkpoint(address, None, 1, 0, 1, 0, [], 5.0)
     with pytest.raises(sluice.SluiceError, match="AM address 'ftp://host:1': expected host:port or an http:// URL; check SLUICE_AM"):
-        restore_data_checkpoint("ftp://host:1", None, "t", 5.0)
+        restore_data_checkpoint("ftp://host:1", None, "t", 0, 5.0)
 
 
 def test_the_am_refuses_a_call_without_its_token_and_answers_one_with_it(make_job):
@@ -31,9 +31,9 @@ def test_the_am_refuses_a_call_without_its_token_and_answers_one_with_it(make_jo
 
     token = commit_data_checkpoint(f"http://{job.am_address}", "s3cret", 1, 0, 1, 0, [], 5.0)
     assert token.startswith("tokened-step1-")
-    assert restore_data_checkpoint(job.am_address, "s3cret", token, 5.0) == "rings_replaced"
+    assert restore_data_checkpoint(job.am_address, "s3cret", token, 0, 5.0) == "rings_replaced"
     with pytest.raises(sluice.SluiceError, match="refused the restore of data checkpoint tokened-step9-0: data checkpoint tokened-step9-0 is not in"):
-        restore_data_checkpoint(job.am_address, "s3cret", "tokened-step9-0", 5.0)
+        restore_data_checkpoint(job.am_address, "s3cret", "tokened-step9-0", 0, 5.0)
 
 
 def test_a_commit_that_other_ranks_never_join_times_out_naming_the_ranks(make_job):

@@ -451,7 +451,7 @@ class Reader:
             if self._ring_replaced():
                 self._reopen_replaced_ring(state["token"])
         elif self._am:
-            effect = restore_data_checkpoint(self._am, self._auth_token, state["token"], self._checkpoint_timeout_s)
+            effect = restore_data_checkpoint(self._am, self._auth_token, state["token"], self.rank, self._checkpoint_timeout_s)
             if effect == "trainers_restart":
                 self._wait_to_be_stopped(state["token"])
             elif effect == "rings_replaced" or self._ring_replaced():

@@ -6,8 +6,8 @@ only the ring:
 
 - ``POST /api/v1/checkpoints/commit`` takes one rank's position at a step and answers
   ``{"token": ...}`` once every rank of the step has reported, ``{"pending": {...}}`` before;
-- ``POST /api/v1/checkpoints/restore`` takes ``{"token": ...}`` and answers ``{"step", "epoch",
-  "effect"}``;
+- ``POST /api/v1/checkpoints/restore`` takes ``{"token": ..., "rank": ...}`` and answers
+  ``{"step", "epoch", "effect"}``;
 - ``POST /api/v1/job`` takes ``{}`` and answers ``{"job_id", "world_size"}``: a trainer that
   someone else launched learns there the job directory its ring is in.
 
@@ -179,14 +179,17 @@ def commit_data_checkpoint(
         connection.close()
 
 
-def restore_data_checkpoint(am: str, token: Optional[str], checkpoint: str, timeout_s: float) -> str:
-    """Asks the AM at ``am`` to restore the data checkpoint named ``checkpoint``, within
-    ``timeout_s``; returns what the restore does: ``"already_there"`` (read on),
+def restore_data_checkpoint(am: str, token: Optional[str], checkpoint: str, rank: int, timeout_s: float) -> str:
+    """Asks the AM at ``am``, as rank ``rank``, to restore the data checkpoint named ``checkpoint``,
+    within ``timeout_s``; returns what the restore does: ``"already_there"`` (read on),
     ``"trainers_restart"`` (the AM stops this trainer and launches it again) or ``"rings_replaced"``
-    (read the ring once the daemon has created it anew)."""
+    (read the ring once the daemon has created it anew). A rank that asks for the checkpoint the
+    job was restored to, after other ranks asked and read on, reads on from there too."""
     connection = _AmConnection(am, token, timeout_s)
     try:
-        reply = connection.call(RESTORE_PATH, {"token": checkpoint}, f"the restore of data checkpoint {checkpoint}")
+        reply = connection.call(
+            RESTORE_PATH, {"token": checkpoint, "rank": rank}, f"the restore of data checkpoint {checkpoint}"
+        )
     finally:
         connection.close()
     effect = reply.get("effect")
