@@ -89,7 +89,8 @@ impl BadDataLog {
     /// the epoch of `key` so far.
     pub fn record(&mut self, key: SkipKey, range: BadRange) -> u64 {
         if self.known.insert(key) {
-            *self.rows_per_epoch.entry(key.epoch).or_default() += range.row_count;
+            let rows = self.rows_per_epoch.entry(key.epoch).or_default();
+            *rows = rows.saturating_add(range.row_count);
             self.skips.push((key, range));
         }
         self.rows_per_epoch.get(&key.epoch).copied().unwrap_or(0)
@@ -97,7 +98,9 @@ impl BadDataLog {
 
     /// The rows skipped in every epoch.
     pub fn rows(&self) -> u64 {
-        self.rows_per_epoch.values().sum()
+        self.rows_per_epoch
+            .values()
+            .fold(0, |total, rows| total.saturating_add(*rows))
     }
 
     /// The number of skips in every epoch.

@@ -890,8 +890,8 @@ impl Master {
         }
     }
 
-    /// Records the skips a daemon reports that are new, and fails the job when its epoch's skipped
-    /// rows pass `data.max_bad_fraction` of the epoch's rows. A skip of a task of another epoch
+    /// Records the skips a daemon reports that are new (and lie in their tasks' splits), and fails
+    /// the job when its epoch's skipped rows pass `data.max_bad_fraction` of the epoch's rows. A skip of a task of another epoch
     /// than the current one was recorded when it was reported first, in the same heartbeat as the
     /// task's last counts.
     fn bad_data_reported(&mut self, reported: Vec<(TaskId, BadRange)>) -> Vec<Entry> {
@@ -910,6 +910,27 @@ impl Master {
             let Some(span) = span else {
                 continue;
             };
+            // The rows of a skip lie in the task's split: a report of others is refused, not
+            // counted.
+            let split_rows = self
+                .plan
+                .splits
+                .get(span.split as usize)
+                .map_or(0, |split| split.row_count);
+            if range
+                .first_row
+                .checked_add(range.row_count)
+                .is_none_or(|end| range.row_count == 0 || end > split_rows)
+            {
+                tracing::warn!(
+                    task = task.0,
+                    first_row = range.first_row,
+                    rows = range.row_count,
+                    split_rows,
+                    "a skip reported outside its task's split is refused"
+                );
+                continue;
+            }
             let key = SkipKey {
                 epoch,
                 split: span.split,

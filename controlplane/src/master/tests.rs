@@ -1867,8 +1867,21 @@ fn skipped_bad_data_is_counted_once_kept_across_takeover_and_fails_the_job_past_
     assert_eq!(decoded.core, sut.snapshot().core);
     assert_eq!(decoded.bad_data, BadDataLog::default());
 
+    // A skip outside its task's split is refused, whatever its rows.
+    for (first_row, row_count) in [(u64::MAX, 2), (0, u64::MAX), (task.start, 0), (1_000, 1)] {
+        let applied = heartbeat_with_skip(&mut sut, 0, 300, task, first_row, row_count);
+        assert!(
+            !applied
+                .entries
+                .iter()
+                .any(|entry| matches!(entry, Entry::BadDataSkipped { .. })),
+            "[{first_row}, +{row_count}) is refused"
+        );
+    }
+    assert_eq!(sut.status(300).bad_rows, 3);
+
     // Six more rows make nine of the 40, past the budget of 8: the job fails, naming the last skip.
-    let applied = heartbeat_with_skip(&mut sut, 0, 400, &tasks[1], tasks[1].start, 6);
+    let applied = heartbeat_with_skip(&mut sut, 0, 400, &tasks[1], 0, 6);
     assert!(
         applied
             .entries
