@@ -966,7 +966,7 @@ impl Master {
         let place = range.place();
         let cause = range.cause.clone();
         let skipped = self.bad_data.record(key, range);
-        let epoch_rows = self.plan.split_rows().iter().sum::<u64>();
+        let epoch_rows = self.table.epoch_rows();
         (skipped as f64 > policy.max_fraction * epoch_rows as f64).then(|| {
             format!(
                 "epoch {}: {skipped} rows skipped as bad data, {:.2}% of the epoch's {epoch_rows}, pass data.max_bad_fraction ({}); the last: {place}: {cause}",
