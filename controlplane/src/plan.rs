@@ -6,9 +6,11 @@
 
 use crate::error::{AmError, Result};
 use crate::spec::{BadDataPolicy, JobSpec, SourceFormat, SourceSpec};
+use arrow::datatypes::{Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 use sluice_formats::{
-    Dataset, DeltaSplitInfo, FormatKind, ObjectIdentity, OpenOptions, Split, SplitBytes,
+    Dataset, DeltaSplitInfo, Expr, FormatKind, ObjectIdentity, OpenOptions, ReadOptions, Split,
+    SplitBytes,
 };
 
 /// One data file of a job, with what is needed to read its rows exactly.
@@ -97,44 +99,40 @@ impl JobPlan {
     pub async fn build(spec: &JobSpec) -> Result<JobPlan> {
         let mut plan = JobPlan::default();
         for (index, source) in spec.data.sources.iter().enumerate() {
-            let source_error = |error| AmError::Source {
-                uri: source.uri.clone(),
-                source: error,
-            };
-            let bad_data = spec.data.bad_data;
-            let dataset = Dataset::open(&source.uri, &open_options(source, bad_data.policy))
-                .await
-                .map_err(source_error)?;
-            let (splits, left_out) = dataset
-                .plan_leaving_out(spec.data.task_rows)
-                .await
-                .map_err(source_error)?;
-            let files_before = plan.files.len();
-            plan.extend(index as u32, splits);
-            plan.versions.push(dataset.delta_version());
-            if let Some(first) = left_out.first() {
-                let files = plan.files.len() - files_before + left_out.len();
-                if left_out.len() as f64 > bad_data.max_fraction * files as f64 {
-                    return Err(AmError::FailedPrecondition(format!(
-                        "source {}: {} of its {files} files do not decode, past data.max_bad_fraction ({}); the first: {}: {}",
-                        source.uri,
-                        left_out.len(),
-                        bad_data.max_fraction,
-                        first.uri,
-                        first.cause
-                    )));
-                }
-            }
-            for file in left_out {
-                tracing::warn!(uri = %file.uri, cause = %file.cause, "file left out of the plan: it does not decode (data.on_bad_data)");
-                plan.left_out.push(LeftOutFile {
-                    source: index as u32,
-                    uri: file.uri,
-                    cause: file.cause,
-                });
-            }
+            let (block, _) = plan_source(spec, index as u32, source).await?;
+            plan.append(&block);
+            plan.versions.extend(block.versions);
+            plan.left_out.extend(block.left_out);
         }
         Ok(plan)
+    }
+
+    /// Plans `source`, to be added to the running job of `spec` (`sluice source add`): its files
+    /// and splits counted from 0, as [`JobPlan::append`] takes them, and the Delta version it was
+    /// planned at. Refused when its columns, after projection, are not those of the job's first
+    /// source (names and types, in order): every ring of the job carries one schema.
+    pub async fn for_added_source(
+        spec: &JobSpec,
+        index: u32,
+        source: &SourceSpec,
+    ) -> Result<(JobPlan, Option<u64>)> {
+        let first = spec.data.sources.first().ok_or_else(|| {
+            AmError::FailedPrecondition("the job has no source to match".to_owned())
+        })?;
+        let expected = output_schema(spec, first).await?;
+        let (block, dataset) = plan_source(spec, index, source).await?;
+        let found = dataset
+            .output_schema(&read_options(spec, source)?)
+            .map_err(|error| source_error(source, error))?;
+        if let Some(difference) = schema_difference(&expected, &found) {
+            return Err(AmError::InvalidRequest(format!(
+                "source {} does not fit the job: {difference}; the job's first source, {}, gives {}. Choose its columns with `columns`, or add a source of the same schema",
+                source.uri,
+                first.uri,
+                describe_fields(&expected)
+            )));
+        }
+        Ok((block, dataset.delta_version()))
     }
 
     /// A plan of `splits` alone, of source `source`: the files and splits a followed source
@@ -236,6 +234,126 @@ impl JobPlan {
     pub fn split_rows(&self) -> Vec<u64> {
         self.splits.iter().map(|split| split.row_count).collect()
     }
+}
+
+/// Opens `source`, the `index`th of the job of `spec`, and plans it: its files and splits counted
+/// from 0, its Delta version, the files left out because they do not decode (refused past
+/// `data.max_bad_fraction`); with the dataset it opened.
+async fn plan_source(
+    spec: &JobSpec,
+    index: u32,
+    source: &SourceSpec,
+) -> Result<(JobPlan, Dataset)> {
+    let bad_data = spec.data.bad_data;
+    let dataset = Dataset::open(&source.uri, &open_options(source, bad_data.policy))
+        .await
+        .map_err(|error| source_error(source, error))?;
+    let (splits, left_out) = dataset
+        .plan_leaving_out(spec.data.task_rows)
+        .await
+        .map_err(|error| source_error(source, error))?;
+    let mut block = JobPlan::of_splits(index, splits);
+    block.versions.push(dataset.delta_version());
+    if let Some(first) = left_out.first() {
+        let files = block.files.len() + left_out.len();
+        if left_out.len() as f64 > bad_data.max_fraction * files as f64 {
+            return Err(AmError::FailedPrecondition(format!(
+                "source {}: {} of its {files} files do not decode, past data.max_bad_fraction ({}); the first: {}: {}",
+                source.uri,
+                left_out.len(),
+                bad_data.max_fraction,
+                first.uri,
+                first.cause
+            )));
+        }
+    }
+    for file in left_out {
+        tracing::warn!(uri = %file.uri, cause = %file.cause, "file left out of the plan: it does not decode (data.on_bad_data)");
+        block.left_out.push(LeftOutFile {
+            source: index,
+            uri: file.uri,
+            cause: file.cause,
+        });
+    }
+    Ok((block, dataset))
+}
+
+/// How the daemons read `source`'s batches: its columns and filter.
+fn read_options(spec: &JobSpec, source: &SourceSpec) -> Result<ReadOptions> {
+    let filter = source
+        .filter
+        .as_deref()
+        .map(Expr::parse)
+        .transpose()
+        .map_err(|error| source_error(source, error))?;
+    Ok(ReadOptions {
+        columns: source.columns.clone(),
+        filter,
+        batch_rows: spec.data.batch_size.max(1) as usize,
+    })
+}
+
+/// The schema of the batches `source` gives, before the transforms.
+async fn output_schema(spec: &JobSpec, source: &SourceSpec) -> Result<SchemaRef> {
+    let dataset = Dataset::open(
+        &source.uri,
+        &open_options(source, spec.data.bad_data.policy),
+    )
+    .await
+    .map_err(|error| source_error(source, error))?;
+    dataset
+        .output_schema(&read_options(spec, source)?)
+        .map_err(|error| source_error(source, error))
+}
+
+/// A formats error of `source`.
+fn source_error(source: &SourceSpec, error: sluice_formats::FormatError) -> AmError {
+    AmError::Source {
+        uri: source.uri.clone(),
+        source: error,
+    }
+}
+
+/// How `found` differs from `expected` in its fields' names and types, in order, if it does.
+fn schema_difference(expected: &Schema, found: &Schema) -> Option<String> {
+    for (position, (want, got)) in expected.fields().iter().zip(found.fields()).enumerate() {
+        if want.name() != got.name() {
+            return Some(format!(
+                "its column {position} is `{}`, where the job has `{}`",
+                got.name(),
+                want.name()
+            ));
+        }
+        if want.data_type() != got.data_type() {
+            return Some(format!(
+                "its column `{}` is {}, where the job has {}",
+                got.name(),
+                got.data_type(),
+                want.data_type()
+            ));
+        }
+    }
+    match found.fields().len().cmp(&expected.fields().len()) {
+        std::cmp::Ordering::Equal => None,
+        std::cmp::Ordering::Less => Some(format!(
+            "it lacks the column `{}`",
+            expected.field(found.fields().len()).name()
+        )),
+        std::cmp::Ordering::Greater => Some(format!(
+            "it has the column `{}`, which the job does not",
+            found.field(expected.fields().len()).name()
+        )),
+    }
+}
+
+/// Fields as `name: type, ...`.
+fn describe_fields(schema: &Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|field| format!("{}: {}", field.name(), field.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// How the formats layer opens a source of the spec.

@@ -28,9 +28,10 @@ use crate::launcher::{
     ExecutorEvent, ExecutorId, ExecutorState, Exit, LaunchAction, LaunchSpec, Launcher,
 };
 use crate::master::calls::{JobPhase, RankCommit, Restored};
-use crate::master::{Applied, CommitOutcome, Master, Placement};
+use crate::master::{Applied, CommitOutcome, Master, Placement, SourceAdded};
 use crate::persist::{Durable, Persist, all_durable};
-use crate::spec::{HangAction, JobSpec};
+use crate::plan::JobPlan;
+use crate::spec::{HangAction, JobSpec, SourceSpec};
 use crate::wire;
 use sluice_proto::v1;
 use sluice_proto::v1::checkpoint_service_server::CheckpointService;
@@ -216,7 +217,7 @@ impl Am {
         let early = master.answers_before_durable(before, &applied.reply, keeps_finished);
         let durable = self.persist.append(&applied.entries, &master);
         let reply = v1::HeartbeatReply {
-            commands: wire::commands(master.plan(), applied.reply),
+            commands: wire::commands(master.plan(), master.added_sources(), applied.reply),
             journal: self.journal_mark(),
         };
         (reply, (!early).then_some(durable))
@@ -367,6 +368,37 @@ impl Am {
             }
         };
         Ok(v1::CommitDataCheckpointReply { state: Some(state) })
+    }
+
+    /// Adds the source `text` describes (one entry of `data.sources`) to the running job: parsed
+    /// and planned with the master unlocked, then journaled through the master.
+    pub async fn add_source(&self, text: String) -> Result<SourceAdded, AmError> {
+        self.check_journal()?;
+        let (spec, index) = {
+            let master = self.master();
+            (master.spec().clone(), master.next_source_index())
+        };
+        let source = SourceSpec::parse_added(&text, index as usize)?;
+        let (block, version) = plan_added_source(spec, index, source.clone())
+            .await
+            .map_err(|error| match error {
+                // The caller's source, not the AM, is what cannot be read.
+                AmError::Source { .. } => AmError::InvalidRequest(error.to_string()),
+                error => error,
+            })?;
+        let uri = source.uri.clone();
+        let added = self
+            .apply(|master| master.add_source(text, source, version, block))
+            .await?;
+        tracing::info!(
+            %uri,
+            index = added.index,
+            files = added.files,
+            rows = added.rows,
+            epoch = added.epoch,
+            "source added to the running job"
+        );
+        Ok(added)
     }
 
     /// Resets the task table to the data checkpoint named `token`. The gRPC service and the JSON
@@ -661,7 +693,7 @@ impl DaemonService for AmService {
             .apply(|master| {
                 let applied = master.acquire(node, request.max_tasks, self.am.now_ms());
                 Ok(applied.map(|commands| v1::AcquireTasksReply {
-                    commands: wire::commands(master.plan(), commands),
+                    commands: wire::commands(master.plan(), master.added_sources(), commands),
                     journal: None,
                 }))
             })
@@ -683,7 +715,7 @@ impl DaemonService for AmService {
             .apply(|master| {
                 let applied = master.report(report, self.am.now_ms());
                 Ok(applied.map(|commands| v1::ReportTaskReply {
-                    commands: wire::commands(master.plan(), commands),
+                    commands: wire::commands(master.plan(), master.added_sources(), commands),
                 }))
             })
             .await?;
@@ -702,7 +734,7 @@ impl DaemonService for AmService {
             .apply(|master| {
                 let applied = master.ack_stop(node, task, request.stop_row, self.am.now_ms());
                 Ok(applied.map(|commands| v1::AckStopReply {
-                    commands: wire::commands(master.plan(), commands),
+                    commands: wire::commands(master.plan(), master.added_sources(), commands),
                 }))
             })
             .await?;
@@ -764,6 +796,46 @@ impl ControlService for AmService {
             state: v1::JobState::from(state) as i32,
         }))
     }
+
+    async fn add_source(
+        &self,
+        request: Request<v1::AddSourceRequest>,
+    ) -> Result<Response<v1::AddSourceReply>, Status> {
+        let added = self.am.add_source(request.into_inner().source).await?;
+        Ok(Response::new(wire::source_added(added)))
+    }
+}
+
+/// Plans a source to add to the running job on a thread and runtime of its own, as the follower
+/// plans what it finds: listing a large source or reading its footers never holds up the AM's
+/// gRPC workers.
+async fn plan_added_source(
+    spec: JobSpec,
+    index: u32,
+    source: SourceSpec,
+) -> Result<(JobPlan, Option<u64>), AmError> {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    let thread_error = |error: std::io::Error| {
+        AmError::FailedPrecondition(format!(
+            "starting a thread to plan the source: {error}; try again"
+        ))
+    };
+    std::thread::Builder::new()
+        .name("sluice-add-source".to_owned())
+        .spawn(move || {
+            let planned = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(thread_error)
+                .and_then(|runtime| {
+                    runtime.block_on(JobPlan::for_added_source(&spec, index, &source))
+                });
+            let _ = sender.send(planned);
+        })
+        .map_err(thread_error)?;
+    receiver.await.map_err(|_| {
+        AmError::FailedPrecondition("planning the source stopped; try again".to_owned())
+    })?
 }
 
 /// A fresh shared token for a job: 32 bytes from the kernel's random source, hex-encoded.

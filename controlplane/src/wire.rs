@@ -5,15 +5,16 @@
 
 use crate::decide::{Assignment, NodeId, NodeStatus, Refusal, ReportOutcome, TaskId, TaskProgress};
 use crate::error::{AmError, Result};
-use crate::master::BadRange;
 use crate::master::calls::{
     Heartbeat, JobPhase, NodeCommand, RankCommit, Registered, Registration, RestoreEffect,
     Restored, Scaled, TaskReport,
 };
+use crate::master::{AddedSource, BadRange, SourceAdded};
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
-use crate::spec::{BadDataPolicy, JobSpec, TransformSpec};
+use crate::spec::{BadDataPolicy, JobSpec, SourceSpec, TransformSpec};
 use sluice_formats::{ObjectIdentity, SplitBytes};
 use sluice_proto::v1::{self, command, refusal};
+use std::collections::BTreeSet;
 
 /// A daemon's counts for one task, from the wire.
 fn progress(progress: &v1::TaskProgress) -> TaskProgress {
@@ -44,7 +45,8 @@ pub(crate) fn register_reply(
     v1::RegisterReply {
         job_id: spec.name.clone(),
         heartbeat_interval_ms: spec.failover.heartbeat_interval_ms,
-        commands: commands(plan, registered.commands),
+        // A daemon that registers learns every source from `data`.
+        commands: commands(plan, &[], registered.commands),
         data: Some(job_data(spec, plan)),
         ranks: registered.ranks,
         world_size: registered.world_size,
@@ -171,13 +173,18 @@ impl From<JobPhase> for v1::JobState {
     }
 }
 
-/// The master's commands on the wire; an assignment takes its splits from `plan`.
-pub(crate) fn commands(plan: &JobPlan, commands: Vec<NodeCommand>) -> Vec<v1::Command> {
+/// The master's commands on the wire; an assignment takes its splits from `plan`, and the sources
+/// of its tasks that were added to the running job from `added`.
+pub(crate) fn commands(
+    plan: &JobPlan,
+    added: &[AddedSource],
+    commands: Vec<NodeCommand>,
+) -> Vec<v1::Command> {
     commands
         .into_iter()
         .map(|node_command| {
             let command = match node_command {
-                NodeCommand::Assign(tasks) => assign(plan, &tasks),
+                NodeCommand::Assign(tasks) => assign(plan, added, &tasks),
                 NodeCommand::Stop { task, row } => command::Command::Stop(v1::StopTask {
                     task_id: task.0,
                     row,
@@ -194,8 +201,23 @@ pub(crate) fn commands(plan: &JobPlan, commands: Vec<NodeCommand>) -> Vec<v1::Co
         .collect()
 }
 
-/// Run these tasks, with their splits.
-fn assign(plan: &JobPlan, tasks: &[Assignment]) -> command::Command {
+/// Run these tasks, with their splits and the added sources they read.
+fn assign(plan: &JobPlan, added: &[AddedSource], tasks: &[Assignment]) -> command::Command {
+    let read: BTreeSet<u32> = tasks
+        .iter()
+        .map(|assignment| {
+            let planned = plan.splits[assignment.split as usize];
+            plan.files[planned.file as usize].source
+        })
+        .collect();
+    let sources = added
+        .iter()
+        .filter(|source| read.contains(&source.index))
+        .map(|source| v1::AddedSource {
+            index: source.index,
+            data: Some(source_data(&source.spec, source.journaled.version)),
+        })
+        .collect();
     let tasks = tasks
         .iter()
         .map(|assignment| {
@@ -215,7 +237,7 @@ fn assign(plan: &JobPlan, tasks: &[Assignment]) -> command::Command {
             }
         })
         .collect();
-    command::Command::Assign(v1::AssignTasks { tasks })
+    command::Command::Assign(v1::AssignTasks { tasks, sources })
 }
 
 fn split(
@@ -346,23 +368,7 @@ pub(crate) fn job_data(spec: &JobSpec, plan: &JobPlan) -> v1::JobData {
             .sources
             .iter()
             .enumerate()
-            .map(|(index, source)| v1::SourceData {
-                version: plan
-                    .versions
-                    .get(index)
-                    .copied()
-                    .flatten()
-                    .or(source.version),
-                uri: source.uri.clone(),
-                format: source.format.name().to_owned(),
-                columns: source.columns.clone().unwrap_or_default(),
-                filter: source.filter.clone(),
-                storage_options: source
-                    .storage_options
-                    .iter()
-                    .map(|(key, value)| (key.clone(), value.clone()))
-                    .collect(),
-            })
+            .map(|(index, source)| source_data(source, plan.versions.get(index).copied().flatten()))
             .collect(),
         batch_size: spec.data.batch_size,
         shuffle_seed: spec.data.shuffle.seed,
@@ -381,6 +387,22 @@ pub(crate) fn job_data(spec: &JobSpec, plan: &JobPlan) -> v1::JobData {
             BadDataPolicy::Warn => v1::BadDataPolicy::Warn,
         }
         .into(),
+    }
+}
+
+/// One source on the wire; a Delta table at the version it was planned at, if any.
+fn source_data(source: &SourceSpec, planned_version: Option<u64>) -> v1::SourceData {
+    v1::SourceData {
+        version: planned_version.or(source.version),
+        uri: source.uri.clone(),
+        format: source.format.name().to_owned(),
+        columns: source.columns.clone().unwrap_or_default(),
+        filter: source.filter.clone(),
+        storage_options: source
+            .storage_options
+            .iter()
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect(),
     }
 }
 
@@ -412,6 +434,17 @@ fn transform(spec: &TransformSpec) -> v1::Transform {
         }),
     };
     v1::Transform { kind: Some(kind) }
+}
+
+/// What an added source brought, on the wire.
+pub(crate) fn source_added(added: SourceAdded) -> v1::AddSourceReply {
+    v1::AddSourceReply {
+        index: added.index,
+        files: added.files,
+        splits: added.splits,
+        rows: added.rows,
+        epoch: added.epoch,
+    }
 }
 
 /// A node's standing on the wire.
@@ -477,6 +510,7 @@ mod tests {
         };
         let sent = commands(
             &plan,
+            &[],
             vec![
                 NodeCommand::Assign(vec![assignment]),
                 NodeCommand::Stop {

@@ -2,11 +2,11 @@
 
 use prost::Message;
 use sluice_proto::v1::{
-    AssignTasks, BadRange, Blacklisted, Command, CountOutOfRange, DeletionVector, DeltaSplitInfo,
-    DoneBeforeEnd, Fence, HeartbeatReply, HeartbeatRequest, JournalMark, NoStopRequested, NotHeld,
-    ObjectIdentity, PartitionValue, Refusal, Refuse, Release, RingStats, Shutdown, Split,
-    SplitBytes, StageStats, StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode,
-    UnknownTask, command, refusal,
+    AddedSource, AssignTasks, BadRange, Blacklisted, Command, CountOutOfRange, DeletionVector,
+    DeltaSplitInfo, DoneBeforeEnd, Fence, HeartbeatReply, HeartbeatRequest, JournalMark,
+    NoStopRequested, NotHeld, ObjectIdentity, PartitionValue, Refusal, Refuse, Release, RingStats,
+    Shutdown, SourceData, Split, SplitBytes, StageStats, StopRowOutOfRange, StopTask,
+    TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command, refusal,
 };
 use sluice_proto::{JobId, NodeId, TaskId};
 use std::collections::BTreeSet;
@@ -167,6 +167,17 @@ fn heartbeat_reply_with_every_command() -> HeartbeatReply {
                         }),
                     },
                 ],
+                sources: vec![AddedSource {
+                    index: 2,
+                    data: Some(SourceData {
+                        uri: "s3://bucket/rows.csv".into(),
+                        format: "csv".into(),
+                        columns: vec!["id".into()],
+                        filter: Some("id > 3".into()),
+                        storage_options: [("region".to_owned(), "local".to_owned())].into(),
+                        version: None,
+                    }),
+                }],
             })),
         },
         Command {

@@ -48,6 +48,8 @@ enum Command {
     Stop(cmd::am::StopArgs),
     /// Changes the number of trainers of a role of a running job.
     Scale(cmd::am::ScaleArgs),
+    /// Adds a source to a running job.
+    Source(cmd::am::SourceArgs),
     /// Prints the Kubernetes objects of a job, for `kubectl apply -f -`.
     Manifests(cmd::manifests::ManifestsArgs),
     /// Runs a command as an executor of the local launcher, recording its identity and exit code.
@@ -81,6 +83,7 @@ fn main() -> ExitCode {
         Command::Status(args) => success(cmd::am::status(args)),
         Command::Stop(args) => success(cmd::am::stop(args)),
         Command::Scale(args) => success(cmd::am::scale(args)),
+        Command::Source(args) => success(cmd::am::source(args)),
         Command::Manifests(args) => success(cmd::manifests::run(args)),
         Command::Shim(args) => cmd::shim::run(args),
     };

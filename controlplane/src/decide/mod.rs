@@ -237,6 +237,13 @@ pub enum Event {
         /// The tasks to hand out first, in order.
         near: Vec<TaskId>,
     },
+    /// A source was added to the running job (`sluice source add`): splits with these row counts
+    /// follow the job's last split, in order, their tasks join the current epoch, and every later
+    /// epoch has them.
+    SourceAdded {
+        /// The row count of each new split.
+        split_rows: Vec<u64>,
+    },
 }
 
 /// How far into the epoch's order of pending tasks [`Event::AcquireNear`] looks: a node takes a
@@ -256,6 +263,7 @@ impl Event {
             | Event::Report { now_ms, .. }
             | Event::Tick { now_ms } => Some(*now_ms),
             Event::SplitsAdded { .. }
+            | Event::SourceAdded { .. }
             | Event::FollowEnded
             | Event::FollowFailed { .. }
             | Event::Failed { .. } => None,
@@ -495,6 +503,7 @@ pub fn decide(state: &mut JobState, event: Event) -> Vec<Action> {
         } => state.on_report(node, now_ms, task, consumed, outcome, &mut actions),
         Event::Tick { now_ms } => state.on_tick(now_ms, &mut actions),
         Event::SplitsAdded { split_rows } => state.on_splits_added(split_rows, &mut actions),
+        Event::SourceAdded { split_rows } => state.on_source_added(split_rows, &mut actions),
         Event::FollowEnded => state.on_follow_ended(&mut actions),
         Event::FollowFailed { reason } | Event::Failed { reason } => {
             state.on_failed(reason, &mut actions)

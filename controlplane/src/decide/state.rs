@@ -276,6 +276,22 @@ impl JobState {
         self.following
     }
 
+    /// How splits with these row counts would take the table past its limits, if they would.
+    pub fn past_limits(&self, split_rows: &[u64]) -> Option<String> {
+        let task_rows = self.config.task_rows.max(1);
+        let splits = self.split_rows.len() as u64 + split_rows.len() as u64;
+        let tasks = self.slots.len() as u64
+            + split_rows
+                .iter()
+                .map(|rows| rows.div_ceil(task_rows))
+                .sum::<u64>();
+        (splits > MAX_SLOTS || tasks > MAX_EPOCH_TASKS).then(|| {
+            format!(
+                "the job would have {splits} splits and {tasks} tasks, more than {MAX_SLOTS} splits or {MAX_EPOCH_TASKS} tasks"
+            )
+        })
+    }
+
     /// How many splits the job has, the added ones included.
     pub fn split_count(&self) -> usize {
         self.split_rows.len()
@@ -1108,17 +1124,29 @@ impl JobState {
             );
             return;
         }
-        let task_rows = self.config.task_rows.max(1);
-        let splits = self.split_rows.len() as u64 + split_rows.len() as u64;
-        let tasks = self.slots.len() as u64
-            + split_rows
-                .iter()
-                .map(|rows| rows.div_ceil(task_rows))
-                .sum::<u64>();
-        if splits > MAX_SLOTS || tasks > MAX_EPOCH_TASKS {
-            let reason = format!(
-                "following: the job would have {splits} splits and {tasks} tasks, more than {MAX_SLOTS} splits or {MAX_EPOCH_TASKS} tasks; raise data.task_rows or end following sooner"
-            );
+        self.add_splits(split_rows, "following", "end following sooner", actions);
+    }
+
+    /// The splits of a source added at run time join the plan, and their tasks the current epoch:
+    /// refused once the job is over (the master refuses the source before then).
+    pub(super) fn on_source_added(&mut self, split_rows: Vec<u64>, actions: &mut Vec<Action>) {
+        if self.outcome.is_some() {
+            return;
+        }
+        self.add_splits(split_rows, "adding a source", "add fewer sources", actions);
+    }
+
+    /// Appends splits and their tasks, or fails the job when the table would grow past its limits
+    /// (`doing` names what added them, `fix` what to do instead of raising `data.task_rows`).
+    fn add_splits(
+        &mut self,
+        split_rows: Vec<u64>,
+        doing: &str,
+        fix: &str,
+        actions: &mut Vec<Action>,
+    ) {
+        if let Some(past) = self.past_limits(&split_rows) {
+            let reason = format!("{doing}: {past}; raise data.task_rows or {fix}");
             self.finish(JobOutcome::Failed { reason }, actions);
             return;
         }

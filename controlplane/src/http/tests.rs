@@ -69,7 +69,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
     )
     .expect("registration accepted");
     let acquired = sut.acquire(NodeId(0), 2, 1_010).reply;
-    let commands = wire::commands(sut.plan(), acquired);
+    let commands = wire::commands(sut.plan(), sut.added_sources(), acquired);
     let handed: Handed = commands
         .iter()
         .filter_map(|command| match &command.command {

@@ -77,6 +77,7 @@ pub mod checkpoint;
 mod following;
 mod replay;
 mod rescale;
+mod sources;
 mod views;
 
 #[cfg(test)]
@@ -102,6 +103,7 @@ pub use following::{FollowTarget, SourceFollow};
 pub use replay::{Entry, Snapshot};
 use rescale::{Rescale, RescaleEvent};
 use sluice_proto::v1;
+pub use sources::{AddedSource, JournaledSource, SourceAdded};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
@@ -275,6 +277,8 @@ pub struct Master {
     rescale: Option<Rescale>,
     /// The rows the daemons skipped because they did not decode.
     bad_data: BadDataLog,
+    /// The sources added to the running job, after the spec's in `spec`.
+    added_sources: Vec<AddedSource>,
     /// Per split, the node its last task went to: a hint for locality, rebuilt by the events a new
     /// AM replays (those before its snapshot are not), never needed to replay them.
     readers: Vec<Option<NodeId>>,
@@ -399,6 +403,7 @@ impl Master {
             exit_causes: BTreeMap::new(),
             added: JobPlan::default(),
             bad_data: BadDataLog::default(),
+            added_sources: Vec::new(),
             readers: Vec::new(),
             latest_ms: 0,
         })

@@ -1289,9 +1289,16 @@ fn every_row_of_every_epoch_is_consumed_exactly_once_through_the_masters_process
         max_shrink_time: 60_000,
         ..Config::default()
     });
-    let result = runner.run(&job_strategy(), |job| run_job(job, &coverage));
-    if let Err(failure) = result {
-        panic!("{failure}");
+    // A takeover that loses a heartbeat finishing a task is rare (about one run of 256 cases in
+    // twelve has none): the cases run again, up to three more times, until one has.
+    for _ in 0..4 {
+        let result = runner.run(&job_strategy(), |job| run_job(job, &coverage));
+        if let Err(failure) = result {
+            panic!("{failure}");
+        }
+        if coverage.borrow().lost_finishes > 0 {
+            break;
+        }
     }
     let coverage = coverage.into_inner();
     eprintln!("{coverage:?}");

@@ -10,7 +10,7 @@ use super::bad_data::{BadDataLog, BadRange, SkipKey};
 use super::calls::NodeCommand;
 use super::checkpoint::{Checkpoints, PendingCheckpoint, RankPositions, RestoredAt};
 use super::rescale::Rescale;
-use super::{Master, SourceFollow};
+use super::{JournaledSource, Master, SourceFollow};
 use crate::decide::{DataPosition, Event, JobState, NodeId, RestoreMode, TableSnapshot, TaskId};
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit};
@@ -133,6 +133,22 @@ pub enum Entry {
         /// The rows and why.
         range: BadRange,
     },
+    /// A source was added to the running job (`sluice source add`): it becomes the job's next
+    /// source, its files and splits join the plan, pinned as they were planned, and their tasks
+    /// the current epoch.
+    SourceAdded {
+        /// The source, as sent.
+        source: JournaledSource,
+        /// Its files.
+        files: Vec<PlannedFile>,
+        /// Their splits, with file indices counted from the first of `files`.
+        splits: Vec<PlannedSplit>,
+        /// Where the rows of the row formats' splits lie, split indices counted from the first of
+        /// `splits`.
+        bytes: Vec<PlannedBytes>,
+        /// The files' identities, file indices counted from the first of `files`.
+        identities: Vec<PlannedIdentity>,
+    },
 }
 
 /// The AM's state at one point of its journal, from which the entries after it replay.
@@ -140,6 +156,14 @@ pub enum Entry {
 pub struct Snapshot {
     pub(super) core: SnapshotCore,
     pub(super) bad_data: BadDataLog,
+    pub(super) added_sources: Vec<JournaledSource>,
+}
+
+/// A [`Snapshot`] as written before sources could be added to a running job.
+#[derive(Deserialize)]
+struct SnapshotWithoutAddedSources {
+    core: SnapshotCore,
+    bad_data: BadDataLog,
 }
 
 /// The fields of a [`Snapshot`] written before skipped bad data was recorded: the encoding of such a
@@ -202,6 +226,13 @@ impl crate::journal::SnapshotFormat for Snapshot {
         };
         // Each older encoding is a prefix of the newer ones: it must take the whole body, or the
         // body is none of them.
+        if let Some(older) = exactly::<SnapshotWithoutAddedSources>(body) {
+            return Ok(Snapshot {
+                core: older.core,
+                bad_data: older.bad_data,
+                added_sources: Vec::new(),
+            });
+        }
         let core = exactly::<SnapshotCore>(body).or_else(|| {
             exactly::<SnapshotWithoutAddedPins>(body).map(|older| SnapshotCore {
                 position: older.position,
@@ -225,6 +256,7 @@ impl crate::journal::SnapshotFormat for Snapshot {
         core.map(|core| Snapshot {
             core,
             bad_data: BadDataLog::default(),
+            added_sources: Vec::new(),
         })
         .ok_or(error)
     }
@@ -324,6 +356,26 @@ impl Master {
                 },
             ),
             Entry::FollowEnded { source, reason } => self.apply_follow_ended(source, reason),
+            Entry::SourceAdded {
+                source,
+                files,
+                splits,
+                bytes,
+                identities,
+            } => {
+                let source = Master::parse_journaled(self.next_source_index(), source)?;
+                self.apply_source_added(
+                    source,
+                    JobPlan {
+                        files,
+                        splits,
+                        bytes,
+                        identities,
+                        versions: Vec::new(),
+                        left_out: Vec::new(),
+                    },
+                );
+            }
             Entry::BadDataSkipped { key, range } => {
                 self.bad_data.record(key, range);
             }
@@ -369,6 +421,11 @@ impl Master {
         Snapshot {
             core,
             bad_data: self.bad_data.clone(),
+            added_sources: self
+                .added_sources
+                .iter()
+                .map(|source| source.journaled.clone())
+                .collect(),
         }
     }
 
@@ -377,8 +434,10 @@ impl Master {
         let Snapshot {
             core: snapshot,
             bad_data,
+            added_sources,
         } = snapshot;
         self.bad_data = bad_data;
+        self.restore_sources(added_sources)?;
         let planned_files = self.plan.files.len() - self.added.files.len();
         let planned_splits = self.plan.splits.len() - self.added.splits.len();
         self.added = JobPlan {

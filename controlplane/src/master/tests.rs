@@ -1,6 +1,6 @@
 use super::*;
 use crate::decide::{ReportOutcome, TaskStatus};
-use crate::spec::Format;
+use crate::spec::{Format, SourceSpec};
 use crate::wire;
 use calls::{RankCommit, RestoreEffect};
 use sluice_formats::{ObjectIdentity, Split};
@@ -74,7 +74,7 @@ fn register(sut: &mut Master, node: u64, now_ms: u64) -> Applied<v1::RegisterRep
 
 /// The master's commands as the service sends them.
 fn on_the_wire(sut: &Master, applied: Applied<Vec<NodeCommand>>) -> Applied<Vec<v1::Command>> {
-    applied.map(|commands| wire::commands(sut.plan(), commands))
+    applied.map(|commands| wire::commands(sut.plan(), sut.added_sources(), commands))
 }
 
 /// `node` asks for up to `max_tasks` tasks, as the master applied it.
@@ -1959,4 +1959,123 @@ fn a_node_takes_first_the_pending_tasks_of_the_splits_it_read_last_and_a_replay_
     }
     assert_eq!(replayed.table().position(), sut.table().position());
     assert_eq!(replayed.readers, sut.readers);
+}
+
+/// A source to add to the job of [`master`], with its one split of 12 rows.
+fn added_source() -> (String, SourceSpec, JobPlan) {
+    let text = r#"{ "uri": "file:///data/more", "format": "parquet" }"#.to_owned();
+    let spec = SourceSpec::parse_added(&text, 1).expect("valid source");
+    let block = JobPlan::of_splits(0, vec![planned_split("more-0", 12)]);
+    (text, spec, block)
+}
+
+#[test]
+fn an_added_source_joins_the_epoch_its_daemons_learn_it_and_it_replays() {
+    let mut sut = master();
+    let mut journal = Vec::new();
+    journal.extend(register(&mut sut, 0, 0).entries);
+    let first = assigned(&acquire(&mut sut, 0, 1, 1));
+    let (text, spec, block) = added_source();
+    let added = sut
+        .add_source(text.clone(), spec, None, block)
+        .expect("added to a running job");
+    assert_eq!(
+        added.reply,
+        SourceAdded {
+            index: 1,
+            files: 1,
+            splits: 1,
+            rows: 12,
+            epoch: 0
+        }
+    );
+    assert!(matches!(added.entries[..], [Entry::SourceAdded { .. }]));
+    journal.extend(added.entries);
+    let applied = acquire_applied(&mut sut, 0, 2, 100);
+    journal.extend(applied.entries);
+    let rest = assigned(&applied.reply);
+    assert_eq!(first.len() + rest.len(), 7, "5 planned tasks and 2 added");
+    let of_added: Vec<&v1::TaskAssignment> = rest
+        .iter()
+        .filter(|task| {
+            task.split
+                .as_ref()
+                .is_some_and(|split| split.source_index == 1)
+        })
+        .collect();
+    assert_eq!(of_added.len(), 2, "{rest:?}");
+    // A daemon that registered before the add learns the source with its tasks.
+    let told: Vec<v1::AddedSource> = applied
+        .reply
+        .iter()
+        .filter_map(|command| match &command.command {
+            Some(Cmd::Assign(assign)) => Some(assign.sources.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let [told] = told.as_slice() else {
+        panic!("one added source told: {told:?}");
+    };
+    assert_eq!(told.index, 1);
+    assert_eq!(
+        told.data.as_ref().map(|data| data.uri.as_str()),
+        Some("file:///data/more")
+    );
+    // One that registers after learns it from the job's data.
+    let registered = register(&mut sut, 1, 3);
+    journal.extend(registered.entries);
+    let sources = registered
+        .reply
+        .data
+        .map(|data| data.sources)
+        .unwrap_or_default();
+    assert_eq!(sources.len(), 2);
+    assert_eq!(sut.status(3).sources[1].planned_files, 1);
+
+    let mut recovered = master();
+    for entry in journal {
+        recovered.replay(entry).expect("replay");
+    }
+    assert_eq!(recovered.table().position(), sut.table().position());
+    assert_eq!(recovered.spec(), sut.spec());
+    assert_eq!(recovered.plan(), sut.plan());
+    assert_eq!(recovered.added_sources(), sut.added_sources());
+    // From a snapshot, this release's encoding or the one before added sources.
+    let encoded = postcard::to_stdvec(&sut.snapshot()).expect("a snapshot encodes");
+    let decoded = <Snapshot as crate::journal::SnapshotFormat>::decode(&encoded).expect("decodes");
+    let mut from_snapshot = master();
+    from_snapshot.restore_snapshot(decoded).expect("restore");
+    assert_eq!(from_snapshot.snapshot(), sut.snapshot());
+    assert_eq!(from_snapshot.spec(), sut.spec());
+    assert_eq!(from_snapshot.plan(), sut.plan());
+    let snapshot = sut.snapshot();
+    let older = postcard::to_stdvec(&(&snapshot.core, &snapshot.bad_data)).expect("encodes");
+    let decoded = <Snapshot as crate::journal::SnapshotFormat>::decode(&older).expect("decodes");
+    assert_eq!(decoded.core, snapshot.core);
+    assert!(decoded.added_sources.is_empty());
+    // A snapshot taken over twice keeps the sources once.
+    from_snapshot
+        .restore_snapshot(sut.snapshot())
+        .expect("restore");
+    assert_eq!(from_snapshot.spec(), sut.spec());
+}
+
+#[test]
+fn a_source_is_refused_once_the_job_stops_or_past_the_tables_limits() {
+    let mut sut = master();
+    register(&mut sut, 0, 0);
+    let (text, spec, _) = added_source();
+    let huge = JobPlan::of_splits(0, vec![planned_split("more-0", u64::MAX / 2)]);
+    let error = sut
+        .add_source(text.clone(), spec.clone(), None, huge)
+        .expect_err("past the limits");
+    assert!(error.to_string().contains("data.task_rows"), "{error}");
+    assert_eq!(sut.spec().data.sources.len(), 1, "nothing was added");
+    sut.stop("enough".to_owned());
+    let (_, _, block) = added_source();
+    let error = sut
+        .add_source(text, spec, None, block)
+        .expect_err("the job stops");
+    assert!(error.to_string().contains("stopping (enough)"), "{error}");
 }

@@ -589,6 +589,33 @@ pub struct CheckpointSpec {
     pub keep: Option<u32>,
 }
 
+impl SourceSpec {
+    /// Parses and validates a source added to a running job (`sluice source add`), written as the
+    /// entry `index` of `data.sources` would be, in YAML or JSON. `${NAME}` is left as it is (the
+    /// shell that sent the text expanded what it meant to), so that the AM that replays the source
+    /// from its journal reads the same source. `follow` is refused: an added source is planned
+    /// once.
+    pub fn parse_added(text: &str, index: usize) -> Result<SourceSpec, SpecError> {
+        // Read as YAML, which takes JSON too, and YAML's flow mappings that look like it.
+        let syntax_error = |message: String| SpecError::Syntax {
+            format: Format::Yaml,
+            message,
+        };
+        nesting::check_flow_openings(text).map_err(syntax_error)?;
+        let document: tree::Node =
+            serde_norway::from_str(text).map_err(|error| syntax_error(error.to_string()))?;
+        if document == tree::Node::Null {
+            return Err(SpecError::Missing {
+                path: format!("data.sources[{index}].uri"),
+                fix: "give the source's uri, for example `{ uri: file:///data/more, format: parquet }`"
+                    .to_owned(),
+            });
+        }
+        let raw: raw::RawSource = tree::from_node(document).map_err(error::from_tree_error)?;
+        validate::validate_added_source(index, raw)
+    }
+}
+
 impl JobSpec {
     /// Reads and validates a spec file, choosing the format by its extension.
     pub fn from_path(path: impl AsRef<Path>) -> Result<JobSpec, SpecError> {

@@ -1266,3 +1266,36 @@ fn the_bad_data_policy_is_checked_and_its_budget_only_goes_with_a_policy_that_sk
         assert_error(&error, "data.max_bad_fraction", &["a fraction from 0 to 1"]);
     }
 }
+
+#[test]
+fn a_source_added_at_run_time_parses_as_an_entry_of_the_sources_without_follow() {
+    let json = r#"{"uri": "s3://bucket/more", "format": "parquet", "columns": ["id"]}"#;
+    let sut = SourceSpec::parse_added(json, 2).expect("valid JSON");
+    assert_eq!(sut.uri, "s3://bucket/more");
+    assert_eq!(sut.columns, Some(vec!["id".to_owned()]));
+    let yaml = "uri: file:///data/more.csv\nfollow: false\n";
+    let sut = SourceSpec::parse_added(yaml, 2).expect("valid YAML");
+    assert_eq!(sut.format, SourceFormat::Csv, "told by the extension");
+    // `${NAME}` stays as it was sent: a replaying AM reads the same source.
+    let sut = SourceSpec::parse_added("uri: file:///data/${PART}.csv", 2).expect("valid");
+    assert_eq!(sut.uri, "file:///data/${PART}.csv");
+
+    let error = SourceSpec::parse_added(
+        "{ uri: file:///data/more, format: parquet, follow: true }",
+        2,
+    )
+    .expect_err("follow is refused");
+    assert_error(&error, "data.sources[2].follow", &["planned once"]);
+    let error =
+        SourceSpec::parse_added("uri: file:///data/more", 3).expect_err("no format to tell");
+    assert_error(
+        &error,
+        "data.sources[3].format",
+        &["does not tell the format"],
+    );
+    let error = SourceSpec::parse_added("", 1).expect_err("empty");
+    assert_error(&error, "data.sources[1].uri", &["give the source's uri"]);
+    let error = SourceSpec::parse_added("{ uri: file:///x.parquet, colums: [id] }", 1)
+        .expect_err("a misspelled key");
+    assert!(error.to_string().contains("colums"), "{error}");
+}

@@ -769,6 +769,19 @@ fn infer_format(uri: &str) -> Option<SourceFormat> {
     }
 }
 
+/// A source added to a running job: as [`validate_source`] checks an entry of `data.sources`,
+/// without `follow`.
+pub(crate) fn validate_added_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError> {
+    if !matches!(raw.follow, None | Some(RawFollow::Flag(false))) {
+        return Err(SpecError::invalid(
+            format!("data.sources[{index}].follow"),
+            "is set on a source added to a running job",
+            "remove it: an added source is planned once; to follow a source, name it in the job spec",
+        ));
+    }
+    validate_source(index, raw)
+}
+
 fn validate_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError> {
     let at = |key: &str| format!("data.sources[{index}].{key}");
     validate_uri(&at("uri"), &raw.uri)?;

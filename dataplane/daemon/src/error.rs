@@ -236,6 +236,20 @@ pub(crate) enum FeedError {
         /// The source's index.
         source_index: u32,
     },
+    /// A source added to the running job cannot be read here.
+    #[error(
+        "task {task_id}: source {source_index} ({uri}), added to the running job, cannot be read by this daemon: {reason}"
+    )]
+    AddedSource {
+        /// The task.
+        task_id: u64,
+        /// The source's index.
+        source_index: u32,
+        /// The source.
+        uri: String,
+        /// Why.
+        reason: String,
+    },
     /// The AM assigned rows outside the task's split.
     #[error("task {task_id} has rows [{start}, {end}) of a split of {rows} rows")]
     RowsOutsideSplit {

@@ -2,6 +2,7 @@
 //! (read, permute, transform, batch), and hands their batches to the ring's writer, cut at a task's
 //! stop row.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::error::{DaemonError, FeedError, Result};
 use crate::pipeline::{Shape, Skipped, TaskFeed};
 use crate::shuffle::Interleave;
-use crate::sources::{Source, open_sources};
+use crate::sources::{Source, open_source, open_sources};
 use crate::stats::Stages;
 use crate::writer::Write;
 
@@ -64,10 +65,22 @@ pub(crate) struct Job {
     pub(crate) control: Arc<Mutex<Control>>,
 }
 
+/// A source added to the running job, opened by the first task that reads it.
+#[derive(Debug)]
+struct AddedSource {
+    data: v1::SourceData,
+    opened: tokio::sync::OnceCell<Arc<Source>>,
+}
+
 /// The job's sources and how every task is shaped.
 #[derive(Debug)]
 pub(crate) struct Pipeline {
+    /// The sources the job had when the daemon registered.
     sources: Vec<Arc<Source>>,
+    /// The sources added to the running job that the daemon was told of, by index.
+    added: Mutex<BTreeMap<u32, Arc<AddedSource>>>,
+    /// The job's data: how an added source is opened.
+    data: v1::JobData,
     /// How every task is shaped.
     pub(crate) shape: Shape,
     /// The schema of the batches written to the rings: the first source's, after the transforms.
@@ -83,17 +96,87 @@ pub(crate) struct Pipeline {
 impl Pipeline {
     /// Every stage's figures so far, fetch included.
     pub(crate) fn stage_stats(&self) -> Vec<v1::StageStats> {
-        let fetch_busy = self
-            .sources
-            .iter()
+        let added: Vec<Arc<Source>> = self
+            .lock_added()
+            .values()
+            .filter_map(|source| source.opened.get().cloned())
+            .collect();
+        let opened = || self.sources.iter().chain(&added);
+        let fetch_busy = opened()
             .map(|source| source.dataset.fetch_stats().busy())
             .sum();
-        let fetch_bytes = self
-            .sources
-            .iter()
+        let fetch_bytes = opened()
             .map(|source| source.dataset.fetch_stats().bytes())
             .sum();
         self.stages.report(fetch_busy, fetch_bytes)
+    }
+
+    /// Learns the sources added to the running job that tasks about to come read; each is opened
+    /// by the first of its tasks.
+    pub(crate) fn learn_sources(&self, sources: Vec<v1::AddedSource>) {
+        let mut added = self.lock_added();
+        for source in sources {
+            let Some(data) = source.data else { continue };
+            if (source.index as usize) < self.sources.len() {
+                continue;
+            }
+            added.entry(source.index).or_insert_with(|| {
+                tracing::info!(index = source.index, uri = %data.uri, "a source was added to the job");
+                Arc::new(AddedSource {
+                    data,
+                    opened: tokio::sync::OnceCell::new(),
+                })
+            });
+        }
+    }
+
+    /// Source `index`, for task `task_id`: one of the job's, or an added one, opened now if no task
+    /// opened it yet (a failed opening is tried again by the next task).
+    async fn source(&self, index: u32, task_id: u64) -> Result<Arc<Source>, FeedError> {
+        if let Some(source) = self.sources.get(index as usize) {
+            return Ok(source.clone());
+        }
+        let added = self
+            .lock_added()
+            .get(&index)
+            .cloned()
+            .ok_or(FeedError::UnknownSource {
+                task_id,
+                source_index: index,
+            })?;
+        let unfit = |reason: String| FeedError::AddedSource {
+            task_id,
+            source_index: index,
+            uri: added.data.uri.clone(),
+            reason,
+        };
+        let opened = added
+            .opened
+            .get_or_try_init(|| async {
+                let source = open_source(&added.data, &self.data, self.cache.as_ref())
+                    .await
+                    .map_err(|error| unfit(error.to_string()))?;
+                let schema = self
+                    .shape
+                    .transforms
+                    .output_schema(&source.schema)
+                    .map_err(|error| unfit(error.to_string()))?;
+                if schema.fields() != self.schema.fields() {
+                    return Err(unfit(format!(
+                        "its batches would have the schema {schema}, the job's rings carry {}",
+                        self.schema
+                    )));
+                }
+                Ok(Arc::new(source))
+            })
+            .await?;
+        Ok(opened.clone())
+    }
+
+    fn lock_added(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, Arc<AddedSource>>> {
+        self.added
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -300,15 +383,10 @@ async fn open_task(
     let split = assignment.split.as_ref().ok_or(FeedError::NoSplit {
         task_id: assignment.task_id,
     })?;
-    let source =
-        pipeline
-            .sources
-            .get(split.source_index as usize)
-            .ok_or(FeedError::UnknownSource {
-                task_id: assignment.task_id,
-                source_index: split.source_index,
-            })?;
-    TaskFeed::open(assignment, source, &pipeline.shape, skipped).await
+    let source = pipeline
+        .source(split.source_index, assignment.task_id)
+        .await?;
+    TaskFeed::open(assignment, &source, &pipeline.shape, skipped).await
 }
 
 /// Whether a task has more to give after a batch.
@@ -386,6 +464,8 @@ pub(crate) async fn open_pipeline(
         .map_err(DaemonError::Transform)?;
     Ok(Pipeline {
         sources: sources.into_iter().map(Arc::new).collect(),
+        added: Mutex::default(),
+        data: data.clone(),
         shape,
         schema,
         stages: Arc::default(),

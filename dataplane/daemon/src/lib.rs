@@ -301,6 +301,7 @@ async fn serve(
         for command in pending.drain(..) {
             match command.command {
                 Some(Cmd::Assign(assign)) => {
+                    pipeline.learn_sources(assign.sources);
                     for assignment in assign.tasks {
                         take_task(assignment, &rings, &mut book, &mut controls)?;
                     }

@@ -25,44 +25,53 @@ pub(crate) async fn open_sources(
 ) -> Result<Vec<Source>> {
     let mut sources = Vec::new();
     for source in &data.sources {
-        let source_error = |error| DaemonError::Source {
-            uri: source.uri.clone(),
-            source: error,
-        };
-        let format = sluice_formats::FormatKind::parse(&source.format).map_err(source_error)?;
-        let open = OpenOptions {
-            storage_options: source
-                .storage_options
-                .iter()
-                .map(|(key, value)| (key.clone(), value.clone()))
-                .collect(),
-            format: Some(format),
-            version: source.version,
-            cache: cache.cloned(),
-            // The AM left such files out of the plan: the schema comes from one that decodes.
-            skip_bad_files: data.on_bad_data() != v1::BadDataPolicy::Fail,
-            ..OpenOptions::default()
-        };
-        let dataset = Dataset::open(&source.uri, &open)
-            .await
-            .map_err(source_error)?;
-        let filter = source
-            .filter
-            .as_deref()
-            .map(Expr::parse)
-            .transpose()
-            .map_err(source_error)?;
-        let options = ReadOptions {
-            columns: (!source.columns.is_empty()).then(|| source.columns.clone()),
-            filter,
-            batch_rows: data.batch_size.max(1) as usize,
-        };
-        let schema = dataset.output_schema(&options).map_err(source_error)?;
-        sources.push(Source {
-            dataset,
-            options,
-            schema,
-        });
+        sources.push(open_source(source, data, cache).await?);
     }
     Ok(sources)
+}
+
+/// Opens one source of the job whose data is `data`.
+pub(crate) async fn open_source(
+    source: &v1::SourceData,
+    data: &v1::JobData,
+    cache: Option<&Arc<BlockCache>>,
+) -> Result<Source> {
+    let source_error = |error| DaemonError::Source {
+        uri: source.uri.clone(),
+        source: error,
+    };
+    let format = sluice_formats::FormatKind::parse(&source.format).map_err(source_error)?;
+    let open = OpenOptions {
+        storage_options: source
+            .storage_options
+            .iter()
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect(),
+        format: Some(format),
+        version: source.version,
+        cache: cache.cloned(),
+        // The AM left such files out of the plan: the schema comes from one that decodes.
+        skip_bad_files: data.on_bad_data() != v1::BadDataPolicy::Fail,
+        ..OpenOptions::default()
+    };
+    let dataset = Dataset::open(&source.uri, &open)
+        .await
+        .map_err(source_error)?;
+    let filter = source
+        .filter
+        .as_deref()
+        .map(Expr::parse)
+        .transpose()
+        .map_err(source_error)?;
+    let options = ReadOptions {
+        columns: (!source.columns.is_empty()).then(|| source.columns.clone()),
+        filter,
+        batch_rows: data.batch_size.max(1) as usize,
+    };
+    let schema = dataset.output_schema(&options).map_err(source_error)?;
+    Ok(Source {
+        dataset,
+        options,
+        schema,
+    })
 }

@@ -1,5 +1,5 @@
-//! `sluice am`, `sluice status`, `sluice stop` and `sluice scale`: the application master and its
-//! control API.
+//! `sluice am`, `sluice status`, `sluice stop`, `sluice scale` and `sluice source`: the application
+//! master and its control API.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -389,6 +389,114 @@ pub fn scale(args: ScaleArgs) -> anyhow::Result<()> {
     println!(
         "role {}: {} -> {} trainers",
         args.role, reply.previous_num, reply.num
+    );
+    Ok(())
+}
+
+/// Arguments of `sluice source`.
+#[derive(Debug, clap::Args)]
+pub struct SourceArgs {
+    #[command(subcommand)]
+    pub command: SourceCommand,
+}
+
+/// What `sluice source` does.
+#[derive(Debug, clap::Subcommand)]
+pub enum SourceCommand {
+    /// Adds a source to the running job: its rows join the current epoch and every later one,
+    /// each delivered once. Its columns must be the job's first source's.
+    Add(AddSourceArgs),
+}
+
+/// Arguments of `sluice source add`: the keys of an entry of `data.sources`.
+#[derive(Debug, clap::Args)]
+pub struct AddSourceArgs {
+    /// Where the data is: `file://`, `s3://`, `gs://`, `az://`.
+    pub uri: String,
+    /// How it is encoded (parquet, delta, ipc, csv, jsonl, tfrecord); by default told by the
+    /// uri's extension.
+    #[arg(long)]
+    pub format: Option<String>,
+    /// The columns to read, comma-separated; by default all of them.
+    #[arg(long, value_delimiter = ',')]
+    pub columns: Option<Vec<String>>,
+    /// A row filter, as `data.sources[].filter`.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// An object-store setting, KEY=VALUE; may be repeated.
+    #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+    pub storage_options: Vec<String>,
+    /// The Delta table version to read.
+    #[arg(long)]
+    pub version: Option<u64>,
+    /// Read the Delta table version current at this time (RFC 3339, or milliseconds since the
+    /// epoch).
+    #[arg(long, conflicts_with = "version")]
+    pub timestamp: Option<String>,
+    #[command(flatten)]
+    pub address: AmAddress,
+}
+
+impl AddSourceArgs {
+    /// The source as an entry of `data.sources`, in JSON.
+    fn entry(&self) -> anyhow::Result<String> {
+        let mut entry = serde_json::Map::new();
+        entry.insert("uri".to_owned(), self.uri.clone().into());
+        if let Some(format) = &self.format {
+            entry.insert("format".to_owned(), format.clone().into());
+        }
+        if let Some(columns) = &self.columns {
+            entry.insert("columns".to_owned(), columns.clone().into());
+        }
+        if let Some(filter) = &self.filter {
+            entry.insert("filter".to_owned(), filter.clone().into());
+        }
+        if !self.storage_options.is_empty() {
+            let mut options = serde_json::Map::new();
+            for option in &self.storage_options {
+                let (key, value) = option
+                    .split_once('=')
+                    .with_context(|| format!("--storage-option {option}: write it as KEY=VALUE"))?;
+                options.insert(key.to_owned(), value.into());
+            }
+            entry.insert("storage_options".to_owned(), options.into());
+        }
+        if let Some(version) = self.version {
+            entry.insert("version".to_owned(), version.into());
+        }
+        if let Some(timestamp) = &self.timestamp {
+            entry.insert("timestamp".to_owned(), timestamp.clone().into());
+        }
+        Ok(serde_json::Value::Object(entry).to_string())
+    }
+}
+
+/// Runs `sluice source`.
+pub fn source(args: SourceArgs) -> anyhow::Result<()> {
+    match args.command {
+        SourceCommand::Add(args) => add_source(args),
+    }
+}
+
+/// Asks the AM to add a source to the running job.
+fn add_source(args: AddSourceArgs) -> anyhow::Result<()> {
+    let source = args.entry()?;
+    let reply = runtime(1)?.block_on(async {
+        let mut client = args.address.control().await?;
+        let reply = client
+            .add_source(v1::AddSourceRequest { source })
+            .await
+            .map_err(|status| args.address.refused("add source", &status))?;
+        anyhow::Ok(reply.into_inner())
+    })?;
+    println!(
+        "source {} added as source {}: {} files, {} splits, {} rows, from epoch {}",
+        args.uri,
+        reply.index,
+        reply.files,
+        reply.splits,
+        reply.rows,
+        reply.epoch + 1
     );
     Ok(())
 }
