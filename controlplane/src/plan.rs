@@ -126,7 +126,7 @@ impl JobPlan {
             .map_err(|error| source_error(source, error))?;
         if let Some(difference) = schema_difference(&expected, &found) {
             return Err(AmError::InvalidRequest(format!(
-                "source {} does not fit the job: {difference}; the job's first source, {}, gives {}. Choose its columns with `columns`, or add a source of the same schema",
+                "source {} does not fit the job: {difference}; the job's first source, {}, gives {}. Choose its columns (`columns`, or `--columns` of `sluice source add`), or add a source of the same schema",
                 source.uri,
                 first.uri,
                 describe_fields(&expected)
