@@ -270,6 +270,24 @@ impl BlockCache {
             cache: Arc::clone(self),
             root: root.to_owned(),
             inner,
+            immutable_data: false,
+        })
+    }
+
+    /// The store `inner` of a Delta table, whose root URI is `root`, with this cache in front of
+    /// its pinned reads and of every plain read of a file outside `_delta_log`: the table's log
+    /// names each data file once and the Delta protocol never writes one in place, so a data file's
+    /// URI is its identity (the daemon still holds each file to the size the log gives it).
+    pub fn wrap_delta(
+        self: &Arc<Self>,
+        root: &str,
+        inner: Arc<dyn ObjectStore>,
+    ) -> Arc<dyn ObjectStore> {
+        Arc::new(CachedStore {
+            cache: Arc::clone(self),
+            root: root.to_owned(),
+            inner,
+            immutable_data: true,
         })
     }
 
@@ -669,8 +687,9 @@ struct Pinned {
 }
 
 impl Pinned {
-    /// The pin of a read of `uri` with `options`, when it is a read the cache serves.
-    fn of(uri: String, options: &GetOptions) -> Option<Pinned> {
+    /// The pin of a read of `uri` with `options`, when it is a read the cache serves: one with an
+    /// entity tag or a version, or any plain read of a file that never changes (`immutable`).
+    fn of(uri: String, options: &GetOptions, immutable: bool) -> Option<Pinned> {
         if options.head
             || options.if_none_match.is_some()
             || options.if_modified_since.is_some()
@@ -684,7 +703,7 @@ impl Pinned {
             Some(tag) if tag == "*" || tag.contains(',') => return None,
             Some(tag) => Some(bare(tag).to_owned()),
         };
-        if e_tag.is_none() && options.version.is_none() {
+        if e_tag.is_none() && options.version.is_none() && !immutable {
             return None;
         }
         let range = match &options.range {
@@ -884,6 +903,9 @@ struct CachedStore {
     /// The URI of the store's root, ending in `/`.
     root: String,
     inner: Arc<dyn ObjectStore>,
+    /// Whether its files outside `_delta_log` never change (a Delta table's), so that their plain
+    /// reads are cached too.
+    immutable_data: bool,
 }
 
 impl fmt::Display for CachedStore {
@@ -922,7 +944,9 @@ impl ObjectStore for CachedStore {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
-        match Pinned::of(format!("{}{location}", self.root), &options) {
+        let immutable =
+            self.immutable_data && !location.parts().any(|part| part.as_ref() == "_delta_log");
+        match Pinned::of(format!("{}{location}", self.root), &options, immutable) {
             Some(pinned) => {
                 self.cache
                     .get(self.inner.as_ref(), location, pinned, options)
@@ -1134,6 +1158,60 @@ mod tests {
             2,
             "the damaged entry is fetched again"
         );
+    }
+
+    #[tokio::test]
+    async fn a_delta_tables_data_files_are_cached_by_uri_and_its_log_never() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let inner = Arc::new(InMemory::new());
+        let cache =
+            BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
+        let sut = cache.wrap_delta("s3://bucket/", inner.clone());
+        let data = content(2, 3_000);
+        put(&inner, "t/part-0.parquet", data.clone()).await;
+        put(&inner, "t/_delta_log/_last_checkpoint", content(3, 100)).await;
+        let plain = |name: &'static str, range: Range<u64>| {
+            let sut = Arc::clone(&sut);
+            async move {
+                let options = GetOptions {
+                    range: Some(GetRange::Bounded(range)),
+                    ..GetOptions::default()
+                };
+                sut.get_opts(&Path::from(name), options)
+                    .await
+                    .expect("read")
+                    .bytes()
+                    .await
+                    .expect("bytes")
+            }
+        };
+        for _ in 0..2 {
+            assert_eq!(
+                plain("t/part-0.parquet", 100..2_100).await,
+                data.slice(100..2_100)
+            );
+        }
+        let figures = cache.figures();
+        assert_eq!(
+            (figures.hits, figures.misses),
+            (3, 3),
+            "blocks 0 to 2, fetched once"
+        );
+        for _ in 0..2 {
+            plain("t/_delta_log/_last_checkpoint", 0..10).await;
+        }
+        assert_eq!(cache.figures(), figures, "the log is read from the store");
+        // The same plain read through a store of files that may change is never cached.
+        let other = cache.wrap("s3://bucket/", inner.clone());
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(0..10)),
+            ..GetOptions::default()
+        };
+        other
+            .get_opts(&Path::from("t/part-0.parquet"), options)
+            .await
+            .expect("read");
+        assert_eq!(cache.figures(), figures);
     }
 
     #[tokio::test]
@@ -1466,6 +1544,7 @@ mod tests {
                     if_match: Some(first_tag.clone()),
                     ..GetOptions::default()
                 },
+                false,
             )
             .expect("pinned"),
             BLOCK,

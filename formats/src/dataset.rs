@@ -325,16 +325,21 @@ impl Dataset {
     /// file's schema cannot be read.
     pub async fn open(uri: &str, options: &OpenOptions) -> Result<Self> {
         let mut location = open_location(uri, &options.storage_options)?;
-        if let Some(cache) = &options.cache
-            && location.root.scheme() != "file"
-        {
-            location.store = cache.wrap(location.root.as_str(), location.store);
-        }
         let delta = match options.format {
             Some(FormatKind::Delta) => true,
             Some(_) => false,
             None => is_delta_table(&location).await,
         };
+        if let Some(cache) = &options.cache
+            && location.root.scheme() != "file"
+        {
+            let root = location.root.as_str();
+            location.store = if delta {
+                cache.wrap_delta(root, location.store)
+            } else {
+                cache.wrap(root, location.store)
+            };
+        }
         if delta {
             return Self::open_delta(location, options).await;
         }

@@ -35,14 +35,20 @@ const BANDWIDTH_BYTES_PER_S: u64 = 64 << 20;
 /// How long a job may run (deadlock watchdog).
 const WATCHDOG: Duration = Duration::from_secs(240);
 
-/// The spec of a job named `name` over `data` with the cache in `cache`, one trainer writing its
-/// ids to `ids` at no more than `rows_per_s`.
+/// The spec of a job named `name` over `data` (a Parquet directory, or a Delta table when `data`
+/// ends in `delta`) with the cache in `cache`, one trainer writing its ids to `ids` at no more than
+/// `rows_per_s`.
 fn spec(name: &str, data: &str, epochs: u32, cache: &Path, ids: &Path, rows_per_s: u32) -> String {
+    let format = if data.ends_with("delta") {
+        "delta"
+    } else {
+        "parquet"
+    };
     format!(
         r#"
 name: {name}
 data:
-  sources: [{{ uri: "{data}", format: parquet }}]
+  sources: [{{ uri: "{data}", format: {format} }}]
   task_rows: 5000
   batch_size: 500
   epochs: {epochs}
@@ -130,6 +136,94 @@ fn parquet_of_ids(first_id: i64) -> Vec<u8> {
     bytes
 }
 
+/// What a test of this file reaches S3 with.
+struct Bed<'a> {
+    runtime: &'a tokio::runtime::Runtime,
+    store: &'a dyn ObjectStore,
+    proxy: &'a DelayProxy,
+    upstream: SocketAddr,
+    server: &'a sluice_testkit::SeaweedServer,
+}
+
+/// Writes `ROWS` rows as `format` (parquet or delta) to `s3://BUCKET/cached-FORMAT` and runs a job
+/// of two epochs over them with the cache in `cache`: every row reaches the trainer once in each
+/// epoch, the job reads about the data's bytes from S3 in all, and next to none in its second
+/// epoch.
+fn two_epochs(bed: &Bed<'_>, format: &str, root: &Path, cache: &Path) {
+    let prefix = format!("cached-{format}");
+    let data = format!("s3://{}/{prefix}", sluice_testkit::BUCKET);
+    let generated = sluice()
+        .args(["gen", "--out", &data, "--rows", &ROWS.to_string()])
+        .args([
+            "--files",
+            "4",
+            "--row-group-rows",
+            "5000",
+            "--format",
+            format,
+        ])
+        .envs(sluice_testkit::s3_environment(bed.upstream))
+        .output()
+        .expect("sluice gen");
+    assert!(
+        generated.status.success(),
+        "sluice gen to S3: {}\n{}",
+        String::from_utf8_lossy(&generated.stderr),
+        bed.server.log()
+    );
+    // The table's log counts too: it is read at every start.
+    let data_bytes: u64 = bed
+        .runtime
+        .block_on(
+            bed.store
+                .list(Some(&ObjectPath::from(prefix.as_str())))
+                .try_collect::<Vec<_>>(),
+        )
+        .expect("list")
+        .iter()
+        .map(|meta| meta.size)
+        .sum();
+    let ids = root.join("ids.bin");
+    let before = bed.proxy.bytes_to_client();
+    let ran = run_job(
+        root,
+        &spec(
+            &format!("two-epochs-{format}"),
+            &data,
+            2,
+            cache,
+            &ids,
+            40_000,
+        ),
+        bed.proxy,
+    );
+    assert!(ran.succeeded, "{format}: {}", ran.printed);
+    let job_bytes = bed.proxy.bytes_to_client() - before;
+    let mut delivered = read_ids(&ids);
+    delivered.sort_unstable();
+    let expected: Vec<i64> = (0..ROWS).flat_map(|id| [id, id]).collect();
+    assert!(
+        delivered == expected,
+        "{format}: every row once in each epoch: {} ids delivered\n{}",
+        delivered.len(),
+        ran.printed
+    );
+    assert!(
+        job_bytes <= data_bytes + data_bytes / 10 + (256 << 10),
+        "{format}: two epochs read {job_bytes} bytes from S3; the data is {data_bytes} bytes\n{}",
+        ran.printed
+    );
+    let at_second_epoch = ran
+        .bytes_at_next_epoch
+        .expect("the status showed the second epoch");
+    let second_epoch_bytes = bed.proxy.bytes_to_client() - at_second_epoch;
+    assert!(
+        second_epoch_bytes <= data_bytes / 100,
+        "{format}: the second epoch read {second_epoch_bytes} of {data_bytes} bytes from S3\n{}",
+        ran.printed
+    );
+}
+
 #[test]
 fn a_second_epoch_reads_from_the_cache_and_an_overwritten_file_is_read_anew() {
     let server = sluice_testkit::start_seaweed();
@@ -143,68 +237,22 @@ fn a_second_epoch_reads_from_the_cache_and_an_overwritten_file_is_read_anew() {
         DELAY,
         std::num::NonZeroU64::new(BANDWIDTH_BYTES_PER_S),
     );
-    let data = format!("s3://{}/cached", sluice_testkit::BUCKET);
-    let generated = sluice()
-        .args(["gen", "--out", &data, "--rows", &ROWS.to_string()])
-        .args(["--files", "4", "--row-group-rows", "5000"])
-        .envs(sluice_testkit::s3_environment(upstream))
-        .output()
-        .expect("sluice gen");
-    assert!(
-        generated.status.success(),
-        "sluice gen to S3: {}\n{}",
-        String::from_utf8_lossy(&generated.stderr),
-        server.log()
-    );
-    let store = sluice_testkit::s3_store(&options);
-    let data_bytes: u64 = runtime
-        .block_on(
-            store
-                .list(Some(&ObjectPath::from("cached")))
-                .try_collect::<Vec<_>>(),
-        )
-        .expect("list")
-        .iter()
-        .map(|meta| meta.size)
-        .sum();
-
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
     let cache = root.join("cache");
+    let store = sluice_testkit::s3_store(&options);
+    let bed = Bed {
+        runtime: &runtime,
+        store: &store,
+        proxy: &proxy,
+        upstream,
+        server: &server,
+    };
+    // Two epochs: the second reads what the first cached, of Parquet files pinned by their entity
+    // tags, and of a Delta table's files, pinned by the table's log.
+    two_epochs(&bed, "parquet", &root.join("parquet"), &cache);
+    two_epochs(&bed, "delta", &root.join("delta"), &cache);
 
-    // Two epochs: the second reads what the first cached.
-    let ids = root.join("epochs/ids.bin");
-    let before = proxy.bytes_to_client();
-    let ran = run_job(
-        &root.join("epochs"),
-        &spec("two-epochs", &data, 2, &cache, &ids, 40_000),
-        &proxy,
-    );
-    assert!(ran.succeeded, "{}", ran.printed);
-    let job_bytes = proxy.bytes_to_client() - before;
-    let mut delivered = read_ids(&ids);
-    delivered.sort_unstable();
-    let expected: Vec<i64> = (0..ROWS).flat_map(|id| [id, id]).collect();
-    assert!(
-        delivered == expected,
-        "every row once in each epoch: {} ids delivered\n{}",
-        delivered.len(),
-        ran.printed
-    );
-    assert!(
-        job_bytes <= data_bytes + data_bytes / 10 + (256 << 10),
-        "two epochs read {job_bytes} bytes from S3; the data is {data_bytes} bytes\n{}",
-        ran.printed
-    );
-    let at_second_epoch = ran
-        .bytes_at_next_epoch
-        .expect("the status showed the second epoch");
-    let second_epoch_bytes = proxy.bytes_to_client() - at_second_epoch;
-    assert!(
-        second_epoch_bytes <= data_bytes / 100,
-        "the second epoch read {second_epoch_bytes} of {data_bytes} bytes from S3\n{}",
-        ran.printed
-    );
     let mode = std::fs::metadata(&cache)
         .expect("cache")
         .permissions()
