@@ -217,6 +217,16 @@ pub enum BenchError {
         /// What it printed on stderr.
         stderr: String,
     },
+    /// The trainer of a Sluice job failed; what the job's node daemon and AM printed tells why.
+    #[error("{trainer}\n--- the node daemon: {daemon}\n--- the AM: {am}")]
+    JobFailed {
+        /// The trainer's failure.
+        trainer: Box<BenchError>,
+        /// What the daemon printed.
+        daemon: String,
+        /// What the AM printed.
+        am: String,
+    },
     /// A program the benchmark ran did not finish in time and was killed.
     #[error("`{command}` did not finish within {timeout:?} and was killed; its stderr: {stderr}")]
     CommandTimeout {

@@ -1563,7 +1563,19 @@ impl Runner<'_> {
         let mut daemon = Service::spawn(&mut daemon_command, directory.path().join("daemon.log"))?;
         sampler.add_root(daemon.child.id());
 
-        let stdout = trainer.finish(RUN_TIMEOUT)?;
+        let stdout = match trainer.finish(RUN_TIMEOUT) {
+            Ok(stdout) => stdout,
+            Err(error) => {
+                // What the services said tells why the trainer got no data.
+                daemon.stop(Duration::ZERO);
+                am.stop(Duration::ZERO);
+                return Err(BenchError::JobFailed {
+                    trainer: Box::new(error),
+                    daemon: daemon.printed(),
+                    am: am.printed(),
+                });
+            }
+        };
         // The job is over once its one trainer is: the services get a moment to exit on their own.
         daemon.stop(SERVICE_STOP_TIMEOUT);
         am.stop(SERVICE_STOP_TIMEOUT);
@@ -1705,6 +1717,33 @@ impl Service {
                     .to_owned(),
             })
         }
+    }
+
+    /// What the process printed so far: the lines of its stdout (to its end, once it exited, for
+    /// at most a second more) and its stderr log.
+    fn printed(&mut self) -> String {
+        let exited = matches!(self.child.try_wait(), Ok(Some(_)));
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let next = if exited {
+                self.lines
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                    .ok()
+            } else {
+                self.lines.try_recv().ok()
+            };
+            let Some(line) = next else { break };
+            self.stdout.push_str(&line);
+            self.stdout.push('\n');
+        }
+        format!(
+            "`{}` printed:\n{}\nand logged:\n{}",
+            self.shown,
+            self.stdout.trim(),
+            std::fs::read_to_string(&self.log)
+                .unwrap_or_default()
+                .trim()
+        )
     }
 
     /// Gives the process `grace` to exit, then kills it.
@@ -2078,6 +2117,35 @@ mod tests {
     use sluice_am::spec::{Format, JobSpec};
 
     use super::*;
+
+    #[test]
+    fn a_failed_job_names_what_its_services_printed() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let mut daemon = Service::spawn(
+            Command::new("sh").args(["-c", "echo registered; echo refused by the AM >&2"]),
+            directory.path().join("daemon.log"),
+        )
+        .expect("spawn");
+        daemon.stop(Duration::from_secs(10));
+        let error = BenchError::JobFailed {
+            trainer: Box::new(BenchError::CommandOutput {
+                command: "python trainer.py".to_owned(),
+                stdout: String::new(),
+                reason: "no ring".to_owned(),
+            }),
+            daemon: daemon.printed(),
+            am: "`sluice am` printed nothing".to_owned(),
+        };
+        let message = error.to_string();
+        for part in [
+            "no ring",
+            "registered",
+            "refused by the AM",
+            "the AM: `sluice am`",
+        ] {
+            assert!(message.contains(part), "{part:?} in {message}");
+        }
+    }
 
     #[test]
     fn the_job_runs_the_trainer_script_as_its_one_trainer() {
