@@ -181,6 +181,16 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
         status["epoch"], 0,
         "added while the first epoch runs: {status}"
     );
+    let text = sluice()
+        .args(["status", "--am", &address])
+        .env_remove("SLUICE_TOKEN")
+        .output()
+        .expect("run sluice status");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("source 1: file://{}, 1 files", more.display())),
+        "{text}"
+    );
 
     assert!(
         common::bed::finish(&mut run, "sluice run", Duration::from_secs(120), root),

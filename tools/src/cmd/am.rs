@@ -559,6 +559,21 @@ fn write_status(out: &mut dyn Write, reply: &v1::StatusReply) -> std::io::Result
         "  tasks: {} pending, {} in flight, {} done, {} failed",
         tasks.pending, tasks.in_flight, tasks.done, tasks.failed
     )?;
+    // One source read whole says nothing the spec does not; several, or one followed, do.
+    if reply.sources.len() > 1 || reply.sources.iter().any(|source| source.followed) {
+        for (index, source) in reply.sources.iter().enumerate() {
+            let following = match (&source.follow_ended, source.following) {
+                (_, true) => ", followed".to_owned(),
+                (Some(ended), false) => format!(", no longer followed: {ended}"),
+                (None, false) => String::new(),
+            };
+            writeln!(
+                out,
+                "  source {index}: {}, {} files{following}",
+                source.uri, source.planned_files
+            )?;
+        }
+    }
     for node in &reply.nodes {
         writeln!(
             out,
