@@ -300,8 +300,9 @@ impl BlockCache {
     /// The bytes `want` (offsets in the block) of the entry of `block` of the object `key`, when
     /// the cache has a whole one; marks it used.
     ///
-    /// The first read of an entry file by this process reads it whole and checks its CRC; later
-    /// reads of the same file read its header and the bytes wanted alone. An entry file is written
+    /// The first read of an entry file by this process reads it whole and checks its CRC, unless
+    /// this process wrote it; later reads of the same file read its header and the bytes wanted
+    /// alone. An entry file is written
     /// whole before it is renamed into place, so a file this process found whole stays whole while
     /// it runs; what the CRC guards against, a file that a crash of the machine left short or
     /// zeroed, is met again by the first read of every daemon started after it.
@@ -332,16 +333,7 @@ impl BlockCache {
             }
             let entry = Entry::parse(content, key, block);
             if entry.is_some() {
-                let mut verified = self
-                    .verified
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                // Entries evicted and written again leave their identities behind: start over
-                // once there are more than the cache can hold.
-                if verified.len() as u64 > 2 * (self.max_bytes / self.block_bytes) + 1024 {
-                    verified.clear();
-                }
-                verified.insert(identity);
+                self.found_whole(identity);
             }
             entry
         };
@@ -363,7 +355,23 @@ impl BlockCache {
         Some(entry)
     }
 
+    /// Notes that the entry file of `identity` (device and inode) is whole: this process read it
+    /// whole, or wrote it.
+    fn found_whole(&self, identity: (u64, u64)) {
+        let mut verified = self
+            .verified
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Entries evicted and written again leave their identities behind: start over once there
+        // are more than the cache can hold.
+        if verified.len() as u64 > 2 * (self.max_bytes / self.block_bytes) + 1024 {
+            verified.clear();
+        }
+        verified.insert(identity);
+    }
+
     /// Writes the entry of `block` of the object `key`: a new temporary file, renamed into place.
+    /// The file this process wrote whole is known whole: its later reads read only what they need.
     fn write_entry(&self, key: &ObjectKey, block: u64, entry: &Entry) -> io::Result<()> {
         let mut content = serde_json::to_vec(&entry.header(key, block))?;
         content.push(b'\n');
@@ -375,9 +383,13 @@ impl BlockCache {
             .join(format!("{}.{number}", std::process::id()));
         let written = files::create_temporary(&temporary, Sharing::Private)
             .map_err(io::Error::other)
-            .and_then(|mut file| file.write_all(&content));
+            .and_then(|mut file| {
+                file.write_all(&content)?;
+                let metadata = file.metadata()?;
+                Ok((metadata.dev(), metadata.ino()))
+            });
         let target = self.entry_path(key, block);
-        let placed = written.and_then(|()| {
+        let placed = written.and_then(|identity| {
             if let Some(parent) = target.parent() {
                 match fs::DirBuilder::new().mode(0o700).create(parent) {
                     Ok(()) => {}
@@ -387,6 +399,7 @@ impl BlockCache {
             }
             let replaced = fs::symlink_metadata(&target).is_ok();
             fs::rename(&temporary, &target)?;
+            self.found_whole(identity);
             Ok(replaced)
         });
         match placed {
@@ -1413,7 +1426,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_damaged_or_unfinished_entry_is_never_served() {
+    async fn a_damaged_or_unfinished_entry_is_never_served_after_a_crash() {
         let (directory, inner, cache, sut) = cached_store();
         let data = content(3, 2 * BLOCK as usize);
         let tag = put(&inner, "a.arrow", data.clone()).await;
@@ -1434,6 +1447,12 @@ mod tests {
         // A temporary file left by a daemon killed while writing: never read.
         fs::write(directory.path().join("tmp/4242.0"), b"{\"format\":1}\nhalf").expect("temporary");
 
+        // The daemon started after the crash.
+        drop(sut);
+        drop(cache);
+        let cache =
+            BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
+        let sut = cache.wrap("s3://bucket/", inner.clone());
         let before = cache.figures();
         let again = read(sut.as_ref(), "a.arrow", &tag, Some(0..2 * BLOCK))
             .await
