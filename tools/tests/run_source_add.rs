@@ -39,6 +39,11 @@ fn added_source(root: &Path) -> PathBuf {
     more
 }
 
+/// The job's source and the source to add, under `root`.
+fn sources(root: &Path) -> (PathBuf, PathBuf) {
+    (common::generate(root, ROWS, 4, 500), added_source(root))
+}
+
 /// `sluice source add` of `uri` at the AM at `address`, with `extra` flags.
 fn add(address: &str, uri: &str, extra: &[&str]) -> std::process::Output {
     sluice()
@@ -114,8 +119,7 @@ fn assert_delivered(counts: &BTreeMap<i64, u32>, epochs: u32) {
 fn a_source_added_to_a_running_job_is_delivered_once_in_this_epoch_and_the_next() {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
-    let data = common::generate(root, ROWS, 4, 500);
-    let more = added_source(root);
+    let (data, more) = sources(root);
     let spec = common::write_spec(
         root,
         &format!(
@@ -216,8 +220,7 @@ fn trainer(am: &str, rank: u32, ring_dir: &Path, ids: &Path) -> Child {
 fn an_am_killed_after_a_source_was_added_takes_the_job_over_with_it() {
     let directory = tempfile::tempdir().expect("tempdir");
     let root = directory.path();
-    let data = common::generate(root, ROWS, 4, 500);
-    let more = added_source(root);
+    let (data, more) = sources(root);
     let spec = common::write_spec(
         root,
         &format!(

@@ -207,6 +207,23 @@ struct SnapshotWithoutAddedPins {
     restored: Option<RestoredAt>,
 }
 
+/// The files and splits an entry added to the plan, as [`JobPlan::append`] takes them.
+fn journaled_block(
+    files: Vec<PlannedFile>,
+    splits: Vec<PlannedSplit>,
+    bytes: Vec<PlannedBytes>,
+    identities: Vec<PlannedIdentity>,
+) -> JobPlan {
+    JobPlan {
+        files,
+        splits,
+        bytes,
+        identities,
+        versions: Vec::new(),
+        left_out: Vec::new(),
+    }
+}
+
 /// Decodes `body` as exactly one `T`, with nothing left over.
 fn exactly<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Option<T> {
     match postcard::take_from_bytes::<T>(body) {
@@ -346,14 +363,7 @@ impl Master {
             } => self.apply_added(
                 source,
                 version,
-                JobPlan {
-                    files,
-                    splits,
-                    bytes,
-                    identities,
-                    versions: Vec::new(),
-                    left_out: Vec::new(),
-                },
+                journaled_block(files, splits, bytes, identities),
             ),
             Entry::FollowEnded { source, reason } => self.apply_follow_ended(source, reason),
             Entry::SourceAdded {
@@ -364,17 +374,7 @@ impl Master {
                 identities,
             } => {
                 let source = Master::parse_journaled(self.next_source_index(), source)?;
-                self.apply_source_added(
-                    source,
-                    JobPlan {
-                        files,
-                        splits,
-                        bytes,
-                        identities,
-                        versions: Vec::new(),
-                        left_out: Vec::new(),
-                    },
-                );
+                self.apply_source_added(source, journaled_block(files, splits, bytes, identities));
             }
             Entry::BadDataSkipped { key, range } => {
                 self.bad_data.record(key, range);
