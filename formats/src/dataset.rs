@@ -862,7 +862,8 @@ impl Dataset {
 
     /// What a reader skips when the rows of `split` do not decode from `row` on (counted from the
     /// split's first row): the rest of the Parquet row group holding `row`, or for a row format,
-    /// whose split decodes as one, the rest of the split.
+    /// the rest of the split (a CSV or JSON lines record that does not decode alone fails with
+    /// [`FormatError::BadRecord`], and is its own unit).
     ///
     /// # Errors
     ///

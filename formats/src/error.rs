@@ -140,6 +140,18 @@ pub enum FormatError {
         /// What is wrong, and the fix.
         reason: String,
     },
+    /// One record of a CSV or JSON lines split does not decode; the records around it do.
+    #[error("{format} file {file}: record {record} of its split does not decode: {cause}")]
+    BadRecord {
+        /// The format, as its files are called (`csv`, `json lines`).
+        format: &'static str,
+        /// The file.
+        file: String,
+        /// The record, counted from the first record of the split's bytes.
+        record: u64,
+        /// Why it does not decode.
+        cause: String,
+    },
     /// A file is not as it was when it was planned: it was overwritten or changed since, so its
     /// splits' rows are no longer the planned ones.
     #[error(
@@ -186,7 +198,7 @@ impl FormatError {
             Self::Parquet { cause, .. } => {
                 !matches!(cause, parquet::errors::ParquetError::External(_))
             }
-            Self::TfRecord { .. } | Self::Record { .. } => true,
+            Self::TfRecord { .. } | Self::Record { .. } | Self::BadRecord { .. } => true,
             Self::Arrow { cause, .. } => matches!(
                 cause,
                 arrow::error::ArrowError::CsvError(_)
@@ -196,6 +208,12 @@ impl FormatError {
             ),
             _ => false,
         }
+    }
+
+    /// Whether the error is one record's that does not decode ([`FormatError::BadRecord`]): the
+    /// rows after it decode, so a reader skips that record alone.
+    pub fn is_one_record(&self) -> bool {
+        matches!(self, Self::BadRecord { .. })
     }
 
     /// Wraps an object store error with what was being done.

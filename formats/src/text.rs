@@ -286,28 +286,31 @@ impl RowFileFormat {
     ) -> Result<BoxStream<'static, Result<SplitBatch>>> {
         let uri = split.uri.clone();
         let (task_id, row_count) = (split.task_id, split.row_count);
-        let (batches, skip) = match &split.bytes {
+        let (decoded, skip) = match &split.bytes {
             None => {
                 let bytes = file.whole().await?;
                 let uri = uri.clone();
                 let batches =
                     blocking(move || decode(self, bytes, &file_schema, &uri, Header::First))
                         .await?;
-                (batches, split.first_row)
+                (Decoded::Whole(batches), split.first_row)
             }
             Some(range) => {
                 let skip = rows_within(split, range)?;
-                let batches = if self == Self::ArrowIpc {
-                    crate::ipc::read_range(file, range).await?
+                let decoded = if self == Self::ArrowIpc {
+                    Decoded::Whole(crate::ipc::read_range(file, range).await?)
                 } else {
                     self.read_records(file, split, range, file_schema).await?
                 };
-                (batches, skip)
+                (decoded, skip)
             }
         };
         let plan = plan.clone();
         let finished = blocking(move || {
-            let total: u64 = batches.iter().map(|batch| batch.num_rows() as u64).sum();
+            let total = decoded.rows();
+            // Records that do not decode end the read at the first of them the split holds: the
+            // reader skips it and reads on after it (`Dataset::bad_data_unit`).
+            let (batches, first_row, bad) = decoded.rows_after(skip);
             if skip.checked_add(row_count).is_none_or(|end| end > total) {
                 return Err(FormatError::SplitInvalid {
                     task_id,
@@ -316,7 +319,7 @@ impl RowFileFormat {
                 });
             }
             let mut output = Vec::new();
-            let mut batch_start = 0u64;
+            let mut batch_start = first_row;
             let end = skip + row_count;
             for batch in batches {
                 let batch_end = batch_start + batch.num_rows() as u64;
@@ -337,10 +340,16 @@ impl RowFileFormat {
                 }
                 batch_start = batch_end;
             }
+            let mut output: Vec<Result<SplitBatch>> = output.into_iter().map(Ok).collect();
+            if let Some((row, error)) = bad
+                && row < end
+            {
+                output.push(Err(error));
+            }
             Ok(output)
         })
         .await?;
-        Ok(stream::iter(finished.into_iter().map(Ok)).boxed())
+        Ok(stream::iter(finished).boxed())
     }
 
     /// Reads the records a split's bytes hold: one ranged read, checked against the CRC32C the planner
@@ -351,7 +360,7 @@ impl RowFileFormat {
         split: &Split,
         range: &SplitBytes,
         file_schema: SchemaRef,
-    ) -> Result<Vec<RecordBatch>> {
+    ) -> Result<Decoded> {
         let bytes = file.range(range.start..range.end).await?;
         let (uri, task_id, planned) = (split.uri.clone(), split.task_id, *range);
         blocking(move || {
@@ -367,7 +376,20 @@ impl RowFileFormat {
                     ),
                 });
             }
-            let batches = decode(self, bytes, &file_schema, &uri, Header::Absent)?;
+            let batches = match decode(self, bytes.clone(), &file_schema, &uri, Header::Absent) {
+                Ok(batches) => batches,
+                Err(error) if error.is_bad_data() => {
+                    // Record by record, when the records are the planned ones; otherwise the
+                    // split does not decode as a whole.
+                    return match decode_each(self, &bytes, &file_schema, &uri) {
+                        Some(records) if records.len() as u64 == planned.rows => {
+                            Ok(Decoded::Each(records))
+                        }
+                        _ => Err(error),
+                    };
+                }
+                Err(error) => return Err(error),
+            };
             let rows: u64 = batches.iter().map(|batch| batch.num_rows() as u64).sum();
             if rows != planned.rows {
                 return Err(FormatError::SplitInvalid {
@@ -379,9 +401,113 @@ impl RowFileFormat {
                     ),
                 });
             }
-            Ok(batches)
+            Ok(Decoded::Whole(batches))
         })
         .await
+    }
+}
+
+/// The rows of a row format's bytes: decoded all at once, or, when that failed on a record of a
+/// CSV or JSON lines file, record by record, each record its row or why it does not decode.
+enum Decoded {
+    Whole(Vec<RecordBatch>),
+    Each(Vec<Result<RecordBatch>>),
+}
+
+impl Decoded {
+    /// The rows, the ones that do not decode included.
+    fn rows(&self) -> u64 {
+        match self {
+            Decoded::Whole(batches) => batches.iter().map(|batch| batch.num_rows() as u64).sum(),
+            Decoded::Each(records) => records.len() as u64,
+        }
+    }
+
+    /// The rows to read from row `from` on: the batches (from row 0, or from `from` when decoded
+    /// record by record) and the row they start at, up to the first row at or after `from` that
+    /// does not decode, with that row and why, if there is one. The rows before `from` that do not
+    /// decode were skipped before.
+    fn rows_after(self, from: u64) -> (Vec<RecordBatch>, u64, Option<(u64, FormatError)>) {
+        let records = match self {
+            Decoded::Whole(batches) => return (batches, 0, None),
+            Decoded::Each(records) => records,
+        };
+        let mut rows = Vec::new();
+        let mut bad = None;
+        for (row, record) in records.into_iter().enumerate().skip(from as usize) {
+            match record {
+                Ok(batch) => rows.push(batch),
+                Err(error) => {
+                    bad = Some((row as u64, error));
+                    break;
+                }
+            }
+        }
+        // One batch of the rows of one record each, as a whole decode would give them.
+        let joined = match rows.first() {
+            Some(first) => match arrow::compute::concat_batches(&first.schema(), &rows) {
+                Ok(batch) => vec![batch],
+                Err(_) => rows,
+            },
+            None => rows,
+        };
+        (joined, from, bad)
+    }
+}
+
+/// The records of a split's bytes of a CSV or JSON lines file decoded one by one, each its row or
+/// why it does not decode ([`FormatError::BadRecord`], counted from the bytes' first record);
+/// `None` for the formats whose records are not decoded alone (Arrow IPC, TFRecord).
+fn decode_each(
+    format: RowFileFormat,
+    bytes: &Bytes,
+    schema: &SchemaRef,
+    uri: &str,
+) -> Option<Vec<Result<RecordBatch>>> {
+    let bad = |format: &'static str, record: usize, cause: String| FormatError::BadRecord {
+        format,
+        file: uri.to_owned(),
+        record: record as u64,
+        cause,
+    };
+    match format {
+        RowFileFormat::Csv => {
+            let reader = arrow::csv::ReaderBuilder::new(Arc::clone(schema))
+                .with_header(false)
+                .with_batch_size(1)
+                .build(Cursor::new(bytes.clone()))
+                .ok()?;
+            // The CSV reader reads on after a record it could not decode.
+            Some(
+                reader
+                    .enumerate()
+                    .map(|(index, record)| {
+                        record.map_err(|error| bad("csv", index, error.to_string()))
+                    })
+                    .collect(),
+            )
+        }
+        RowFileFormat::JsonLines => Some(
+            bytes
+                .split(|byte| *byte == b'\n')
+                .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
+                .enumerate()
+                .map(|(index, line)| {
+                    let bad = |cause: String| bad("json lines", index, cause);
+                    // A reader of one line: the JSON reader repeats an error rather than read on.
+                    let mut reader = arrow::json::ReaderBuilder::new(Arc::clone(schema))
+                        .with_batch_size(1)
+                        .build(Cursor::new(line))
+                        .map_err(|error| bad(error.to_string()))?;
+                    match reader.next() {
+                        Some(Ok(batch)) if batch.num_rows() == 1 => Ok(batch),
+                        Some(Err(error)) => Err(bad(error.to_string())),
+                        _ => Err(bad("the line is not one record".to_owned())),
+                    }
+                })
+                .collect(),
+        ),
+        RowFileFormat::ArrowIpc | RowFileFormat::TfRecord => None,
     }
 }
 

@@ -743,14 +743,15 @@ async fn a_task_whose_file_changed_after_planning_fails_naming_it_and_writes_no_
     );
 }
 
-/// Feeds the one task `task` of the source `uri` shaped by `shape`, which must end without failing;
+/// Feeds the one task `task` of the source `uri` in `format` shaped by `shape`, which must end without failing;
 /// returns what it wrote and the rows it skipped.
 async fn feed_one_that_skips(
     uri: &str,
+    format: &str,
     shape: &JobShape,
     task: v1::TaskAssignment,
 ) -> (Vec<Delivered>, Vec<v1::BadRange>) {
-    let pipeline = pipeline(uri, "parquet", shape).await;
+    let pipeline = pipeline(uri, format, shape).await;
     let (delivered, _, ends) = feed_tasks(pipeline, vec![task], None).await;
     let [
         TaskEnd {
@@ -782,8 +783,13 @@ async fn a_row_group_that_does_not_decode_is_skipped_and_reported_or_fails_the_t
             on_bad_data: v1::BadDataPolicy::Skip,
             ..JobShape::default()
         };
-        let (delivered, skipped) =
-            feed_one_that_skips(&uri, &shape, assignment(3, 0, 0, &split, 0, 3000)).await;
+        let (delivered, skipped) = feed_one_that_skips(
+            &uri,
+            "parquet",
+            &shape,
+            assignment(3, 0, 0, &split, 0, 3000),
+        )
+        .await;
         let [range] = skipped.as_slice() else {
             panic!("one skip is reported: {skipped:?}");
         };
@@ -843,8 +849,13 @@ async fn a_real_corrupt_file_is_skipped_row_group_by_row_group() {
         ..JobShape::default()
     };
     let rows = split.row_count;
-    let (delivered, skipped) =
-        feed_one_that_skips(&uri, &shape, assignment(1, 0, 0, &split, 0, rows)).await;
+    let (delivered, skipped) = feed_one_that_skips(
+        &uri,
+        "parquet",
+        &shape,
+        assignment(1, 0, 0, &split, 0, rows),
+    )
+    .await;
     assert!(!skipped.is_empty(), "the corrupt pages are reported");
     let skipped_rows: u64 = skipped.iter().map(|range| range.row_count).sum();
     let delivered_rows: u64 = delivered
@@ -857,5 +868,70 @@ async fn a_real_corrupt_file_is_skipped_row_group_by_row_group() {
             range.row_group.is_some() && range.cause.contains("parquet file"),
             "{range:?}"
         );
+    }
+}
+
+/// With `data.on_bad_data: skip`, a CSV or JSON lines record that does not decode is skipped alone
+/// and reported; the records around it arrive once, with or without a shuffle, and from a task
+/// that starts after a bad record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_csv_or_json_lines_record_that_does_not_decode_is_skipped_alone() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    // Past the rows the schema is inferred from, which would make the column text.
+    let bad = [1300_i64, 1301, 1710];
+    let row = |format: &str, id: i64| match (format, bad.contains(&id)) {
+        ("csv", false) => format!("{id},{}.5\n", id * 2),
+        ("csv", true) => format!("{id},not-a-number\n"),
+        (_, false) => format!("{{\"id\": {id}, \"score\": {}.5}}\n", id * 2),
+        (_, true) => format!("{{\"id\": {id}, \"score\": \"not-a-number\"}}\n"),
+    };
+    for (format, name) in [("csv", "rows.csv"), ("jsonl", "rows.jsonl")] {
+        let path = directory.path().join(format).join(name);
+        std::fs::create_dir_all(path.parent().expect("a directory")).expect("mkdir");
+        let header = if format == "csv" { "id,score\n" } else { "" };
+        let text: String = std::iter::once(header.to_owned())
+            .chain((0..2000).map(|id| row(format, id)))
+            .collect();
+        std::fs::write(&path, text).expect("write");
+        let uri = format!("file://{}", path.display());
+        let split = splits(&uri, 5000).await.remove(0);
+        assert!(split.bytes.is_some(), "{format}: planned with its bytes");
+        for (shuffle, start) in [(None, 0), (Some((5, 1)), 0), (None, 1500)] {
+            let shape = JobShape {
+                batch_size: 64,
+                shuffle,
+                on_bad_data: v1::BadDataPolicy::Skip,
+                ..JobShape::default()
+            };
+            let task = assignment(3, 0, 0, &split, start, 2000);
+            let (delivered, skipped) = feed_one_that_skips(&uri, format, &shape, task).await;
+            let expected_skips: Vec<(u64, u64)> = bad
+                .iter()
+                .filter(|id| **id >= start as i64)
+                .map(|id| (*id as u64, 1))
+                .collect();
+            let mut found: Vec<(u64, u64)> = skipped
+                .iter()
+                .map(|range| (range.first_row, range.row_count))
+                .collect();
+            found.sort_unstable();
+            assert_eq!(
+                found, expected_skips,
+                "{format}, shuffle {shuffle:?}, from {start}"
+            );
+            assert!(
+                skipped
+                    .iter()
+                    .all(|range| range.row_group.is_none()
+                        && range.cause.contains("does not decode")),
+                "{skipped:?}"
+            );
+            let mut ids = tiled_ids(&delivered, 3, start, 2000, "id");
+            ids.sort_unstable();
+            let expected: Vec<i64> = (start as i64..2000)
+                .filter(|id| !bad.contains(id))
+                .collect();
+            assert_eq!(ids, expected, "{format}, shuffle {shuffle:?}, from {start}");
+        }
     }
 }

@@ -186,8 +186,9 @@ pub(crate) type Skipped = Arc<dyn Fn(v1::BadRange) + Send + Sync>;
 
 /// Reads `read`, rows of a split from its row `offset` on, as covered batches whose rows count
 /// from the split's first row. With `skipping` (whether to log each skip as a warning, and where
-/// to tell of it), rows that do not decode are skipped to the end of their unit (the rest of the
-/// Parquet row group, or of a row-format split: see [`sluice_formats::Dataset::bad_data_unit`]):
+/// to tell of it), rows that do not decode are skipped to the end of their unit (a CSV or JSON
+/// lines record alone, the rest of a Parquet row group, or of a TFRecord or Arrow IPC split: see
+/// [`sluice_formats::Dataset::bad_data_unit`]):
 /// an empty batch covers them, and the read opens again after them. Any other error ends the
 /// read.
 fn read_covered(
@@ -279,16 +280,23 @@ impl CoveredRead {
             return Some((Err(FeedError::Read(error)), self));
         };
         let from = self.next_row;
-        // A footer that cannot be read again leaves the rest of the read as the unit.
-        let unit = self
-            .source
-            .dataset
-            .bad_data_unit(&self.read, from)
-            .await
-            .unwrap_or(sluice_formats::BadDataUnit {
+        // A record of a row format that does not decode alone is skipped alone; a footer that
+        // cannot be read again leaves the rest of the read as the unit.
+        let unit = if error.is_one_record() {
+            sluice_formats::BadDataUnit {
                 row_group: None,
-                end: self.read.row_count,
-            });
+                end: from + 1,
+            }
+        } else {
+            self.source
+                .dataset
+                .bad_data_unit(&self.read, from)
+                .await
+                .unwrap_or(sluice_formats::BadDataUnit {
+                    row_group: None,
+                    end: self.read.row_count,
+                })
+        };
         let end = unit.end.clamp(from + 1, self.read.row_count);
         let range = v1::BadRange {
             uri: self.read.uri.clone(),
