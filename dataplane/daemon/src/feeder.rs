@@ -161,7 +161,15 @@ impl Pipeline {
                     .transforms
                     .output_schema(&source.schema)
                     .map_err(|error| unfit(error.to_string()))?;
-                if schema.fields() != self.schema.fields() {
+                // The AM's rule: the same names and types, in order.
+                let columns = |schema: &arrow::datatypes::Schema| -> Vec<(String, arrow::datatypes::DataType)> {
+                    schema
+                        .fields()
+                        .iter()
+                        .map(|field| (field.name().clone(), field.data_type().clone()))
+                        .collect()
+                };
+                if columns(&schema) != columns(&self.schema) {
                     return Err(unfit(format!(
                         "its batches would have the schema {schema}, the job's rings carry {}",
                         self.schema
