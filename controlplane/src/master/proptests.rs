@@ -1282,16 +1282,17 @@ fn every_row_of_every_epoch_is_consumed_exactly_once_through_the_masters_process
         .ok()
         .and_then(|cases| cases.parse().ok())
         .unwrap_or(256);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        // A failing case shrinks for at most a minute.
-        max_shrink_time: 60_000,
-        ..Config::default()
-    });
     // A takeover that loses a heartbeat finishing a task is rare (about one run of 256 cases in
-    // twelve has none): the cases run again, up to three more times, until one has.
+    // twelve has none): new cases run, up to three more times, until one has. Each run has a runner
+    // of its own, since a runner counts the cases it passed across its runs.
     for _ in 0..4 {
+        let mut runner = TestRunner::new(Config {
+            cases,
+            failure_persistence: None,
+            // A failing case shrinks for at most a minute.
+            max_shrink_time: 60_000,
+            ..Config::default()
+        });
         let result = runner.run(&job_strategy(), |job| run_job(job, &coverage));
         if let Err(failure) = result {
             panic!("{failure}");
