@@ -236,13 +236,19 @@ impl Master {
 
     pub(super) fn apply_added(&mut self, source: u32, version: Option<u64>, block: JobPlan) {
         decide(&mut self.follows, FollowEvent::Grew { source, version });
+        self.append_block(block, |split_rows| Event::SplitsAdded { split_rows });
+    }
+
+    /// Appends `block`'s files and splits to the plan, after every split before them, and their
+    /// tasks to the table, through the event `added` makes of their row counts.
+    pub(super) fn append_block(&mut self, block: JobPlan, added: impl FnOnce(Vec<u64>) -> Event) {
         let split_rows = block.split_rows();
         self.added.append(&block);
         let first_split = Arc::make_mut(&mut self.plan).append(&block);
         if split_rows.is_empty() {
             return;
         }
-        self.apply_event(None, Event::SplitsAdded { split_rows });
+        self.apply_event(None, added(split_rows));
         self.origins.place_added(&self.table, first_split);
     }
 

@@ -140,14 +140,7 @@ impl Master {
     /// Makes `source` one of the job's, with its files and splits in `block`.
     pub(super) fn apply_source_added(&mut self, source: AddedSource, block: JobPlan) {
         self.append_source(source);
-        let split_rows = block.split_rows();
-        self.added.append(&block);
-        let first_split = Arc::make_mut(&mut self.plan).append(&block);
-        if split_rows.is_empty() {
-            return;
-        }
-        self.apply_event(None, Event::SourceAdded { split_rows });
-        self.origins.place_added(&self.table, first_split);
+        self.append_block(block, |split_rows| Event::SourceAdded { split_rows });
     }
 
     /// Makes `source` one of the job's sources, the daemons' as the AM's.
