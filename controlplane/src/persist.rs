@@ -240,6 +240,7 @@ roles:
                 rings: Vec::new(),
                 keeps_finished_until_durable: true,
                 bad: Vec::new(),
+                handed: Vec::new(),
             };
             let applied = master.heartbeat(request, round);
             // Not awaited, as a heartbeat of counts alone is answered.

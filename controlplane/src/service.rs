@@ -211,13 +211,19 @@ impl Am {
         request: v1::HeartbeatRequest,
     ) -> (v1::HeartbeatReply, Option<Durable>) {
         let keeps_finished = request.keeps_finished_until_durable;
+        let node = NodeId(request.node_id);
         let mut master = self.master();
         let before = master.standing();
         let applied = master.heartbeat(wire::heartbeat(request), self.now_ms());
         let early = master.answers_before_durable(before, &applied.reply, keeps_finished);
         let durable = self.persist.append(&applied.entries, &master);
+        let settled = master.settled_for(node);
         let reply = v1::HeartbeatReply {
-            commands: wire::commands(master.plan(), master.added_sources(), applied.reply),
+            commands: wire::commands(
+                master.plan(),
+                master.added_sources(),
+                applied.reply.into_iter().chain(settled).collect(),
+            ),
             journal: self.journal_mark(),
         };
         (reply, (!early).then_some(durable))
@@ -692,8 +698,14 @@ impl DaemonService for AmService {
             .am
             .apply(|master| {
                 let applied = master.acquire(node, request.max_tasks, self.am.now_ms());
+                // First: a daemon given the next epoch's first tasks learns how its rings end this one.
+                let settled = master.settled_for(node);
                 Ok(applied.map(|commands| v1::AcquireTasksReply {
-                    commands: wire::commands(master.plan(), master.added_sources(), commands),
+                    commands: wire::commands(
+                        master.plan(),
+                        master.added_sources(),
+                        settled.into_iter().chain(commands).collect(),
+                    ),
                     journal: None,
                 }))
             })
@@ -1588,6 +1600,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
                     enqueued,
                     consumed,
                     bad: Vec::new(),
+                    sent: 0,
                 })
                 .collect(),
             ..v1::HeartbeatRequest::default()

@@ -11,7 +11,7 @@ use crate::master::calls::{
 };
 use crate::master::{AddedSource, BadRange, SourceAdded};
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
-use crate::spec::{BadDataPolicy, JobSpec, SourceSpec, TransformSpec};
+use crate::spec::{BadDataPolicy, EvenBatches, JobSpec, SourceSpec, TransformSpec};
 use sluice_formats::{ObjectIdentity, SplitBytes};
 use sluice_proto::v1::{self, command, refusal};
 use std::collections::BTreeSet;
@@ -70,6 +70,11 @@ pub(crate) fn heartbeat(request: v1::HeartbeatRequest) -> Heartbeat {
         rings: request.rings,
         hostname: request.hostname,
         keeps_finished_until_durable: request.keeps_finished_until_durable,
+        handed: request
+            .progress
+            .iter()
+            .map(|progress| (TaskId(progress.task_id), progress.sent))
+            .collect(),
         bad: request
             .progress
             .into_iter()
@@ -193,6 +198,15 @@ pub(crate) fn commands(
                 NodeCommand::Release => command::Command::Release(v1::Release {}),
                 NodeCommand::Shutdown => command::Command::Shutdown(v1::Shutdown {}),
                 NodeCommand::Refuse(reason) => refuse(&reason),
+                NodeCommand::Settled { current, epochs } => {
+                    command::Command::Settled(v1::SettledBatches {
+                        epochs: epochs
+                            .into_iter()
+                            .map(|(epoch, batches)| v1::EpochBatches { epoch, batches })
+                            .collect(),
+                        current_epoch: current,
+                    })
+                }
             };
             v1::Command {
                 command: Some(command),
@@ -385,6 +399,11 @@ pub(crate) fn job_data(spec: &JobSpec, plan: &JobPlan) -> v1::JobData {
             BadDataPolicy::Fail => v1::BadDataPolicy::Fail,
             BadDataPolicy::Skip => v1::BadDataPolicy::Skip,
             BadDataPolicy::Warn => v1::BadDataPolicy::Warn,
+        }
+        .into(),
+        even_batches: match spec.data.even_batches {
+            EvenBatches::Off => v1::EvenBatches::Off,
+            EvenBatches::Pad => v1::EvenBatches::Pad,
         }
         .into(),
     }

@@ -127,6 +127,7 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                 enqueued: 300,
                 consumed: 200,
                 bad: Vec::new(),
+                sent: 0,
             }],
         })
         .await
@@ -146,12 +147,14 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                     enqueued: 400,
                     consumed: 350,
                     bad: Vec::new(),
+                    sent: 0,
                 },
                 TaskProgress {
                     task_id: 9,
                     enqueued: 10,
                     consumed: 0,
                     bad: Vec::new(),
+                    sent: 0,
                 },
             ],
             stages: Vec::new(),

@@ -3,10 +3,11 @@
 use prost::Message;
 use sluice_proto::v1::{
     AddedSource, AssignTasks, BadRange, Blacklisted, Command, CountOutOfRange, DeletionVector,
-    DeltaSplitInfo, DoneBeforeEnd, Fence, HeartbeatReply, HeartbeatRequest, JournalMark,
-    NoStopRequested, NotHeld, ObjectIdentity, PartitionValue, Refusal, Refuse, Release, RingStats,
-    Shutdown, SourceData, Split, SplitBytes, StageStats, StopRowOutOfRange, StopTask,
-    TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command, refusal,
+    DeltaSplitInfo, DoneBeforeEnd, EpochBatches, Fence, HeartbeatReply, HeartbeatRequest,
+    JournalMark, NoStopRequested, NotHeld, ObjectIdentity, PartitionValue, Refusal, Refuse,
+    Release, RingStats, SettledBatches, Shutdown, SourceData, Split, SplitBytes, StageStats,
+    StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command,
+    refusal,
 };
 use sluice_proto::{JobId, NodeId, TaskId};
 use std::collections::BTreeSet;
@@ -27,12 +28,14 @@ fn heartbeat_request() -> HeartbeatRequest {
                     row_count: 250,
                     cause: "invalid page header".into(),
                 }],
+                sent: 8192,
             },
             TaskProgress {
                 task_id: 12,
                 enqueued: 0,
                 consumed: 0,
                 bad: Vec::new(),
+                sent: 0,
             },
         ],
         stages: vec![
@@ -61,6 +64,16 @@ fn heartbeat_request() -> HeartbeatRequest {
             reader_interval_ms: 0,
             source_wait_ms: 1_500,
             source_task_id: 6,
+            epoch_batches: vec![
+                EpochBatches {
+                    epoch: 2,
+                    batches: 40,
+                },
+                EpochBatches {
+                    epoch: 3,
+                    batches: 7,
+                },
+            ],
         }],
         keeps_finished_until_durable: true,
     }
@@ -195,6 +208,15 @@ fn heartbeat_reply_with_every_command() -> HeartbeatReply {
         Command {
             command: Some(command::Command::Release(Release {})),
         },
+        Command {
+            command: Some(command::Command::Settled(SettledBatches {
+                epochs: vec![EpochBatches {
+                    epoch: 2,
+                    batches: 41,
+                }],
+                current_epoch: 3,
+            })),
+        },
     ];
     commands.extend(
         [
@@ -243,6 +265,7 @@ fn command_kind(command: &command::Command) -> &'static str {
         command::Command::Fence(_) => "fence",
         command::Command::Refuse(_) => "refuse",
         command::Command::Release(_) => "release",
+        command::Command::Settled(_) => "settled",
     }
 }
 
@@ -269,6 +292,8 @@ fn heartbeat_request_survives_encode_and_decode() {
     assert_eq!(NodeId::from(decoded.node_id), NodeId(3));
     assert_eq!(decoded.progress[0].consumed, 1024);
     assert_eq!(decoded.rings[0].daemon_wait_ns, 200);
+    assert_eq!(decoded.progress[0].sent, 8192);
+    assert_eq!(decoded.rings[0].epoch_batches[1].batches, 7);
 }
 
 #[test]
@@ -289,7 +314,9 @@ fn heartbeat_reply_with_every_command_kind_survives_encode_and_decode() {
         .collect();
     assert_eq!(
         command_kinds,
-        BTreeSet::from(["assign", "stop", "shutdown", "fence", "refuse", "release"])
+        BTreeSet::from([
+            "assign", "stop", "shutdown", "fence", "refuse", "release", "settled"
+        ])
     );
     let refusal_kinds: BTreeSet<&str> = commands
         .iter()

@@ -113,6 +113,7 @@ fn a_daemon_pulls_every_row_once_and_the_am_exits_when_the_job_succeeds() {
                             enqueued: rows,
                             consumed: rows,
                             bad: Vec::new(),
+                            sent: 0,
                         }],
                         ..v1::HeartbeatRequest::default()
                     })

@@ -172,6 +172,7 @@ async fn run_daemon(address: &str, token: Option<&str>, beats: u64) -> Reported 
             enqueued: *enqueued,
             consumed: *consumed,
             bad: Vec::new(),
+            sent: 0,
         })
         .collect();
     for beat in 1..=beats {

@@ -121,6 +121,7 @@ impl Daemon {
                 enqueued: held.consumed,
                 consumed: held.consumed,
                 bad: Vec::new(),
+                sent: 0,
             })
             .collect()
     }
@@ -152,7 +153,8 @@ impl Daemon {
                 }
                 Some(Cmd::Fence(_) | Cmd::Release(_)) => self.held.clear(),
                 Some(Cmd::Shutdown(_)) => over = true,
-                Some(Cmd::Refuse(_)) | None => {}
+                // The job has no data.even_batches.
+                Some(Cmd::Refuse(_) | Cmd::Settled(_)) | None => {}
             }
         }
         over

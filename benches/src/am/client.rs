@@ -317,6 +317,7 @@ impl Daemon {
                     enqueued: task.enqueued,
                     consumed: task.consumed,
                     bad: Vec::new(),
+                    sent: task.enqueued,
                 })
                 .collect(),
             stages: self.stage_stats(),
@@ -468,7 +469,8 @@ impl Daemon {
                     let mut stats = self.shared.stats();
                     stats.refusals += u64::from(stats.measuring());
                 }
-                None => {}
+                // The bench's job has no data.even_batches: no count to pad to.
+                Some(Cmd::Settled(_)) | None => {}
             }
         }
         Flow::Continue

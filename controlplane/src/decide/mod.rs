@@ -24,6 +24,10 @@
 //!   the row `k' >= k` where it really stops (it cannot take back rows already in a ring). Only then
 //!   does the AM cut the task at `k'` and queue `[k', end)` as a new task. Nothing is ever handed out
 //!   twice, so no row is delivered twice.
+//!   With `even_batches`, any node that asks for work while nothing is pending may trigger a
+//!   re-split, of another node's task or of its own (a node whose one ring ran dry while another
+//!   holds the rest of the epoch), with no margin and down to one row: trainers that step in
+//!   lockstep stop at a dry ring, and the rows still to be handed to a full ring must move to it.
 //! - **Report.** A daemon reports a task done (its consumed count equals its length) or failed. A
 //!   failed task's consumed count is final: the daemon reports failure only once the rows it
 //!   enqueued for the task are consumed or dropped from its rings. The task is queued again from
@@ -63,7 +67,7 @@ pub use position::{
 };
 pub use state::{JobState, NodeStatus, NodeView, PlanError, TaskCounts, TaskInFlight, TaskSpan};
 
-use crate::spec::JobSpec;
+use crate::spec::{EvenBatches, JobSpec};
 use serde::{Deserialize, Serialize};
 pub use sluice_proto::{NodeId, TaskId};
 
@@ -95,11 +99,17 @@ pub struct DecideConfig {
     /// Whether a source is followed: splits may be added while the job runs, and the job does not
     /// succeed before [`Event::FollowEnded`].
     pub follow: bool,
+    /// Whether the rings get the same number of batches in each epoch (`data.even_batches`): then
+    /// the tail of an epoch is re-split to any node that asks for work, its own tasks included, down
+    /// to one row and with no margin, so that every row gets handed to a ring while trainers that
+    /// step in lockstep wait on a ring that ran dry (see the module documentation).
+    pub even_batches: bool,
 }
 
 impl DecideConfig {
     /// Takes the decision settings from a validated job spec.
     pub fn from_spec(spec: &JobSpec) -> DecideConfig {
+        let even_batches = spec.data.even_batches != EvenBatches::Off;
         DecideConfig {
             seed: spec.data.shuffle.seed,
             epochs: spec.data.epochs,
@@ -110,13 +120,22 @@ impl DecideConfig {
             heartbeat_timeout_ms: spec.failover.heartbeat_timeout_ms,
             task_success_percent: spec.failover.task_success_percent,
             task_failed_percent: spec.failover.task_failed_percent,
-            resplit_margin_rows: spec.data.resplit_margin_rows,
-            resplit_min_rows: spec.data.resplit_min_rows,
+            resplit_margin_rows: if even_batches {
+                0
+            } else {
+                spec.data.resplit_margin_rows
+            },
+            resplit_min_rows: if even_batches {
+                1
+            } else {
+                spec.data.resplit_min_rows
+            },
             follow: spec
                 .data
                 .sources
                 .iter()
                 .any(|source| source.follow.is_some()),
+            even_batches,
         }
     }
 }

@@ -660,6 +660,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
         1..4u64,
         2..5usize,
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_flat_map(
             |(
@@ -673,6 +674,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                 resplit_min_rows,
                 nodes,
                 follow,
+                even_batches,
             )| {
                 // A followed job may start with no rows at all; the others need one.
                 if !follow {
@@ -691,6 +693,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                     resplit_margin_rows,
                     resplit_min_rows,
                     follow,
+                    even_batches,
                 };
                 let ops = prop::collection::vec(op_strategy(nodes), 0..200);
                 let end_follow_at = prop::option::of(0..200usize);

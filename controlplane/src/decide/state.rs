@@ -845,7 +845,7 @@ impl JobState {
             .nodes
             .get(&node)
             .is_some_and(|entry| entry.held.is_empty());
-        if idle && max_tasks > 0 {
+        if (idle || self.config.even_batches) && max_tasks > 0 {
             self.request_resplit(node, actions);
         }
     }
@@ -860,7 +860,9 @@ impl JobState {
         let victim = self
             .in_flight
             .iter()
-            .filter(|(_, flight)| flight.node != idle && flight.stop_at.is_none())
+            .filter(|(_, flight)| {
+                (flight.node != idle || self.config.even_batches) && flight.stop_at.is_none()
+            })
             .map(|(slot, flight)| {
                 let task_slot = &self.slots[*slot as usize];
                 let position = task_slot.start + flight.enqueued;

@@ -19,6 +19,7 @@ fn config() -> DecideConfig {
         resplit_margin_rows: 2,
         resplit_min_rows: 2,
         follow: false,
+        even_batches: false,
     }
 }
 
@@ -418,6 +419,53 @@ fn no_resplit_for_a_busy_node_or_a_small_remainder() {
     // Only 3 rows remain past enqueued: margin 2 leaves 1, below resplit_min_rows.
     heartbeat(&mut sut, NODE_A, 2, &[progress(task.task, 97, 90)]);
     assert_eq!(acquire(&mut sut, NODE_B, 2, 1), Vec::new());
+}
+
+#[test]
+fn with_even_batches_a_busy_node_re_splits_the_tail_down_to_one_row_and_its_own_tasks_too() {
+    let mut sut = new_state(
+        DecideConfig {
+            task_rows: 100,
+            even_batches: true,
+            resplit_margin_rows: 0,
+            resplit_min_rows: 1,
+            ..config()
+        },
+        vec![100],
+    );
+    register(&mut sut, NODE_A, 0);
+    let task = assigned(&acquire(&mut sut, NODE_A, 0, 1), NODE_A)[0];
+    heartbeat(&mut sut, NODE_A, 1, &[progress(task.task, 10, 5)]);
+    // A holds the epoch's last task and asks for more (one of its rings ran dry): it is asked to
+    // stop at half of what it has not enqueued, so that the rest goes to its dry ring.
+    assert_eq!(
+        acquire(&mut sut, NODE_A, 2, 1),
+        vec![Action::StopAt {
+            node: NODE_A,
+            task: task.task,
+            row: 55
+        }]
+    );
+    let actions = run(
+        &mut sut,
+        Event::StopAck {
+            node: NODE_A,
+            now_ms: 3,
+            task: task.task,
+            stop_row: 98,
+        },
+    );
+    assert!(
+        actions.contains(&Action::TaskSplit {
+            parent: task.task,
+            child: TaskId(1),
+            at_row: 98
+        }),
+        "{actions:?}"
+    );
+    // A two-row remainder is handed out, to the node that asked.
+    let child = assigned(&acquire(&mut sut, NODE_A, 4, 1), NODE_A);
+    assert_eq!((child[0].start, child[0].end), (98, 100));
 }
 
 #[test]

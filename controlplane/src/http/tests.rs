@@ -98,6 +98,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
             enqueued,
             consumed,
             bad: Vec::new(),
+            sent: 0,
         })
         .collect();
     sut.heartbeat(

@@ -31,6 +31,14 @@ pub enum NodeCommand {
     Shutdown,
     /// The request, or part of it, was not applied.
     Refuse(Refusal),
+    /// With `data.even_batches`: the current epoch, where a ring opened now starts, and the
+    /// batches every ring pads up to in the epochs settled, the latest last.
+    Settled {
+        /// The current epoch.
+        current: u32,
+        /// Settled epochs and their counts.
+        epochs: Vec<(u32, u64)>,
+    },
 }
 
 /// A daemon registers.
@@ -85,6 +93,9 @@ pub struct Heartbeat {
     /// The rows of its tasks it skipped because they did not decode, reported again with the
     /// tasks' counts.
     pub bad: Vec<(TaskId, super::BadRange)>,
+    /// Per task, the rows handed to its ring's writer, relative to the task's start; read before
+    /// the rings' batch counts in `rings`.
+    pub handed: Vec<(TaskId, u64)>,
 }
 
 /// A daemon ends a task.

@@ -74,6 +74,7 @@
 mod bad_data;
 pub mod calls;
 pub mod checkpoint;
+mod even;
 mod following;
 mod replay;
 mod rescale;
@@ -98,6 +99,7 @@ use bad_data::{BadDataLog, SkipKey};
 use calls::{Heartbeat, JobPhase, NodeCommand, Registered, Registration, Scaled, TaskReport};
 use checkpoint::{Checkpoints, RanksChanged};
 pub use checkpoint::{CommitOutcome, ReadyCheckpoint};
+use even::EvenBatches;
 use following::Follows;
 pub use following::{FollowTarget, SourceFollow};
 pub use replay::{Entry, Snapshot};
@@ -285,6 +287,8 @@ pub struct Master {
     /// The latest time of a change applied, journaled or replayed: the time a new AM's clock
     /// continues from, so that the journal's times never go back.
     latest_ms: u64,
+    /// With `data.even_batches`, the epochs' batch counts as the daemons report them.
+    even: Option<EvenBatches>,
 }
 
 /// What a heartbeat can change of the task table besides counts and liveness: a task done (no
@@ -382,6 +386,8 @@ impl Master {
         let table = JobState::new(config, split_rows)?;
         let role_sizes = spec.roles.iter().map(|role| role.num).collect();
         let follows = Follows::new(&spec, &plan);
+        let even =
+            (spec.data.even_batches != crate::spec::EvenBatches::Off).then(EvenBatches::default);
         Ok(Master {
             spec,
             plan,
@@ -406,6 +412,7 @@ impl Master {
             added_sources: Vec::new(),
             readers: Vec::new(),
             latest_ms: 0,
+            even,
         })
     }
 
@@ -777,7 +784,9 @@ impl Master {
             now_ms,
             held: request.held,
         };
-        let (commands, entries) = self.apply_and_log(node, event);
+        let (mut commands, entries) = self.apply_and_log(node, event);
+        // First: the rings the daemon opens start in the current epoch.
+        commands.splice(0..0, self.settled_for(node));
         let (ranks, world_size, attach) = self.ranks_told(node);
         Ok(Applied {
             reply: Registered {
@@ -880,6 +889,18 @@ impl Master {
                 info.hostname = request.hostname;
             }
         }
+        if let Some(even) = &mut self.even
+            && self.table.node_status(node).is_some()
+        {
+            let rings = self
+                .nodes
+                .get(&node)
+                .map_or(&[][..], |info| info.rings.as_slice());
+            even.report(node, request.handed.into_iter().collect(), rings);
+            // Before the counts: the heartbeat that reports the epoch's last rows consumed also
+            // reports them all handed.
+            even.settle(&self.table);
+        }
         // Before the counts: the heartbeat may end the epoch whose tasks the skips belong to.
         let mut entries = self.bad_data_reported(request.bad);
         let event = Event::Heartbeat {
@@ -889,10 +910,22 @@ impl Master {
         };
         let (commands, more) = self.apply_and_log(node, event);
         entries.extend(more);
+        if let Some(even) = &mut self.even {
+            even.settle(&self.table);
+        }
         Applied {
             reply: commands,
             entries,
         }
+    }
+
+    /// With `data.even_batches`, the settled batch counts `node` may still need; sent with every
+    /// answer to its heartbeats and requests for work, apart from the commands that decide whether
+    /// an answer waits for the journal: the counts follow from the daemons' reports, not from it.
+    pub fn settled_for(&self, node: NodeId) -> Option<NodeCommand> {
+        let current = self.table.epoch();
+        let epochs = self.even.as_ref()?.settled_for(node, current);
+        Some(NodeCommand::Settled { current, epochs })
     }
 
     /// Records the skips a daemon reports that are new (and lie in their tasks' splits), and fails

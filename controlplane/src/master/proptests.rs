@@ -442,6 +442,8 @@ impl Sim<'_> {
                     }
                 }
                 NodeCommand::Shutdown => self.nodes[node].phase = Phase::Shutdown,
+                // The simulated job has no data.even_batches: no ring pads.
+                NodeCommand::Settled { .. } => {}
                 NodeCommand::Release => {
                     // The commands after it were meant for the rings given back.
                     self.nodes[node].phase = Phase::Released;
@@ -590,6 +592,7 @@ impl Sim<'_> {
                 rings: Vec::new(),
                 keeps_finished_until_durable: self.keeps_finished,
                 bad: Vec::new(),
+                handed: Vec::new(),
             },
             self.now_ms,
         );
@@ -627,6 +630,7 @@ impl Sim<'_> {
                 rings: Vec::new(),
                 keeps_finished_until_durable: self.keeps_finished,
                 bad: Vec::new(),
+                handed: Vec::new(),
             },
             self.now_ms,
         );

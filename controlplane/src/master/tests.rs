@@ -109,6 +109,7 @@ fn heartbeat_applied(
                     enqueued: *enqueued,
                     consumed: *consumed,
                     bad: Vec::new(),
+                    sent: 0,
                 })
                 .collect(),
             ..v1::HeartbeatRequest::default()
@@ -225,6 +226,128 @@ fn a_job_runs_to_success_and_every_daemon_is_shut_down() {
     assert!(has_shutdown(&heartbeat(&mut sut, 0, now, &[])));
     assert!(has_shutdown(&heartbeat(&mut sut, 1, now, &[])));
     assert!(sut.finished());
+}
+
+/// A heartbeat of `node` with `(task, enqueued, consumed, sent)` counts and, per ring, its batch
+/// counts by epoch; returns what `settled_for` then tells the node: the current epoch and the
+/// settled epochs.
+fn even_heartbeat(
+    sut: &mut Master,
+    node: u64,
+    now_ms: u64,
+    progress: &[(u64, u64, u64, u64)],
+    rings: &[&[(u32, u64)]],
+) -> (u32, Vec<(u32, u64)>) {
+    sut.heartbeat(
+        wire::heartbeat(v1::HeartbeatRequest {
+            node_id: node,
+            progress: progress
+                .iter()
+                .map(|&(task_id, enqueued, consumed, sent)| v1::TaskProgress {
+                    task_id,
+                    enqueued,
+                    consumed,
+                    bad: Vec::new(),
+                    sent,
+                })
+                .collect(),
+            rings: rings
+                .iter()
+                .enumerate()
+                .map(|(rank, counts)| v1::RingStats {
+                    rank: rank as u32,
+                    epoch_batches: counts
+                        .iter()
+                        .map(|&(epoch, batches)| v1::EpochBatches { epoch, batches })
+                        .collect(),
+                    ..v1::RingStats::default()
+                })
+                .collect(),
+            ..v1::HeartbeatRequest::default()
+        }),
+        now_ms,
+    );
+    match sut.settled_for(NodeId(node)) {
+        Some(NodeCommand::Settled { current, epochs }) => (current, epochs),
+        other => panic!("a padding job tells every node its counts: {other:?}"),
+    }
+}
+
+#[test]
+fn an_epoch_settles_at_the_most_batches_of_a_ring_once_every_row_is_handed_to_a_ring() {
+    let mut sut = master_of(&SPEC.replace(
+        "  shuffle: { seed: 3 }\n",
+        "  shuffle: { seed: 3 }\n  epochs: 2\n  fixed_batch_size: true\n  even_batches: pad\n",
+    ));
+    assert_eq!(
+        master().settled_for(NodeId(0)),
+        None,
+        "a job without even_batches"
+    );
+    register(&mut sut, 0, 0);
+    register(&mut sut, 1, 0);
+    let first = assigned(&acquire(&mut sut, 0, 1, 3));
+    let second = assigned(&acquire(&mut sut, 1, 1, 3));
+    assert_eq!(
+        (first.len(), second.len()),
+        (3, 2),
+        "every task of the epoch is out"
+    );
+    let rows = |task: &v1::TaskAssignment| task.end - task.start;
+    let all = |tasks: &[v1::TaskAssignment]| -> Vec<(u64, u64, u64, u64)> {
+        tasks
+            .iter()
+            .map(|task| (task.task_id, 0, 0, rows(task)))
+            .collect()
+    };
+    // Node 0 handed everything, node 1 not yet its last row: nothing is settled.
+    let (current, settled) = even_heartbeat(&mut sut, 0, 2, &all(&first), &[&[(0, 7)], &[(0, 3)]]);
+    assert_eq!((current, settled), (0, vec![]));
+    let mut partly = all(&second);
+    partly[1].3 -= 1;
+    let (_, settled) = even_heartbeat(&mut sut, 1, 2, &partly, &[&[(0, 2)], &[(0, 6)]]);
+    assert_eq!(
+        settled,
+        vec![],
+        "a row not handed yet may make another batch"
+    );
+    // Once node 1 handed its last row too, the epoch settles at the most any ring has: 7.
+    let (_, settled) = even_heartbeat(&mut sut, 1, 3, &all(&second), &[&[(0, 2)], &[(0, 6)]]);
+    assert_eq!(settled, vec![(0, 7)]);
+    assert_eq!(
+        on_the_wire(
+            &sut,
+            Applied {
+                reply: sut.settled_for(NodeId(1)).into_iter().collect(),
+                entries: Vec::new(),
+            }
+        )
+        .reply[0]
+            .command,
+        Some(Cmd::Settled(v1::SettledBatches {
+            epochs: vec![v1::EpochBatches {
+                epoch: 0,
+                batches: 7
+            }],
+            current_epoch: 0,
+        }))
+    );
+    // Every row consumed: epoch 1 begins; epoch 0 stays settled for the rings still padding it,
+    // and a count reported later for it (a ring that padded) never lowers it.
+    let done = |tasks: &[v1::TaskAssignment]| -> Vec<(u64, u64, u64, u64)> {
+        tasks
+            .iter()
+            .map(|task| (task.task_id, rows(task), rows(task), rows(task)))
+            .collect()
+    };
+    even_heartbeat(&mut sut, 0, 4, &done(&first), &[&[(0, 7)], &[(0, 7)]]);
+    let (current, settled) =
+        even_heartbeat(&mut sut, 1, 4, &done(&second), &[&[(0, 7)], &[(0, 6)]]);
+    assert_eq!(sut.table().epoch(), 1);
+    assert_eq!((current, settled), (1, vec![(0, 7)]));
+    // A ring in epoch 1 that counted nothing there yet: the node is told from epoch 0 on.
+    let (_, settled) = even_heartbeat(&mut sut, 0, 5, &[], &[&[(0, 7), (1, 0)], &[(0, 7)]]);
+    assert_eq!(settled, vec![(0, 7)]);
 }
 
 #[test]
@@ -1808,6 +1931,7 @@ fn heartbeat_with_skip(
                     row_count,
                     cause: "invalid page header".into(),
                 }],
+                sent: 0,
             }],
             ..v1::HeartbeatRequest::default()
         }),

@@ -160,6 +160,33 @@ pub struct DataSpec {
     /// Left out of the journal's identity like the cache, and out of the encoding at its default.
     #[serde(skip_serializing_if = "BadDataSpec::is_default")]
     pub bad_data: BadDataSpec,
+    /// Whether every trainer gets the same number of batches in each epoch (`data.even_batches`,
+    /// default `off`). Part of the journal's identity (it changes what the trainers get), and left
+    /// out of the encoding when off, as the data section of a spec without it was encoded before it.
+    #[serde(skip_serializing_if = "EvenBatches::is_off")]
+    pub even_batches: EvenBatches,
+}
+
+/// `data.even_batches`: how every trainer gets the same number of batches in each epoch, so that
+/// data-parallel ranks that step in lockstep all run the epoch's last step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvenBatches {
+    /// Each trainer gets the batches its ring was given.
+    #[default]
+    Off,
+    /// Once the epoch's batches are all counted, the rings with fewer batches than the most get
+    /// batches of rows they already had, marked by the boolean column `_sluice_pad`.
+    Pad,
+}
+
+impl EvenBatches {
+    /// The names accepted in `data.even_batches`.
+    pub const NAMES: &'static [&'static str] = &["off", "pad"];
+
+    fn is_off(&self) -> bool {
+        *self == EvenBatches::Off
+    }
 }
 
 /// `data.on_bad_data` and `data.max_bad_fraction`: what happens to a file, row group or record that

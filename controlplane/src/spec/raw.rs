@@ -32,6 +32,7 @@ pub(crate) struct RawData {
     pub(crate) cache: Option<RawCache>,
     pub(crate) on_bad_data: Option<String>,
     pub(crate) max_bad_fraction: Option<f64>,
+    pub(crate) even_batches: Option<String>,
 }
 
 /// `data.cache`: a local disk cache of remote sources.

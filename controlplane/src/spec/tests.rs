@@ -1268,6 +1268,34 @@ fn the_bad_data_policy_is_checked_and_its_budget_only_goes_with_a_policy_that_sk
 }
 
 #[test]
+fn even_batches_is_checked_and_needs_fixed_batch_size() {
+    let with_data = |lines: &str| minimal_with("").replace("data:\n", &format!("data:\n{lines}"));
+    assert_eq!(
+        parse_yaml(MINIMAL_YAML).expect("valid").data.even_batches,
+        EvenBatches::Off
+    );
+    let sut = parse_yaml(&with_data(
+        "  fixed_batch_size: true\n  even_batches: pad\n",
+    ))
+    .expect("valid");
+    assert_eq!(sut.data.even_batches, EvenBatches::Pad);
+    let error = refused(&with_data(
+        "  fixed_batch_size: true\n  even_batches: padd\n",
+    ));
+    assert_error(
+        &error,
+        "data.even_batches",
+        &["`padd`", "did you mean `pad`?"],
+    );
+    let error = refused(&with_data("  even_batches: pad\n"));
+    assert_error(
+        &error,
+        "data.even_batches",
+        &["data.fixed_batch_size", "set data.fixed_batch_size: true"],
+    );
+}
+
+#[test]
 fn a_source_added_at_run_time_parses_as_an_entry_of_the_sources_without_follow() {
     let json = r#"{"uri": "s3://bucket/more", "format": "parquet", "columns": ["id"]}"#;
     let sut = SourceSpec::parse_added(json, 2).expect("valid JSON");

@@ -6,10 +6,10 @@ use super::raw::{
     RawResources, RawRole, RawSource, RawToleration, RawTransform, ScalarString,
 };
 use super::{
-    BadDataPolicy, BadDataSpec, CacheSpec, CheckpointSpec, DataSpec, FailoverSpec, FollowSpec,
-    Gang, HangAction, HangSpec, JobSpec, KubernetesSpec, LauncherKind, MAX_NODES, MAX_TRAINERS,
-    Resources, RestartPolicy, RoleSpec, ShuffleSpec, SlurmSpec, SourceFormat, SourceSpec,
-    SpecError, Toleration, TransformSpec,
+    BadDataPolicy, BadDataSpec, CacheSpec, CheckpointSpec, DataSpec, EvenBatches, FailoverSpec,
+    FollowSpec, Gang, HangAction, HangSpec, JobSpec, KubernetesSpec, LauncherKind, MAX_NODES,
+    MAX_TRAINERS, Resources, RestartPolicy, RoleSpec, ShuffleSpec, SlurmSpec, SourceFormat,
+    SourceSpec, SpecError, Toleration, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -537,7 +537,36 @@ fn validate_data(raw: RawData) -> Result<DataSpec, SpecError> {
         fixed_batch_size: raw.fixed_batch_size.unwrap_or(false),
         cache: raw.cache.map(validate_cache).transpose()?,
         bad_data: validate_bad_data(raw.on_bad_data.as_deref(), raw.max_bad_fraction)?,
+        even_batches: validate_even_batches(
+            raw.even_batches.as_deref(),
+            raw.fixed_batch_size.unwrap_or(false),
+        )?,
     })
+}
+
+fn validate_even_batches(
+    even: Option<&str>,
+    fixed_batch_size: bool,
+) -> Result<EvenBatches, SpecError> {
+    let even = match even {
+        None | Some("off") => EvenBatches::Off,
+        Some("pad") => EvenBatches::Pad,
+        Some(other) => {
+            return Err(SpecError::invalid(
+                "data.even_batches",
+                format!("has unknown value `{other}`"),
+                suggest(other, EvenBatches::NAMES),
+            ));
+        }
+    };
+    if even != EvenBatches::Off && !fixed_batch_size {
+        return Err(SpecError::invalid(
+            "data.even_batches",
+            "is set, but data.fixed_batch_size is not: equal batch counts mean equal steps only when batches have one size",
+            "set data.fixed_batch_size: true, or leave data.even_batches out",
+        ));
+    }
+    Ok(even)
 }
 
 fn validate_bad_data(

@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use sluice_proto::v1;
 use sluice_proto::v1::command::Command as Cmd;
 use sluice_ring::announce::{Announced, announced};
 
@@ -23,10 +24,16 @@ const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(50);
 
 /// How a wait for the trainers ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Waited {
     /// Every local rank announced itself: open a ring for each of these.
-    Ranks(Vec<u32>),
+    Ranks {
+        /// The local ranks.
+        ranks: Vec<u32>,
+        /// With `data.even_batches`, the latest counts the AM told while the daemon waited: the
+        /// rings start in its current epoch.
+        settled: Option<v1::SettledBatches>,
+    },
     /// The AM shut the daemon down.
     Shutdown,
     /// A restore began: register again (holding nothing) before waiting on.
@@ -44,6 +51,7 @@ pub(crate) async fn await_trainers(
     let started = Instant::now();
     let mut logged = started;
     let mut heartbeat = started;
+    let mut settled = None;
     loop {
         let found = announced(job_dir).map_err(|error| DaemonError::Announcements {
             dir: job_dir.to_path_buf(),
@@ -55,7 +63,10 @@ pub(crate) async fn await_trainers(
                 ranks = ?found.trainers.iter().map(|trainer| trainer.rank).collect::<Vec<_>>(),
                 "every local trainer announced itself"
             );
-            return Ok(Waited::Ranks((0..size).collect()));
+            return Ok(Waited::Ranks {
+                ranks: (0..size).collect(),
+                settled,
+            });
         }
         if logged.elapsed() >= WAIT_LOG_INTERVAL {
             logged = Instant::now();
@@ -73,6 +84,7 @@ pub(crate) async fn await_trainers(
                 match command.command {
                     Some(Cmd::Shutdown(_)) => return Ok(Waited::Shutdown),
                     Some(Cmd::Release(_) | Cmd::Fence(_)) => return Ok(Waited::Release),
+                    Some(Cmd::Settled(told)) => settled = Some(told),
                     _ => {}
                 }
             }

@@ -47,6 +47,8 @@ struct HeldTask {
     start: u64,
     end: u64,
     ring: usize,
+    /// The end of the rows the feeder handed to the writer, as last told.
+    sent_end: u64,
     enqueued_end: u64,
     consumed_end: u64,
     failure: Option<Failure>,
@@ -58,6 +60,16 @@ struct HeldTask {
     /// end of that AM's journal once the report was appended. The task goes once as much of that
     /// journal is durable.
     reported_done: Option<(u64, u64)>,
+}
+
+impl HeldTask {
+    /// The end of the rows handed to the writer: at least what the ring holds, at most the end.
+    fn sent(&self) -> u64 {
+        self.sent_end
+            .max(self.enqueued_end)
+            .max(self.consumed_end)
+            .min(self.end)
+    }
 }
 
 /// Why a task's feeder failed, and how far it got.
@@ -209,6 +221,7 @@ impl TaskBook {
                 start: entry.start,
                 end: entry.end,
                 ring,
+                sent_end: entry.enqueued_end,
                 enqueued_end: entry.enqueued_end,
                 consumed_end: entry.consumed_end,
                 failure: None,
@@ -298,6 +311,13 @@ impl TaskBook {
         }
     }
 
+    /// Takes the end of the rows of task `task_id` its feeder handed to the writer; it only rises.
+    pub(crate) fn handed(&mut self, task_id: TaskId, sent_end: u64) {
+        if let Some(task) = self.tasks.get_mut(&task_id) {
+            task.sent_end = task.sent_end.max(sent_end);
+        }
+    }
+
     /// Records rows of the held task `task_id` that its feeder skipped because they did not decode;
     /// every later heartbeat reports them with the task's counts.
     pub(crate) fn skipped(&mut self, task_id: TaskId, ranges: Vec<v1::BadRange>) {
@@ -335,6 +355,7 @@ impl TaskBook {
                 enqueued: task.enqueued_end.saturating_sub(task.start),
                 consumed: task.consumed_end.saturating_sub(task.start),
                 bad: task.skipped.clone(),
+                sent: task.sent().saturating_sub(task.start),
             })
             .collect()
     }
@@ -352,6 +373,7 @@ impl TaskBook {
                     .saturating_sub(task.start),
                 consumed: task.consumed_end.saturating_sub(task.start),
                 bad: task.skipped.clone(),
+                sent: task.sent().saturating_sub(task.start),
             })
             .collect()
     }
@@ -531,6 +553,7 @@ mod tests {
                 enqueued: 30,
                 consumed: 10,
                 bad: Vec::new(),
+                sent: 30,
             }]
         );
         let done = LedgerTask {
@@ -681,6 +704,7 @@ mod tests {
                 enqueued: 40,
                 consumed: 20,
                 bad: Vec::new(),
+                sent: 40,
             }]
         );
     }
@@ -788,6 +812,7 @@ mod tests {
                 enqueued: 20,
                 consumed: 20,
                 bad: Vec::new(),
+                sent: 20,
             }]
         );
     }

@@ -75,6 +75,14 @@ pub enum DaemonError {
     /// The job names no source to read.
     #[error("the AM refused this daemon: the job has no sources")]
     NoSources,
+    /// The job pads with a column its data already has.
+    #[error(
+        "the job's data.even_batches: pad marks pad rows in the column `_sluice_pad`, and the batches of {uri} already have a column of that name: rename it with the source's `columns` or a transform, or set data.even_batches to off"
+    )]
+    PadColumnTaken {
+        /// The first source.
+        uri: String,
+    },
     /// The AM gave this daemon tasks while it feeds no ring.
     #[error(
         "the AM refused this daemon: {node} feeds no trainer rank; raise the roles' `num` or lower `nodes`"
@@ -289,4 +297,12 @@ pub(crate) enum FeedError {
     /// The ring's writer ended before the task did.
     #[error("the ring writer stopped")]
     WriterStopped,
+    /// A batch could not take the pad column of `data.even_batches: pad`.
+    #[error("task {task_id}: adding the column _sluice_pad of data.even_batches: pad: {error}")]
+    PadColumn {
+        /// The task.
+        task_id: u64,
+        /// Why.
+        error: ArrowError,
+    },
 }

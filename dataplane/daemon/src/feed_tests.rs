@@ -10,9 +10,9 @@ use arrow::datatypes::{DataType, Float64Type, Int64Type};
 use sluice_formats::generate::{GenerateOptions, generate};
 use sluice_formats::{Dataset, Expr, FormatKind, OpenOptions, ReadOptions};
 use sluice_proto::v1;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
-use crate::feeder::{Control, Job, Pipeline, SourceWait, feed, lock, open_pipeline};
+use crate::feeder::{Control, Job, Pipeline, RingFeed, Settled, feed, lock, open_pipeline};
 use crate::shuffle::split_order;
 use crate::writer::Write;
 
@@ -42,6 +42,7 @@ struct JobShape {
     fixed_batch_size: bool,
     transforms: Vec<v1::transform::Kind>,
     on_bad_data: v1::BadDataPolicy,
+    even_batches: v1::EvenBatches,
 }
 
 async fn pipeline(uri: &str, format: &str, shape: &JobShape) -> Arc<Pipeline> {
@@ -68,6 +69,7 @@ async fn pipeline(uri: &str, format: &str, shape: &JobShape) -> Arc<Pipeline> {
         fixed_batch_size: shape.fixed_batch_size,
         cache: None,
         on_bad_data: shape.on_bad_data.into(),
+        even_batches: shape.even_batches.into(),
     };
     Arc::new(
         open_pipeline(&data, tokio::runtime::Handle::current(), None)
@@ -117,6 +119,16 @@ async fn splits(uri: &str, task_rows: u64) -> Vec<v1::Split> {
             }),
         })
         .collect()
+}
+
+/// What a feeder shares with the daemon, for a job without `data.even_batches`: no count is ever
+/// settled.
+fn ring_feed() -> RingFeed {
+    RingFeed {
+        source_wait: Arc::default(),
+        counted: Arc::default(),
+        settled: watch::channel(Settled::default()).1,
+    }
 }
 
 fn assignment(
@@ -186,13 +198,7 @@ async fn feed_tasks(
     drop(jobs);
     // Every task is queued before the feeder starts, so that the interleave, which draws among the
     // tasks open at each batch, sees the same open tasks in every run.
-    let feeder = tokio::spawn(feed(
-        queue,
-        writer,
-        pipeline,
-        None,
-        Arc::new(SourceWait::default()),
-    ));
+    let feeder = tokio::spawn(feed(queue, writer, pipeline, None, ring_feed()));
     let mut delivered = Vec::new();
     let mut stopped_at = None;
     while let Some(write) = written.recv().await {
@@ -338,8 +344,7 @@ async fn a_stop_mid_task_on_a_filtered_source_delivers_every_row_once() {
             batch_size: 64,
             shuffle,
             fixed_batch_size,
-            transforms: Vec::new(),
-            on_bad_data: v1::BadDataPolicy::Fail,
+            ..JobShape::default()
         };
         let expected: Vec<i64> = match shuffle {
             None => in_file_order.clone(),
@@ -934,4 +939,135 @@ async fn a_csv_or_json_lines_record_that_does_not_decode_is_skipped_alone() {
             assert_eq!(ids, expected, "{format}, shuffle {shuffle:?}, from {start}");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_padding_ring_ends_its_epoch_once_settled_with_pads_of_its_last_rows() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 100, 1).await;
+    let split = splits(&uri, u64::MAX).await.remove(0);
+    let shape = JobShape {
+        batch_size: 10,
+        fixed_batch_size: true,
+        even_batches: v1::EvenBatches::Pad,
+        ..JobShape::default()
+    };
+    let pipeline = pipeline(&uri, "parquet", &shape).await;
+    assert_eq!(
+        pipeline
+            .ring_schema
+            .field(pipeline.ring_schema.fields().len() - 1),
+        &arrow::datatypes::Field::new("_sluice_pad", DataType::Boolean, false)
+    );
+    let (jobs, queue) = mpsc::unbounded_channel();
+    let (writer, mut written) = mpsc::channel(1);
+    let (settle, settled) = watch::channel(Settled::default());
+    let feed_state = RingFeed {
+        settled,
+        ..ring_feed()
+    };
+    let counted = feed_state.counted.clone();
+    // Epoch 0: 25 rows, three batches; epoch 1: 20 rows, two.
+    for (task_id, epoch, start, end) in [(0, 0, 0, 25), (1, 1, 25, 45)] {
+        jobs.send(Job {
+            assignment: assignment(task_id, epoch, 0, &split, start, end),
+            control: Arc::new(Mutex::new(Control {
+                sent_end: start,
+                ..Control::default()
+            })),
+        })
+        .expect("the feeder runs");
+    }
+    let feeder = tokio::spawn(feed(queue, writer, pipeline, None, feed_state));
+    let mut seen = Vec::new();
+    let mut record = |write: Write| match write {
+        Write::Batch {
+            batch,
+            task_id,
+            row_count,
+            ..
+        } => {
+            let pads = batch
+                .column_by_name("_sluice_pad")
+                .expect("every batch has the pad column")
+                .as_boolean()
+                .clone();
+            let padded = pads.true_count() == batch.num_rows() && batch.num_rows() > 0;
+            assert!(
+                padded || pads.true_count() == 0,
+                "a batch is all pad or none"
+            );
+            let ids = Delivered {
+                task_id,
+                first_row: 0,
+                row_count,
+                batch,
+            }
+            .ids("id");
+            seen.push(format!(
+                "{}{task_id}:{}..{}",
+                if padded { "pad " } else { "" },
+                ids[0],
+                ids[ids.len() - 1] + 1
+            ));
+        }
+        Write::EndOfEpoch => seen.push("end".to_owned()),
+        Write::Survey => {}
+    };
+    for _ in 0..3 {
+        record(written.recv().await.expect("a batch of epoch 0"));
+    }
+    // The next epoch's task is queued, but epoch 0 ends only once its count is settled.
+    let waited = tokio::time::timeout(std::time::Duration::from_millis(300), written.recv()).await;
+    assert!(
+        waited.is_err(),
+        "the epoch ended before its count was settled"
+    );
+    assert_eq!(
+        counted.report(),
+        vec![v1::EpochBatches {
+            epoch: 0,
+            batches: 3
+        }]
+    );
+    settle.send_modify(|settled| {
+        settled.merge(&v1::SettledBatches {
+            epochs: vec![v1::EpochBatches {
+                epoch: 0,
+                batches: 5,
+            }],
+            current_epoch: 1,
+        });
+    });
+    drop(jobs);
+    while let Some(write) = written.recv().await {
+        record(write);
+    }
+    feeder.await.expect("the feeder ends");
+    assert_eq!(
+        seen,
+        [
+            "0:0..10",
+            "0:10..20",
+            "0:20..25",
+            "pad 0:20..25",
+            "pad 0:20..25",
+            "end",
+            "1:25..35",
+            "1:35..45"
+        ]
+    );
+    assert_eq!(
+        counted.report(),
+        vec![
+            v1::EpochBatches {
+                epoch: 0,
+                batches: 5
+            },
+            v1::EpochBatches {
+                epoch: 1,
+                batches: 2
+            }
+        ]
+    );
 }

@@ -6,12 +6,14 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arrow::array::{BooleanArray, RecordBatch, RecordBatchOptions};
+use arrow::datatypes::SchemaRef;
 use sluice_formats::{BlockCache, SplitBatch};
 use sluice_proto::{TaskId, v1};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::error::{DaemonError, FeedError, Result};
-use crate::pipeline::{Shape, Skipped, TaskFeed};
+use crate::pipeline::{PAD_COLUMN, Shape, Skipped, TaskFeed};
 use crate::shuffle::Interleave;
 use crate::sources::{Source, open_source, open_sources};
 use crate::stats::Stages;
@@ -83,8 +85,13 @@ pub(crate) struct Pipeline {
     data: v1::JobData,
     /// How every task is shaped.
     pub(crate) shape: Shape,
-    /// The schema of the batches written to the rings: the first source's, after the transforms.
-    pub(crate) schema: arrow::datatypes::SchemaRef,
+    /// The schema of the batches the transforms make of the first source's.
+    pub(crate) schema: SchemaRef,
+    /// The schema of the batches written to the rings: `schema`, with the pad column when the job
+    /// pads.
+    pub(crate) ring_schema: SchemaRef,
+    /// A batch the transforms made, once one was read: what a ring that read none pads with.
+    sample: std::sync::OnceLock<RecordBatch>,
     /// How busy the stages after fetch are.
     pub(crate) stages: Arc<Stages>,
     /// Where tasks are read and decoded.
@@ -181,6 +188,25 @@ impl Pipeline {
         Ok(opened.clone())
     }
 
+    /// `batch` as the rings carry it: with the pad column, all `pad`, when the job pads.
+    fn ring_batch(
+        &self,
+        batch: RecordBatch,
+        pad: bool,
+    ) -> Result<RecordBatch, arrow::error::ArrowError> {
+        if !self.shape.pad {
+            return Ok(batch);
+        }
+        let rows = batch.num_rows();
+        let mut columns = batch.columns().to_vec();
+        columns.push(Arc::new(BooleanArray::from(vec![pad; rows])));
+        RecordBatch::try_new_with_options(
+            self.ring_schema.clone(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )
+    }
+
     fn lock_added(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, Arc<AddedSource>>> {
         self.added
             .lock()
@@ -205,24 +231,37 @@ pub(crate) fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Contro
 /// Every open task is read on a task of its own, ahead of the writer (see [`Pump`]), and one more
 /// task of the epoch than the window is opened, so that reading and decoding the next task overlaps
 /// the end of the current one, on another core.
+///
+/// With `data.even_batches: pad`, the feeder counts the batches it hands to the writer in each
+/// epoch (`counted`), and ends an epoch only once the AM settled its count (`settled`): it first
+/// hands the writer pad batches up to it. An idle feeder pads as soon as the count is settled, and
+/// ends the epochs in which its ring gets no task once the AM has moved past them.
 pub(crate) async fn feed(
     mut jobs: mpsc::UnboundedReceiver<Job>,
     writer: mpsc::Sender<Write>,
     pipeline: Arc<Pipeline>,
-    mut epoch: Option<u32>,
-    source_wait: Arc<SourceWait>,
+    epoch: Option<u32>,
+    rings: RingFeed,
 ) {
     let window = pipeline.shape.window();
     let seed = pipeline.shape.shuffle.map_or(0, |shuffle| shuffle.seed);
-    let mut interleave = Interleave::new(seed, epoch.unwrap_or(0));
+    let mut feeder = Feeder {
+        writer,
+        pipeline,
+        epoch,
+        interleave: Interleave::new(seed, epoch.unwrap_or(0)),
+        seed,
+        rings,
+        last: None,
+    };
     let mut open: Vec<(Job, Pump)> = Vec::new();
     let mut next_epoch: Option<Job> = None;
     loop {
         while open.len() <= window && next_epoch.is_none() {
             let job = if open.is_empty() {
                 let idle = Instant::now();
-                let job = jobs.recv().await;
-                pipeline.stages.read.wait(idle.elapsed());
+                let job = feeder.idle(&mut jobs).await;
+                feeder.pipeline.stages.read.wait(idle.elapsed());
                 match job {
                     Some(job) => job,
                     None => return,
@@ -233,46 +272,30 @@ pub(crate) async fn feed(
                     Err(_) => break,
                 }
             };
-            let job_epoch = job.assignment.epoch;
-            if epoch != Some(job_epoch) {
-                if !open.is_empty() {
-                    next_epoch = Some(job);
-                    break;
-                }
-                if epoch.is_some() && writer.send(Write::EndOfEpoch).await.is_err() {
-                    return;
-                }
-                epoch = Some(job_epoch);
-                interleave = Interleave::new(seed, job_epoch);
+            if feeder.epoch != Some(job.assignment.epoch) && !open.is_empty() {
+                next_epoch = Some(job);
+                break;
             }
-            let pump = Pump::start(&job, pipeline.clone());
+            if !feeder.enter(job.assignment.epoch).await {
+                return;
+            }
+            let pump = Pump::start(&job, feeder.pipeline.clone());
             open.push((job, pump));
         }
         if open.is_empty() {
             // Every task of the epoch ended: the next epoch's first task opens it.
             if let Some(job) = next_epoch.take() {
-                if writer.send(Write::EndOfEpoch).await.is_err() {
+                if !feeder.enter(job.assignment.epoch).await {
                     return;
                 }
-                epoch = Some(job.assignment.epoch);
-                interleave = Interleave::new(seed, job.assignment.epoch);
-                let pump = Pump::start(&job, pipeline.clone());
+                let pump = Pump::start(&job, feeder.pipeline.clone());
                 open.push((job, pump));
             }
             continue;
         }
-        let pick = interleave.pick(open.len().min(window));
+        let pick = feeder.interleave.pick(open.len().min(window));
         let (job, task) = &mut open[pick];
-        match feed_task(
-            &job.assignment,
-            &job.control,
-            task,
-            &writer,
-            &pipeline.stages,
-            &source_wait,
-        )
-        .await
-        {
+        match feeder.feed_task(job, task).await {
             Ok(Fed::More) => {}
             Ok(Fed::Done) => {
                 open.remove(pick);
@@ -282,6 +305,290 @@ pub(crate) async fn feed(
                 open.remove(pick);
             }
         }
+    }
+}
+
+/// What a ring's feeder shares with the rest of the daemon.
+#[derive(Debug, Clone)]
+pub(crate) struct RingFeed {
+    /// What the feeder waits for from the sources.
+    pub(crate) source_wait: Arc<SourceWait>,
+    /// The batches handed to the writer per epoch.
+    pub(crate) counted: Arc<EpochCount>,
+    /// The counts the AM settled, with `data.even_batches`.
+    pub(crate) settled: watch::Receiver<Settled>,
+}
+
+/// One ring's feeder between tasks: the epoch it is in and where its batches go.
+struct Feeder {
+    writer: mpsc::Sender<Write>,
+    pipeline: Arc<Pipeline>,
+    epoch: Option<u32>,
+    interleave: Interleave,
+    seed: u64,
+    rings: RingFeed,
+    /// The last batch handed to the writer, as the transforms left it: what a pad repeats.
+    last: Option<RecordBatch>,
+}
+
+impl Feeder {
+    /// Waits for the next task while no task is open; with `data.even_batches: pad`, pads the
+    /// epoch meanwhile once its count is settled, and ends the epochs the ring gets no task in.
+    /// `None` once the queue is closed or the writer stopped.
+    async fn idle(&mut self, jobs: &mut mpsc::UnboundedReceiver<Job>) -> Option<Job> {
+        if !self.pipeline.shape.pad {
+            return jobs.recv().await;
+        }
+        loop {
+            if !self.pad_while_idle().await {
+                return None;
+            }
+            tokio::select! {
+                job = jobs.recv() => return job,
+                changed = self.rings.settled.changed() => {
+                    if changed.is_err() {
+                        return jobs.recv().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pads what the settled counts allow while the ring has no task: the current epoch up to its
+    /// count, and every epoch the AM moved past, each then ended. A ring that has counted nothing
+    /// yet starts in the AM's current epoch. False once the writer stopped.
+    async fn pad_while_idle(&mut self) -> bool {
+        loop {
+            let settled = self.rings.settled.borrow_and_update().clone();
+            let Some(current) = settled.current else {
+                return true;
+            };
+            let epoch = match self.epoch {
+                Some(epoch) => epoch,
+                None => {
+                    self.begin(current);
+                    current
+                }
+            };
+            let Some(&count) = settled.epochs.get(&epoch) else {
+                return true;
+            };
+            if !self.pad_to(epoch, count).await {
+                return false;
+            }
+            if epoch >= current {
+                return true;
+            }
+            if self.writer.send(Write::EndOfEpoch).await.is_err() {
+                return false;
+            }
+            self.begin(epoch + 1);
+        }
+    }
+
+    /// Enters `epoch` for a task of it: when the ring is in another, ends that one first (padded
+    /// to its settled count with `data.even_batches: pad`). False once the writer stopped.
+    async fn enter(&mut self, epoch: u32) -> bool {
+        if self.epoch == Some(epoch) {
+            return true;
+        }
+        if let Some(ending) = self.epoch {
+            if self.pipeline.shape.pad {
+                let Some(count) = self.settled_count(ending).await else {
+                    return false;
+                };
+                if !self.pad_to(ending, count).await {
+                    return false;
+                }
+            }
+            if self.writer.send(Write::EndOfEpoch).await.is_err() {
+                return false;
+            }
+        }
+        self.begin(epoch);
+        true
+    }
+
+    fn begin(&mut self, epoch: u32) {
+        self.epoch = Some(epoch);
+        self.interleave = Interleave::new(self.seed, epoch);
+        self.rings.counted.begin(epoch);
+    }
+
+    /// Waits until the AM settled `epoch`'s count; `None` if the daemon stopped listening.
+    async fn settled_count(&mut self, epoch: u32) -> Option<u64> {
+        let settled = self
+            .rings
+            .settled
+            .wait_for(|settled| settled.epochs.contains_key(&epoch))
+            .await
+            .ok()?;
+        settled.epochs.get(&epoch).copied()
+    }
+
+    /// Hands the writer pad batches until the ring has `count` in `epoch`. False once the writer
+    /// stopped.
+    async fn pad_to(&mut self, epoch: u32, count: u64) -> bool {
+        while self.rings.counted.batches(epoch) < count {
+            let rows = self
+                .last
+                .clone()
+                .or_else(|| self.pipeline.sample.get().cloned())
+                .unwrap_or_else(|| RecordBatch::new_empty(self.pipeline.schema.clone()));
+            let batch = match self.pipeline.ring_batch(rows, true) {
+                Ok(batch) => batch,
+                Err(error) => {
+                    tracing::error!(%error, "a pad batch could not be made");
+                    return false;
+                }
+            };
+            self.rings.counted.count(epoch);
+            let pad = Write::Batch {
+                batch,
+                task_id: 0,
+                first_row: 0,
+                row_count: 0,
+            };
+            if self.writer.send(pad).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Hands the next batch of one task to the writer, cut at the task's stop row.
+    ///
+    /// Every batch covers the task rows from the end of the one before, rows the filter or a
+    /// deletion vector removed included, so the positions the writer records are exact: a stop at
+    /// row k sends exactly the rows before k, and the daemon that is given `[k, end)` reads exactly
+    /// the rest. The batch is counted in its epoch before its rows count as handed, so that a
+    /// report that reads the handed rows first and the counts after counts every batch of them.
+    async fn feed_task(&mut self, job: &Job, task: &mut Pump) -> Result<Fed, FeedError> {
+        let assignment = &job.assignment;
+        let source_wait = &self.rings.source_wait;
+        source_wait.begin(TaskId(assignment.task_id));
+        let next = task.batches.recv().await;
+        source_wait.end();
+        let Some(covered) = next.transpose()? else {
+            return Ok(Fed::Done);
+        };
+        let decided = {
+            let mut control = lock(&job.control);
+            let limit = control.stop.unwrap_or(assignment.end);
+            if covered.first_row >= limit {
+                None
+            } else {
+                let covered = if covered.end() > limit {
+                    covered.split_at_row(limit)?.0
+                } else {
+                    covered
+                };
+                self.rings.counted.count(assignment.epoch);
+                control.sent_end = covered.end();
+                Some((covered, limit))
+            }
+        };
+        let Some((covered, limit)) = decided else {
+            return Ok(Fed::Done);
+        };
+        let end = covered.end();
+        if self.pipeline.shape.pad {
+            self.pipeline.sample.get_or_init(|| covered.batch.clone());
+            self.last = Some(covered.batch.clone());
+        }
+        let batch = self
+            .pipeline
+            .ring_batch(covered.batch, false)
+            .map_err(|error| FeedError::PadColumn {
+                task_id: assignment.task_id,
+                error,
+            })?;
+        let write = Write::Batch {
+            task_id: assignment.task_id,
+            first_row: covered.first_row,
+            row_count: covered.row_count,
+            batch,
+        };
+        let blocked = Instant::now();
+        let sent = self.writer.send(write).await;
+        self.pipeline.stages.transform.wait(blocked.elapsed());
+        if sent.is_err() {
+            return Err(FeedError::WriterStopped);
+        }
+        Ok(if end >= limit { Fed::Done } else { Fed::More })
+    }
+}
+
+/// The counts of `data.even_batches` the AM settled, as it last told them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Settled {
+    /// The AM's current epoch, once it told it: where a ring that has counted nothing starts.
+    pub(crate) current: Option<u32>,
+    /// The count of every epoch settled.
+    pub(crate) epochs: BTreeMap<u32, u64>,
+}
+
+impl Settled {
+    /// Takes what the AM tells; counts only grow. Whether anything changed.
+    pub(crate) fn merge(&mut self, told: &v1::SettledBatches) -> bool {
+        let before = self.clone();
+        self.current = Some(self.current.map_or(told.current_epoch, |current| {
+            current.max(told.current_epoch)
+        }));
+        for counted in &told.epochs {
+            let count = self.epochs.entry(counted.epoch).or_default();
+            *count = (*count).max(counted.batches);
+        }
+        *self != before
+    }
+}
+
+/// The batches a ring's feeder handed to its writer in its last two epochs, pads included: what
+/// the AM settles `data.even_batches` on.
+#[derive(Debug, Default)]
+pub struct EpochCount(Mutex<[Option<(u32, u64)>; 2]>);
+
+impl EpochCount {
+    /// Starts counting `epoch`, if it is not the one counted: the one before becomes the previous.
+    pub(crate) fn begin(&self, epoch: u32) {
+        let mut counts = self.lock();
+        if counts[1].is_some_and(|(counted, _)| counted == epoch) {
+            return;
+        }
+        counts[0] = counts[1];
+        counts[1] = Some((epoch, 0));
+    }
+
+    /// Counts one batch of `epoch`.
+    pub(crate) fn count(&self, epoch: u32) {
+        self.begin(epoch);
+        if let Some((_, batches)) = &mut self.lock()[1] {
+            *batches += 1;
+        }
+    }
+
+    /// The batches counted in `epoch`, if it is one of the last two.
+    pub(crate) fn batches(&self, epoch: u32) -> u64 {
+        self.lock()
+            .iter()
+            .flatten()
+            .find(|(counted, _)| *counted == epoch)
+            .map_or(0, |(_, batches)| *batches)
+    }
+
+    /// The counts, for the AM.
+    pub fn report(&self) -> Vec<v1::EpochBatches> {
+        self.lock()
+            .iter()
+            .flatten()
+            .map(|&(epoch, batches)| v1::EpochBatches { epoch, batches })
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, [Option<(u32, u64)>; 2]> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -404,59 +711,6 @@ enum Fed {
     Done,
 }
 
-/// Hands the next batch of one task to the writer, cut at the task's stop row.
-///
-/// Every batch covers the task rows from the end of the one before, rows the filter or a deletion
-/// vector removed included, so the positions the writer records are exact: a stop at row k sends
-/// exactly the rows before k, and the daemon that is given `[k, end)` reads exactly the rest.
-async fn feed_task(
-    assignment: &v1::TaskAssignment,
-    control: &Mutex<Control>,
-    task: &mut Pump,
-    writer: &mpsc::Sender<Write>,
-    stages: &Stages,
-    source_wait: &SourceWait,
-) -> Result<Fed, FeedError> {
-    source_wait.begin(TaskId(assignment.task_id));
-    let next = task.batches.recv().await;
-    source_wait.end();
-    let Some(covered) = next.transpose()? else {
-        return Ok(Fed::Done);
-    };
-    let decided = {
-        let mut control = lock(control);
-        let limit = control.stop.unwrap_or(assignment.end);
-        if covered.first_row >= limit {
-            None
-        } else {
-            let covered = if covered.end() > limit {
-                covered.split_at_row(limit)?.0
-            } else {
-                covered
-            };
-            control.sent_end = covered.end();
-            Some((covered, limit))
-        }
-    };
-    let Some((covered, limit)) = decided else {
-        return Ok(Fed::Done);
-    };
-    let end = covered.end();
-    let write = Write::Batch {
-        task_id: assignment.task_id,
-        first_row: covered.first_row,
-        row_count: covered.row_count,
-        batch: covered.batch,
-    };
-    let blocked = Instant::now();
-    let sent = writer.send(write).await;
-    stages.transform.wait(blocked.elapsed());
-    if sent.is_err() {
-        return Err(FeedError::WriterStopped);
-    }
-    Ok(if end >= limit { Fed::Done } else { Fed::More })
-}
-
 /// Opens the job's sources and checks its transforms against the first source's schema.
 pub(crate) async fn open_pipeline(
     data: &v1::JobData,
@@ -470,12 +724,24 @@ pub(crate) async fn open_pipeline(
         .transforms
         .output_schema(&first.schema)
         .map_err(DaemonError::Transform)?;
+    if shape.pad && schema.column_with_name(PAD_COLUMN).is_some() {
+        return Err(DaemonError::PadColumnTaken {
+            uri: data
+                .sources
+                .first()
+                .map(|source| source.uri.clone())
+                .unwrap_or_default(),
+        });
+    }
+    let ring_schema = shape.ring_schema(&schema);
     Ok(Pipeline {
         sources: sources.into_iter().map(Arc::new).collect(),
         added: Mutex::default(),
         data: data.clone(),
         shape,
         schema,
+        ring_schema,
+        sample: std::sync::OnceLock::new(),
         stages: Arc::default(),
         decode,
         cache,

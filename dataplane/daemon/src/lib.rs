@@ -184,7 +184,13 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
         let ranks = if reply.attach {
             let interval = heartbeat_interval(&reply);
             match attach::await_trainers(&session, &pipeline, &job_dir, interval).await? {
-                attach::Waited::Ranks(ranks) => ranks,
+                attach::Waited::Ranks { ranks, settled } => {
+                    // After the registration's own: the later counts win.
+                    reply.commands.extend(settled.map(|told| v1::Command {
+                        command: Some(Cmd::Settled(told)),
+                    }));
+                    ranks
+                }
                 attach::Waited::Shutdown => break,
                 attach::Waited::Release => {
                     reply = session.register(&job_id, Vec::new()).await?;
@@ -327,6 +333,7 @@ async fn serve(
                     rings.fence(&fence_message(session.node_id())).await?;
                     return Err(DaemonError::Fenced);
                 }
+                Some(Cmd::Settled(settled)) => rings.settle(&settled),
                 Some(Cmd::Refuse(refuse)) => {
                     tracing::warn!(message = refuse.message, "the AM refused part of a request")
                 }
@@ -360,9 +367,15 @@ async fn serve(
             if let Some(mark) = &answer.journal {
                 let_go(book.journal_marked(mark), &rings, &mut controls);
             }
-            pending.extend(answer.commands);
+            pending.extend(settle_now(answer.commands, &rings));
         }
-        if !pending.is_empty() {
+        // Commands are taken at once, but stops wait for the next round: with `data.even_batches`
+        // the answer to this node's own request for work may ask it to stop one of its own tasks,
+        // and taking that at once, acknowledging and asking again could go on without a heartbeat.
+        if pending
+            .iter()
+            .any(|command| !matches!(command.command, Some(Cmd::Stop(_) | Cmd::Refuse(_))))
+        {
             continue;
         }
         // A ring is surveyed (its released records folded into the ledger) at the start of the
@@ -376,6 +389,9 @@ async fn serve(
             book.record(rings.counts(book.placed()));
             for (task_id, control) in &controls {
                 let mut control = lock(control);
+                // Before the rings' batch counts, which the heartbeat reads after: a feeder counts
+                // a batch before it raises `sent_end` past its rows.
+                book.handed(*task_id, control.sent_end);
                 book.skipped(*task_id, std::mem::take(&mut control.skipped));
                 if book.failed(*task_id) {
                     continue;
@@ -398,7 +414,7 @@ async fn serve(
             &rings,
             &mut controls,
         );
-        pending.extend(answer.commands);
+        pending.extend(settle_now(answer.commands, &rings));
         for failure in failures {
             pending.extend(
                 session
@@ -414,6 +430,21 @@ async fn serve(
             return Err(failure);
         }
     }
+}
+
+/// Hands the feeders the counts of `data.even_batches` the AM settled, at once, and returns the
+/// other commands: an answer that carries only counts leaves nothing to do before the heartbeat.
+fn settle_now(commands: Vec<v1::Command>, rings: &Rings) -> Vec<v1::Command> {
+    commands
+        .into_iter()
+        .filter(|command| match &command.command {
+            Some(Cmd::Settled(settled)) => {
+                rings.settle(settled);
+                false
+            }
+            _ => true,
+        })
+        .collect()
 }
 
 /// Frees the ledger slots of the tasks the book let go, and forgets their feeders' controls.

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 use sluice_formats::SplitBatch;
@@ -36,7 +37,13 @@ pub(crate) struct Shape {
     pub(crate) shuffle: Option<ShuffleOptions>,
     /// What a read does with rows that do not decode.
     pub(crate) on_bad_data: v1::BadDataPolicy,
+    /// Whether rings pad to the epoch's settled batch count (`data.even_batches: pad`): every batch
+    /// then carries the boolean column [`PAD_COLUMN`].
+    pub(crate) pad: bool,
 }
+
+/// The column `data.even_batches: pad` adds to every batch: true in the rows of a pad batch.
+pub(crate) const PAD_COLUMN: &str = "_sluice_pad";
 
 /// The daemon's part of `data.shuffle`.
 #[derive(Debug, Clone, Copy)]
@@ -59,7 +66,19 @@ impl Shape {
                 window: data.shuffle_window.max(1) as usize,
             }),
             on_bad_data: data.on_bad_data(),
+            pad: data.even_batches() == v1::EvenBatches::Pad,
         })
+    }
+
+    /// The schema of the batches written to the rings, from the transforms' output: with the pad
+    /// column last when the job pads.
+    pub(crate) fn ring_schema(&self, schema: &SchemaRef) -> SchemaRef {
+        if !self.pad {
+            return schema.clone();
+        }
+        let mut fields: Vec<FieldRef> = schema.fields().iter().cloned().collect();
+        fields.push(Arc::new(Field::new(PAD_COLUMN, DataType::Boolean, false)));
+        Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
     }
 
     /// How many tasks a ring interleaves: 1 without a shuffle.

@@ -11,11 +11,11 @@ use sluice_proto::{NodeId, TaskId, v1};
 use sluice_ring::files::{self, Sharing};
 use sluice_ring::ledger::{EpochMark, LEDGER_EXTENSION, Ledger, LedgerTask};
 use sluice_ring::{RING_EXTENSION, Ring, RingOptions};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::book::{Counts, Freed, LedgerWrite};
 use crate::error::{DaemonError, Result};
-use crate::feeder::{Job, Pipeline, feed};
+use crate::feeder::{Job, Pipeline, RingFeed, Settled, feed};
 use crate::lease::Lease;
 use crate::writer::{self, Attached, RingState, Write};
 
@@ -38,6 +38,8 @@ struct RankRing {
 #[derive(Debug)]
 pub(crate) struct Rings {
     rings: Vec<RankRing>,
+    /// The counts of `data.even_batches` the AM settled, for the feeders.
+    settled: watch::Sender<Settled>,
 }
 
 impl Rings {
@@ -53,6 +55,7 @@ impl Rings {
         lease: &Arc<Lease>,
     ) -> Result<Rings> {
         let mut rings = Vec::new();
+        let (settled, told) = watch::channel(Settled::default());
         for rank in ranks {
             let attached = match recovered.rings.remove(rank) {
                 Some(attached) => attached,
@@ -67,7 +70,7 @@ impl Rings {
             };
             let started = writer::start(
                 attached,
-                pipeline.schema.clone(),
+                pipeline.ring_schema.clone(),
                 *rank,
                 pipeline.stages.clone(),
                 lease.clone(),
@@ -79,7 +82,11 @@ impl Rings {
                 started.sender.clone(),
                 pipeline.clone(),
                 epoch,
-                started.state.source_wait().clone(),
+                RingFeed {
+                    source_wait: started.state.source_wait().clone(),
+                    counted: started.state.counted().clone(),
+                    settled: told.clone(),
+                },
             ));
             rings.push(RankRing {
                 rank: *rank,
@@ -91,7 +98,12 @@ impl Rings {
                 writer_thread: started.thread,
             });
         }
-        Ok(Rings { rings })
+        Ok(Rings { rings, settled })
+    }
+
+    /// Takes the counts of `data.even_batches` the AM settled; the feeders pad by them.
+    pub(crate) fn settle(&self, told: &v1::SettledBatches) {
+        self.settled.send_if_modified(|settled| settled.merge(told));
     }
 
     /// The ranks, by ring index.
@@ -298,6 +310,7 @@ pub(crate) fn ring_stats<'a>(
                 capacity_bytes: capacity,
                 trainer_wait_ns: u64::try_from(trainer_wait.as_nanos()).unwrap_or(u64::MAX),
                 daemon_wait_ns: u64::try_from(daemon_wait.as_nanos()).unwrap_or(u64::MAX),
+                epoch_batches: state.counted().report(),
             }
         })
         .collect()
@@ -416,6 +429,7 @@ impl Recovered {
                 enqueued: task.enqueued_end.saturating_sub(task.start),
                 consumed: task.consumed_end.saturating_sub(task.start),
                 bad: Vec::new(),
+                sent: task.enqueued_end.saturating_sub(task.start),
             }));
         }
         Ok(held)

@@ -247,6 +247,7 @@ mod tests {
             reader_interval_ms: 0,
             source_wait_ms: 2_500,
             source_task_id: 4,
+            epoch_batches: Vec::new(),
         }];
         let cache = CacheFigures {
             hits: 7,

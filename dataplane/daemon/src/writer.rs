@@ -35,7 +35,7 @@ use sluice_ring::{
 };
 use tokio::sync::mpsc;
 
-use crate::feeder::SourceWait;
+use crate::feeder::{EpochCount, SourceWait};
 use crate::lease::Lease;
 use crate::stats::Stages;
 
@@ -95,6 +95,8 @@ pub struct RingState {
     reads: Mutex<ReadWatch>,
     /// What the ring's feeder waits for from the sources.
     source_wait: Arc<SourceWait>,
+    /// The batches the ring's feeder handed to the writer per epoch.
+    counted: Arc<EpochCount>,
 }
 
 /// How a ring's trainer has been reading: where its read cursor stood when last looked at, when it
@@ -224,6 +226,11 @@ impl RingState {
         reads.cursor = read;
     }
 
+    /// The batches the ring's feeder handed to the writer per epoch, shared with the feeder.
+    pub fn counted(&self) -> &Arc<EpochCount> {
+        &self.counted
+    }
+
     /// What the ring's feeder waits for from the sources, shared with the feeder.
     pub fn source_wait(&self) -> &Arc<SourceWait> {
         &self.source_wait
@@ -315,6 +322,7 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, WriterError> {
         ending: AtomicBool::new(false),
         fence: Mutex::new(None),
         source_wait: Arc::default(),
+        counted: Arc::default(),
     });
     Ok(Attached {
         producer,

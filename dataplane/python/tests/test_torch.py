@@ -54,3 +54,15 @@ def test_float_nulls_become_nan_and_integer_nulls_name_the_fill_null_transform()
     with_null = pa.RecordBatch.from_pydict({"n": pa.array([1, None], pa.int64())})
     with pytest.raises(sluice.SluiceError, match=r"column 'n' \(int64\) has 1 nulls.*fill_null: \{column: n, value: 0\}"):
         to_tensors(with_null)
+
+
+def test_a_boolean_column_becomes_a_bool_tensor_and_one_with_nulls_stays_arrow():
+    from sluice.torch import to_tensors
+
+    batch = pa.RecordBatch.from_pydict(
+        {"_sluice_pad": pa.array([False, True, True]), "maybe": pa.array([True, None, False])}
+    )
+    item = to_tensors(batch)
+    assert item["_sluice_pad"].dtype == torch.bool
+    assert item["_sluice_pad"].tolist() == [False, True, True]
+    assert isinstance(item["maybe"], pa.Array)

@@ -349,7 +349,8 @@ class Reader:
             if task_id is None:
                 self._epoch += 1
                 self._positions = {}
-            else:
+            elif end_row > 0:
+                # A pad batch (data.even_batches: pad) covers no row of any task: it ends at row 0.
                 self._positions[task_id] = max(self._positions.get(task_id, 0), end_row)
 
     @property

@@ -5,8 +5,10 @@ Importing this module needs torch; importing ``sluice`` does not.
 Each item is one batch: a dict from column name to a tensor. An integer or floating-point column
 without nulls becomes a tensor over the ring's memory through DLPack, with no
 copy; a floating-point column with nulls becomes a tensor over one copy with NaN for the nulls; an
-integer column with nulls is an error (fill them with the job's ``fill_null`` transform); any other
-column (strings, lists) stays a ``pyarrow.Array``.
+integer column with nulls is an error (fill them with the job's ``fill_null`` transform); a boolean
+column without nulls becomes a ``torch.bool`` tensor over one copy (Arrow packs booleans in bits), so
+``_sluice_pad`` (``data.even_batches: pad``) masks a loss as it is; any other column (strings, lists,
+booleans with nulls) stays a ``pyarrow.Array``.
 
 Use it with ``DataLoader(dataset, batch_size=None)`` or torchdata's
 ``StatefulDataLoader(dataset, batch_size=None)`` (the ring's batches are already batches), and
@@ -94,6 +96,8 @@ def to_tensors(batch: pa.RecordBatch) -> Dict[str, Any]:
                     f"null: fill them in the job spec (data.transforms: [{{fill_null: {{column: {name}, value: 0}}}}]) "
                     "or read the batches with sluice.Reader"
                 )
+        elif pa.types.is_boolean(kind) and column.null_count == 0:
+            item[name] = torch.from_numpy(column.to_numpy(zero_copy_only=False))
         else:
             item[name] = column
     return item

@@ -1,0 +1,168 @@
+"""`data.even_batches: pad` under data-parallel trainers that step in lockstep: four ranks on two
+nodes, each step an all-reduce over gloo (as DDP does), tasks of uneven sizes and a filter, so that
+the rings get different numbers of batches and the epochs' tails are re-split to the rings that ran
+dry. Every rank gets the same number of batches in every epoch, the pad rows are marked and repeat
+rows its node had, and every row passing the filter is delivered exactly once per epoch."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pyarrow.compute
+import pyarrow.dataset
+
+from conftest import ROOT, WATCHDOG_S, generate
+
+RANKS = 4
+EPOCHS = 3
+ROWS = 9000
+
+# Each rank reads its ring epoch by epoch; every batch is a step that all-reduces across the ranks,
+# so a rank that ran out of batches before the others would leave them waiting in the all-reduce
+# (gloo's timeout then fails the job). It writes per epoch its batches, its pad batches, the ids of
+# its rows and the ids of its pad rows.
+TRAINER = r"""
+import datetime, json, os, sys
+import torch
+import torch.distributed as dist
+import sluice
+
+out = sys.argv[1]
+rank, world_size = int(os.environ["SLUICE_RANK"]), int(os.environ["SLUICE_WORLD_SIZE"])
+dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
+reader = sluice.Reader()
+epochs = []
+for epoch in range(int(sys.argv[2])):
+    seen = {"batches": 0, "pads": 0, "ids": [], "pad_ids": []}
+    for batch in reader:
+        pad = batch.column("_sluice_pad").to_pylist()
+        ids = batch.column("id").to_pylist()
+        padded = all(pad) and len(pad) > 0
+        assert padded or not any(pad), "a batch is all pad rows or none"
+        seen["batches"] += 1
+        seen["pads"] += int(padded)
+        (seen["pad_ids"] if padded else seen["ids"]).extend(ids)
+        step = torch.tensor([1.0])
+        dist.all_reduce(step)
+        assert step.item() == world_size, "every rank took this step"
+    epochs.append(seen)
+    counts = torch.tensor([seen["batches"]], dtype=torch.int64)
+    most, least = counts.clone(), counts.clone()
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    assert most.item() == least.item(), f"epoch {epoch}: {least.item()} to {most.item()} batches per rank"
+with open(os.path.join(out, f"rank-{rank}.json.tmp"), "w") as file:
+    json.dump(epochs, file)
+os.replace(os.path.join(out, f"rank-{rank}.json.tmp"), os.path.join(out, f"rank-{rank}.json"))
+dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_four_lockstep_ranks_get_equal_batches_with_marked_pads_and_every_row_once(sluice_bin, tmp_path):
+    data = tmp_path / "data"
+    generate(sluice_bin, data, ROWS)
+    out = tmp_path / "out"
+    out.mkdir()
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(TRAINER)
+    spec = tmp_path / "job.yaml"
+    # Two files of 4,500 rows, tasks of at most 1,000: ten tasks of 1,000 and 500 rows for four
+    # rings; a filter that keeps about two rows of three; batches of exactly 100 rows but a task's
+    # last.
+    spec.write_text(
+        f"""
+name: even-{os.getpid()}
+data:
+  sources: [{{ uri: "file://{data}", format: parquet, filter: "feature_1 >= 0.3" }}]
+  task_rows: 1000
+  batch_size: 100
+  epochs: {EPOCHS}
+  shuffle: {{ seed: 11 }}
+  fixed_batch_size: true
+  even_batches: pad
+nodes: 2
+roles:
+  - {{ name: worker, num: {RANKS}, command: ["{sys.executable}", "{trainer}", "{out}", "{EPOCHS}"] }}
+failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
+"""
+    )
+    # The AM logs each re-split at info.
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), SLUICE_LOG="warn,sluice_am::master=info")
+    env.pop("SLUICE_TOKEN", None)
+    run = subprocess.run(
+        [
+            str(sluice_bin), "run", str(spec), "--listen", "127.0.0.1:0",
+            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(tmp_path / "state"),
+            "--ring-size", str(4 << 20),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WATCHDOG_S,
+    )
+    assert run.returncode == 0, f"sluice run failed: {run.stderr[-4000:]}"
+    ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(RANKS)]
+    table = pyarrow.dataset.dataset(str(data)).to_table(columns=["id"], filter=pyarrow.compute.field("feature_1") >= 0.3)
+    kept = sorted(table.column("id").to_pylist())
+    pads = 0
+    for epoch in range(EPOCHS):
+        counts = [ranks[rank][epoch]["batches"] for rank in range(RANKS)]
+        assert len(set(counts)) == 1, f"epoch {epoch}: batches per rank {counts}"
+        delivered = sorted(row for rank in range(RANKS) for row in ranks[rank][epoch]["ids"])
+        assert delivered == kept, f"epoch {epoch}: every row passing the filter exactly once"
+        for rank in range(RANKS):
+            seen = ranks[rank][epoch]
+            pads += seen["pads"]
+            # A ring pads with its last rows, or with rows of the other ring of its node when it got
+            # none yet (ranks 0 and 1 are node 0's, 2 and 3 node 1's).
+            node = range(rank - rank % 2, rank - rank % 2 + 2)
+            had = {row for other in node for earlier in ranks[other][: epoch + 1] for row in earlier["ids"]}
+            assert set(seen["pad_ids"]) <= had, f"rank {rank}, epoch {epoch}: pads repeat rows its node had"
+    assert pads > 0, "the rings got the same number of batches in every epoch: nothing was padded"
+    assert "task re-split" in run.stderr, "no epoch's tail was re-split to a ring that ran dry"
+
+
+def test_the_ddp_example_steps_every_rank_alike_and_masks_its_pads(sluice_bin, tmp_path):
+    """`examples/even_batches.yaml` with `examples/train_ddp.py`, as its comment runs it."""
+    data = tmp_path / "data"
+    subprocess.run(
+        [str(sluice_bin), "gen", "--out", str(data), "--rows", "60000", "--files", "4", "--row-group-rows", "5000"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    env = dict(os.environ, SLUICE_EXAMPLE_DATA=str(data), MASTER_PORT=str(free_port()))
+    env.pop("SLUICE_TOKEN", None)
+    state = tmp_path / "state"
+    run = subprocess.run(
+        [
+            str(sluice_bin), "run", "examples/even_batches.yaml", "--listen", "127.0.0.1:0",
+            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(state),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WATCHDOG_S,
+    )
+    assert run.returncode == 0, f"sluice run failed: {run.stderr[-4000:]}"
+    printed = [
+        json.loads(line)
+        for rank in range(RANKS)
+        for line in (state / f"trainer-trainer-{rank}.log").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    for epoch in range(2):
+        steps = {line["rank"]: line["steps"] for line in printed if line["epoch"] == epoch}
+        assert sorted(steps) == list(range(RANKS)), f"epoch {epoch}: every rank printed its steps"
+        assert len(set(steps.values())) == 1, f"epoch {epoch}: steps per rank {steps}"
