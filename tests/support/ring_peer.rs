@@ -78,6 +78,7 @@ fn produce(
             task_id: 1,
             first_row: sequence,
             row_count: 1,
+            tag: 0,
         });
         if let Some((_, gap)) = &ledger
             && let Some(message) = gap.lock().expect("lock").take()

@@ -62,6 +62,7 @@ pub(super) fn produce(args: &PeerArgs) -> Result<()> {
         task_id: 0,
         first_row: 0,
         row_count: 1,
+        tag: 0,
     };
     let start_ns = monotonic_ns();
     for sequence in 0..args.count {

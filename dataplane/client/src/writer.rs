@@ -159,6 +159,24 @@ impl Encoder {
         first_row: u64,
         row_count: u64,
     ) -> Result<u64, WriteError> {
+        self.write_tagged_batch(producer, batch, task_id, first_row, row_count, 0)
+    }
+
+    /// Writes `batch` as [`Encoder::write_batch`] does, its record tagged with `tag`
+    /// ([`RecordMeta::tag`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Encoder::write_batch`].
+    pub fn write_tagged_batch(
+        &mut self,
+        producer: &mut Producer,
+        batch: &RecordBatch,
+        task_id: u64,
+        first_row: u64,
+        row_count: u64,
+        tag: u64,
+    ) -> Result<u64, WriteError> {
         if batch.schema_ref().fields() != self.schema.fields() {
             return Err(WriteError::Encode(ArrowError::SchemaError(format!(
                 "a batch of schema {} cannot be written to a ring of schema {}",
@@ -180,6 +198,7 @@ impl Encoder {
             task_id,
             first_row,
             row_count,
+            tag,
         }))
     }
 }

@@ -12,7 +12,9 @@ use sluice_formats::{Dataset, Expr, FormatKind, OpenOptions, ReadOptions};
 use sluice_proto::v1;
 use tokio::sync::{mpsc, watch};
 
-use crate::feeder::{Control, Job, Pipeline, RingFeed, Settled, feed, lock, open_pipeline};
+use crate::feeder::{
+    Control, Job, Pipeline, RingFeed, Settled, StreamPoint, feed, lock, open_pipeline,
+};
 use crate::shuffle::split_order;
 use crate::writer::Write;
 
@@ -207,6 +209,7 @@ async fn feed_tasks(
             task_id,
             first_row,
             row_count,
+            ..
         } = write
         else {
             continue;
@@ -980,13 +983,16 @@ async fn a_padding_ring_ends_its_epoch_once_settled_with_pads_of_its_last_rows()
     }
     let feeder = tokio::spawn(feed(queue, writer, pipeline, None, feed_state));
     let mut seen = Vec::new();
+    let mut points = Vec::new();
     let mut record = |write: Write| match write {
         Write::Batch {
             batch,
             task_id,
             row_count,
+            tag,
             ..
         } => {
+            points.push(StreamPoint::of_tag(tag));
             let pads = batch
                 .column_by_name("_sluice_pad")
                 .expect("every batch has the pad column")
@@ -1011,7 +1017,10 @@ async fn a_padding_ring_ends_its_epoch_once_settled_with_pads_of_its_last_rows()
                 ids[ids.len() - 1] + 1
             ));
         }
-        Write::EndOfEpoch => seen.push("end".to_owned()),
+        Write::EndOfEpoch { tag } => {
+            points.push(StreamPoint::of_tag(tag));
+            seen.push("end".to_owned());
+        }
         Write::Survey => {}
     };
     for _ in 0..3 {
@@ -1070,4 +1079,23 @@ async fn a_padding_ring_ends_its_epoch_once_settled_with_pads_of_its_last_rows()
             }
         ]
     );
+    // Every record is tagged with its place in the stream, which a daemon that takes the ring over
+    // reads back.
+    let batch = |epoch, number| Some(StreamPoint::Batch { epoch, number });
+    assert_eq!(
+        points,
+        [
+            batch(0, 1),
+            batch(0, 2),
+            batch(0, 3),
+            batch(0, 4),
+            batch(0, 5),
+            Some(StreamPoint::Ended { epoch: 0 }),
+            batch(1, 1),
+            batch(1, 2)
+        ]
+    );
+    let tags: Vec<u64> = points.iter().flatten().map(|point| point.tag()).collect();
+    assert!(tags.is_sorted(), "tags grow along the stream: {tags:?}");
+    assert_eq!(StreamPoint::of_tag(0), None, "0 is no tag");
 }

@@ -379,7 +379,7 @@ impl Feeder {
             if epoch >= current {
                 return true;
             }
-            if self.writer.send(Write::EndOfEpoch).await.is_err() {
+            if !self.end_epoch(epoch).await {
                 return false;
             }
             self.begin(epoch + 1);
@@ -401,12 +401,28 @@ impl Feeder {
                     return false;
                 }
             }
-            if self.writer.send(Write::EndOfEpoch).await.is_err() {
+            if !self.end_epoch(ending).await {
                 return false;
             }
         }
         self.begin(epoch);
         true
+    }
+
+    /// Writes the end of `epoch`. False once the writer stopped.
+    async fn end_epoch(&mut self, epoch: u32) -> bool {
+        let tag = self.tag(StreamPoint::Ended { epoch });
+        self.writer.send(Write::EndOfEpoch { tag }).await.is_ok()
+    }
+
+    /// The tag of a record at `point` of the stream: only with `data.even_batches`, whose counts a
+    /// daemon that takes the ring over reads back from the tags.
+    fn tag(&self, point: StreamPoint) -> u64 {
+        if self.pipeline.shape.pad {
+            point.tag()
+        } else {
+            0
+        }
     }
 
     fn begin(&mut self, epoch: u32) {
@@ -442,12 +458,13 @@ impl Feeder {
                     return false;
                 }
             };
-            self.rings.counted.count(epoch);
+            let number = self.rings.counted.count(epoch);
             let pad = Write::Batch {
                 batch,
                 task_id: 0,
                 first_row: 0,
                 row_count: 0,
+                tag: self.tag(StreamPoint::Batch { epoch, number }),
             };
             if self.writer.send(pad).await.is_err() {
                 return false;
@@ -483,12 +500,19 @@ impl Feeder {
                 } else {
                     covered
                 };
-                self.rings.counted.count(assignment.epoch);
+                let number = self.rings.counted.count(assignment.epoch);
                 control.sent_end = covered.end();
-                Some((covered, limit))
+                Some((
+                    covered,
+                    limit,
+                    StreamPoint::Batch {
+                        epoch: assignment.epoch,
+                        number,
+                    },
+                ))
             }
         };
-        let Some((covered, limit)) = decided else {
+        let Some((covered, limit, point)) = decided else {
             return Ok(Fed::Done);
         };
         let end = covered.end();
@@ -508,6 +532,7 @@ impl Feeder {
             first_row: covered.first_row,
             row_count: covered.row_count,
             batch,
+            tag: self.tag(point),
         };
         let blocked = Instant::now();
         let sent = self.writer.send(write).await;
@@ -516,6 +541,48 @@ impl Feeder {
             return Err(FeedError::WriterStopped);
         }
         Ok(if end >= limit { Fed::Done } else { Fed::More })
+    }
+}
+
+/// Where a record stands in a ring's stream of epochs, as its tag says (with `data.even_batches`):
+/// a daemon that takes a ring over continues the epoch's count from the largest tag in the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamPoint {
+    /// The batch numbered `number`, from 1, in `epoch` (pads included).
+    Batch {
+        /// The epoch.
+        epoch: u32,
+        /// Its number.
+        number: u64,
+    },
+    /// The end of `epoch`.
+    Ended {
+        /// The epoch.
+        epoch: u32,
+    },
+}
+
+/// The number of an end of epoch in its tag: above any batch's.
+const ENDED: u64 = u32::MAX as u64;
+
+impl StreamPoint {
+    /// The tag: the epoch plus one in the high 32 bits (so that no tag is 0), the batch's number or
+    /// [`ENDED`] in the low ones. Tags grow along the stream, as a ledger's largest one needs.
+    pub(crate) fn tag(self) -> u64 {
+        let (epoch, low) = match self {
+            StreamPoint::Batch { epoch, number } => (epoch, number.min(ENDED - 1)),
+            StreamPoint::Ended { epoch } => (epoch, ENDED),
+        };
+        ((u64::from(epoch) + 1) << 32) | low
+    }
+
+    /// The point a tag names; `None` for 0, a record without one.
+    pub(crate) fn of_tag(tag: u64) -> Option<StreamPoint> {
+        let epoch = u32::try_from((tag >> 32).checked_sub(1)?).ok()?;
+        Some(match tag & ENDED {
+            ENDED => StreamPoint::Ended { epoch },
+            number => StreamPoint::Batch { epoch, number },
+        })
     }
 }
 
@@ -559,12 +626,20 @@ impl EpochCount {
         counts[1] = Some((epoch, 0));
     }
 
-    /// Counts one batch of `epoch`.
-    pub(crate) fn count(&self, epoch: u32) {
+    /// Counts one batch of `epoch`; returns its number in the epoch, from 1.
+    pub(crate) fn count(&self, epoch: u32) -> u64 {
         self.begin(epoch);
-        if let Some((_, batches)) = &mut self.lock()[1] {
-            *batches += 1;
-        }
+        let mut counts = self.lock();
+        let (_, batches) = counts[1].get_or_insert((epoch, 0));
+        *batches += 1;
+        *batches
+    }
+
+    /// Continues `epoch` from `batches` already in the ring, as a ring taken over had them.
+    pub(crate) fn resume(&self, epoch: u32, batches: u64) {
+        let mut counts = self.lock();
+        counts[0] = None;
+        counts[1] = Some((epoch, batches));
     }
 
     /// The batches counted in `epoch`, if it is one of the last two.

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::book::{Counts, Freed, LedgerWrite};
 use crate::error::{DaemonError, Result};
-use crate::feeder::{Job, Pipeline, RingFeed, Settled, feed};
+use crate::feeder::{Job, Pipeline, RingFeed, Settled, StreamPoint, feed};
 use crate::lease::Lease;
 use crate::writer::{self, Attached, RingState, Write};
 
@@ -64,10 +64,27 @@ impl Rings {
                     writer::attach(ring, ledger).map_err(DaemonError::Writer)?
                 }
             };
-            let epoch = match attached.mark {
+            let mut epoch = match attached.mark {
                 EpochMark::Batch { epoch } => Some(epoch),
                 EpochMark::Start | EpochMark::EndOfEpoch => None,
             };
+            // With `data.even_batches`, a ring taken over continues its epoch's count from the
+            // largest tag in it; after an end of epoch, it is in the next one, with no batch yet.
+            let counted = attached.state.counted().clone();
+            if pipeline.shape.pad {
+                match StreamPoint::of_tag(attached.largest_tag) {
+                    Some(StreamPoint::Batch { epoch: at, number }) => {
+                        epoch = Some(at);
+                        counted.resume(at, number);
+                    }
+                    Some(StreamPoint::Ended { epoch: ended }) => {
+                        let next = ended.saturating_add(1);
+                        epoch = Some(next);
+                        counted.resume(next, 0);
+                    }
+                    None => {}
+                }
+            }
             let started = writer::start(
                 attached,
                 pipeline.ring_schema.clone(),
@@ -84,7 +101,7 @@ impl Rings {
                 epoch,
                 RingFeed {
                     source_wait: started.state.source_wait().clone(),
-                    counted: started.state.counted().clone(),
+                    counted,
                     settled: told.clone(),
                 },
             ));

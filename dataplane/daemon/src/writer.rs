@@ -52,9 +52,15 @@ pub enum Write {
         first_row: u64,
         /// The split rows covered.
         row_count: u64,
+        /// The record's tag: with `data.even_batches`, its epoch and its number in the epoch
+        /// ([`crate::feeder::StreamPoint`]); 0 otherwise.
+        tag: u64,
     },
-    /// The end of an epoch's data.
-    EndOfEpoch,
+    /// The end of an epoch's data, tagged as a batch is.
+    EndOfEpoch {
+        /// The record's tag.
+        tag: u64,
+    },
     /// Bring the ledger's consumed and enqueued ends up to date.
     Survey,
 }
@@ -79,6 +85,8 @@ pub struct Attached {
     pub state: Arc<RingState>,
     /// Where the ring's stream stands between epochs: the last batch or end of epoch in it.
     pub mark: EpochMark,
+    /// The largest tag of a record in the ring, folded or unread: 0 when none had one.
+    pub largest_tag: u64,
 }
 
 /// What the daemon knows of one ring: the ring and its ledger.
@@ -307,7 +315,7 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, WriterError> {
     let ledger = Arc::new(ledger);
     let hook_ledger = ledger.clone();
     producer.set_fold_hook(move |meta| hook_ledger.fold(meta));
-    let mark = survey(&mut producer, &ledger)?;
+    let (mark, largest_tag) = survey(&mut producer, &ledger)?;
     let reads = Mutex::new(ReadWatch {
         cursor: ring.cursors().1,
         moved_at: None,
@@ -328,6 +336,7 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, WriterError> {
         producer,
         state,
         mark,
+        largest_tag,
     })
 }
 
@@ -367,10 +376,12 @@ pub(crate) fn start(
 }
 
 /// Folds what the trainer released, raises the enqueued end of every task with unread records, and
-/// returns the mark of the last batch or end of epoch in the ring.
-fn survey(producer: &mut Producer, ledger: &Ledger) -> Result<EpochMark, WriterError> {
+/// returns the mark of the last batch or end of epoch in the ring and the largest tag of a record
+/// in it, folded or unread.
+fn survey(producer: &mut Producer, ledger: &Ledger) -> Result<(EpochMark, u64), WriterError> {
     producer.fold().map_err(WriterError::Fold)?;
     let mut mark = ledger.last_folded().map_err(WriterError::Ledger)?;
+    let mut largest_tag = ledger.largest_tag();
     producer
         .unread(|meta| {
             if meta.kind == RecordKind::Batch {
@@ -379,9 +390,10 @@ fn survey(producer: &mut Producer, ledger: &Ledger) -> Result<EpochMark, WriterE
             if let Some(unread_mark) = ledger.mark_of(meta) {
                 mark = unread_mark;
             }
+            largest_tag = largest_tag.max(meta.tag);
         })
         .map_err(WriterError::Fold)?;
-    Ok(mark)
+    Ok((mark, largest_tag))
 }
 
 fn write_loop(
@@ -410,7 +422,7 @@ fn write_loop(
         if state.stopping() {
             break;
         }
-        let publishes = matches!(write, Write::Batch { .. } | Write::EndOfEpoch);
+        let publishes = matches!(write, Write::Batch { .. } | Write::EndOfEpoch { .. });
         if publishes && !lease.wait(|| state.stopping()) {
             break;
         }
@@ -420,12 +432,20 @@ fn write_loop(
                 task_id,
                 first_row,
                 row_count,
+                tag,
             } => {
                 let writing = Instant::now();
                 let (full_before, start) = (producer.full_wait(), producer.position());
                 let written = waiting_for_the_trainer(state, || {
                     encoder
-                        .write_batch(&mut producer, &batch, task_id, first_row, row_count)
+                        .write_tagged_batch(
+                            &mut producer,
+                            &batch,
+                            task_id,
+                            first_row,
+                            row_count,
+                            tag,
+                        )
                         .map(drop)
                 })?;
                 if !written {
@@ -439,10 +459,10 @@ fn write_loop(
                     usize::try_from(producer.position() - start).unwrap_or(usize::MAX),
                 );
             }
-            Write::EndOfEpoch => {
+            Write::EndOfEpoch { tag } => {
                 let written = waiting_for_the_trainer(state, || {
                     let slot = producer.reserve(0)?;
-                    slot.commit(RecordMeta::of_kind(RecordKind::EndOfEpoch));
+                    slot.commit(RecordMeta::of_kind(RecordKind::EndOfEpoch).tagged(tag));
                     Ok(())
                 })?;
                 if !written {
@@ -582,6 +602,7 @@ mod tests {
             task_id: 1,
             first_row: 0,
             row_count: rows as u64,
+            tag: 0,
         }
     }
 
@@ -618,6 +639,62 @@ mod tests {
         started.state.end();
         drop(started.sender);
         started.thread.join().expect("the writer ends");
+    }
+
+    /// A daemon that takes a ring over finds the largest tag in it, of the records its trainer
+    /// released (through the ledger) and of those still unread.
+    #[test]
+    fn a_ring_taken_over_gives_the_largest_tag_released_or_unread() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("0.ring");
+        let (started, trainer_view) = writer(directory.path());
+        let tagged = |rows, tag| match batch(rows) {
+            Write::Batch {
+                batch,
+                task_id,
+                first_row,
+                row_count,
+                ..
+            } => Write::Batch {
+                batch,
+                task_id,
+                first_row,
+                row_count,
+                tag,
+            },
+            other => other,
+        };
+        for (rows, tag) in [(10, 7), (10, 9)] {
+            started
+                .sender
+                .blocking_send(tagged(rows, tag))
+                .expect("send");
+        }
+        started
+            .sender
+            .blocking_send(Write::EndOfEpoch { tag: 11 })
+            .expect("send");
+        // The daemon dies: its writer ends with no end of stream.
+        drop(started.sender);
+        started.thread.join().expect("the writer ends");
+        let mut consumer = trainer_view.consumer().expect("consumer");
+        let mut tags = Vec::new();
+        for _ in 0..3 {
+            let record = consumer.next().expect("read").expect("a record");
+            tags.push(record.meta().tag);
+            record.release();
+        }
+        assert_eq!(tags, [0, 7, 9], "the schema has no tag");
+        let taken_over = || {
+            let ring = Ring::open(&path).expect("ring");
+            let ledger = Ledger::open(Ledger::path_beside(&path)).expect("ledger");
+            let attached = attach(ring, ledger).expect("attach");
+            attached.largest_tag
+        };
+        assert_eq!(taken_over(), 11, "the end of epoch, unread");
+        let record = consumer.next().expect("read").expect("the end of epoch");
+        record.release();
+        assert_eq!(taken_over(), 11, "the end of epoch, released and folded");
     }
 
     #[test]

@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import pyarrow.compute
 import pyarrow.dataset
+import pytest
 
-from conftest import ROOT, WATCHDOG_S, generate
+from conftest import ROOT, WATCHDOG_S, generate, wait_until
 
 RANKS = 4
 EPOCHS = 3
@@ -27,17 +30,17 @@ ROWS = 9000
 # (gloo's timeout then fails the job). It writes per epoch its batches, its pad batches, the ids of
 # its rows and the ids of its pad rows.
 TRAINER = r"""
-import datetime, json, os, sys
+import datetime, json, os, sys, time
 import torch
 import torch.distributed as dist
 import sluice
 
-out = sys.argv[1]
+out, epochs_to_read, pause_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 rank, world_size = int(os.environ["SLUICE_RANK"]), int(os.environ["SLUICE_WORLD_SIZE"])
 dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
 reader = sluice.Reader()
 epochs = []
-for epoch in range(int(sys.argv[2])):
+for epoch in range(epochs_to_read):
     seen = {"batches": 0, "pads": 0, "ids": [], "pad_ids": []}
     for batch in reader:
         pad = batch.column("_sluice_pad").to_pylist()
@@ -50,6 +53,7 @@ for epoch in range(int(sys.argv[2])):
         step = torch.tensor([1.0])
         dist.all_reduce(step)
         assert step.item() == world_size, "every rank took this step"
+        time.sleep(pause_s)
     epochs.append(seen)
     counts = torch.tensor([seen["batches"]], dtype=torch.int64)
     most, least = counts.clone(), counts.clone()
@@ -69,7 +73,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_four_lockstep_ranks_get_equal_batches_with_marked_pads_and_every_row_once(sluice_bin, tmp_path):
+def status(sluice_bin: pathlib.Path, address: str, env) -> dict:
+    shown = subprocess.run(
+        [str(sluice_bin), "status", "--am", address, "--json"], env=env, capture_output=True, text=True, timeout=WATCHDOG_S
+    )
+    return json.loads(shown.stdout) if shown.returncode == 0 else {}
+
+
+@pytest.mark.parametrize("daemon_killed", [False, True])
+def test_four_lockstep_ranks_get_equal_batches_with_marked_pads_and_every_row_once(sluice_bin, tmp_path, daemon_killed):
+    """`daemon_killed`: node 1's daemon is killed with SIGKILL in the second epoch, and started again
+    by `sluice run`; it takes its rings over and counts on from the tags of the batches in them."""
     data = tmp_path / "data"
     generate(sluice_bin, data, ROWS)
     out = tmp_path / "out"
@@ -77,6 +91,7 @@ def test_four_lockstep_ranks_get_equal_batches_with_marked_pads_and_every_row_on
     trainer = tmp_path / "trainer.py"
     trainer.write_text(TRAINER)
     spec = tmp_path / "job.yaml"
+    pause_s = 0.03 if daemon_killed else 0.0
     # Two files of 4,500 rows, tasks of at most 1,000: ten tasks of 1,000 and 500 rows for four
     # rings; a filter that keeps about two rows of three; batches of exactly 100 rows but a task's
     # last.
@@ -93,25 +108,50 @@ data:
   even_batches: pad
 nodes: 2
 roles:
-  - {{ name: worker, num: {RANKS}, command: ["{sys.executable}", "{trainer}", "{out}", "{EPOCHS}"] }}
+  - {{ name: worker, num: {RANKS}, command: ["{sys.executable}", "{trainer}", "{out}", "{EPOCHS}", "{pause_s}"] }}
 failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
 """
     )
     # The AM logs each re-split at info.
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), SLUICE_LOG="warn,sluice_am::master=info")
     env.pop("SLUICE_TOKEN", None)
-    run = subprocess.run(
+    state = tmp_path / "state"
+    process = subprocess.Popen(
         [
             str(sluice_bin), "run", str(spec), "--listen", "127.0.0.1:0",
-            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(tmp_path / "state"),
+            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(state),
             "--ring-size", str(4 << 20),
         ],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=WATCHDOG_S,
     )
-    assert run.returncode == 0, f"sluice run failed: {run.stderr[-4000:]}"
+    try:
+        line = process.stdout.readline()
+        assert " serving on " in line, f"expected the AM's address, got {line!r}"
+        address = line.rsplit(" serving on ", 1)[1].split()[0]
+        stdout, stderr = [], []
+        threading.Thread(target=lambda: stdout.append(process.stdout.read()), daemon=True).start()
+        threading.Thread(target=lambda: stderr.append(process.stderr.read()), daemon=True).start()
+        if daemon_killed:
+            wait_until(
+                lambda: status(sluice_bin, address, env).get("epoch", 0) >= 1
+                and status(sluice_bin, address, env)["tasks"]["rows_consumed"] > 0,
+                "the second epoch under way",
+                timeout_s=WATCHDOG_S,
+            )
+            daemon = int((state / "daemon-1.pid").read_text().split()[2])
+            os.kill(daemon, signal.SIGKILL)
+        assert process.wait(timeout=WATCHDOG_S) == 0, f"sluice run failed: {''.join(stderr)[-4000:]}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=WATCHDOG_S)
+    if daemon_killed:
+        launches = (state / "daemon-1.log").read_text().count("launching daemon-1")
+        assert launches == 2, f"node 1's daemon was started again: {launches} launches"
+    run_stderr = "".join(stderr)
     ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(RANKS)]
     table = pyarrow.dataset.dataset(str(data)).to_table(columns=["id"], filter=pyarrow.compute.field("feature_1") >= 0.3)
     kept = sorted(table.column("id").to_pylist())
@@ -130,7 +170,7 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
             had = {row for other in node for earlier in ranks[other][: epoch + 1] for row in earlier["ids"]}
             assert set(seen["pad_ids"]) <= had, f"rank {rank}, epoch {epoch}: pads repeat rows its node had"
     assert pads > 0, "the rings got the same number of batches in every epoch: nothing was padded"
-    assert "task re-split" in run.stderr, "no epoch's tail was re-split to a ring that ran dry"
+    assert "task re-split" in run_stderr, "no epoch's tail was re-split to a ring that ran dry"
 
 
 def test_the_ddp_example_steps_every_rank_alike_and_masks_its_pads(sluice_bin, tmp_path):

@@ -220,6 +220,11 @@ pub struct RecordMeta {
     pub first_row: u64,
     /// The number of rows in the record.
     pub row_count: u64,
+    /// A number the producer tags the record with, opaque to the ring (0: none). It lies in the
+    /// record's header, under its checksum, and a ledger keeps the largest tag it folded
+    /// ([`crate::ledger::Ledger::largest_tag`]): a producer that takes a ring over learns from the
+    /// tags of the records folded and of those still unread how far its stream had come.
+    pub tag: u64,
 }
 
 impl RecordMeta {
@@ -230,7 +235,13 @@ impl RecordMeta {
             task_id: 0,
             first_row: 0,
             row_count: 0,
+            tag: 0,
         }
+    }
+
+    /// This meta with `tag`.
+    pub fn tagged(self, tag: u64) -> Self {
+        RecordMeta { tag, ..self }
     }
 }
 
@@ -245,7 +256,9 @@ pub(crate) struct RecordHeader {
     pub(crate) row_count: u64,
     pub(crate) kind: u32,
     pub(crate) check: u32,
-    pub(crate) reserved: [u64; 2],
+    /// The producer's tag ([`RecordMeta::tag`]).
+    pub(crate) tag: u64,
+    pub(crate) reserved: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<RecordHeader>() == RECORD_HEADER_LEN as usize);
@@ -318,14 +331,15 @@ pub(crate) fn record_size(payload_len: u64) -> Option<u64> {
 impl RecordHeader {
     #[inline]
     pub(crate) fn new(payload_len: u64, sequence: u64, meta: Option<RecordMeta>) -> Self {
-        let (kind, task_id, first_row, row_count) = match meta {
+        let (kind, task_id, first_row, row_count, tag) = match meta {
             Some(meta) => (
                 meta.kind as u32,
                 meta.task_id,
                 meta.first_row,
                 meta.row_count,
+                meta.tag,
             ),
-            None => (PADDING_KIND, 0, 0, 0),
+            None => (PADDING_KIND, 0, 0, 0, 0),
         };
         let mut header = RecordHeader {
             payload_len,
@@ -335,13 +349,15 @@ impl RecordHeader {
             row_count,
             kind,
             check: 0,
-            reserved: [0; 2],
+            tag,
+            reserved: 0,
         };
         header.check = header.checksum();
         header
     }
 
-    /// A cheap hash of every field but `check` (FNV-1a over the words, folded to 32 bits).
+    /// A cheap hash of every field but `check` (FNV-1a over the words, folded to 32 bits). The tag
+    /// counts only when set, so that a record without one hashes as records did before tags.
     #[inline]
     fn checksum(&self) -> u32 {
         let words = [
@@ -352,9 +368,11 @@ impl RecordHeader {
             self.row_count,
             u64::from(self.kind),
         ];
-        let hash = words.iter().fold(0xcbf2_9ce4_8422_2325_u64, |hash, word| {
-            (hash ^ word).wrapping_mul(0x0100_0000_01b3)
-        });
+        let step = |hash: u64, word: &u64| (hash ^ word).wrapping_mul(0x0100_0000_01b3);
+        let mut hash = words.iter().fold(0xcbf2_9ce4_8422_2325_u64, step);
+        if self.tag != 0 {
+            hash = step(hash, &self.tag);
+        }
         (hash ^ (hash >> 32)) as u32
     }
 
@@ -401,6 +419,7 @@ impl RecordHeader {
                 task_id: self.task_id,
                 first_row: self.first_row,
                 row_count: self.row_count,
+                tag: self.tag,
             }),
             payload_len: self.payload_len,
             size,
@@ -429,6 +448,7 @@ mod tests {
             task_id: 7,
             first_row: 100,
             row_count: 50,
+            tag: (2 << 32) | 9,
         };
         let sut = RecordHeader::new(1000, 3, Some(meta));
         let valid = sut.validate(4096, 4096, Some(3)).expect("valid");
@@ -450,6 +470,13 @@ mod tests {
         assert_eq!(
             tampered.validate(4096, 4096, Some(3)),
             Err(RecordFault::Checksum)
+        );
+        let mut tampered = sut;
+        tampered.tag += 1;
+        assert_eq!(
+            tampered.validate(4096, 4096, Some(3)),
+            Err(RecordFault::Checksum),
+            "the tag is under the checksum"
         );
     }
 
@@ -485,14 +512,17 @@ mod tests {
             Just(RecordKind::EndOfEpoch),
             Just(RecordKind::Error),
         ];
-        proptest::option::of((kind, any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
-            |(kind, task_id, first_row, row_count)| RecordMeta {
-                kind,
-                task_id,
-                first_row,
-                row_count,
-            },
-        ))
+        proptest::option::of(
+            (kind, any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+                |(kind, task_id, first_row, row_count, tag)| RecordMeta {
+                    kind,
+                    task_id,
+                    first_row,
+                    row_count,
+                    tag,
+                },
+            ),
+        )
     }
 
     fn any_mutation() -> impl Strategy<Value = Mutation> {
@@ -588,7 +618,8 @@ mod tests {
                 row_count: words[3],
                 kind,
                 check,
-                reserved: [0; 2],
+                tag: 0,
+                reserved: 0,
             };
             if sealed {
                 sut.check = sut.checksum();

@@ -311,6 +311,7 @@ mod tests {
             task_id: 1,
             first_row: row,
             row_count: 1,
+            tag: 0,
         }
     }
 

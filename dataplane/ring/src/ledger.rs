@@ -13,7 +13,8 @@
 //!
 //! ```text
 //! header  word 0 magic `SLUICELG`, word 1 version (bits 0..32) and slot count (bits 32..64),
-//!         word 2 the last folded mark ([`EpochMark`]), word 3 the owner (a node id), words 4..8 zero
+//!         word 2 the last folded mark ([`EpochMark`]), word 3 the owner (a node id), word 4 the
+//!         largest record tag folded ([`RecordMeta::tag`]), words 5..8 zero
 //! slot    word 0 state (0 free, 1 bound), 1 task id, 2 epoch, 3 start, 4 end,
 //!         5 consumed end, 6 enqueued end, 7 zero
 //! ```
@@ -398,6 +399,9 @@ impl Ledger {
         if let Some(mark) = self.mark_of(meta) {
             self.word(2).store(mark.word(), Ordering::Relaxed);
         }
+        if meta.tag != 0 {
+            self.word(4).fetch_max(meta.tag, Ordering::Relaxed);
+        }
         if meta.kind == RecordKind::Batch
             && let Some(slot) = self.find(meta.task_id)
         {
@@ -414,9 +418,11 @@ impl Ledger {
         }
     }
 
-    /// The mark a record sets, if it is a batch of a bound task or an end of epoch.
+    /// The mark a record sets, if it is a batch of rows of a bound task or an end of epoch. A batch
+    /// of no rows (a pad batch) belongs to no task.
     pub fn mark_of(&self, meta: RecordMeta) -> Option<EpochMark> {
         match meta.kind {
+            RecordKind::Batch if meta.row_count == 0 => None,
             RecordKind::Batch => {
                 let slot = self.find(meta.task_id)?;
                 let epoch = self.slot_word(slot, 2).load(Ordering::Relaxed);
@@ -427,6 +433,12 @@ impl Ledger {
             RecordKind::EndOfEpoch => Some(EpochMark::EndOfEpoch),
             RecordKind::Schema | RecordKind::Error => None,
         }
+    }
+
+    /// The largest tag of a record folded, 0 when none had one. Folding raises it with `fetch_max`,
+    /// so a record folded twice changes nothing.
+    pub fn largest_tag(&self) -> u64 {
+        self.word(4).load(Ordering::Relaxed)
     }
 
     /// The mark of the last batch or end of epoch folded.
@@ -578,6 +590,7 @@ mod tests {
             task_id,
             first_row,
             row_count,
+            tag: 0,
         }
     }
 
@@ -619,9 +632,25 @@ mod tests {
             sut.last_folded().expect("mark"),
             EpochMark::Batch { epoch: 2 }
         );
-        sut.fold(RecordMeta::of_kind(RecordKind::EndOfEpoch));
+        assert_eq!(sut.largest_tag(), 0, "no record had a tag");
+        sut.fold(batch(7, 150, 10).tagged(5));
+        sut.fold(batch(7, 150, 10).tagged(5));
+        sut.fold(RecordMeta::of_kind(RecordKind::EndOfEpoch).tagged(9));
         sut.fold(RecordMeta::of_kind(RecordKind::Schema));
+        assert_eq!(
+            sut.largest_tag(),
+            9,
+            "the largest tag, however often folded"
+        );
         assert_eq!(sut.last_folded().expect("mark"), EpochMark::EndOfEpoch);
+        sut.fold(batch(0, 0, 0).tagged(7));
+        assert_eq!(
+            sut.last_folded().expect("mark"),
+            EpochMark::EndOfEpoch,
+            "a batch of no rows belongs to no task, task 0 bound or not"
+        );
+        assert_eq!(sut.task(0).expect("bound").consumed_end, 0);
+        assert_eq!(sut.largest_tag(), 9);
         assert!(sut.set_end(7, 190));
         assert_eq!(sut.task(7).expect("bound").end, 190);
         assert!(sut.set_end(7, 160));

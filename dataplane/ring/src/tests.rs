@@ -14,6 +14,7 @@ fn batch(task_id: u64, first_row: u64, row_count: u64) -> RecordMeta {
         task_id,
         first_row,
         row_count,
+        tag: 0,
     }
 }
 

@@ -25,6 +25,7 @@ fn meta(row: u64) -> RecordMeta {
         task_id: 1,
         first_row: row,
         row_count: 1,
+        tag: 0,
     }
 }
 

@@ -82,6 +82,7 @@ fn produce_into(ring: &Ring, path: &Path, args: &DemoArgs) -> anyhow::Result<()>
             task_id: 0,
             first_row: sequence,
             row_count: 1,
+            tag: 0,
         });
     }
     let elapsed = started.elapsed();
