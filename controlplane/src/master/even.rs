@@ -8,6 +8,10 @@
 //! most batches any ring was handed, and every ring pads up to it before its end of epoch. A past
 //! epoch's count is the most any ring reports for it: its rings' counts are final.
 //!
+//! A scale or a restore replaces the rings, and the trainers start again from their checkpoint:
+//! everything here is forgotten, the reports of the rings being given back are not taken, and the
+//! new rings count the epoch from the new start.
+//!
 //! Nothing here is journaled. The daemons report again in every heartbeat what a new AM needs, and
 //! a count only grows: a node lost after a settle has its tasks queued again, their batches raise
 //! the count, and the rings pad further (rings end an epoch only once its rows are all consumed).

@@ -705,6 +705,10 @@ impl Master {
     /// the nodes hold are ranked over `previous_sizes`.
     fn take_rings_back(&mut self, previous_sizes: Vec<u32>, restore: bool) {
         checkpoint::decide(&mut self.checkpoints, RanksChanged);
+        // The rings go, and the new ones count the epoch's batches from the trainers' new start.
+        if let Some(even) = &mut self.even {
+            *even = EvenBatches::default();
+        }
         let event = RescaleEvent::Started {
             previous_sizes,
             live: self.table.alive_nodes().collect(),
@@ -889,8 +893,10 @@ impl Master {
                 info.hostname = request.hostname;
             }
         }
+        // While rings are taken back, their counts are of rings about to go.
         if let Some(even) = &mut self.even
             && self.table.node_status(node).is_some()
+            && self.rescale.is_none()
         {
             let rings = self
                 .nodes

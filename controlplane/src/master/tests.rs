@@ -964,6 +964,34 @@ fn register_holding_nothing(
 }
 
 #[test]
+fn a_scale_forgets_the_settled_counts_of_the_rings_it_replaces() {
+    let mut sut = master_of(&SPEC.replace(
+        "  shuffle: { seed: 3 }\n",
+        "  shuffle: { seed: 3 }\n  fixed_batch_size: true\n  even_batches: pad\n",
+    ));
+    sut.launch_executors();
+    for LaunchAction::Launch(id) in sut.executors_to_launch() {
+        sut.executor_launched(id);
+    }
+    register(&mut sut, 0, 0);
+    register(&mut sut, 1, 0);
+    let tasks: Vec<(u64, u64, u64, u64)> = assigned(&acquire(&mut sut, 0, 1, 5))
+        .iter()
+        .map(|task| (task.task_id, 0, 0, task.end - task.start))
+        .collect();
+    even_heartbeat(&mut sut, 1, 2, &[], &[&[(0, 4)], &[(0, 0)]]);
+    let (_, settled) = even_heartbeat(&mut sut, 0, 2, &tasks, &[&[(0, 9)], &[(0, 6)]]);
+    assert_eq!(settled, vec![(0, 9)]);
+    sut.scale("worker", 2).expect("a scale");
+    let (_, settled) = even_heartbeat(&mut sut, 0, 3, &tasks, &[&[(0, 9)], &[(0, 6)]]);
+    assert_eq!(
+        settled,
+        vec![],
+        "the rings being given back count for nothing"
+    );
+}
+
+#[test]
 fn a_scale_is_refused_with_a_reason_for_bad_requests_and_finishing_jobs() {
     let mut without_executors = master();
     let error = without_executors
