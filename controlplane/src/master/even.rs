@@ -4,9 +4,9 @@
 //! and each ring's batch count in its last epochs, counted before those rows were read for the
 //! report. An epoch is settled once nothing of it is pending and every task in flight was handed
 //! to its end: no ring can get another batch of it (a stop asked of such a task is acknowledged at
-//! its end and cuts nothing off). Its count is then the
-//! most batches any ring was handed, and every ring pads up to it before its end of epoch. A past
-//! epoch's count is the most any ring reports for it: its rings' counts are final.
+//! its end and cuts nothing off). Its count is then the most batches any ring was handed, and every
+//! ring pads up to it before its end of epoch. A past epoch's count is the most any ring reports
+//! for it: its rings' counts are final.
 //!
 //! A scale or a restore replaces the rings, and the trainers start again from their checkpoint:
 //! everything here is forgotten, the reports of the rings being given back are not taken, and the
