@@ -99,6 +99,24 @@ fn heartbeat(
     )
 }
 
+fn stop_ack(
+    state: &mut JobState,
+    node: NodeId,
+    now_ms: u64,
+    task: TaskId,
+    stop_row: u64,
+) -> Vec<Action> {
+    run(
+        state,
+        Event::StopAck {
+            node,
+            now_ms,
+            task,
+            stop_row,
+        },
+    )
+}
+
 fn report_failed(state: &mut JobState, node: NodeId, task: TaskId, consumed: u64) -> Vec<Action> {
     run(
         state,
@@ -325,15 +343,7 @@ fn the_rest_of_a_task_is_handed_out_only_after_the_holder_acknowledges() {
     let (mut sut, task) = straggler();
     acquire(&mut sut, NODE_B, 2, 1);
     // A had enqueued past the requested row meanwhile, so it stops at 60.
-    let actions = run(
-        &mut sut,
-        Event::StopAck {
-            node: NODE_A,
-            now_ms: 3,
-            task: task.task,
-            stop_row: 60,
-        },
-    );
+    let actions = stop_ack(&mut sut, NODE_A, 3, task.task, 60);
     let child = TaskId(1);
     assert_eq!(
         actions,
@@ -371,21 +381,15 @@ fn the_rest_of_a_task_is_handed_out_only_after_the_holder_acknowledges() {
 #[test]
 fn stop_acknowledgements_are_checked() {
     let (mut sut, task) = straggler();
-    let stop_ack = |stop_row| Event::StopAck {
-        node: NODE_A,
-        now_ms: 3,
-        task: task.task,
-        stop_row,
-    };
     assert_eq!(
-        run(&mut sut, stop_ack(50)),
+        stop_ack(&mut sut, NODE_A, 3, task.task, 50),
         vec![Action::Refuse {
             node: NODE_A,
             reason: Refusal::NoStopRequested(task.task)
         }]
     );
     acquire(&mut sut, NODE_B, 2, 1);
-    let below_enqueued = run(&mut sut, stop_ack(9));
+    let below_enqueued = stop_ack(&mut sut, NODE_A, 3, task.task, 9);
     assert!(matches!(
         below_enqueued[..],
         [Action::Refuse {
@@ -397,7 +401,7 @@ fn stop_acknowledgements_are_checked() {
             ..
         }]
     ));
-    let past_end = run(&mut sut, stop_ack(101));
+    let past_end = stop_ack(&mut sut, NODE_A, 3, task.task, 101);
     assert!(matches!(
         past_end[..],
         [Action::Refuse {
@@ -406,7 +410,7 @@ fn stop_acknowledgements_are_checked() {
         }]
     ));
     // A holder that already enqueued everything stops at the end: nothing is cut off.
-    assert_eq!(run(&mut sut, stop_ack(100)), Vec::new());
+    assert_eq!(stop_ack(&mut sut, NODE_A, 3, task.task, 100), Vec::new());
     assert_eq!(sut.task_count(), 1);
     assert_eq!(sut.pending_count(), 0);
 }
@@ -446,15 +450,7 @@ fn with_even_batches_a_busy_node_re_splits_the_tail_down_to_one_row_and_its_own_
             row: 55
         }]
     );
-    let actions = run(
-        &mut sut,
-        Event::StopAck {
-            node: NODE_A,
-            now_ms: 3,
-            task: task.task,
-            stop_row: 98,
-        },
-    );
+    let actions = stop_ack(&mut sut, NODE_A, 3, task.task, 98);
     assert!(
         actions.contains(&Action::TaskSplit {
             parent: task.task,

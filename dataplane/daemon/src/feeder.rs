@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow::array::{BooleanArray, RecordBatch, RecordBatchOptions};
+use arrow::buffer::BooleanBuffer;
 use arrow::datatypes::SchemaRef;
 use sluice_formats::{BlockCache, SplitBatch};
 use sluice_proto::{TaskId, v1};
@@ -199,7 +200,12 @@ impl Pipeline {
         }
         let rows = batch.num_rows();
         let mut columns = batch.columns().to_vec();
-        columns.push(Arc::new(BooleanArray::from(vec![pad; rows])));
+        let mask = if pad {
+            BooleanBuffer::new_set(rows)
+        } else {
+            BooleanBuffer::new_unset(rows)
+        };
+        columns.push(Arc::new(BooleanArray::new(mask, None)));
         RecordBatch::try_new_with_options(
             self.ring_schema.clone(),
             columns,
@@ -428,7 +434,19 @@ impl Feeder {
     fn begin(&mut self, epoch: u32) {
         self.epoch = Some(epoch);
         self.interleave = Interleave::new(self.seed, epoch);
-        self.rings.counted.begin(epoch);
+        if self.pipeline.shape.pad {
+            self.rings.counted.begin(epoch);
+        }
+    }
+
+    /// Counts one batch of `epoch` for `data.even_batches` and returns its number in the epoch;
+    /// without it nothing is counted, and heartbeats carry no counts.
+    fn count(&self, epoch: u32) -> u64 {
+        if self.pipeline.shape.pad {
+            self.rings.counted.count(epoch)
+        } else {
+            0
+        }
     }
 
     /// Waits until the AM settled `epoch`'s count; `None` if the daemon stopped listening.
@@ -458,7 +476,7 @@ impl Feeder {
                     return false;
                 }
             };
-            let number = self.rings.counted.count(epoch);
+            let number = self.count(epoch);
             let pad = Write::Batch {
                 batch,
                 task_id: 0,
@@ -500,7 +518,7 @@ impl Feeder {
                 } else {
                     covered
                 };
-                let number = self.rings.counted.count(assignment.epoch);
+                let number = self.count(assignment.epoch);
                 control.sent_end = covered.end();
                 Some((
                     covered,
