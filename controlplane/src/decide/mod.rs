@@ -53,6 +53,7 @@
 //! `task_success_percent`. Task failures and lost nodes together past `max_total_failures` fail it.
 
 mod chunks;
+mod mix;
 mod order;
 mod position;
 mod state;
@@ -62,6 +63,7 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
+pub use mix::MixedSource;
 pub use position::{
     DataPosition, NodeRecord, RestoreError, RestoreMode, TableSnapshot, TaskRecord, TaskStatus,
 };

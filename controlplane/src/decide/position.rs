@@ -8,7 +8,10 @@
 //! stands for. So the master's lock is held for the capture only, and the encoding runs elsewhere.
 
 use super::chunks::ChunkedVec;
-use super::state::{InFlight, JobState, NodeEntry, NodeStatus, SlotState, TaskSlot};
+use super::mix::MixedSource;
+use super::state::{
+    InFlight, JobState, MixState, NodeEntry, NodeStatus, PlanError, SlotState, TaskSlot,
+};
 use super::{DecideConfig, JobOutcome, NodeId, TaskId};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -197,6 +200,9 @@ pub enum RestoreError {
         /// How many there are.
         tasks: usize,
     },
+    /// The mixed sources' epoch could not be drawn again.
+    #[error("data position: {0}")]
+    Plan(#[from] PlanError),
 }
 
 impl JobState {
@@ -262,7 +268,29 @@ impl JobState {
     /// tasks again, pending after the position's own.
     pub fn restore(
         config: DecideConfig,
+        split_rows: Vec<u64>,
+        position: DataPosition,
+        mode: RestoreMode,
+    ) -> Result<JobState, RestoreError> {
+        JobState::restored(config, split_rows, None, position, mode)
+    }
+
+    /// Rebuilds the task table of a job that mixes `sources` from a snapshot over the same splits,
+    /// drawing the epochs before the snapshot's again to find where the mix stands.
+    pub fn restore_mixed(
+        config: DecideConfig,
+        split_rows: Vec<u64>,
+        sources: &[MixedSource],
+        position: DataPosition,
+        mode: RestoreMode,
+    ) -> Result<JobState, RestoreError> {
+        JobState::restored(config, split_rows, Some(sources), position, mode)
+    }
+
+    fn restored(
+        config: DecideConfig,
         mut split_rows: Vec<u64>,
+        sources: Option<&[MixedSource]>,
         position: DataPosition,
         mode: RestoreMode,
     ) -> Result<JobState, RestoreError> {
@@ -370,7 +398,13 @@ impl JobState {
             });
         }
         slots.shrink_to_fit();
-        let epoch_rows: u64 = split_rows.iter().sum();
+        let mut mix = sources
+            .map(|sources| MixState::new(&config, &split_rows, sources, position.epoch))
+            .transpose()?;
+        let epoch_rows: u64 = match &mut mix {
+            Some(mix) => mix.plan()?.iter().map(|slot| slot.end - slot.start).sum(),
+            None => split_rows.iter().sum(),
+        };
         if position.done_rows + position.failed_rows + open != epoch_rows {
             return Err(RestoreError::RowsMismatch {
                 done: position.done_rows,
@@ -433,6 +467,7 @@ impl JobState {
             total_failures: position.total_failures,
             outcome: position.outcome,
             following: position.following,
+            mix,
         };
         if let RestoreMode::Requeue { .. } = mode {
             state.requeue_all_in_flight();

@@ -11,7 +11,8 @@
 //! node, and a successful job's ledger must hold every row of every epoch exactly once; any job's
 //! ledger must hold no row twice. A job that follows its sources gets splits added at random points
 //! (between any two events, across AM restarts and rollbacks), must not succeed while it follows,
-//! and its ledger must then hold every row of the added splits exactly once too.
+//! and its ledger must then hold every row of the added splits exactly once too. A job that mixes
+//! its sources by weight must hold every row of every epoch as often as the epoch drew it.
 
 use super::*;
 use proptest::prelude::*;
@@ -87,6 +88,8 @@ enum Op {
 #[derive(Debug, Clone)]
 struct Job {
     split_rows: Vec<u64>,
+    /// The sources, when they are mixed by weight.
+    mix: Option<Vec<MixedSource>>,
     config: DecideConfig,
     nodes: usize,
     ops: Vec<Op>,
@@ -141,11 +144,13 @@ struct Coverage {
     succeeded: usize,
     added_splits: usize,
     followed_succeeded: usize,
+    mixed_succeeded: usize,
 }
 
 struct Sim<'a> {
     state: JobState,
     split_rows: Vec<u64>,
+    mix: Option<Vec<MixedSource>>,
     config: DecideConfig,
     nodes: Vec<SimNode>,
     now_ms: u64,
@@ -174,6 +179,22 @@ fn refused_outright(actions: &[Action]) -> bool {
 }
 
 impl Sim<'_> {
+    /// Restores the table from `position`, mixed as the job is.
+    fn restore(
+        &self,
+        position: DataPosition,
+        mode: RestoreMode,
+    ) -> Result<JobState, TestCaseError> {
+        let split_rows = self.split_rows.clone();
+        match &self.mix {
+            Some(sources) => {
+                JobState::restore_mixed(self.config, split_rows, sources, position, mode)
+            }
+            None => JobState::restore(self.config, split_rows, position, mode),
+        }
+        .map_err(|error| TestCaseError::fail(error.to_string()))
+    }
+
     /// Sends one event to the real `decide`, checks the invariants, then credits the rows the AM
     /// accepted and delivers the commands to the simulated nodes.
     fn send(
@@ -509,15 +530,12 @@ impl Sim<'_> {
                     .map_err(|error| TestCaseError::fail(error.to_string()))?;
                 let decoded: DataPosition = serde_json::from_str(&json)
                     .map_err(|error| TestCaseError::fail(error.to_string()))?;
-                self.state = JobState::restore(
-                    self.config,
-                    self.split_rows.clone(),
+                self.state = self.restore(
                     decoded,
                     RestoreMode::Resume {
                         now_ms: self.now_ms,
                     },
-                )
-                .map_err(|error| TestCaseError::fail(error.to_string()))?;
+                )?;
                 prop_assert_eq!(self.state.position(), position);
                 self.coverage.borrow_mut().restarts += 1;
             }
@@ -537,15 +555,12 @@ impl Sim<'_> {
                 if let Some((position, ledger)) = self.checkpoint.clone() {
                     // Following is the sources' state, not the trainers': the AM keeps it.
                     let following = self.state.following();
-                    self.state = JobState::restore(
-                        self.config,
-                        self.split_rows.clone(),
+                    self.state = self.restore(
                         position,
                         RestoreMode::Requeue {
                             now_ms: self.now_ms,
                         },
-                    )
-                    .map_err(|error| TestCaseError::fail(error.to_string()))?;
+                    )?;
                     self.state.following = following;
                     self.ledger = ledger;
                     for sim_node in &mut self.nodes {
@@ -661,6 +676,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
         2..5usize,
         any::<bool>(),
         any::<bool>(),
+        prop::option::weighted(0.3, prop::collection::vec((1..5u32, any::<bool>()), 1..4)),
     )
         .prop_flat_map(
             |(
@@ -675,11 +691,15 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                 nodes,
                 follow,
                 even_batches,
+                mix,
             )| {
                 // A followed job may start with no rows at all; the others need one.
                 if !follow {
                     split_rows[0] += 1;
                 }
+                let mix = mix
+                    .filter(|_| !follow)
+                    .map(|weights| mixed_sources(&mut split_rows, &weights));
                 let config = DecideConfig {
                     seed,
                     epochs: if follow { 1 } else { epochs },
@@ -703,6 +723,7 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                     }
                     Job {
                         split_rows: split_rows.clone(),
+                        mix: mix.clone(),
                         config,
                         nodes,
                         ops,
@@ -712,13 +733,79 @@ fn job_strategy() -> impl Strategy<Value = Job> {
         )
 }
 
+/// Deals the splits out to one source per weight, in turn, each source at least one row (a split
+/// is given a row if a source would have none), and makes the last source end the epoch if none
+/// does.
+fn mixed_sources(split_rows: &mut [u64], weights: &[(u32, bool)]) -> Vec<MixedSource> {
+    let mut sources: Vec<MixedSource> = weights
+        .iter()
+        .map(|&(weight, ends_epoch)| MixedSource {
+            splits: Vec::new(),
+            weight: f64::from(weight),
+            ends_epoch,
+        })
+        .collect();
+    let count = sources.len().min(split_rows.len());
+    sources.truncate(count);
+    for split in 0..split_rows.len() {
+        sources[split % count].splits.push(split as u32);
+    }
+    for source in &sources {
+        let first = source.splits[0] as usize;
+        if source
+            .splits
+            .iter()
+            .all(|split| split_rows[*split as usize] == 0)
+        {
+            split_rows[first] += 1;
+        }
+    }
+    if !sources.iter().any(|source| source.ends_epoch) {
+        sources[count - 1].ends_epoch = true;
+    }
+    sources
+}
+
+/// How many times each row of each epoch is to be consumed: once per epoch, or as often as each
+/// epoch of a mix drew it.
+fn expected_rows(job: &Job, split_rows: &[u64]) -> BTreeMap<(u32, u32, u64), u32> {
+    let mut expected = BTreeMap::new();
+    let Some(sources) = &job.mix else {
+        for epoch in 0..job.config.epochs {
+            for (split, rows) in split_rows.iter().enumerate() {
+                for row in 0..*rows {
+                    expected.insert((epoch, split as u32, row), 1u32);
+                }
+            }
+        }
+        return expected;
+    };
+    let mixer = mix::Mixer::new(sources, split_rows, job.config.task_rows, job.config.seed)
+        .expect("the job's mix plans");
+    let mut cursor = mixer.start();
+    for epoch in 0..job.config.epochs {
+        let (drawn, next) = mixer.draw_epoch(&cursor).expect("the epoch draws");
+        for task in drawn {
+            for row in task.start..task.end {
+                *expected.entry((epoch, task.split, row)).or_insert(0) += 1;
+            }
+        }
+        cursor = next;
+    }
+    expected
+}
+
 /// Runs one job to its end and checks the ledger.
-fn run_job(job: Job, coverage: &RefCell<Coverage>) -> Result<(), TestCaseError> {
-    let state = JobState::new(job.config, job.split_rows.clone())
-        .map_err(|error| TestCaseError::fail(error.to_string()))?;
+fn run_job(mut job: Job, coverage: &RefCell<Coverage>) -> Result<(), TestCaseError> {
+    let state = match &job.mix {
+        Some(sources) => JobState::mixed(job.config, job.split_rows.clone(), sources),
+        None => JobState::new(job.config, job.split_rows.clone()),
+    }
+    .map_err(|error| TestCaseError::fail(error.to_string()))?;
     let mut sim = Sim {
         state,
         split_rows: job.split_rows.clone(),
+        mix: job.mix.clone(),
         config: job.config,
         nodes: vec![SimNode::default(); job.nodes],
         now_ms: 0,
@@ -726,11 +813,18 @@ fn run_job(job: Job, coverage: &RefCell<Coverage>) -> Result<(), TestCaseError> 
         checkpoint: None,
         coverage,
     };
-    for op in job.ops {
+    for op in std::mem::take(&mut job.ops) {
         sim.step(op)?;
     }
     sim.drain()?;
-    if let Some(((epoch, split, row), count)) = sim.ledger.iter().find(|(_, count)| **count > 1) {
+    let expected = expected_rows(&job, &sim.split_rows);
+    if let Some(((epoch, split, row), count)) = sim.ledger.iter().find(|(key, count)| {
+        **count
+            > expected
+                .get(key)
+                .copied()
+                .unwrap_or(if job.mix.is_some() { 0 } else { 1 })
+    }) {
         return Err(TestCaseError::fail(format!(
             "row {row} of split {split} in epoch {epoch} was consumed {count} times"
         )));
@@ -740,13 +834,8 @@ fn run_job(job: Job, coverage: &RefCell<Coverage>) -> Result<(), TestCaseError> 
         if job.config.follow && sim.split_rows.len() > job.split_rows.len() {
             coverage.borrow_mut().followed_succeeded += 1;
         }
-        let mut expected = BTreeMap::new();
-        for epoch in 0..job.config.epochs {
-            for (split, rows) in sim.split_rows.iter().enumerate() {
-                for row in 0..*rows {
-                    expected.insert((epoch, split as u32, row), 1u32);
-                }
-            }
+        if job.mix.is_some() {
+            coverage.borrow_mut().mixed_succeeded += 1;
         }
         let got: BTreeMap<(u32, u32, u64), u32> = sim.ledger.into_iter().collect();
         prop_assert_eq!(got, expected, "every row of every epoch exactly once");
@@ -800,6 +889,10 @@ fn every_row_of_every_epoch_is_consumed_exactly_once() {
     assert!(
         coverage.added_splits > 0 && coverage.followed_succeeded > 50,
         "too few followed jobs grew and succeeded: {coverage:?}"
+    );
+    assert!(
+        coverage.mixed_succeeded > 30,
+        "too few mixed jobs succeeded: {coverage:?}"
     );
     assert!(
         coverage.succeeded > 100,

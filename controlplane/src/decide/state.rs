@@ -16,12 +16,14 @@
 //! back) and then `order[cursor..]`, the epoch's seeded order not yet handed out.
 
 use super::chunks::ChunkedVec;
+use super::mix::{MixCursor, MixedSource, Mixer};
 use super::order::epoch_order;
 use super::{
     Action, Assignment, DecideConfig, JobOutcome, NEAR_WINDOW, NodeId, Refusal, ReportOutcome,
     TaskId, TaskProgress,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 /// Why a job's data cannot be planned into tasks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +55,24 @@ pub enum PlanError {
         splits: usize,
         /// The most a job may have.
         max: u64,
+    },
+    /// A source of a mix holds no rows, so its share cannot be drawn.
+    #[error(
+        "data.sources[{index}] holds no rows, so its weight's share of the mix cannot be drawn; check the source and its filter, or leave it out"
+    )]
+    MixedSourceEmpty {
+        /// The source's index in `data.sources`.
+        index: usize,
+    },
+    /// A source of a mix names a split the plan does not have.
+    #[error(
+        "data.sources[{index}] is mixed with split {split}, which the job's plan does not have"
+    )]
+    MixedSplitUnknown {
+        /// The source's index in `data.sources`.
+        index: usize,
+        /// The split.
+        split: u32,
     },
 }
 
@@ -182,6 +202,53 @@ pub struct JobState {
     pub(super) outcome: Option<JobOutcome>,
     /// Whether splits may still be added; the job does not succeed while they may.
     pub(super) following: bool,
+    /// With sources mixed by weight, how the epochs are drawn.
+    pub(super) mix: Option<MixState>,
+}
+
+/// The draws of a job that mixes its sources, and where the current epoch's tasks began.
+#[derive(Debug, Clone)]
+pub(super) struct MixState {
+    mixer: Arc<Mixer>,
+    /// The cursor at the start of the next epoch.
+    next: MixCursor,
+    /// The first row of each task the current epoch planned, by slot.
+    starts: Arc<Vec<u64>>,
+}
+
+impl MixState {
+    /// Mixes `sources`, ready to plan `epoch`.
+    pub(super) fn new(
+        config: &DecideConfig,
+        split_rows: &[u64],
+        sources: &[MixedSource],
+        epoch: u32,
+    ) -> Result<MixState, PlanError> {
+        let mixer = Mixer::new(sources, split_rows, config.task_rows, config.seed)?;
+        let next = mixer.cursor_at(epoch)?;
+        Ok(MixState {
+            mixer: Arc::new(mixer),
+            next,
+            starts: Arc::default(),
+        })
+    }
+
+    /// Draws the next epoch's tasks, in the order they are handed out.
+    pub(super) fn plan(&mut self) -> Result<Vec<TaskSlot>, PlanError> {
+        let (drawn, next) = self.mixer.draw_epoch(&self.next)?;
+        self.next = next;
+        self.starts = Arc::new(drawn.iter().map(|task| task.start).collect());
+        Ok(drawn
+            .into_iter()
+            .map(|task| TaskSlot {
+                start: task.start,
+                end: task.end,
+                split: task.split,
+                failures: 0,
+                state: SlotState::Pending,
+            })
+            .collect())
+    }
 }
 
 /// The largest number of splits, so that a split index fits in `u32`.
@@ -195,6 +262,25 @@ impl JobState {
     /// Plans epoch 0 over splits with the given row counts; a split's index in `split_rows` is the
     /// split index carried by its tasks.
     pub fn new(config: DecideConfig, split_rows: Vec<u64>) -> Result<JobState, PlanError> {
+        JobState::planned(config, split_rows, None)
+    }
+
+    /// Plans epoch 0 over splits drawn from the mixed `sources` by weight (see
+    /// [`mix`](super::mix)); a split's index in `split_rows` is the split index carried by its
+    /// tasks.
+    pub fn mixed(
+        config: DecideConfig,
+        split_rows: Vec<u64>,
+        sources: &[MixedSource],
+    ) -> Result<JobState, PlanError> {
+        JobState::planned(config, split_rows, Some(sources))
+    }
+
+    fn planned(
+        config: DecideConfig,
+        split_rows: Vec<u64>,
+        sources: Option<&[MixedSource]>,
+    ) -> Result<JobState, PlanError> {
         if split_rows.len() as u64 > MAX_SLOTS {
             return Err(PlanError::TooManySplits {
                 splits: split_rows.len(),
@@ -210,7 +296,10 @@ impl JobState {
         }
         let task_rows = config.task_rows.max(1);
         let tasks: u64 = split_rows.iter().map(|rows| rows.div_ceil(task_rows)).sum();
-        if tasks > MAX_EPOCH_TASKS {
+        let mix = sources
+            .map(|sources| MixState::new(&config, &split_rows, sources, 0))
+            .transpose()?;
+        if tasks > MAX_EPOCH_TASKS && mix.is_none() {
             return Err(PlanError::TooManyTasks {
                 tasks,
                 max: MAX_EPOCH_TASKS,
@@ -234,33 +323,43 @@ impl JobState {
             total_failures: 0,
             outcome: None,
             following: config.follow,
+            mix,
         };
-        state.plan_epoch(0);
+        state.plan_epoch(0)?;
         Ok(state)
     }
 
-    /// Cuts every split into tasks for `epoch` and shuffles their order.
-    fn plan_epoch(&mut self, epoch: u32) {
-        let task_rows = self.config.task_rows.max(1);
+    /// Cuts every split into tasks for `epoch` and shuffles their order; with mixed sources, draws
+    /// the epoch's tasks instead, in the order drawn.
+    fn plan_epoch(&mut self, epoch: u32) -> Result<(), PlanError> {
         let mut slots = ChunkedVec::new();
-        for (split, rows) in self.split_rows.iter().enumerate() {
-            let mut start = 0;
-            while start < *rows {
-                let end = (start + task_rows).min(*rows);
-                slots.push(TaskSlot {
-                    start,
-                    end,
-                    split: split as u32,
-                    failures: 0,
-                    state: SlotState::Pending,
-                });
-                start = end;
+        if let Some(mix) = &mut self.mix {
+            for slot in mix.plan()? {
+                slots.push(slot);
             }
+            self.order = (0..slots.len() as u32).collect();
+            self.epoch_rows = slots.iter().map(|slot| slot.end - slot.start).sum();
+        } else {
+            let task_rows = self.config.task_rows.max(1);
+            for (split, rows) in self.split_rows.iter().enumerate() {
+                let mut start = 0;
+                while start < *rows {
+                    let end = (start + task_rows).min(*rows);
+                    slots.push(TaskSlot {
+                        start,
+                        end,
+                        split: split as u32,
+                        failures: 0,
+                        state: SlotState::Pending,
+                    });
+                    start = end;
+                }
+            }
+            self.order = epoch_order(slots.len() as u32, self.config.seed, epoch)
+                .into_iter()
+                .collect();
         }
         slots.shrink_to_fit();
-        self.order = epoch_order(slots.len() as u32, self.config.seed, epoch)
-            .into_iter()
-            .collect();
         self.order.shrink_to_fit();
         self.slots = slots;
         self.epoch = epoch;
@@ -269,6 +368,26 @@ impl JobState {
         self.in_flight.clear();
         self.done_rows = 0;
         self.failed_rows = 0;
+        Ok(())
+    }
+
+    /// Where the task in `slot` of the current epoch began, when the sources are mixed and the
+    /// epoch planned it: a mixed epoch's tasks are not laid out split by split.
+    pub fn mixed_origin(&self, slot: u32) -> Option<u64> {
+        self.mix.as_ref()?.starts.get(slot as usize).copied()
+    }
+
+    /// The rows of the epochs before the current one.
+    pub fn rows_before_epoch(&self) -> u64 {
+        match &self.mix {
+            Some(mix) => mix.next.rows_drawn() - self.epoch_rows,
+            None => u64::from(self.epoch) * self.epoch_rows,
+        }
+    }
+
+    /// Whether the sources are mixed by weight.
+    pub fn is_mixed(&self) -> bool {
+        self.mix.is_some()
     }
 
     /// Whether splits may still be added to the job.
@@ -1246,8 +1365,13 @@ impl JobState {
         }
         if !last_epoch && self.done_rows + self.failed_rows == self.epoch_rows {
             debug_assert!(self.in_flight.is_empty());
-            self.first_task_id += self.slots.len() as u64;
-            self.plan_epoch(self.epoch + 1);
+            let first_task_id = self.first_task_id + self.slots.len() as u64;
+            if let Err(error) = self.plan_epoch(self.epoch + 1) {
+                let reason = format!("epoch {}: {error}", self.epoch + 1);
+                self.finish(JobOutcome::Failed { reason }, actions);
+                return;
+            }
+            self.first_task_id = first_task_id;
             actions.push(Action::EpochStarted {
                 epoch: self.epoch,
                 tasks: self.slots.len() as u32,
@@ -1318,6 +1442,10 @@ impl JobState {
                 "done {} + failed {} + open {open_rows} != epoch rows {}",
                 self.done_rows, self.failed_rows, self.epoch_rows
             ));
+        }
+        // A mixed epoch may draw a source's pass twice (`next_pass`): its rows are open twice.
+        if self.mix.is_some() {
+            open_ranges.clear();
         }
         open_ranges.sort_unstable();
         for pair in open_ranges.windows(2) {

@@ -897,12 +897,7 @@ impl Master {
                 failures: view.failures,
             })
             .collect();
-        self.table = JobState::restore(
-            self.config,
-            self.plan.split_rows(),
-            position,
-            RestoreMode::Requeue { now_ms },
-        )?;
+        self.table = self.restored_table(position, RestoreMode::Requeue { now_ms })?;
         self.origins.pieces = pieces;
         let planned_splits = self.plan.splits.len() - self.added.splits.len();
         self.origins.place_added(&self.table, planned_splits);

@@ -88,12 +88,13 @@ mod tests;
 mod proptests;
 
 use crate::decide::{
-    Action, DecideConfig, Event, JobOutcome, JobState, NodeId, NodeStatus, TaskId, decide,
+    Action, DataPosition, DecideConfig, Event, JobOutcome, JobState, MixedSource, NodeId,
+    NodeStatus, RestoreError, RestoreMode, TaskId, decide,
 };
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit, LaunchAction};
 use crate::plan::JobPlan;
-use crate::spec::{JobSpec, LauncherKind, RoleSpec};
+use crate::spec::{JobSpec, LauncherKind, OnExhausted, RoleSpec};
 pub use bad_data::BadRange;
 use bad_data::{BadDataLog, SkipKey};
 use calls::{Heartbeat, JobPhase, NodeCommand, Registered, Registration, Scaled, TaskReport};
@@ -168,6 +169,9 @@ impl TaskOrigins {
             debug_assert!(false, "slot {slot} is a task of the current epoch");
             return 0;
         };
+        if let Some(origin) = table.mixed_origin(slot) {
+            return origin;
+        }
         let split = span.split as usize;
         if slot < self.planned {
             return u64::from(slot - self.first_slot[split]) * self.task_rows;
@@ -377,13 +381,54 @@ fn ranks_over(sizes: &[u32], nodes: u32, node: NodeId) -> Vec<u32> {
         .collect()
 }
 
+/// The job's sources as the task table mixes them, when the spec gives them weights.
+fn mixed_sources(spec: &JobSpec, plan: &JobPlan) -> Option<Vec<MixedSource>> {
+    let mut sources = spec
+        .data
+        .sources
+        .iter()
+        .map(|source| {
+            source.mix.map(|mix| MixedSource {
+                splits: Vec::new(),
+                weight: mix.weight,
+                ends_epoch: mix.on_exhausted == OnExhausted::EndEpoch,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    for (index, split) in plan.splits.iter().enumerate() {
+        let source = plan.files[split.file as usize].source as usize;
+        if let Some(mixed) = sources.get_mut(source) {
+            mixed.splits.push(index as u32);
+        }
+    }
+    Some(sources)
+}
+
 impl Master {
+    /// Rebuilds the task table from `position`, over the plan's splits and the spec's mix.
+    fn restored_table(
+        &self,
+        position: DataPosition,
+        mode: RestoreMode,
+    ) -> std::result::Result<JobState, RestoreError> {
+        let split_rows = self.plan.split_rows();
+        match mixed_sources(&self.spec, &self.plan) {
+            Some(sources) => {
+                JobState::restore_mixed(self.config, split_rows, &sources, position, mode)
+            }
+            None => JobState::restore(self.config, split_rows, position, mode),
+        }
+    }
+
     /// Plans the first epoch of a job over its planned splits.
     pub fn new(spec: Arc<JobSpec>, plan: Arc<JobPlan>) -> Result<Master> {
         let config = DecideConfig::from_spec(&spec);
         let split_rows = plan.split_rows();
         let origins = TaskOrigins::new(&split_rows, config.task_rows);
-        let table = JobState::new(config, split_rows)?;
+        let table = match mixed_sources(&spec, &plan) {
+            Some(sources) => JobState::mixed(config, split_rows, &sources)?,
+            None => JobState::new(config, split_rows)?,
+        };
         let role_sizes = spec.roles.iter().map(|role| role.num).collect();
         let follows = Follows::new(&spec, &plan);
         let even =
@@ -1301,7 +1346,7 @@ impl Master {
 
     /// Rows consumed over every epoch so far.
     pub fn rows_consumed_total(&self) -> u64 {
-        u64::from(self.table.epoch()) * self.table.epoch_rows() + self.table.done_rows()
+        self.table.rows_before_epoch() + self.table.done_rows()
     }
 
     /// Whether the job ends for a reason the task table does not know: a stop request, the

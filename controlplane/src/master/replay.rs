@@ -11,7 +11,7 @@ use super::calls::NodeCommand;
 use super::checkpoint::{Checkpoints, PendingCheckpoint, RankPositions, RestoredAt};
 use super::rescale::Rescale;
 use super::{JournaledSource, Master, SourceFollow};
-use crate::decide::{DataPosition, Event, JobState, NodeId, RestoreMode, TableSnapshot, TaskId};
+use crate::decide::{DataPosition, Event, NodeId, RestoreMode, TableSnapshot, TaskId};
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit};
 use crate::plan::{JobPlan, PlannedBytes, PlannedFile, PlannedIdentity, PlannedSplit};
@@ -452,9 +452,7 @@ impl Master {
         plan.truncate(planned_files, planned_splits);
         plan.append(&self.added);
         self.follows.restore(snapshot.follows);
-        let mut table = JobState::restore(
-            self.config,
-            self.plan.split_rows(),
+        let mut table = self.restored_table(
             snapshot.position.into_position(),
             RestoreMode::Resume { now_ms: 0 },
         )?;

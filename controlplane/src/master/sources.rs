@@ -78,6 +78,12 @@ impl Master {
                 "the job is over: a source can only be added to a running job".to_owned(),
             ));
         }
+        if self.table.is_mixed() {
+            return Err(AmError::FailedPrecondition(format!(
+                "adding {}: the job mixes its sources by weight, and a mix is fixed when the job starts; run a job that names the source in data.sources with its weight",
+                spec.uri
+            )));
+        }
         let split_rows = block.split_rows();
         if let Some(past) = self.table.past_limits(&split_rows) {
             return Err(AmError::FailedPrecondition(format!(

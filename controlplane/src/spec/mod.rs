@@ -308,6 +308,37 @@ pub struct SourceSpec {
     pub timestamp: Option<String>,
     /// Whether new files (Parquet) or new commits (Delta) become tasks while the job runs.
     pub follow: Option<FollowSpec>,
+    /// The source's share of a job that mixes its sources (`weight`, `on_exhausted`): set on every
+    /// source or on none. Part of the journal's identity, and left out of the encoding when unset,
+    /// as a source without it was encoded before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mix: Option<SourceMix>,
+}
+
+/// A source's part in a job that mixes its sources by weight.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SourceMix {
+    /// Its share of the rows, relative to the other sources' weights.
+    pub weight: f64,
+    /// What happens when its pass runs out (default `end_epoch`).
+    pub on_exhausted: OnExhausted,
+}
+
+/// `data.sources[].on_exhausted`: what a mixed source does when every row of its pass was drawn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExhausted {
+    /// The epoch ends; the source starts its next pass in the next epoch, and the other sources
+    /// go on from where they were.
+    #[default]
+    EndEpoch,
+    /// The source starts its next pass at once, in a new order, and the epoch goes on.
+    NextPass,
+}
+
+impl OnExhausted {
+    /// The names accepted in `on_exhausted`.
+    pub const NAMES: &'static [&'static str] = &["end_epoch", "next_pass"];
 }
 
 /// The `follow` setting of a source: how often it is polled, and when following ends by itself.

@@ -94,6 +94,8 @@ pub(crate) struct RawSource {
     pub(crate) version: Option<u64>,
     pub(crate) timestamp: Option<ScalarString>,
     pub(crate) follow: Option<RawFollow>,
+    pub(crate) weight: Option<f64>,
+    pub(crate) on_exhausted: Option<String>,
 }
 
 /// `follow: true`, `follow: false`, or `follow: { interval_ms, until_version, until_timestamp }`.

@@ -1304,6 +1304,77 @@ fn even_batches_is_checked_and_needs_fixed_batch_size() {
 }
 
 #[test]
+fn sources_mixed_by_weight_are_checked() {
+    let with_sources = |sources: &str| {
+        MINIMAL_YAML.replace(
+            r#"  sources: [{ uri: "file:///data/train", format: parquet }]"#,
+            &format!("  sources:\n{sources}"),
+        )
+    };
+    let sut = parse_yaml(&with_sources(
+        "    - { uri: file:///a, format: parquet, weight: 0.7 }\n    - { uri: file:///b, format: parquet, weight: 0.3, on_exhausted: next_pass }\n",
+    ))
+    .expect("valid");
+    assert_eq!(
+        sut.data.sources[0].mix,
+        Some(SourceMix {
+            weight: 0.7,
+            on_exhausted: OnExhausted::EndEpoch
+        })
+    );
+    assert_eq!(
+        sut.data.sources[1].mix.map(|mix| mix.on_exhausted),
+        Some(OnExhausted::NextPass)
+    );
+    assert_eq!(
+        parse_yaml(MINIMAL_YAML).expect("valid").data.sources[0].mix,
+        None
+    );
+
+    let error = refused(&with_sources(
+        "    - { uri: file:///a, format: parquet, weight: 0.7 }\n    - { uri: file:///b, format: parquet }\n",
+    ));
+    assert_error(
+        &error,
+        "data.sources[1].weight",
+        &["is missing", "every source a weight"],
+    );
+    for weight in ["0", "-1", ".nan", ".inf"] {
+        let error = refused(&with_sources(&format!(
+            "    - {{ uri: file:///a, format: parquet, weight: {weight} }}\n"
+        )));
+        assert_error(&error, "data.sources[0].weight", &["a positive number"]);
+    }
+    let error = refused(&with_sources(
+        "    - { uri: file:///a, format: parquet, weight: 1, on_exhausted: next_pass }\n",
+    ));
+    assert_error(&error, "data.sources", &["never end", "end_epoch"]);
+    let error = refused(&with_sources(
+        "    - { uri: file:///a, format: parquet, weight: 1, on_exhausted: next_pas }\n",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].on_exhausted",
+        &["`next_pas`", "did you mean `next_pass`?"],
+    );
+    let error = refused(&with_sources(
+        "    - { uri: file:///a, format: parquet, on_exhausted: next_pass }\n",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].on_exhausted",
+        &["without a weight"],
+    );
+    let error = refused(&with_sources(
+        "    - { uri: file:///a, format: parquet, weight: 1, follow: true }\n",
+    ));
+    assert_error(&error, "data.sources[0].weight", &["followed source"]);
+    let error = SourceSpec::parse_added("{ uri: file:///more, format: parquet, weight: 1 }", 2)
+        .expect_err("an added source is not mixed");
+    assert_error(&error, "data.sources[2].weight", &["fixed when it starts"]);
+}
+
+#[test]
 fn a_source_added_at_run_time_parses_as_an_entry_of_the_sources_without_follow() {
     let json = r#"{"uri": "s3://bucket/more", "format": "parquet", "columns": ["id"]}"#;
     let sut = SourceSpec::parse_added(json, 2).expect("valid JSON");

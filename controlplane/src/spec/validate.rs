@@ -8,8 +8,8 @@ use super::raw::{
 use super::{
     BadDataPolicy, BadDataSpec, CacheSpec, CheckpointSpec, DataSpec, EvenBatches, FailoverSpec,
     FollowSpec, Gang, HangAction, HangSpec, JobSpec, KubernetesSpec, LauncherKind, MAX_NODES,
-    MAX_TRAINERS, Resources, RestartPolicy, RoleSpec, ShuffleSpec, SlurmSpec, SourceFormat,
-    SourceSpec, SpecError, Toleration, TransformSpec,
+    MAX_TRAINERS, OnExhausted, Resources, RestartPolicy, RoleSpec, ShuffleSpec, SlurmSpec,
+    SourceFormat, SourceMix, SourceSpec, SpecError, Toleration, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -488,6 +488,7 @@ fn validate_data(raw: RawData) -> Result<DataSpec, SpecError> {
         .enumerate()
         .map(|(index, source)| validate_source(index, source))
         .collect::<Result<Vec<_>, _>>()?;
+    validate_mix(&sources)?;
     let batch_size = positive_u32("data.batch_size", raw.batch_size, 1024)?;
     let epochs = positive_u32("data.epochs", raw.epochs, 1)?;
     if epochs > 1
@@ -815,6 +816,13 @@ pub(crate) fn validate_added_source(index: usize, raw: RawSource) -> Result<Sour
             "remove it: an added source is planned once; to follow a source, name it in the job spec",
         ));
     }
+    if raw.weight.is_some() || raw.on_exhausted.is_some() {
+        return Err(SpecError::invalid(
+            format!("data.sources[{index}].weight"),
+            "is set on a source added to a running job",
+            "remove it: a job's mix is fixed when it starts; name the source in the job spec to mix it",
+        ));
+    }
     validate_source(index, raw)
 }
 
@@ -932,6 +940,14 @@ fn validate_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError
         ));
     }
     let follow = validate_follow(&at, format, raw.version, raw.follow)?;
+    let mix = validate_source_mix(&at, raw.weight, raw.on_exhausted.as_deref())?;
+    if mix.is_some() && follow.is_some() {
+        return Err(SpecError::invalid(
+            at("weight"),
+            "is set on a followed source",
+            "stop following it, or leave weights out: a followed source has no pass to draw in proportion",
+        ));
+    }
     Ok(SourceSpec {
         uri: raw.uri,
         format,
@@ -941,7 +957,76 @@ fn validate_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError
         version: raw.version,
         timestamp,
         follow,
+        mix,
     })
+}
+
+fn validate_source_mix(
+    at: &impl Fn(&str) -> String,
+    weight: Option<f64>,
+    on_exhausted: Option<&str>,
+) -> Result<Option<SourceMix>, SpecError> {
+    let on_exhausted = match on_exhausted {
+        None | Some("end_epoch") => OnExhausted::EndEpoch,
+        Some("next_pass") => OnExhausted::NextPass,
+        Some(other) => {
+            return Err(SpecError::invalid(
+                at("on_exhausted"),
+                format!("has unknown value `{other}`"),
+                suggest(other, OnExhausted::NAMES),
+            ));
+        }
+    };
+    let Some(weight) = weight else {
+        if on_exhausted != OnExhausted::EndEpoch {
+            return Err(SpecError::invalid(
+                at("on_exhausted"),
+                "is set on a source without a weight",
+                "give every source a weight to mix them, or remove the key",
+            ));
+        }
+        return Ok(None);
+    };
+    if !(weight.is_finite() && weight > 0.0) {
+        return Err(SpecError::invalid(
+            at("weight"),
+            format!("is {weight}"),
+            "give a positive number: the sources' rows are drawn in proportion to their weights",
+        ));
+    }
+    Ok(Some(SourceMix {
+        weight,
+        on_exhausted,
+    }))
+}
+
+/// Checks that the sources are mixed all or none, and that a mix has an end: at least one source
+/// whose running out ends the epoch.
+fn validate_mix(sources: &[SourceSpec]) -> Result<(), SpecError> {
+    let weighted = sources.iter().filter(|source| source.mix.is_some()).count();
+    if weighted == 0 {
+        return Ok(());
+    }
+    if let Some(index) = sources.iter().position(|source| source.mix.is_none()) {
+        return Err(SpecError::invalid(
+            format!("data.sources[{index}].weight"),
+            format!("is missing, but {weighted} other sources have one"),
+            "give every source a weight, or none: the weights are the sources' shares of the rows",
+        ));
+    }
+    let ends = sources.iter().any(|source| {
+        source
+            .mix
+            .is_some_and(|mix| mix.on_exhausted == OnExhausted::EndEpoch)
+    });
+    if !ends {
+        return Err(SpecError::invalid(
+            "data.sources",
+            "are all `on_exhausted: next_pass`, so an epoch would never end",
+            "set `on_exhausted: end_epoch` on at least one source, the one whose pass makes an epoch",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_follow(
