@@ -2231,3 +2231,154 @@ fn a_source_is_refused_once_the_job_stops_or_past_the_tables_limits() {
         .expect_err("the job stops");
     assert!(error.to_string().contains("stopping (enough)"), "{error}");
 }
+
+/// Two sources mixed 3 to 1: source 0 of splits of 25 and 15 rows ends each epoch, source 1's
+/// split of 8 rows is passed through again within one; tasks of 10 rows, three epochs.
+fn mixed_master() -> Master {
+    let spec = SPEC
+        .replace(
+            r#"  sources: [{ uri: "file:///data/train", format: parquet }]"#,
+            "  sources:\n    - { uri: \"file:///data/train\", format: parquet, weight: 3 }\n    - { uri: \"file:///data/more\", format: parquet, weight: 1, on_exhausted: next_pass }\n  epochs: 3",
+        );
+    let spec = Arc::new(JobSpec::parse(&spec, Format::Yaml).expect("valid spec"));
+    let mut plan = JobPlan::default();
+    let split = |uri: &str, rows: u64| Split {
+        task_id: 0,
+        uri: uri.to_owned(),
+        file_size: 1000,
+        first_row: 0,
+        row_count: rows,
+        partition_values: Vec::new(),
+        delta: None,
+        bytes: None,
+        identity: None,
+    };
+    plan.extend(
+        0,
+        vec![
+            split("file:///data/train/part-0.parquet", 25),
+            split("file:///data/train/part-1.parquet", 15),
+        ],
+    );
+    plan.extend(1, vec![split("file:///data/more/part-0.parquet", 8)]);
+    Master::new(spec, Arc::new(plan)).expect("the splits have rows")
+}
+
+/// Takes every task of the current epoch one by one and consumes it whole; the tasks taken.
+fn consume_epoch(sut: &mut Master, now_ms: u64) -> Vec<(u32, u64, u64)> {
+    let epoch = sut.table().epoch();
+    let mut taken = Vec::new();
+    while sut.table().epoch() == epoch && sut.phase() == JobPhase::Running {
+        let tasks = assigned(&acquire(sut, 0, now_ms, 1));
+        let [task] = &tasks[..] else {
+            panic!("one task at a time: {tasks:?}");
+        };
+        taken.push((task.split_index, task.start, task.end));
+        consume(sut, 0, now_ms, task, task.end - task.start);
+    }
+    taken
+}
+
+#[test]
+fn a_mixed_job_draws_its_epochs_by_weight_and_a_checkpoint_restores_exactly_the_rest() {
+    let mut straight = mixed_master();
+    register(&mut straight, 0, 0);
+    let epochs: Vec<Vec<(u32, u64, u64)>> =
+        (0..3).map(|_| consume_epoch(&mut straight, 1)).collect();
+    assert_eq!(straight.phase(), JobPhase::Succeeded);
+    let rows = |tasks: &[(u32, u64, u64)], source: fn(u32) -> bool| -> u64 {
+        tasks
+            .iter()
+            .filter(|(split, _, _)| source(*split))
+            .map(|(_, start, end)| end - start)
+            .sum()
+    };
+    for tasks in &epochs {
+        // Source 0 (splits 0 and 1) ends every epoch: its 40 rows once each. Source 1 (split 2)
+        // gets a quarter of the rows drawn, within its one 8-row task, pass after pass.
+        assert_eq!(rows(tasks, |split| split < 2), 40, "{tasks:?}");
+        let source_1 = rows(tasks, |split| split == 2);
+        assert!((8..=24).contains(&source_1), "{tasks:?}");
+        assert!(
+            tasks
+                .iter()
+                .filter(|task| task.0 == 2)
+                .all(|task| (task.1, task.2) == (0, 8))
+        );
+    }
+    let run = epochs.concat();
+    let quarter = (rows(&run, |split| split == 2) + rows(&run, |split| split < 2)) as f64 / 4.0;
+    assert!(
+        (rows(&run, |split| split == 2) as f64 - quarter).abs() <= 8.0,
+        "source 1 gets a quarter of the run's rows, within its one task: {run:?}"
+    );
+
+    // The same job, checkpointed in the middle of epoch 1 (a task consumed in part), restored
+    // there after running on, and taken over by another AM from a snapshot.
+    let mut sut = mixed_master();
+    register(&mut sut, 0, 0);
+    consume_epoch(&mut sut, 1);
+    let tasks = assigned(&acquire(&mut sut, 0, 2, 2));
+    let (first, second) = (&tasks[0], &tasks[1]);
+    consume(&mut sut, 0, 3, first, first.end - first.start);
+    let positions = vec![
+        (TaskId(first.task_id), first.end),
+        (TaskId(second.task_id), second.start + 1),
+    ];
+    let mut ready = None;
+    for rank in 0..4 {
+        let applied = sut
+            .commit_checkpoint(RankCommit {
+                step: 7,
+                rank,
+                world_size: 4,
+                epoch: 1,
+                positions: if rank == 0 {
+                    positions.clone()
+                } else {
+                    Vec::new()
+                },
+            })
+            .expect("a checkpoint of epoch 1");
+        if let CommitOutcome::Ready(checkpoint) = applied.reply {
+            ready = Some(checkpoint);
+        }
+    }
+    let ready = ready.expect("every rank committed");
+    sut.checkpoint_stored(7, ready.token.clone());
+    consume(&mut sut, 0, 4, second, second.end - second.start);
+    sut.restore(ready.token.clone(), ready.position.clone(), 10, None)
+        .expect("restore");
+    heartbeat(&mut sut, 0, 11, &[]);
+    register(&mut sut, 0, 12);
+    let mut sut = {
+        let mut taken_over = mixed_master();
+        taken_over
+            .restore_snapshot(sut.snapshot())
+            .expect("snapshot");
+        taken_over
+    };
+    register(&mut sut, 0, 13);
+    let rest = consume_epoch(&mut sut, 13);
+    // The epoch handed its tasks out in the order drawn: the first two were the checkpoint's.
+    let mut expected = epochs[1].clone();
+    assert_eq!(
+        expected[..2],
+        [
+            (first.split_index, first.start, first.end),
+            (second.split_index, second.start, second.end)
+        ]
+    );
+    expected[1].1 += 1;
+    expected.remove(0);
+    let mut rest_sorted = rest.clone();
+    expected.sort_unstable();
+    rest_sorted.sort_unstable();
+    assert_eq!(rest_sorted, expected, "the rest of epoch 1, exactly");
+    assert_eq!(
+        consume_epoch(&mut sut, 14),
+        epochs[2],
+        "epoch 2 as the job drew it"
+    );
+    assert_eq!(sut.phase(), JobPhase::Succeeded);
+}
