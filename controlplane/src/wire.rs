@@ -406,6 +406,8 @@ pub(crate) fn job_data(spec: &JobSpec, plan: &JobPlan) -> v1::JobData {
             EvenBatches::Pad => v1::EvenBatches::Pad,
         }
         .into(),
+        max_threads: spec.daemon.max_threads.unwrap_or(0),
+        max_read_ahead_bytes: spec.daemon.max_read_ahead_bytes.unwrap_or(0),
     }
 }
 

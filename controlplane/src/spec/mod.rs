@@ -126,6 +126,28 @@ pub struct JobSpec {
     pub kubernetes: Option<KubernetesSpec>,
     /// Where the journal and snapshots go; `None` means the job cannot resume after an AM restart.
     pub checkpoint: Option<CheckpointSpec>,
+    /// Caps on each node daemon's tuning of its reading (`daemon`); left out of the encoding when
+    /// unset.
+    #[serde(skip_serializing_if = "DaemonSpec::is_default")]
+    pub daemon: DaemonSpec,
+}
+
+/// The `daemon` section: the most a node daemon's tuning may give its reading. The daemon adjusts
+/// both at run time, within these and within its cgroup's CPU quota and memory limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DaemonSpec {
+    /// The most tasks a daemon reads and decodes at once, within its CPU quota in cores (default:
+    /// the quota).
+    pub max_threads: Option<u32>,
+    /// The most bytes of decoded batches a daemon holds ahead of its rings, within a quarter of its
+    /// cgroup's memory limit (default 1 GiB).
+    pub max_read_ahead_bytes: Option<u64>,
+}
+
+impl DaemonSpec {
+    fn is_default(&self) -> bool {
+        *self == DaemonSpec::default()
+    }
 }
 
 /// The `data` section.

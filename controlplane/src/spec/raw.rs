@@ -15,6 +15,15 @@ pub(crate) struct RawJobSpec {
     pub(crate) failover: Option<RawFailover>,
     pub(crate) launcher: Option<RawLauncher>,
     pub(crate) checkpoint: Option<RawCheckpoint>,
+    pub(crate) daemon: Option<RawDaemon>,
+}
+
+/// `daemon`: caps on what each node daemon's tuning may choose.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDaemon {
+    pub(crate) max_threads: Option<u32>,
+    pub(crate) max_read_ahead_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1304,6 +1304,34 @@ fn even_batches_is_checked_and_needs_fixed_batch_size() {
 }
 
 #[test]
+fn the_daemon_section_caps_the_tuning_and_is_checked() {
+    assert_eq!(
+        parse_yaml(MINIMAL_YAML).expect("valid").daemon,
+        DaemonSpec::default()
+    );
+    let with = |section: &str| format!("{MINIMAL_YAML}daemon: {section}\n");
+    let sut =
+        parse_yaml(&with("{ max_threads: 4, max_read_ahead_bytes: 268435456 }")).expect("valid");
+    assert_eq!(
+        sut.daemon,
+        DaemonSpec {
+            max_threads: Some(4),
+            max_read_ahead_bytes: Some(256 << 20)
+        }
+    );
+    let error = refused(&with("{ max_threads: 0 }"));
+    assert_error(&error, "daemon.max_threads", &["is 0", "from 1 to 1024"]);
+    let error = refused(&with("{ max_read_ahead_bytes: 0 }"));
+    assert_error(
+        &error,
+        "daemon.max_read_ahead_bytes",
+        &["no room for a single batch"],
+    );
+    let error = parse_yaml(&with("{ threads: 4 }")).expect_err("an unknown key");
+    assert!(error.to_string().contains("threads"), "{error}");
+}
+
+#[test]
 fn sources_mixed_by_weight_are_checked() {
     let with_sources = |sources: &str| {
         MINIMAL_YAML.replace(

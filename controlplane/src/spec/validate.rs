@@ -2,14 +2,14 @@
 
 use super::error::suggest;
 use super::raw::{
-    RawCache, RawCheckpoint, RawData, RawFailover, RawFollow, RawHang, RawJobSpec, RawLauncher,
-    RawResources, RawRole, RawSource, RawToleration, RawTransform, ScalarString,
+    RawCache, RawCheckpoint, RawDaemon, RawData, RawFailover, RawFollow, RawHang, RawJobSpec,
+    RawLauncher, RawResources, RawRole, RawSource, RawToleration, RawTransform, ScalarString,
 };
 use super::{
-    BadDataPolicy, BadDataSpec, CacheSpec, CheckpointSpec, DataSpec, EvenBatches, FailoverSpec,
-    FollowSpec, Gang, HangAction, HangSpec, JobSpec, KubernetesSpec, LauncherKind, MAX_NODES,
-    MAX_TRAINERS, OnExhausted, Resources, RestartPolicy, RoleSpec, ShuffleSpec, SlurmSpec,
-    SourceFormat, SourceMix, SourceSpec, SpecError, Toleration, TransformSpec,
+    BadDataPolicy, BadDataSpec, CacheSpec, CheckpointSpec, DaemonSpec, DataSpec, EvenBatches,
+    FailoverSpec, FollowSpec, Gang, HangAction, HangSpec, JobSpec, KubernetesSpec, LauncherKind,
+    MAX_NODES, MAX_TRAINERS, OnExhausted, Resources, RestartPolicy, RoleSpec, ShuffleSpec,
+    SlurmSpec, SourceFormat, SourceMix, SourceSpec, SpecError, Toleration, TransformSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -114,6 +114,39 @@ pub(crate) fn validate(raw: RawJobSpec) -> Result<JobSpec, SpecError> {
         slurm,
         kubernetes,
         checkpoint,
+        daemon: raw
+            .daemon
+            .map(validate_daemon)
+            .transpose()?
+            .unwrap_or_default(),
+    })
+}
+
+/// The most threads `daemon.max_threads` may give a daemon's reading.
+const MAX_DAEMON_THREADS: u32 = 1024;
+
+fn validate_daemon(raw: RawDaemon) -> Result<DaemonSpec, SpecError> {
+    if let Some(threads) = raw.max_threads
+        && !(1..=MAX_DAEMON_THREADS).contains(&threads)
+    {
+        return Err(SpecError::invalid(
+            "daemon.max_threads",
+            format!("is {threads}"),
+            format!(
+                "give from 1 to {MAX_DAEMON_THREADS} tasks read at once, or leave it out to use the daemon's CPU quota"
+            ),
+        ));
+    }
+    if raw.max_read_ahead_bytes == Some(0) {
+        return Err(SpecError::invalid(
+            "daemon.max_read_ahead_bytes",
+            "is 0, which would leave no room for a single batch",
+            "give the bytes of decoded batches a daemon may hold ahead of its rings, for example 268435456 (256 MiB)",
+        ));
+    }
+    Ok(DaemonSpec {
+        max_threads: raw.max_threads,
+        max_read_ahead_bytes: raw.max_read_ahead_bytes,
     })
 }
 

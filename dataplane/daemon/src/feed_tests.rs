@@ -16,6 +16,7 @@ use crate::feeder::{
     Control, Job, Pipeline, RingFeed, Settled, StreamPoint, feed, lock, open_pipeline,
 };
 use crate::shuffle::split_order;
+use crate::tune::{HostLimits, Tuning};
 use crate::writer::Write;
 
 /// One batch record the feeder handed to the writer.
@@ -45,6 +46,8 @@ struct JobShape {
     transforms: Vec<v1::transform::Kind>,
     on_bad_data: v1::BadDataPolicy,
     even_batches: v1::EvenBatches,
+    /// The daemon's caps on decode permits and read-ahead bytes; the host's when `None`.
+    tuning: (Option<u32>, Option<u64>),
 }
 
 async fn pipeline(uri: &str, format: &str, shape: &JobShape) -> Arc<Pipeline> {
@@ -72,9 +75,13 @@ async fn pipeline(uri: &str, format: &str, shape: &JobShape) -> Arc<Pipeline> {
         cache: None,
         on_bad_data: shape.on_bad_data.into(),
         even_batches: shape.even_batches.into(),
+        max_threads: shape.tuning.0.unwrap_or(0),
+        max_read_ahead_bytes: shape.tuning.1.unwrap_or(0),
     };
+    let (threads, read_ahead) = shape.tuning;
+    let tuning = Arc::new(Tuning::new(HostLimits::read(), threads, read_ahead));
     Arc::new(
-        open_pipeline(&data, tokio::runtime::Handle::current(), None)
+        open_pipeline(&data, tokio::runtime::Handle::current(), tuning, None)
             .await
             .expect("the pipeline opens"),
     )
@@ -532,6 +539,57 @@ async fn the_interleave_mixes_open_tasks_and_keeps_each_in_order() {
     let (again, _) = run_feeder(pipeline, assignments, None).await;
     let again_sequence: Vec<u64> = again.iter().map(|batch| batch.task_id).collect();
     assert_eq!(task_sequence, again_sequence, "the interleave is seeded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tightest_tuning_reads_the_same_batches_in_the_same_order_without_waiting_for_ever() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 1200, 3).await;
+    let assignments: Vec<v1::TaskAssignment> = splits(&uri, 150)
+        .await
+        .iter()
+        .enumerate()
+        .map(|(index, split)| assignment(index as u64, 0, index as u32, split, 0, split.row_count))
+        .collect();
+    let shape = JobShape {
+        batch_size: 50,
+        shuffle: Some((8, 3)),
+        ..JobShape::default()
+    };
+    let (roomy, _) = run_feeder(
+        pipeline(&uri, "parquet", &shape).await,
+        assignments.clone(),
+        None,
+    )
+    .await;
+    // One task decoding at a time, and a read-ahead of one byte: every task read holds its one
+    // batch past the limit while the feeder takes the batches of the others, as the interleave
+    // draws them.
+    let tight = JobShape {
+        tuning: (Some(1), Some(1)),
+        ..shape
+    };
+    let pipeline = pipeline(&uri, "parquet", &tight).await;
+    let (tuned, _) = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        run_feeder(pipeline.clone(), assignments, None),
+    )
+    .await
+    .expect("a feeder waits on a task read that waits for bytes other tasks' batches hold");
+    let rows = |delivered: &[Delivered]| -> Vec<(u64, u64, Vec<i64>)> {
+        delivered
+            .iter()
+            .map(|batch| (batch.task_id, batch.first_row, batch.ids("id")))
+            .collect()
+    };
+    assert_eq!(rows(&tuned), rows(&roomy));
+    assert_eq!(roomy.iter().map(|batch| batch.row_count).sum::<u64>(), 1200);
+    let figures = pipeline.tuning.figures();
+    assert_eq!((figures.threads, figures.read_ahead), (1, 1));
+    assert_eq!(
+        figures.read_ahead_held, 0,
+        "every batch's bytes were given back"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

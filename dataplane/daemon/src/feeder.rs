@@ -3,6 +3,7 @@
 //! stop row.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ use crate::pipeline::{PAD_COLUMN, Shape, Skipped, TaskFeed};
 use crate::shuffle::Interleave;
 use crate::sources::{Source, open_source, open_sources};
 use crate::stats::Stages;
+use crate::tune::{Taken, Tuning};
 use crate::writer::Write;
 
 /// What the feeder and the main loop share about a task.
@@ -97,6 +99,8 @@ pub(crate) struct Pipeline {
     pub(crate) stages: Arc<Stages>,
     /// Where tasks are read and decoded.
     decode: tokio::runtime::Handle,
+    /// The budgets task reads take from, tuned at run time.
+    pub(crate) tuning: Arc<Tuning>,
     /// The local disk cache of remote sources, when the daemon has one.
     pub(crate) cache: Option<Arc<BlockCache>>,
 }
@@ -504,9 +508,15 @@ impl Feeder {
         source_wait.begin(TaskId(assignment.task_id));
         let next = task.batches.recv().await;
         source_wait.end();
-        let Some(covered) = next.transpose()? else {
+        // The batch's read-ahead bytes are given back once the writer has it.
+        let Some(Ahead {
+            batch: covered,
+            read_ahead: _read_ahead,
+        }) = next
+        else {
             return Ok(Fed::Done);
         };
+        let covered = covered?;
         let decided = {
             let mut control = lock(&job.control);
             let limit = control.stop.unwrap_or(assignment.end);
@@ -685,16 +695,16 @@ impl EpochCount {
     }
 }
 
-/// The runtime tasks are read and decoded on: one worker per core, apart from the daemon's own.
-/// Stopped without waiting when dropped, which may happen on the daemon's runtime.
+/// The runtime tasks are read and decoded on, apart from the daemon's own: as many workers as the
+/// most decode permits the tuning may give. Stopped without waiting when dropped, which may happen
+/// on the daemon's runtime.
 pub(crate) struct DecodeRuntime(Option<tokio::runtime::Runtime>);
 
 impl DecodeRuntime {
-    /// Starts the runtime's threads.
-    pub(crate) fn start() -> Result<DecodeRuntime> {
-        let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    /// Starts the runtime's `threads` threads.
+    pub(crate) fn start(threads: usize) -> Result<DecodeRuntime> {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cores)
+            .worker_threads(threads.max(1))
             .thread_name("sluice-decode")
             .enable_all()
             .build()
@@ -720,41 +730,65 @@ impl Drop for DecodeRuntime {
     }
 }
 
-/// How many batches a task's reader may hold ready ahead of the writer.
+/// How many batches a task's reader may hold ready ahead of the writer, within the daemon's
+/// read-ahead bytes.
 const READ_AHEAD_BATCHES: usize = 4;
+
+/// A batch a task's reader holds ready, with the read-ahead bytes it takes.
+struct Ahead {
+    batch: Result<SplitBatch, FeedError>,
+    read_ahead: Option<Taken>,
+}
 
 /// A task read on a tokio task of its own: opened, read, permuted, transformed and batched ahead of
 /// the writer, its batches waiting in a bounded queue. Dropped, it stops reading.
 struct Pump {
-    batches: mpsc::Receiver<Result<SplitBatch, FeedError>>,
+    batches: mpsc::Receiver<Ahead>,
     reader: tokio::task::JoinHandle<()>,
 }
 
 impl Pump {
+    /// Starts reading `job`'s task. It opens its split and decodes each batch holding a decode
+    /// permit, and holds each decoded batch's bytes of the read-ahead until the writer has it.
     fn start(job: &Job, pipeline: Arc<Pipeline>) -> Pump {
         let assignment = job.assignment.clone();
         let control = Arc::clone(&job.control);
         let skipped: Skipped = Arc::new(move |range| lock(&control).skipped.push(range));
         let (sender, batches) = mpsc::channel(READ_AHEAD_BATCHES);
         let reader = pipeline.decode.clone().spawn(async move {
+            let tuning = Arc::clone(&pipeline.tuning);
+            // The read-ahead bytes this task's batches hold.
+            let holds = Arc::new(AtomicU64::new(0));
             // Opening reads the footer, and with a shuffle the whole split.
+            let permit = tuning.decode.take(1, None).await;
             let opening = Instant::now();
             let opened = open_task(&assignment, &pipeline, skipped).await;
             pipeline.stages.read.busy(opening.elapsed());
+            drop(permit);
             let mut task = match opened {
                 Ok(task) => task,
                 Err(reason) => {
-                    let _ = sender.send(Err(reason)).await;
+                    let failed = Ahead {
+                        batch: Err(reason),
+                        read_ahead: None,
+                    };
+                    let _ = sender.send(failed).await;
                     return;
                 }
             };
             loop {
+                let permit = tuning.decode.take(1, None).await;
                 let next = task.next(assignment.end, &pipeline.stages).await;
+                drop(permit);
                 let last = !matches!(next, Ok(Some(_)));
-                let Some(item) = next.transpose() else {
+                let Some(batch) = next.transpose() else {
                     return;
                 };
-                if sender.send(item).await.is_err() || last {
+                let bytes = batch
+                    .as_ref()
+                    .map_or(0, |covered| covered.batch.get_array_memory_size() as u64);
+                let read_ahead = Some(tuning.read_ahead.take(bytes, Some(&holds)).await);
+                if sender.send(Ahead { batch, read_ahead }).await.is_err() || last {
                     return;
                 }
             }
@@ -808,6 +842,7 @@ enum Fed {
 pub(crate) async fn open_pipeline(
     data: &v1::JobData,
     decode: tokio::runtime::Handle,
+    tuning: Arc<Tuning>,
     cache: Option<Arc<BlockCache>>,
 ) -> Result<Pipeline> {
     let sources = open_sources(data, cache.as_ref()).await?;
@@ -837,6 +872,7 @@ pub(crate) async fn open_pipeline(
         sample: std::sync::OnceLock::new(),
         stages: Arc::default(),
         decode,
+        tuning,
         cache,
     })
 }

@@ -80,6 +80,7 @@ mod shuffle;
 mod sources;
 mod stats;
 mod transform;
+mod tune;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -98,6 +99,7 @@ use feeder::{Control, DecodeRuntime, Job, Pipeline, lock, open_pipeline};
 use metrics::{ServedRings, serve_metrics};
 use rings::{Recovered, Rings};
 use session::Session;
+use tune::{HostLimits, Tuning};
 
 pub use error::{DaemonError, Result};
 pub use transform::{StepError, TransformError};
@@ -168,9 +170,14 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
     let data = reply.data.clone().unwrap_or_default();
     // Tasks are read and decoded on a runtime of their own, so that the work never delays the
     // heartbeats, progress and commands of this one.
-    let decode = DecodeRuntime::start()?;
+    let tuning = Arc::new(Tuning::new(
+        HostLimits::read(),
+        (data.max_threads > 0).then_some(data.max_threads),
+        (data.max_read_ahead_bytes > 0).then_some(data.max_read_ahead_bytes),
+    ));
+    let decode = DecodeRuntime::start(tuning.caps().0)?;
     let cache = open_cache(options.cache.clone(), data.cache.as_ref()).await?;
-    let pipeline = Arc::new(open_pipeline(&data, decode.handle(), cache).await?);
+    let pipeline = Arc::new(open_pipeline(&data, decode.handle(), tuning.clone(), cache).await?);
     let job_dir = options.ring_dir.join(&reply.job_id);
     rings::prepare_dir(&job_dir, options.sharing)?;
     let served = ServedRings::default();
@@ -180,6 +187,10 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
         }
         None => None,
     };
+    let tuner = tokio::spawn(tune::run(tuning, {
+        let served = served.clone();
+        move || served.waits()
+    }));
     loop {
         let ranks = if reply.attach {
             let interval = heartbeat_interval(&reply);
@@ -226,6 +237,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
             }
         }
     }
+    tuner.abort();
     if let Some(metrics) = metrics {
         metrics.abort();
     }

@@ -2,6 +2,7 @@
 //! rings of the registration being served.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sluice_proto::NodeId;
 
@@ -27,6 +28,21 @@ impl ServedRings {
     /// Reports no ring from now on.
     pub(crate) fn clear(&self) {
         self.lock().clear();
+    }
+
+    /// How many rings are served, how long their trainers waited on empty rings (summed), and the
+    /// least any of their writers waited on a full ring: what the tuning looks at.
+    pub(crate) fn waits(&self) -> (usize, Duration, Duration) {
+        let rings = self.lock();
+        let waits: Vec<(Duration, Duration)> =
+            rings.iter().map(|(_, state)| state.waits()).collect();
+        let trainer = waits.iter().map(|(trainer, _)| *trainer).sum();
+        let least_writer = waits
+            .iter()
+            .map(|(_, writer)| *writer)
+            .min()
+            .unwrap_or_default();
+        (rings.len(), trainer, least_writer)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RankState>> {
@@ -55,7 +71,14 @@ pub(crate) async fn serve_metrics(
                 .map(|(rank, state)| (*rank, state.as_ref())),
         );
         let cache = pipeline.cache.as_ref().map(|cache| cache.figures());
-        let text = stats::prometheus(node.0, &pipeline.stage_stats(), &rings, cache.as_ref());
+        let tuning = pipeline.tuning.figures();
+        let text = stats::prometheus(
+            node.0,
+            &pipeline.stage_stats(),
+            &rings,
+            cache.as_ref(),
+            &tuning,
+        );
         async move {
             (
                 [(

@@ -17,6 +17,8 @@ use std::time::Duration;
 use sluice_formats::CacheFigures;
 use sluice_proto::v1;
 
+use crate::tune::TuningFigures;
+
 /// One stage's counters, added to from any thread.
 #[derive(Debug, Default)]
 pub(crate) struct StageCounter {
@@ -95,6 +97,7 @@ pub(crate) fn prometheus(
     stages: &[v1::StageStats],
     rings: &[v1::RingStats],
     cache: Option<&CacheFigures>,
+    tuning: &TuningFigures,
 ) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -181,6 +184,35 @@ pub(crate) fn prometheus(
         "How long the ring's feeder has waited for the next batch of a task from its source (0 while it does not wait for one).",
         &mut ring(|stats| stats.source_wait_ms as f64 / 1e3),
     );
+    family(
+        "decode_threads",
+        "gauge",
+        "Tasks the daemon reads and decodes at once: as tuned now, and the most it may (the job's daemon.max_threads or the CPU quota).",
+        &mut [
+            ("kind=\"tuned\"".to_owned(), tuning.threads as f64),
+            ("kind=\"max\"".to_owned(), tuning.max_threads as f64),
+        ]
+        .into_iter(),
+    );
+    family(
+        "read_ahead_bytes",
+        "gauge",
+        "Bytes of decoded batches the daemon may hold ahead of its rings, as tuned now, held now, and the most it may.",
+        &mut [
+            ("kind=\"tuned\"".to_owned(), tuning.read_ahead as f64),
+            ("kind=\"held\"".to_owned(), tuning.read_ahead_held as f64),
+            ("kind=\"max\"".to_owned(), tuning.max_read_ahead as f64),
+        ]
+        .into_iter(),
+    );
+    if let Some(quota) = tuning.cpu_quota {
+        family(
+            "cpu_quota_cores",
+            "gauge",
+            "The CPU quota of the daemon's cgroup, in cores.",
+            &mut [("kind=\"cgroup\"".to_owned(), quota)].into_iter(),
+        );
+    }
     if let Some(cache) = cache {
         family(
             "cache_blocks_total",
@@ -257,17 +289,29 @@ mod tests {
             evictions: 2,
             bytes_held: 1000,
         };
-        let text = prometheus(1, &report, &rings, Some(&cache));
+        let tuning = TuningFigures {
+            threads: 1,
+            max_threads: 2,
+            read_ahead: 8 << 20,
+            read_ahead_held: 4096,
+            max_read_ahead: 1 << 30,
+            cpu_quota: Some(1.5),
+        };
+        let text = prometheus(1, &report, &rings, Some(&cache), &tuning);
         for line in [
             "sluice_daemon_cache_blocks_total{node=\"1\",result=\"hit\"} 7\n",
             "sluice_daemon_cache_bytes_total{node=\"1\",from=\"store\"} 300\n",
             "sluice_daemon_cache_evictions_total{node=\"1\",kind=\"lru\"} 2\n",
             "sluice_daemon_cache_held_bytes{node=\"1\",kind=\"blocks\"} 1000\n",
+            "sluice_daemon_decode_threads{node=\"1\",kind=\"tuned\"} 1\n",
+            "sluice_daemon_decode_threads{node=\"1\",kind=\"max\"} 2\n",
+            "sluice_daemon_read_ahead_bytes{node=\"1\",kind=\"held\"} 4096\n",
+            "sluice_daemon_cpu_quota_cores{node=\"1\",kind=\"cgroup\"} 1.5\n",
         ] {
             assert!(text.contains(line), "{line}{text}");
         }
         assert!(
-            !prometheus(1, &report, &rings, None).contains("cache"),
+            !prometheus(1, &report, &rings, None, &tuning).contains("cache"),
             "a daemon without a cache exports no cache figures"
         );
         assert!(
