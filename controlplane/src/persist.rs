@@ -219,7 +219,7 @@ roles:
         }
         for round in 0..100u64 {
             let node = NodeId(round % 2);
-            let applied = master.acquire(node, 40, round);
+            let applied = master.acquire(node, 40, true, round);
             let tasks = task_ids(&applied.reply);
             sut.append(&applied.entries, &master)
                 .await
@@ -239,6 +239,7 @@ roles:
                 stages: Vec::new(),
                 rings: Vec::new(),
                 keeps_finished_until_durable: true,
+                tuning: None,
                 bad: Vec::new(),
                 handed: Vec::new(),
             };

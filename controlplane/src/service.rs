@@ -697,7 +697,8 @@ impl DaemonService for AmService {
         let reply = self
             .am
             .apply(|master| {
-                let applied = master.acquire(node, request.max_tasks, self.am.now_ms());
+                let applied =
+                    master.acquire(node, request.max_tasks, request.dry, self.am.now_ms());
                 // First: a daemon given the next epoch's first tasks learns how its rings end this one.
                 let settled = master.settled_for(node);
                 Ok(applied.map(|commands| v1::AcquireTasksReply {
@@ -1625,7 +1626,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
         let sut = am();
         register_node_0(&sut).await;
         let reply = sut
-            .apply(|master| Ok(master.acquire(NodeId(0), 2, 1)))
+            .apply(|master| Ok(master.acquire(NodeId(0), 2, true, 1)))
             .await
             .expect("acquired");
         let tasks: Vec<u64> = reply
@@ -1687,6 +1688,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
             sut.acquire_tasks(Request::new(v1::AcquireTasksRequest {
                 node_id: 0,
                 max_tasks: 2,
+                dry: true,
             }))
         };
         let acquired = acquire().await.expect("acquired").into_inner();

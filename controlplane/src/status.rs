@@ -78,6 +78,13 @@ pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
                 "reader_idle_ms": ring.reader_idle_ms,
                 "reader_interval_ms": ring.reader_interval_ms,
             })).collect::<Vec<_>>(),
+            "tuning": node.tuning.as_ref().map(|tuning| serde_json::json!({
+                "threads": tuning.threads,
+                "max_threads": tuning.max_threads,
+                "read_ahead_bytes": tuning.read_ahead_bytes,
+                "max_read_ahead_bytes": tuning.max_read_ahead_bytes,
+                "held_bytes": tuning.held_bytes,
+            })),
         })).collect::<Vec<_>>(),
         "hangs": reply.hangs.iter().map(|hang| serde_json::json!({
             "node_id": hang.node_id,

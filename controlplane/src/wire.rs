@@ -68,6 +68,7 @@ pub(crate) fn heartbeat(request: v1::HeartbeatRequest) -> Heartbeat {
         progress: request.progress.iter().map(progress).collect(),
         stages: request.stages,
         rings: request.rings,
+        tuning: request.tuning,
         hostname: request.hostname,
         keeps_finished_until_durable: request.keeps_finished_until_durable,
         handed: request

@@ -169,6 +169,7 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                 ..RingStats::default()
             }],
             keeps_finished_until_durable: true,
+            tuning: None,
         })
         .await
         .expect("heartbeat succeeds")

@@ -4,10 +4,10 @@ use prost::Message;
 use sluice_proto::v1::{
     AddedSource, AssignTasks, BadRange, Blacklisted, Command, CountOutOfRange, DeletionVector,
     DeltaSplitInfo, DoneBeforeEnd, EpochBatches, Fence, HeartbeatReply, HeartbeatRequest,
-    JournalMark, NoStopRequested, NotHeld, ObjectIdentity, PartitionValue, Refusal, Refuse,
-    Release, RingStats, SettledBatches, Shutdown, SourceData, Split, SplitBytes, StageStats,
-    StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode, UnknownTask, command,
-    refusal,
+    JournalMark, NoStopRequested, NotHeld, ObjectIdentity, PartitionValue, ReadTuning, Refusal,
+    Refuse, Release, RingStats, SettledBatches, Shutdown, SourceData, Split, SplitBytes,
+    StageStats, StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode,
+    UnknownTask, command, refusal,
 };
 use sluice_proto::{JobId, NodeId, TaskId};
 use std::collections::BTreeSet;
@@ -76,6 +76,13 @@ fn heartbeat_request() -> HeartbeatRequest {
             ],
         }],
         keeps_finished_until_durable: true,
+        tuning: Some(ReadTuning {
+            threads: 2,
+            max_threads: 4,
+            read_ahead_bytes: 8 << 20,
+            max_read_ahead_bytes: 1 << 30,
+            held_bytes: 65_536,
+        }),
     }
 }
 

@@ -85,6 +85,7 @@ fn a_daemon_pulls_every_row_once_and_the_am_exits_when_the_job_succeeds() {
                 .acquire_tasks(v1::AcquireTasksRequest {
                     node_id: 0,
                     max_tasks: 2,
+                    dry: true,
                 })
                 .await
                 .expect("acquire")

@@ -93,6 +93,7 @@ fn heartbeat(progress: &[v1::TaskProgress], beat: u64) -> v1::HeartbeatRequest {
             ..v1::RingStats::default()
         }],
         keeps_finished_until_durable: false,
+        tuning: None,
     }
 }
 
@@ -133,6 +134,7 @@ async fn run_daemon(address: &str, token: Option<&str>, beats: u64) -> Reported 
         .acquire_tasks(v1::AcquireTasksRequest {
             node_id: 0,
             max_tasks: 2,
+            dry: true,
         })
         .await
         .expect("acquire")

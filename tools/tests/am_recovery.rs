@@ -89,6 +89,7 @@ impl Daemon {
             .acquire_tasks(v1::AcquireTasksRequest {
                 node_id: 0,
                 max_tasks,
+                dry: true,
             })
             .await
             .expect("acquire");
@@ -209,6 +210,7 @@ impl Daemon {
                         .acquire_tasks(v1::AcquireTasksRequest {
                             node_id: 0,
                             max_tasks: 2,
+                            dry: true,
                         })
                         .await
                     else {

@@ -281,6 +281,7 @@ impl Daemon {
         let request = v1::AcquireTasksRequest {
             node_id: self.node,
             max_tasks: (HELD_TASKS - unfinished) as u32,
+            dry: true,
         };
         let reply = self.client.acquire_tasks(request).await;
         let reply = {
@@ -309,6 +310,7 @@ impl Daemon {
             hostname: String::new(),
             node_id: self.node,
             keeps_finished_until_durable: !self.let_finished_go,
+            tuning: None,
             progress: self
                 .held
                 .iter()

@@ -404,6 +404,7 @@ impl Bench<'_> {
                     .acquire_tasks(v1::AcquireTasksRequest {
                         node_id: 0,
                         max_tasks: 1,
+                        dry: true,
                     })
                     .await
                     .map_err(|status| status.to_string())

@@ -24,10 +24,12 @@
 //!   the row `k' >= k` where it really stops (it cannot take back rows already in a ring). Only then
 //!   does the AM cut the task at `k'` and queue `[k', end)` as a new task. Nothing is ever handed out
 //!   twice, so no row is delivered twice.
-//!   With `even_batches`, any node that asks for work while nothing is pending may trigger a
-//!   re-split, of another node's task or of its own (a node whose one ring ran dry while another
-//!   holds the rest of the epoch), with no margin and down to one row: trainers that step in
-//!   lockstep stop at a dry ring, and the rows still to be handed to a full ring must move to it.
+//!   With `even_batches`, any node with a ring that ran dry that asks for work while nothing is
+//!   pending may trigger a re-split, of another node's task or of its own (a node whose one ring
+//!   ran dry while another holds the rest of the epoch), with no margin and down to one row:
+//!   trainers that step in lockstep stop at a dry ring, and the rows still to be handed to a full
+//!   ring must move to it. So the pieces, and every task queued again, go only to a node that says
+//!   it has a dry ring ([`Event::AcquireEven`]).
 //! - **Report.** A daemon reports a task done (its consumed count equals its length) or failed. A
 //!   failed task's consumed count is final: the daemon reports failure only once the rows it
 //!   enqueued for the task are consumed or dropped from its rings. The task is queued again from
@@ -265,6 +267,24 @@ pub enum Event {
         /// The row count of each new split.
         split_rows: Vec<u64>,
     },
+    /// A daemon of a job with `even_batches` asks for tasks as [`Event::AcquireNear`] does, and
+    /// tells whether one of its rings has nothing left to write (`dry`). Tasks queued again
+    /// (re-split pieces, tasks back from a failure or a lost node) go only to a daemon with a dry
+    /// ring, and only its request re-splits: a piece cut for a ring that ran dry must not go back to
+    /// a daemon whose rings are full, which holds it while the trainers in lockstep wait on the dry
+    /// one.
+    AcquireEven {
+        /// The daemon.
+        node: NodeId,
+        /// When the AM received it.
+        now_ms: u64,
+        /// The most tasks it wants now.
+        max_tasks: u32,
+        /// The tasks to hand out first, in order.
+        near: Vec<TaskId>,
+        /// Whether one of its rings has nothing left to write.
+        dry: bool,
+    },
 }
 
 /// How far into the epoch's order of pending tasks [`Event::AcquireNear`] looks: a node takes a
@@ -280,6 +300,7 @@ impl Event {
             | Event::Heartbeat { now_ms, .. }
             | Event::Acquire { now_ms, .. }
             | Event::AcquireNear { now_ms, .. }
+            | Event::AcquireEven { now_ms, .. }
             | Event::StopAck { now_ms, .. }
             | Event::Report { now_ms, .. }
             | Event::Tick { now_ms } => Some(*now_ms),
@@ -502,13 +523,20 @@ pub fn decide(state: &mut JobState, event: Event) -> Vec<Action> {
             node,
             now_ms,
             max_tasks,
-        } => state.on_acquire(node, now_ms, max_tasks, &[], &mut actions),
+        } => state.on_acquire(node, now_ms, max_tasks, &[], None, &mut actions),
         Event::AcquireNear {
             node,
             now_ms,
             max_tasks,
             near,
-        } => state.on_acquire(node, now_ms, max_tasks, &near, &mut actions),
+        } => state.on_acquire(node, now_ms, max_tasks, &near, None, &mut actions),
+        Event::AcquireEven {
+            node,
+            now_ms,
+            max_tasks,
+            near,
+            dry,
+        } => state.on_acquire(node, now_ms, max_tasks, &near, Some(dry), &mut actions),
         Event::StopAck {
             node,
             now_ms,

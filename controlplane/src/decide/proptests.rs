@@ -29,9 +29,11 @@ fn postcard_bytes<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, TestCaseErr
 /// One step of the simulation. `pick` chooses among the node's tasks.
 #[derive(Debug, Clone)]
 enum Op {
+    /// With `even_batches`, `dry` is what the node says of its rings.
     Acquire {
         node: usize,
         max_tasks: u32,
+        dry: bool,
     },
     Produce {
         node: usize,
@@ -179,6 +181,25 @@ fn refused_outright(actions: &[Action]) -> bool {
 }
 
 impl Sim<'_> {
+    /// A request for work: with `even_batches`, saying whether the node has a dry ring.
+    fn acquire(&self, node: usize, max_tasks: u32, dry: bool) -> Event {
+        if self.config.even_batches {
+            Event::AcquireEven {
+                node: node_id(node),
+                now_ms: self.now_ms,
+                max_tasks,
+                near: Vec::new(),
+                dry,
+            }
+        } else {
+            Event::Acquire {
+                node: node_id(node),
+                now_ms: self.now_ms,
+                max_tasks,
+            }
+        }
+    }
+
     /// Restores the table from `position`, mixed as the job is.
     fn restore(
         &self,
@@ -370,16 +391,14 @@ impl Sim<'_> {
 
     fn step(&mut self, op: Op) -> Result<(), TestCaseError> {
         match op {
-            Op::Acquire { node, max_tasks } => {
+            Op::Acquire {
+                node,
+                max_tasks,
+                dry,
+            } => {
                 if self.ensure_registered(node)? {
-                    self.send(
-                        Event::Acquire {
-                            node: node_id(node),
-                            now_ms: self.now_ms,
-                            max_tasks,
-                        },
-                        None,
-                    )?;
+                    let event = self.acquire(node, max_tasks, dry);
+                    self.send(event, None)?;
                 }
             }
             Op::Produce { node, pick, rows } => {
@@ -595,14 +614,8 @@ impl Sim<'_> {
             if self.state.outcome().is_some() {
                 return Ok(());
             }
-            self.send(
-                Event::Acquire {
-                    node: node_id(drainer),
-                    now_ms: self.now_ms,
-                    max_tasks: 8,
-                },
-                None,
-            )?;
+            let event = self.acquire(drainer, 8, true);
+            self.send(event, None)?;
             if self.nodes[drainer].tasks.is_empty() {
                 return Err(TestCaseError::fail(format!(
                     "stuck: no task for an idle node, {} pending, {} in flight",
@@ -644,7 +657,8 @@ fn pick_task(node: &mut SimNode, pick: Index) -> Option<&mut SimTask> {
 fn op_strategy(nodes: usize) -> impl Strategy<Value = Op> {
     let node = 0..nodes;
     prop_oneof![
-        8 => (node.clone(), 1..4u32).prop_map(|(node, max_tasks)| Op::Acquire { node, max_tasks }),
+        8 => (node.clone(), 1..4u32, any::<bool>())
+            .prop_map(|(node, max_tasks, dry)| Op::Acquire { node, max_tasks, dry }),
         6 => (node.clone(), any::<Index>(), 1..12u64)
             .prop_map(|(node, pick, rows)| Op::Produce { node, pick, rows }),
         6 => (node.clone(), any::<Index>(), 1..12u64)

@@ -912,8 +912,9 @@ impl JobState {
             .map(|slot| (self.task_id(*slot), self.slots[*slot as usize].split))
     }
 
-    fn next_pending(&mut self) -> Option<u32> {
-        if let Some(slot) = self.requeued.pop_front() {
+    /// The next task to hand out: a task queued again first, unless `order_only`.
+    fn next_pending(&mut self, order_only: bool) -> Option<u32> {
+        if !order_only && let Some(slot) = self.requeued.pop_front() {
             return Some(slot);
         }
         let slot = *self.order.get(self.cursor)?;
@@ -921,21 +922,26 @@ impl JobState {
         Some(slot)
     }
 
+    /// Hands `node` up to `max_tasks` tasks. `dry` is whether one of its rings has nothing left to
+    /// write, when it tells (`even_batches`): a node that has none gets no task queued again and
+    /// triggers no re-split.
     pub(super) fn on_acquire(
         &mut self,
         node: NodeId,
         now_ms: u64,
         max_tasks: u32,
         near: &[TaskId],
+        dry: Option<bool>,
         actions: &mut Vec<Action>,
     ) {
         if !self.admit(node, now_ms, actions) {
             return;
         }
         self.bring_forward(near);
+        let full = dry == Some(false);
         let mut tasks = Vec::new();
         while tasks.len() < max_tasks as usize {
-            let Some(slot) = self.next_pending() else {
+            let Some(slot) = self.next_pending(full) else {
                 break;
             };
             let task_slot = &mut self.slots[slot as usize];
@@ -964,7 +970,7 @@ impl JobState {
             .nodes
             .get(&node)
             .is_some_and(|entry| entry.held.is_empty());
-        if (idle || self.config.even_batches) && max_tasks > 0 {
+        if (idle || (self.config.even_batches && !full)) && max_tasks > 0 {
             self.request_resplit(node, actions);
         }
     }

@@ -465,6 +465,52 @@ fn with_even_batches_a_busy_node_re_splits_the_tail_down_to_one_row_and_its_own_
 }
 
 #[test]
+fn with_even_batches_the_piece_cut_for_a_dry_ring_goes_only_to_a_node_that_has_one() {
+    let mut sut = new_state(
+        DecideConfig {
+            task_rows: 100,
+            even_batches: true,
+            resplit_margin_rows: 0,
+            resplit_min_rows: 1,
+            ..config()
+        },
+        vec![100],
+    );
+    register(&mut sut, NODE_A, 0);
+    register(&mut sut, NODE_B, 0);
+    let acquire_even = |sut: &mut JobState, node, now_ms, dry| {
+        run(
+            sut,
+            Event::AcquireEven {
+                node,
+                now_ms,
+                max_tasks: 2,
+                near: Vec::new(),
+                dry,
+            },
+        )
+    };
+    let task = assigned(&acquire_even(&mut sut, NODE_A, 1, true), NODE_A)[0];
+    heartbeat(&mut sut, NODE_A, 2, &[progress(task.task, 20, 10)]);
+    // A, whose rings are full, asking for more re-splits nothing.
+    assert_eq!(acquire_even(&mut sut, NODE_A, 3, false), Vec::new());
+    // B, whose ring ran dry, asks: A is asked to stop half way through what it has not enqueued.
+    assert_eq!(
+        acquire_even(&mut sut, NODE_B, 4, true),
+        vec![Action::StopAt {
+            node: NODE_A,
+            task: task.task,
+            row: 60
+        }]
+    );
+    stop_ack(&mut sut, NODE_A, 5, task.task, 60);
+    // A asks again at once, as a daemon does after acknowledging: the piece is not for it.
+    assert_eq!(acquire_even(&mut sut, NODE_A, 5, false), Vec::new());
+    let piece = assigned(&acquire_even(&mut sut, NODE_B, 6, true), NODE_B);
+    assert_eq!((piece[0].start, piece[0].end), (60, 100));
+}
+
+#[test]
 fn done_reports_need_every_row_consumed() {
     let mut sut = new_state(config(), vec![10]);
     register(&mut sut, NODE_A, 0);

@@ -54,6 +54,12 @@ struct RingLabels {
     rank: u32,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TuningLabels {
+    node: u64,
+    kind: &'static str,
+}
+
 type GaugeU64 = Gauge<u64, AtomicU64>;
 type GaugeF64 = Gauge<f64, AtomicU64>;
 type CounterF64 = Counter<f64, AtomicU64>;
@@ -207,6 +213,8 @@ fn register_nodes(registry: &mut Registry, nodes: &[v1::NodeStatus]) {
     let ring_capacity = Family::<RingLabels, GaugeU64>::default();
     let ring_trainer_wait = Family::<RingLabels, CounterF64>::default();
     let ring_daemon_wait = Family::<RingLabels, CounterF64>::default();
+    let decode_threads = Family::<TuningLabels, GaugeU64>::default();
+    let read_ahead = Family::<TuningLabels, GaugeU64>::default();
     for node in nodes {
         let alive = node.state == v1::NodeState::Alive as i32;
         up.get_or_create(&NodeHostLabels {
@@ -250,6 +258,27 @@ fn register_nodes(registry: &mut Registry, nodes: &[v1::NodeStatus]) {
             ring_daemon_wait
                 .get_or_create(&labels)
                 .inc_by(ring.daemon_wait_ns as f64 / NANOS_PER_SECOND);
+        }
+        if let Some(tuning) = &node.tuning {
+            let labels = |kind| TuningLabels {
+                node: node.node_id,
+                kind,
+            };
+            decode_threads
+                .get_or_create(&labels("tuned"))
+                .set(u64::from(tuning.threads));
+            decode_threads
+                .get_or_create(&labels("max"))
+                .set(u64::from(tuning.max_threads));
+            read_ahead
+                .get_or_create(&labels("tuned"))
+                .set(tuning.read_ahead_bytes);
+            read_ahead
+                .get_or_create(&labels("held"))
+                .set(tuning.held_bytes);
+            read_ahead
+                .get_or_create(&labels("max"))
+                .set(tuning.max_read_ahead_bytes);
         }
     }
     registry.register(
@@ -302,5 +331,15 @@ fn register_nodes(registry: &mut Registry, nodes: &[v1::NodeStatus]) {
         "ring_daemon_wait_seconds",
         "Seconds the node daemon waited on the trainer's full ring, since the daemon started",
         ring_daemon_wait,
+    );
+    registry.register(
+        "node_decode_threads",
+        "Tasks the node daemon reads and decodes at once, as it tuned them (kind tuned) and the most it may (kind max), as of its last heartbeat",
+        decode_threads,
+    );
+    registry.register(
+        "node_read_ahead_bytes",
+        "Bytes of decoded batches the node daemon may hold ahead of its rings as it tuned them (kind tuned), holds (kind held) and may at most (kind max), as of its last heartbeat",
+        read_ahead,
     );
 }

@@ -68,7 +68,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
         1_000,
     )
     .expect("registration accepted");
-    let acquired = sut.acquire(NodeId(0), 2, 1_010).reply;
+    let acquired = sut.acquire(NodeId(0), 2, true, 1_010).reply;
     let commands = wire::commands(sut.plan(), sut.added_sources(), acquired);
     let handed: Handed = commands
         .iter()
@@ -124,6 +124,13 @@ fn busy_am() -> (Arc<Am>, Handed) {
                 ..v1::RingStats::default()
             }],
             keeps_finished_until_durable: false,
+            tuning: Some(v1::ReadTuning {
+                threads: 1,
+                max_threads: 2,
+                read_ahead_bytes: 8 << 20,
+                max_read_ahead_bytes: 1 << 30,
+                held_bytes: 4096,
+            }),
         }),
         1_020,
     );
@@ -333,6 +340,13 @@ fn reported_status() -> v1::StatusReply {
                         ..v1::RingStats::default()
                     },
                 ],
+                tuning: Some(v1::ReadTuning {
+                    threads: 1,
+                    max_threads: 2,
+                    read_ahead_bytes: 8 << 20,
+                    max_read_ahead_bytes: 1 << 30,
+                    held_bytes: 4096,
+                }),
             },
             v1::NodeStatus {
                 node_id: 1,
@@ -417,6 +431,9 @@ fn exposition_lists_every_figure_with_help() {
         "sluice_am_stage_rows_total{node=\"0\",stage=\"fetch\"} 1000",
         "sluice_am_stage_bytes_total{node=\"0\",stage=\"fetch\"} 65536",
         "sluice_am_ring_used_bytes{node=\"0\",rank=\"1\"} 200",
+        "sluice_am_node_decode_threads{node=\"0\",kind=\"tuned\"} 1",
+        "sluice_am_node_decode_threads{node=\"0\",kind=\"max\"} 2",
+        "sluice_am_node_read_ahead_bytes{node=\"0\",kind=\"held\"} 4096",
         "sluice_am_ring_capacity_bytes{node=\"0\",rank=\"0\"} 1048576",
         "sluice_am_ring_trainer_wait_seconds_total{node=\"0\",rank=\"0\"} 3.0",
         "sluice_am_ring_daemon_wait_seconds_total{node=\"0\",rank=\"1\"} 4.5",

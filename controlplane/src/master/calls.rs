@@ -85,6 +85,8 @@ pub struct Heartbeat {
     pub stages: Vec<v1::StageStats>,
     /// Its rings, as shown in status.
     pub rings: Vec<v1::RingStats>,
+    /// How it tunes its reading, as shown in status.
+    pub tuning: Option<v1::ReadTuning>,
     /// Its host's name; empty when unknown.
     pub hostname: String,
     /// The daemon keeps reporting a task consumed to its end until the AM's journal mark says its

@@ -117,6 +117,7 @@ struct NodeInfo {
     last_heard_ms: u64,
     stages: Vec<v1::StageStats>,
     rings: Vec<v1::RingStats>,
+    tuning: Option<v1::ReadTuning>,
 }
 
 /// Where each task of the current epoch began: planned tasks where the cut rule put them, pieces
@@ -934,8 +935,22 @@ impl Master {
             info.last_heard_ms = now_ms;
             info.stages = request.stages;
             info.rings = request.rings;
+            info.tuning = request.tuning;
             if !request.hostname.is_empty() {
                 info.hostname = request.hostname;
+            }
+        }
+        let mut progress = request.progress;
+        if self.even.is_some() {
+            // With `data.even_batches`, the rows of a task handed to its ring's writer count as
+            // enqueued for the table: no re-split can cut them off, so a re-split takes rows not
+            // handed yet, and a task handed to its end is never asked to stop (a ring that is full
+            // while its trainer waits on a dry one holds such tasks).
+            let handed: BTreeMap<TaskId, u64> = request.handed.iter().copied().collect();
+            for counts in &mut progress {
+                if let Some(&rows) = handed.get(&counts.task) {
+                    counts.enqueued = counts.enqueued.max(rows);
+                }
             }
         }
         // While rings are taken back, their counts are of rings about to go.
@@ -957,7 +972,7 @@ impl Master {
         let event = Event::Heartbeat {
             node,
             now_ms,
-            progress: request.progress,
+            progress,
         };
         let (commands, more) = self.apply_and_log(node, event);
         entries.extend(more);
@@ -1066,11 +1081,12 @@ impl Master {
         })
     }
 
-    /// A daemon asks for more tasks.
+    /// A daemon asks for more tasks; `dry` is whether one of its rings has nothing left to write.
     pub fn acquire(
         &mut self,
         node: NodeId,
         max_tasks: u32,
+        dry: bool,
         now_ms: u64,
     ) -> Applied<Vec<NodeCommand>> {
         self.heard_from(node, now_ms);
@@ -1096,7 +1112,15 @@ impl Master {
             .filter(|(_, split)| self.readers.get(*split as usize) == Some(&Some(node)))
             .map(|(task, _)| task)
             .collect();
-        let event = if near.is_empty() {
+        let event = if self.config.even_batches {
+            Event::AcquireEven {
+                node,
+                now_ms,
+                max_tasks,
+                near,
+                dry,
+            }
+        } else if near.is_empty() {
             Event::Acquire {
                 node,
                 now_ms,
@@ -1268,7 +1292,10 @@ impl Master {
                     }
                     (node, NodeCommand::Assign(tasks))
                 }
-                Action::StopAt { node, task, row } => (node, NodeCommand::Stop { task, row }),
+                Action::StopAt { node, task, row } => {
+                    tracing::debug!(%node, %task, row, "stop requested");
+                    (node, NodeCommand::Stop { task, row })
+                }
                 Action::Fence { node } => (node, NodeCommand::Fence),
                 Action::Refuse { node, reason } => (node, NodeCommand::Refuse(reason)),
                 Action::Shutdown { node } => {

@@ -591,6 +591,7 @@ impl Sim<'_> {
                 stages: Vec::new(),
                 rings: Vec::new(),
                 keeps_finished_until_durable: self.keeps_finished,
+                tuning: None,
                 bad: Vec::new(),
                 handed: Vec::new(),
             },
@@ -629,6 +630,7 @@ impl Sim<'_> {
                 stages: Vec::new(),
                 rings: Vec::new(),
                 keeps_finished_until_durable: self.keeps_finished,
+                tuning: None,
                 bad: Vec::new(),
                 handed: Vec::new(),
             },
@@ -668,7 +670,7 @@ impl Sim<'_> {
         }
         let applied = self
             .sut
-            .acquire(NodeId(node as u64), wanted as u32, self.now_ms);
+            .acquire(NodeId(node as u64), wanted as u32, true, self.now_ms);
         self.journal(&applied, false);
         if self.keeps_finished {
             self.take_mark(node, false);

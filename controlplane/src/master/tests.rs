@@ -84,7 +84,7 @@ fn acquire_applied(
     now_ms: u64,
     max_tasks: u32,
 ) -> Applied<Vec<v1::Command>> {
-    let applied = sut.acquire(NodeId(node), max_tasks, now_ms);
+    let applied = sut.acquire(NodeId(node), max_tasks, true, now_ms);
     on_the_wire(sut, applied)
 }
 
@@ -380,6 +380,54 @@ fn a_stop_request_for_the_holder_of_a_re_split_task_waits_for_its_next_call() {
     let piece = assigned(&acquire(&mut sut, 1, 5, 1));
     assert_eq!(piece.len(), 1, "the cut-off piece goes to the idle node");
     assert_eq!(piece[0].start, stop.row);
+}
+
+#[test]
+fn with_even_batches_a_re_split_takes_rows_not_handed_to_a_ring_and_leaves_a_task_handed_whole() {
+    let mut sut = master_of(&SPEC.replace(
+        "  shuffle: { seed: 3 }\n",
+        "  shuffle: { seed: 3 }\n  fixed_batch_size: true\n  even_batches: pad\n",
+    ));
+    register(&mut sut, 0, 0);
+    register(&mut sut, 1, 0);
+    let held = assigned(&acquire(&mut sut, 0, 1, 8));
+    assert_eq!(held.len(), 5, "node 0 took every task");
+    // Two rows of each task are in node 0's rings; its writers were handed the first task whole,
+    // and four rows of each other one, while its rings are full.
+    let counts: Vec<(u64, u64, u64, u64)> = held
+        .iter()
+        .enumerate()
+        .map(|(index, task)| {
+            let handed = if index == 0 { task.end - task.start } else { 4 };
+            (task.task_id, 2, 0, handed)
+        })
+        .collect();
+    even_heartbeat(&mut sut, 0, 2, &counts, &[&[(0, 1)], &[(0, 1)]]);
+    acquire(&mut sut, 1, 3, 1);
+    let commands = heartbeat_applied(&mut sut, 0, 4, &[]).reply;
+    let stops: Vec<v1::StopTask> = commands
+        .iter()
+        .filter_map(|command| match &command.command {
+            Some(Cmd::Stop(stop)) => Some(*stop),
+            _ => None,
+        })
+        .collect();
+    let [stop] = stops[..] else {
+        panic!("node 0 is asked to stop one task: {commands:?}");
+    };
+    assert_ne!(
+        stop.task_id, held[0].task_id,
+        "the task handed whole is left alone"
+    );
+    let task = held
+        .iter()
+        .find(|task| task.task_id == stop.task_id)
+        .expect("a task of node 0");
+    assert_eq!(
+        stop.row,
+        task.start + 4 + (task.end - task.start - 4) / 2,
+        "half of what is not handed"
+    );
 }
 
 #[test]

@@ -29,6 +29,7 @@ impl Master {
                     task_failures: view.failures,
                     stages: info.stages,
                     rings: info.rings,
+                    tuning: info.tuning,
                 }
             })
             .collect();

@@ -75,7 +75,12 @@ pub(crate) async fn await_trainers(
         if heartbeat.elapsed() >= interval {
             heartbeat = Instant::now();
             let commands = session
-                .heartbeat(Vec::new(), pipeline.stage_stats(), Vec::new())
+                .heartbeat(
+                    Vec::new(),
+                    pipeline.stage_stats(),
+                    Vec::new(),
+                    pipeline.tuning.report(),
+                )
                 .await?
                 .commands;
             // Holding no task and no ring, the daemon has nothing to stop or give back: a

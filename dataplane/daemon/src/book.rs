@@ -274,6 +274,19 @@ impl TaskBook {
         u32::try_from(enough.saturating_sub(held)).unwrap_or(u32::MAX)
     }
 
+    /// Whether one of the rings ran dry: `empty` says it holds nothing unread, and every task it
+    /// holds was handed to its writer to the end, or it holds none. With `data.even_batches` the AM
+    /// gives tasks queued again only to a daemon that says so.
+    pub(crate) fn has_dry_ring(&self, empty: impl Fn(usize) -> bool) -> bool {
+        (0..self.ranks.len()).any(|ring| {
+            empty(ring)
+                && !self
+                    .tasks
+                    .values()
+                    .any(|task| task.ring == ring && task.sent() < task.end)
+        })
+    }
+
     /// Every task held, with the index of its ring: where to look for its counts.
     pub(crate) fn placed(&self) -> impl Iterator<Item = (TaskId, usize)> + '_ {
         self.tasks
@@ -521,6 +534,27 @@ mod tests {
         let third = sut.assign(&assignment(3, 0, 10), None).expect("assigns");
         assert_eq!(third.ring, 0, "a tie goes to the first ring");
         assert_eq!(sut.wanted(), 1, "two per ring are enough without a shuffle");
+    }
+
+    #[test]
+    fn a_ring_is_dry_once_every_task_it_holds_was_handed_to_its_writer_to_the_end() {
+        let mut sut = book(2, 1);
+        let empty = |_| true;
+        assert!(sut.has_dry_ring(empty), "rings without tasks");
+        assert!(!sut.has_dry_ring(|_| false), "rings with records unread");
+        sut.assign(&assignment(1, 0, 100), None).expect("assigns");
+        assert!(sut.has_dry_ring(empty), "ring 1 holds nothing");
+        sut.assign(&assignment(2, 0, 100), None).expect("assigns");
+        assert!(!sut.has_dry_ring(empty), "both rings have rows to write");
+        sut.handed(TaskId(2), 60);
+        assert!(!sut.has_dry_ring(empty));
+        // Stopped where its feeder stands, the task has nothing left to hand.
+        sut.stop(TaskId(2), 60, 60).expect("held");
+        assert!(sut.has_dry_ring(empty));
+        assert!(
+            !sut.has_dry_ring(|ring| ring == 0),
+            "ring 1 still holds records"
+        );
     }
 
     #[test]

@@ -330,6 +330,7 @@ async fn serve(
                         // Held while the stop applies, so that the feeder hands out nothing more.
                         let mut control = lock(control);
                         if let Some(stopped) = book.stop(task_id, stop.row, control.sent_end) {
+                            tracing::debug!(%task_id, asked = stop.row, at = stopped.at, "stop applied");
                             control.stop = Some(stopped.at);
                             rings.set_end(stopped.ring, task_id, stopped.at);
                         }
@@ -374,7 +375,14 @@ async fn serve(
         }
         let wanted = book.wanted();
         if wanted > 0 {
-            let answer = session.acquire_tasks(wanted).await?;
+            let dry = book.has_dry_ring(|ring| rings.is_empty(ring));
+            let answer = session.acquire_tasks(wanted, dry).await?;
+            tracing::debug!(
+                wanted,
+                dry,
+                answer = answer.commands.len(),
+                "asked for tasks"
+            );
             // Before the new tasks are taken: one may be a finished task's id in a new epoch.
             if let Some(mark) = &answer.journal {
                 let_go(book.journal_marked(mark), &rings, &mut controls);
@@ -418,7 +426,12 @@ async fn serve(
         }
         let failures = book.failures();
         let answer = session
-            .heartbeat(book.progress(), pipeline.stage_stats(), rings.stats())
+            .heartbeat(
+                book.progress(),
+                pipeline.stage_stats(),
+                rings.stats(),
+                pipeline.tuning.report(),
+            )
             .await?;
         // The AM has these finished on record: their slots can go.
         let_go(
@@ -538,7 +551,12 @@ async fn give_back(
     let progress = book.final_progress();
     let consumed: u64 = progress.iter().map(|task| task.consumed).sum();
     session
-        .heartbeat(progress, pipeline.stage_stats(), Vec::new())
+        .heartbeat(
+            progress,
+            pipeline.stage_stats(),
+            Vec::new(),
+            pipeline.tuning.report(),
+        )
         .await?;
     rings::remove(states)?;
     tracing::info!(

@@ -136,6 +136,13 @@ impl Rings {
             .collect()
     }
 
+    /// Whether ring `index` holds no record its trainer has not read.
+    pub(crate) fn is_empty(&self, index: usize) -> bool {
+        self.rings
+            .get(index)
+            .is_some_and(|ring| ring.state.occupancy().0 == 0)
+    }
+
     /// The ring whose ledger holds task `task_id`, and the task's slot.
     pub(crate) fn bound(&self, task_id: TaskId) -> Option<(usize, LedgerTask)> {
         self.rings.iter().enumerate().find_map(|(index, ring)| {

@@ -199,13 +199,15 @@ impl Session {
         Ok(self.commands(answered.map(|reply| reply.commands)))
     }
 
-    /// Asks the AM for up to `max_tasks` tasks; returns the AM's commands and its journal's mark.
-    pub(crate) async fn acquire_tasks(&self, max_tasks: u32) -> Result<Marked> {
+    /// Asks the AM for up to `max_tasks` tasks, telling whether one of the rings has nothing left to
+    /// write (`dry`); returns the AM's commands and its journal's mark.
+    pub(crate) async fn acquire_tasks(&self, max_tasks: u32, dry: bool) -> Result<Marked> {
         let answered = self
             .call(|mut client| {
                 let request = v1::AcquireTasksRequest {
                     node_id: self.node_id().into(),
                     max_tasks,
+                    dry,
                 };
                 async move { client.acquire_tasks(request).await }
             })
@@ -225,6 +227,7 @@ impl Session {
         progress: Vec<v1::TaskProgress>,
         stages: Vec<v1::StageStats>,
         rings: Vec<v1::RingStats>,
+        tuning: v1::ReadTuning,
     ) -> Result<Marked> {
         let answered = self
             .call(|mut client| {
@@ -235,6 +238,7 @@ impl Session {
                     rings: rings.clone(),
                     hostname: self.hostname.clone(),
                     keeps_finished_until_durable: true,
+                    tuning: Some(tuning),
                 };
                 async move { client.heartbeat(request).await }
             })

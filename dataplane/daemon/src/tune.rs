@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use sluice_proto::v1;
 use tokio::sync::Notify;
 
 /// How often the tuner looks.
@@ -359,6 +360,18 @@ impl Tuning {
             read_ahead_held,
             max_read_ahead,
             cpu_quota: self.host.cpu_quota,
+        }
+    }
+
+    /// The choices and caps, for the AM.
+    pub(crate) fn report(&self) -> v1::ReadTuning {
+        let figures = self.figures();
+        v1::ReadTuning {
+            threads: u32::try_from(figures.threads).unwrap_or(u32::MAX),
+            max_threads: u32::try_from(figures.max_threads).unwrap_or(u32::MAX),
+            read_ahead_bytes: figures.read_ahead,
+            max_read_ahead_bytes: figures.max_read_ahead,
+            held_bytes: figures.read_ahead_held,
         }
     }
 

@@ -6,9 +6,11 @@ The daemon's choices are read from its Prometheus `/metrics`."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
+import subprocess
 import threading
 import time
 import urllib.request
@@ -16,7 +18,7 @@ import urllib.request
 import numpy
 import sluice
 
-from conftest import WATCHDOG_S, wait_until
+from conftest import ROOT, WATCHDOG_S, wait_until
 
 ROWS = 1_000_000
 
@@ -68,6 +70,13 @@ def test_the_daemon_gives_back_parallelism_to_a_slow_trainer_idles_with_an_idle_
         assert time.monotonic() - started < WATCHDOG_S, "the parallelism never came down for a paced trainer"
         read(10, 0.02)
     assert metric(url, "read_ahead_bytes", "tuned") < metric(url, "read_ahead_bytes", "max")
+    # The AM shows the daemon's choices from its heartbeats.
+    wait_until(
+        lambda: (job.status()["nodes"][0]["tuning"] or {}).get("threads") == 1,
+        "the AM's status showing one task read at a time",
+        timeout_s=WATCHDOG_S,
+    )
+    assert job.status()["nodes"][0]["tuning"]["max_threads"] == cap
 
     # Not reading at all: the daemon waits on its full ring and does next to nothing.
     before = cpu_seconds(daemon.pid)
@@ -97,3 +106,53 @@ def test_the_daemon_gives_back_parallelism_to_a_slow_trainer_idles_with_an_idle_
     assert max(highest) == cap, f"the parallelism came back to {max(highest)} of {cap} for a free trainer"
     delivered = numpy.sort(numpy.concatenate(ids))
     assert numpy.array_equal(delivered, numpy.arange(ROWS)), "every row once"
+
+
+def test_the_tuned_example_reads_one_task_at_a_time_for_its_paced_trainer(sluice_bin, tmp_path):
+    """`examples/tuned.yaml`, as its comment runs it, on fewer rows."""
+    data = tmp_path / "data"
+    subprocess.run(
+        [str(sluice_bin), "gen", "--out", str(data), "--rows", "600000", "--files", "4", "--row-group-rows", "50000"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    env = dict(os.environ, SLUICE_EXAMPLE_DATA=str(data))
+    env.pop("SLUICE_TOKEN", None)
+    run = subprocess.Popen(
+        [
+            str(sluice_bin), "run", "examples/tuned.yaml", "--listen", "127.0.0.1:0",
+            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(tmp_path / "state"),
+            "--ring-size", str(4 << 20),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = run.stdout.readline()
+        assert " serving on " in line, f"expected the AM's address, got {line!r}"
+        address = line.rsplit(" serving on ", 1)[1].split()[0]
+
+        def paced_node_tuning() -> dict:
+            shown = subprocess.run(
+                [str(sluice_bin), "status", "--am", address, "--json"], env=env, capture_output=True, text=True
+            )
+            if shown.returncode != 0:
+                return {}
+            nodes = json.loads(shown.stdout).get("nodes", [])
+            return next((node["tuning"] or {} for node in nodes), {})
+
+        def tuned_down() -> bool:
+            assert run.poll() is None, "the job ended before the daemon read one task at a time"
+            return paced_node_tuning().get("threads") == 1
+
+        wait_until(tuned_down, "the daemon reading one task at a time", WATCHDOG_S)
+        assert paced_node_tuning()["max_threads"] == 2
+        _, stderr = run.communicate(timeout=WATCHDOG_S)
+        assert run.returncode == 0, f"sluice run failed: {stderr[-4000:]}"
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(timeout=WATCHDOG_S)

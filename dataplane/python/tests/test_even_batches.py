@@ -112,7 +112,9 @@ roles:
 failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
 """
     )
-    # The AM logs each re-split at info.
+    # The AM logs each re-split at info. Rings of 64 KiB hold a few batches only, so that a daemon
+    # cannot write its tasks whole into rings whose trainers wait on a dry one: the tail of every
+    # epoch must be re-split to the dry ring, while the full rings' daemon asks for work too.
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), SLUICE_LOG="warn,sluice_am::master=info")
     env.pop("SLUICE_TOKEN", None)
     state = tmp_path / "state"
@@ -120,7 +122,7 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
         [
             str(sluice_bin), "run", str(spec), "--listen", "127.0.0.1:0",
             "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(state),
-            "--ring-size", str(4 << 20),
+            "--ring-size", str(64 << 10),
         ],
         env=env,
         stdout=subprocess.PIPE,
