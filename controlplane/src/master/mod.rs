@@ -170,14 +170,19 @@ impl TaskOrigins {
             debug_assert!(false, "slot {slot} is a task of the current epoch");
             return 0;
         };
-        if let Some(origin) = table.mixed_origin(slot) {
-            return origin;
+        let task = TaskId(table.first_task_id() + u64::from(slot));
+        if table.is_mixed() {
+            // A mixed epoch's tasks are not laid out split by split: the table keeps where each
+            // planned one began, and every slot past them is a re-split piece.
+            return table
+                .mixed_origin(slot)
+                .or_else(|| self.pieces.get(&task).copied())
+                .unwrap_or(span.start);
         }
         let split = span.split as usize;
         if slot < self.planned {
             return u64::from(slot - self.first_slot[split]) * self.task_rows;
         }
-        let task = TaskId(table.first_task_id() + u64::from(slot));
         if let Some(origin) = self.pieces.get(&task) {
             return *origin;
         }

@@ -2283,11 +2283,18 @@ fn a_source_is_refused_once_the_job_stops_or_past_the_tables_limits() {
 /// Two sources mixed 3 to 1: source 0 of splits of 25 and 15 rows ends each epoch, source 1's
 /// split of 8 rows is passed through again within one; tasks of 10 rows, three epochs.
 fn mixed_master() -> Master {
-    let spec = SPEC
-        .replace(
-            r#"  sources: [{ uri: "file:///data/train", format: parquet }]"#,
-            "  sources:\n    - { uri: \"file:///data/train\", format: parquet, weight: 3 }\n    - { uri: \"file:///data/more\", format: parquet, weight: 1, on_exhausted: next_pass }\n  epochs: 3",
-        );
+    mixed_master_of(
+        "{ uri: \"file:///data/train\", format: parquet, weight: 3 }",
+        "{ uri: \"file:///data/more\", format: parquet, weight: 1, on_exhausted: next_pass }",
+    )
+}
+
+/// A master over the splits of [`mixed_master`], its two sources as given.
+fn mixed_master_of(first: &str, second: &str) -> Master {
+    let spec = SPEC.replace(
+        r#"  sources: [{ uri: "file:///data/train", format: parquet }]"#,
+        &format!("  sources:\n    - {first}\n    - {second}\n  epochs: 3"),
+    );
     let spec = Arc::new(JobSpec::parse(&spec, Format::Yaml).expect("valid spec"));
     let mut plan = JobPlan::default();
     let split = |uri: &str, rows: u64| Split {
@@ -2429,4 +2436,57 @@ fn a_mixed_job_draws_its_epochs_by_weight_and_a_checkpoint_restores_exactly_the_
         "epoch 2 as the job drew it"
     );
     assert_eq!(sut.phase(), JobPhase::Succeeded);
+}
+
+#[test]
+fn a_re_split_piece_of_a_short_mixed_epoch_is_checkpointed_from_where_it_was_cut() {
+    // Source 1's one task of 8 rows ends the epoch, after a task or two of source 0: the epoch has
+    // fewer tasks than the splits would be cut into, and a piece takes a slot they would have had.
+    let mut sut = mixed_master_of(
+        "{ uri: \"file:///data/train\", format: parquet, weight: 1, on_exhausted: next_pass }",
+        "{ uri: \"file:///data/more\", format: parquet, weight: 3 }",
+    );
+    register(&mut sut, 0, 0);
+    register(&mut sut, 1, 0);
+    let held = assigned(&acquire(&mut sut, 0, 1, 8));
+    assert!(held.len() < 5, "a short epoch: {held:?}");
+    let counts: Vec<(u64, u64, u64)> = held.iter().map(|task| (task.task_id, 1, 0)).collect();
+    heartbeat(&mut sut, 0, 2, &counts);
+    acquire(&mut sut, 1, 3, 1);
+    let stop = heartbeat(&mut sut, 0, 4, &[])
+        .iter()
+        .find_map(|command| match &command.command {
+            Some(Cmd::Stop(stop)) => Some(*stop),
+            _ => None,
+        })
+        .expect("node 0 is asked to stop a task");
+    sut.ack_stop(NodeId(0), TaskId(stop.task_id), stop.row, 5);
+    let piece = assigned(&acquire(&mut sut, 1, 6, 1));
+    assert_eq!(piece.len(), 1);
+    let piece = &piece[0];
+    assert_eq!(piece.start, stop.row);
+    let mut ready = None;
+    for rank in 0..4 {
+        let applied = sut
+            .commit_checkpoint(RankCommit {
+                step: 1,
+                rank,
+                world_size: 4,
+                epoch: 0,
+                positions: if rank == 0 {
+                    vec![(TaskId(piece.task_id), piece.start + 1)]
+                } else {
+                    Vec::new()
+                },
+            })
+            .expect("a position inside the piece");
+        if let CommitOutcome::Ready(checkpoint) = applied.reply {
+            ready = Some(checkpoint);
+        }
+    }
+    let ready = ready.expect("every rank committed");
+    assert_eq!(
+        ready.position.done_rows, 1,
+        "one row of the piece, from where it was cut"
+    );
 }
