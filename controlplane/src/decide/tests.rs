@@ -425,9 +425,9 @@ fn no_resplit_for_a_busy_node_or_a_small_remainder() {
     assert_eq!(acquire(&mut sut, NODE_B, 2, 1), Vec::new());
 }
 
-#[test]
-fn with_even_batches_a_busy_node_re_splits_the_tail_down_to_one_row_and_its_own_tasks_too() {
-    let mut sut = new_state(
+/// One split of 100 rows, one task, with `even_batches` (no margin, pieces down to one row).
+fn even_state() -> JobState {
+    new_state(
         DecideConfig {
             task_rows: 100,
             even_batches: true,
@@ -436,7 +436,12 @@ fn with_even_batches_a_busy_node_re_splits_the_tail_down_to_one_row_and_its_own_
             ..config()
         },
         vec![100],
-    );
+    )
+}
+
+#[test]
+fn with_even_batches_a_busy_node_re_splits_the_tail_down_to_one_row_and_its_own_tasks_too() {
+    let mut sut = even_state();
     register(&mut sut, NODE_A, 0);
     let task = assigned(&acquire(&mut sut, NODE_A, 0, 1), NODE_A)[0];
     heartbeat(&mut sut, NODE_A, 1, &[progress(task.task, 10, 5)]);
@@ -466,16 +471,7 @@ fn with_even_batches_a_busy_node_re_splits_the_tail_down_to_one_row_and_its_own_
 
 #[test]
 fn with_even_batches_the_piece_cut_for_a_dry_ring_goes_only_to_a_node_that_has_one() {
-    let mut sut = new_state(
-        DecideConfig {
-            task_rows: 100,
-            even_batches: true,
-            resplit_margin_rows: 0,
-            resplit_min_rows: 1,
-            ..config()
-        },
-        vec![100],
-    );
+    let mut sut = even_state();
     register(&mut sut, NODE_A, 0);
     register(&mut sut, NODE_B, 0);
     let acquire_even = |sut: &mut JobState, node, now_ms, dry| {

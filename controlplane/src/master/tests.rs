@@ -2319,6 +2319,36 @@ fn mixed_master_of(first: &str, second: &str) -> Master {
     Master::new(spec, Arc::new(plan)).expect("the splits have rows")
 }
 
+/// Every rank of the four commits `step` of `epoch`, rank 0 with `positions` and the others with
+/// none; the checkpoint they make.
+fn commit_every_rank(
+    sut: &mut Master,
+    step: u64,
+    epoch: u32,
+    positions: Vec<(TaskId, u64)>,
+) -> ReadyCheckpoint {
+    let mut ready = None;
+    for rank in 0..4 {
+        let applied = sut
+            .commit_checkpoint(RankCommit {
+                step,
+                rank,
+                world_size: 4,
+                epoch,
+                positions: if rank == 0 {
+                    positions.clone()
+                } else {
+                    Vec::new()
+                },
+            })
+            .expect("a position inside the epoch's tasks");
+        if let CommitOutcome::Ready(checkpoint) = applied.reply {
+            ready = Some(checkpoint);
+        }
+    }
+    ready.expect("every rank committed")
+}
+
 /// Takes every task of the current epoch one by one and consumes it whole; the tasks taken.
 fn consume_epoch(sut: &mut Master, now_ms: u64) -> Vec<(u32, u64, u64)> {
     let epoch = sut.table().epoch();
@@ -2380,26 +2410,7 @@ fn a_mixed_job_draws_its_epochs_by_weight_and_a_checkpoint_restores_exactly_the_
         (TaskId(first.task_id), first.end),
         (TaskId(second.task_id), second.start + 1),
     ];
-    let mut ready = None;
-    for rank in 0..4 {
-        let applied = sut
-            .commit_checkpoint(RankCommit {
-                step: 7,
-                rank,
-                world_size: 4,
-                epoch: 1,
-                positions: if rank == 0 {
-                    positions.clone()
-                } else {
-                    Vec::new()
-                },
-            })
-            .expect("a checkpoint of epoch 1");
-        if let CommitOutcome::Ready(checkpoint) = applied.reply {
-            ready = Some(checkpoint);
-        }
-    }
-    let ready = ready.expect("every rank committed");
+    let ready = commit_every_rank(&mut sut, 7, 1, positions);
     sut.checkpoint_stored(7, ready.token.clone());
     consume(&mut sut, 0, 4, second, second.end - second.start);
     sut.restore(ready.token.clone(), ready.position.clone(), 10, None)
@@ -2465,26 +2476,12 @@ fn a_re_split_piece_of_a_short_mixed_epoch_is_checkpointed_from_where_it_was_cut
     assert_eq!(piece.len(), 1);
     let piece = &piece[0];
     assert_eq!(piece.start, stop.row);
-    let mut ready = None;
-    for rank in 0..4 {
-        let applied = sut
-            .commit_checkpoint(RankCommit {
-                step: 1,
-                rank,
-                world_size: 4,
-                epoch: 0,
-                positions: if rank == 0 {
-                    vec![(TaskId(piece.task_id), piece.start + 1)]
-                } else {
-                    Vec::new()
-                },
-            })
-            .expect("a position inside the piece");
-        if let CommitOutcome::Ready(checkpoint) = applied.reply {
-            ready = Some(checkpoint);
-        }
-    }
-    let ready = ready.expect("every rank committed");
+    let ready = commit_every_rank(
+        &mut sut,
+        1,
+        0,
+        vec![(TaskId(piece.task_id), piece.start + 1)],
+    );
     assert_eq!(
         ready.position.done_rows, 1,
         "one row of the piece, from where it was cut"

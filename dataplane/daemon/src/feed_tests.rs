@@ -158,6 +158,15 @@ fn assignment(
     }
 }
 
+/// One task of epoch 0 per split, the whole split, numbered from 0.
+fn whole_tasks(splits: &[v1::Split]) -> Vec<v1::TaskAssignment> {
+    splits
+        .iter()
+        .enumerate()
+        .map(|(index, split)| assignment(index as u64, 0, index as u32, split, 0, split.row_count))
+        .collect()
+}
+
 /// Runs a feeder over `assignments`, every task of which must succeed, and returns what it wrote.
 /// With `stop_after`, once the first batch of the first task arrives, the test asks that task to
 /// stop `stop_after` rows past what the feeder had handed to the writer, as the daemon's main loop
@@ -500,11 +509,7 @@ async fn the_interleave_mixes_open_tasks_and_keeps_each_in_order() {
     let uri = generated(directory.path(), 1200, 3).await;
     let all_splits = splits(&uri, u64::MAX).await;
     assert_eq!(all_splits.len(), 3);
-    let assignments: Vec<v1::TaskAssignment> = all_splits
-        .iter()
-        .enumerate()
-        .map(|(index, split)| assignment(index as u64, 0, index as u32, split, 0, split.row_count))
-        .collect();
+    let assignments = whole_tasks(&all_splits);
     let shape = JobShape {
         batch_size: 50,
         shuffle: Some((8, 3)),
@@ -545,12 +550,7 @@ async fn the_interleave_mixes_open_tasks_and_keeps_each_in_order() {
 async fn the_tightest_tuning_reads_the_same_batches_in_the_same_order_without_waiting_for_ever() {
     let directory = tempfile::tempdir().expect("tempdir");
     let uri = generated(directory.path(), 1200, 3).await;
-    let assignments: Vec<v1::TaskAssignment> = splits(&uri, 150)
-        .await
-        .iter()
-        .enumerate()
-        .map(|(index, split)| assignment(index as u64, 0, index as u32, split, 0, split.row_count))
-        .collect();
+    let assignments = whole_tasks(&splits(&uri, 150).await);
     let shape = JobShape {
         batch_size: 50,
         shuffle: Some((8, 3)),

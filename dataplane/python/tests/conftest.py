@@ -183,6 +183,33 @@ def make_job(sluice_bin, tmp_path):
         job.kill_all()
 
 
+def run_example(sluice_bin: pathlib.Path, tmp_path: pathlib.Path, spec: str, env: Dict[str, str], ranks: int) -> List[dict]:
+    """Runs ``examples/SPEC`` with ``sluice run`` from the repository's root, as the example's
+    comment does, and returns the JSON lines its trainers of role ``trainer``, ranks 0 to
+    ``ranks - 1``, printed."""
+    env = dict(env)
+    env.pop("SLUICE_TOKEN", None)
+    state = tmp_path / "state"
+    run = subprocess.run(
+        [
+            str(sluice_bin), "run", f"examples/{spec}", "--listen", "127.0.0.1:0",
+            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(state),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WATCHDOG_S,
+    )
+    assert run.returncode == 0, f"sluice run failed: {run.stderr[-4000:]}"
+    return [
+        json.loads(line)
+        for rank in range(ranks)
+        for line in (state / f"trainer-trainer-{rank}.log").read_text().splitlines()
+        if line.startswith("{")
+    ]
+
+
 def wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
     """Polls ``condition`` until it holds; fails naming ``what`` after the deadlock watchdog's time."""
     started = time.monotonic()

@@ -19,7 +19,7 @@ import pyarrow.compute
 import pyarrow.dataset
 import pytest
 
-from conftest import ROOT, WATCHDOG_S, generate, wait_until
+from conftest import WATCHDOG_S, generate, run_example, wait_until
 
 RANKS = 4
 EPOCHS = 3
@@ -184,26 +184,7 @@ def test_the_ddp_example_steps_every_rank_alike_and_masks_its_pads(sluice_bin, t
         stdout=subprocess.DEVNULL,
     )
     env = dict(os.environ, SLUICE_EXAMPLE_DATA=str(data), MASTER_PORT=str(free_port()))
-    env.pop("SLUICE_TOKEN", None)
-    state = tmp_path / "state"
-    run = subprocess.run(
-        [
-            str(sluice_bin), "run", "examples/even_batches.yaml", "--listen", "127.0.0.1:0",
-            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(state),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=WATCHDOG_S,
-    )
-    assert run.returncode == 0, f"sluice run failed: {run.stderr[-4000:]}"
-    printed = [
-        json.loads(line)
-        for rank in range(RANKS)
-        for line in (state / f"trainer-trainer-{rank}.log").read_text().splitlines()
-        if line.startswith("{")
-    ]
+    printed = run_example(sluice_bin, tmp_path, "even_batches.yaml", env, RANKS)
     for epoch in range(2):
         steps = {line["rank"]: line["steps"] for line in printed if line["epoch"] == epoch}
         assert sorted(steps) == list(range(RANKS)), f"epoch {epoch}: every rank printed its steps"

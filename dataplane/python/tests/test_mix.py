@@ -14,7 +14,7 @@ import sys
 import pyarrow
 import pyarrow.parquet
 
-from conftest import ROOT, WATCHDOG_S
+from conftest import WATCHDOG_S, run_example
 
 EPOCHS = 3
 TASK_ROWS = 100
@@ -139,26 +139,7 @@ def test_the_mix_example_draws_its_sources_by_weight(sluice_bin, tmp_path):
             stdout=subprocess.DEVNULL,
         )
     env = dict(os.environ, SLUICE_EXAMPLE_DATA=str(data))
-    env.pop("SLUICE_TOKEN", None)
-    state = tmp_path / "state"
-    run = subprocess.run(
-        [
-            str(sluice_bin), "run", "examples/mix.yaml", "--listen", "127.0.0.1:0",
-            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(state),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=WATCHDOG_S,
-    )
-    assert run.returncode == 0, f"sluice run failed: {run.stderr[-4000:]}"
-    printed = [
-        json.loads(line)
-        for rank in range(2)
-        for line in (state / f"trainer-trainer-{rank}.log").read_text().splitlines()
-        if line.startswith("{")
-    ]
+    printed = run_example(sluice_bin, tmp_path, "mix.yaml", env, 2)
     assert sorted((line["rank"], line["epoch"]) for line in printed) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     per_epoch = [collections.Counter(), collections.Counter()]
     for line in printed:

@@ -4,7 +4,6 @@ data checkpoints across a restart of every process, and the errors a trainer can
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
