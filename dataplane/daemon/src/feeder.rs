@@ -144,6 +144,19 @@ impl Pipeline {
 
     /// Source `index`, for task `task_id`: one of the job's, or an added one, opened now if no task
     /// opened it yet (a failed opening is tried again by the next task).
+    /// Whether source `index` is read from local files, whose reads the decode permits bound: a
+    /// read from an object store waits on the network most of its time, so each open task keeps
+    /// its own, as many at once as there are open tasks.
+    fn reads_locally(&self, index: u32) -> bool {
+        match self.data.sources.get(index as usize) {
+            Some(source) => is_local_uri(&source.uri),
+            None => self
+                .lock_added()
+                .get(&index)
+                .is_some_and(|added| is_local_uri(&added.data.uri)),
+        }
+    }
+
     async fn source(&self, index: u32, task_id: u64) -> Result<Arc<Source>, FeedError> {
         if let Some(source) = self.sources.get(index as usize) {
             return Ok(source.clone());
@@ -222,6 +235,11 @@ impl Pipeline {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Whether `uri` names local files: `file://` or a plain path.
+pub(crate) fn is_local_uri(uri: &str) -> bool {
+    uri.starts_with("file://") || !uri.contains("://")
 }
 
 /// Locks a task's control, also after a thread panicked holding it.
@@ -749,7 +767,8 @@ struct Pump {
 
 impl Pump {
     /// Starts reading `job`'s task. It opens its split and decodes each batch holding a decode
-    /// permit, and holds each decoded batch's bytes of the read-ahead until the writer has it.
+    /// permit (a task of local files), and holds each decoded batch's bytes of the read-ahead until
+    /// the writer has it.
     fn start(job: &Job, pipeline: Arc<Pipeline>) -> Pump {
         let assignment = job.assignment.clone();
         let control = Arc::clone(&job.control);
@@ -759,8 +778,19 @@ impl Pump {
             let tuning = Arc::clone(&pipeline.tuning);
             // The read-ahead bytes this task's batches hold.
             let holds = Arc::new(AtomicU64::new(0));
+            let local = assignment
+                .split
+                .as_ref()
+                .is_some_and(|split| pipeline.reads_locally(split.source_index));
+            let decode_permit = || async {
+                if local {
+                    Some(tuning.decode.take(1, None).await)
+                } else {
+                    None
+                }
+            };
             // Opening reads the footer, and with a shuffle the whole split.
-            let permit = tuning.decode.take(1, None).await;
+            let permit = decode_permit().await;
             let opening = Instant::now();
             let opened = open_task(&assignment, &pipeline, skipped).await;
             pipeline.stages.read.busy(opening.elapsed());
@@ -777,7 +807,7 @@ impl Pump {
                 }
             };
             loop {
-                let permit = tuning.decode.take(1, None).await;
+                let permit = decode_permit().await;
                 let next = task.next(assignment.end, &pipeline.stages).await;
                 drop(permit);
                 let last = !matches!(next, Ok(Some(_)));

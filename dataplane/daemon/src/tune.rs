@@ -2,13 +2,13 @@
 //! of decoded batches wait ahead of the rings.
 //!
 //! # Implementation
-//! Two [`Budget`]s bound the reading of every ring's tasks together: decode permits (a task read
-//! holds one while it opens its split or decodes a batch) and read-ahead bytes (a decoded batch
-//! holds its size until its feeder hands it to the ring's writer; a task read holding none may take
-//! one batch past the limit, so that no feeder waits on a read that waits on another's batches).
-//! Every [`TUNE_INTERVAL`] the
-//! [`Tuner`] looks at what happened since its last look, from the rings' wait counters and the
-//! budgets' own ([`Observation`]):
+//! Two [`Budget`]s bound the reading of every ring's tasks together: decode permits (a task read of
+//! local files holds one while it opens its split or decodes a batch; a read from an object store
+//! waits on the network most of its time, and keeps one read per open task) and read-ahead bytes
+//! (a decoded batch holds its size until its feeder hands it to the ring's writer; a task read
+//! holding none may take one batch past the limit, so that no feeder waits on a read that waits on
+//! another's batches). Every [`TUNE_INTERVAL`] the [`Tuner`] looks at what happened since its last
+//! look, from the rings' wait counters and the budgets' own ([`Observation`]):
 //! - a trainer waited on an empty ring while reads waited for a permit: one more permit, up to the
 //!   cap; while they waited for read-ahead bytes: twice the bytes, up to the cap;
 //! - every ring stayed full (its writer waited on it most of the interval) for [`CALM_LOOKS`] looks
