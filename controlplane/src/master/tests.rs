@@ -2297,25 +2297,11 @@ fn mixed_master_of(first: &str, second: &str) -> Master {
     );
     let spec = Arc::new(JobSpec::parse(&spec, Format::Yaml).expect("valid spec"));
     let mut plan = JobPlan::default();
-    let split = |uri: &str, rows: u64| Split {
-        task_id: 0,
-        uri: uri.to_owned(),
-        file_size: 1000,
-        first_row: 0,
-        row_count: rows,
-        partition_values: Vec::new(),
-        delta: None,
-        bytes: None,
-        identity: None,
-    };
     plan.extend(
         0,
-        vec![
-            split("file:///data/train/part-0.parquet", 25),
-            split("file:///data/train/part-1.parquet", 15),
-        ],
+        vec![planned_split("part-0", 25), planned_split("part-1", 15)],
     );
-    plan.extend(1, vec![split("file:///data/more/part-0.parquet", 8)]);
+    plan.extend(1, vec![planned_split("more-0", 8)]);
     Master::new(spec, Arc::new(plan)).expect("the splits have rows")
 }
 

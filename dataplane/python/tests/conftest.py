@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import time
@@ -181,6 +182,28 @@ def make_job(sluice_bin, tmp_path):
     yield make
     for job in jobs:
         job.kill_all()
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serving_address(process: subprocess.Popen) -> str:
+    """The address ``sluice run`` prints first that its AM serves on."""
+    line = process.stdout.readline()
+    assert " serving on " in line, f"expected the AM's address, got {line!r}"
+    return line.rsplit(" serving on ", 1)[1].split()[0]
+
+
+def am_status(sluice_bin: pathlib.Path, address: str, env: Dict[str, str]) -> dict:
+    """``sluice status --json`` of the AM at ``address``; empty once it no longer answers."""
+    shown = subprocess.run(
+        [str(sluice_bin), "status", "--am", address, "--json"], env=env, capture_output=True, text=True, timeout=WATCHDOG_S
+    )
+    return json.loads(shown.stdout) if shown.returncode == 0 else {}
 
 
 def run_example(sluice_bin: pathlib.Path, tmp_path: pathlib.Path, spec: str, env: Dict[str, str], ranks: int) -> List[dict]:

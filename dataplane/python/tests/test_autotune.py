@@ -6,10 +6,8 @@ The daemon's choices are read from its Prometheus `/metrics`."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -18,15 +16,10 @@ import urllib.request
 import numpy
 import sluice
 
-from conftest import ROOT, WATCHDOG_S, wait_until
+from conftest import ROOT, WATCHDOG_S, am_status, free_port, serving_address, wait_until
 
 ROWS = 1_000_000
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def metric(url: str, name: str, kind: str) -> float:
@@ -131,17 +124,10 @@ def test_the_tuned_example_reads_one_task_at_a_time_for_its_paced_trainer(sluice
         text=True,
     )
     try:
-        line = run.stdout.readline()
-        assert " serving on " in line, f"expected the AM's address, got {line!r}"
-        address = line.rsplit(" serving on ", 1)[1].split()[0]
+        address = serving_address(run)
 
         def paced_node_tuning() -> dict:
-            shown = subprocess.run(
-                [str(sluice_bin), "status", "--am", address, "--json"], env=env, capture_output=True, text=True
-            )
-            if shown.returncode != 0:
-                return {}
-            nodes = json.loads(shown.stdout).get("nodes", [])
+            nodes = am_status(sluice_bin, address, env).get("nodes", [])
             return next((node["tuning"] or {} for node in nodes), {})
 
         def tuned_down() -> bool:

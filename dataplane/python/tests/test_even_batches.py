@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +17,7 @@ import pyarrow.compute
 import pyarrow.dataset
 import pytest
 
-from conftest import WATCHDOG_S, generate, run_example, wait_until
+from conftest import WATCHDOG_S, am_status, free_port, generate, run_example, serving_address, wait_until
 
 RANKS = 4
 EPOCHS = 3
@@ -65,19 +63,6 @@ with open(os.path.join(out, f"rank-{rank}.json.tmp"), "w") as file:
 os.replace(os.path.join(out, f"rank-{rank}.json.tmp"), os.path.join(out, f"rank-{rank}.json"))
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def status(sluice_bin: pathlib.Path, address: str, env) -> dict:
-    shown = subprocess.run(
-        [str(sluice_bin), "status", "--am", address, "--json"], env=env, capture_output=True, text=True, timeout=WATCHDOG_S
-    )
-    return json.loads(shown.stdout) if shown.returncode == 0 else {}
 
 
 @pytest.mark.parametrize("daemon_killed", [False, True])
@@ -130,16 +115,14 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
         text=True,
     )
     try:
-        line = process.stdout.readline()
-        assert " serving on " in line, f"expected the AM's address, got {line!r}"
-        address = line.rsplit(" serving on ", 1)[1].split()[0]
+        address = serving_address(process)
         stdout, stderr = [], []
         threading.Thread(target=lambda: stdout.append(process.stdout.read()), daemon=True).start()
         threading.Thread(target=lambda: stderr.append(process.stderr.read()), daemon=True).start()
         if daemon_killed:
             wait_until(
-                lambda: status(sluice_bin, address, env).get("epoch", 0) >= 1
-                and status(sluice_bin, address, env)["tasks"]["rows_consumed"] > 0,
+                lambda: am_status(sluice_bin, address, env).get("epoch", 0) >= 1
+                and am_status(sluice_bin, address, env)["tasks"]["rows_consumed"] > 0,
                 "the second epoch under way",
                 timeout_s=WATCHDOG_S,
             )
