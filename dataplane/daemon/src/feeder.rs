@@ -15,7 +15,7 @@ use sluice_proto::{TaskId, v1};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::{DaemonError, FeedError, Result};
-use crate::pipeline::{PAD_COLUMN, Shape, Skipped, TaskFeed};
+use crate::pipeline::{PAD_COLUMN, Shape, Skipped, TaskFeed, batch_bytes};
 use crate::shuffle::Interleave;
 use crate::sources::{Source, open_source, open_sources};
 use crate::stats::Stages;
@@ -816,7 +816,7 @@ impl Pump {
                 };
                 let bytes = batch
                     .as_ref()
-                    .map_or(0, |covered| covered.batch.get_array_memory_size() as u64);
+                    .map_or(0, |covered| batch_bytes(&covered.batch) as u64);
                 let read_ahead = Some(tuning.read_ahead.take(bytes, Some(&holds)).await);
                 if sender.send(Ahead { batch, read_ahead }).await.is_err() || last {
                     return;

@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use arrow::array::{Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
@@ -137,6 +138,22 @@ fn read_split(
                 modified_ns: identity.modified_ns,
             }),
     }
+}
+
+/// The bytes of `batch`'s rows: a batch cut from a larger one (a fixed-size batch cut from the
+/// batches it joined) counts its share of the buffers it shares, not the whole buffers
+/// ([`RecordBatch::get_array_memory_size`]), so that the pieces of a batch hold its size once.
+pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|column| {
+            column
+                .to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| column.get_array_memory_size())
+        })
+        .sum()
 }
 
 /// Joins batches until they hold enough rows, and cuts them to size when the batch size is fixed.
@@ -435,7 +452,7 @@ impl TaskFeed {
             if let Some(ready) = self.ready.pop_front() {
                 stages
                     .transform
-                    .out(ready.batch.num_rows(), ready.batch.get_array_memory_size());
+                    .out(ready.batch.num_rows(), batch_bytes(&ready.batch));
                 return Ok(Some(ready));
             }
             if self.done {
@@ -452,10 +469,9 @@ impl TaskFeed {
                     continue;
                 }
             };
-            stages.read.out(
-                covered.batch.num_rows(),
-                covered.batch.get_array_memory_size(),
-            );
+            stages
+                .read
+                .out(covered.batch.num_rows(), batch_bytes(&covered.batch));
             let transforming = Instant::now();
             let covered = if self.transforms.is_empty() {
                 covered
@@ -536,6 +552,31 @@ mod tests {
         }
         assert_eq!(next, 42);
         assert_eq!(out.iter().flat_map(ids).collect::<Vec<_>>(), expected);
+    }
+
+    #[test]
+    fn the_pieces_of_a_cut_batch_hold_its_bytes_once() {
+        // Reads of 400 rows (266 or 267 after the filter) cut into batches of 100: each piece
+        // shares the buffers of the batch it was cut from.
+        let out = run(
+            &mut Batcher::new(Some(100)),
+            filtered_reads(&[400, 400, 200]),
+        );
+        let whole: usize = out
+            .iter()
+            .map(|covered| covered.batch.num_rows())
+            .sum::<usize>()
+            * 8;
+        let counted: usize = out.iter().map(|covered| batch_bytes(&covered.batch)).sum();
+        assert_eq!(counted, whole, "8 bytes per id, every id once");
+        let shared: usize = out
+            .iter()
+            .map(|covered| covered.batch.get_array_memory_size())
+            .sum();
+        assert!(
+            shared > 2 * whole,
+            "the whole buffers, counted by each piece: {shared}"
+        );
     }
 
     #[test]
