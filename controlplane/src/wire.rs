@@ -58,6 +58,7 @@ pub(crate) fn register_reply(
             .map(|checkpoint| checkpoint.uri.clone())
             .unwrap_or_default(),
         node_id: registered.node.0,
+        current_epoch: registered.current_epoch,
     }
 }
 

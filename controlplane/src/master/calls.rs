@@ -72,6 +72,8 @@ pub struct Registered {
     /// Whether the node serves the trainers that announce themselves to it (the external
     /// launcher), rather than `ranks`.
     pub attach: bool,
+    /// The job's current epoch, where the rings it opens empty start.
+    pub current_epoch: u32,
 }
 
 /// A daemon reports liveness, counts and pipeline statistics.

@@ -850,6 +850,7 @@ impl Master {
                 ranks,
                 world_size,
                 attach,
+                current_epoch: self.table.epoch(),
             },
             entries,
         })

@@ -1016,6 +1016,44 @@ async fn a_csv_or_json_lines_record_that_does_not_decode_is_skipped_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_ends_every_epoch_it_gets_no_task_in() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 100, 1).await;
+    let split = splits(&uri, u64::MAX).await.remove(0);
+    let shape = JobShape {
+        batch_size: 50,
+        ..JobShape::default()
+    };
+    let pipeline = pipeline(&uri, "parquet", &shape).await;
+    let (jobs, queue) = mpsc::unbounded_channel();
+    let (writer, mut written) = mpsc::channel(16);
+    // A ring opened empty in epoch 0 whose first task is of epoch 2, its next of epoch 5.
+    for (task_id, epoch) in [(0, 2), (1, 5)] {
+        jobs.send(Job {
+            assignment: assignment(task_id, epoch, 0, &split, 0, 50),
+            control: Arc::new(Mutex::new(Control::default())),
+        })
+        .expect("the feeder runs");
+    }
+    drop(jobs);
+    let feeder = tokio::spawn(feed(queue, writer, pipeline, Some(0), ring_feed()));
+    let mut seen = Vec::new();
+    while let Some(write) = written.recv().await {
+        match write {
+            Write::Batch { task_id, .. } => seen.push(format!("task {task_id}")),
+            Write::EndOfEpoch { .. } => seen.push("end".to_owned()),
+            Write::Survey => {}
+        }
+    }
+    feeder.await.expect("the feeder ends");
+    // Epochs 0 and 1 end empty before epoch 2's task; epoch 2 and the empty 3 and 4 before 5's.
+    assert_eq!(
+        seen,
+        ["end", "end", "task 0", "end", "end", "end", "task 1"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_padding_ring_ends_its_epoch_once_settled_with_pads_of_its_last_rows() {
     let directory = tempfile::tempdir().expect("tempdir");
     let uri = generated(directory.path(), 100, 1).await;

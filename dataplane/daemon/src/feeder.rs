@@ -415,7 +415,9 @@ impl Feeder {
     }
 
     /// Enters `epoch` for a task of it: when the ring is in another, ends that one first (padded
-    /// to its settled count with `data.even_batches: pad`). False once the writer stopped.
+    /// to its settled count with `data.even_batches: pad`), and every epoch between in which the
+    /// ring got no task, so that its trainer counts the epochs the job does. False once the
+    /// writer stopped.
     async fn enter(&mut self, epoch: u32) -> bool {
         if self.epoch == Some(epoch) {
             return true;
@@ -431,6 +433,15 @@ impl Feeder {
             }
             if !self.end_epoch(ending).await {
                 return false;
+            }
+            // With `data.even_batches: pad`, the idle ring already ended (and padded) the epochs
+            // the AM moved past.
+            if !self.pipeline.shape.pad {
+                for empty in ending.saturating_add(1)..epoch {
+                    if !self.end_epoch(empty).await {
+                        return false;
+                    }
+                }
             }
         }
         self.begin(epoch);

@@ -219,6 +219,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
             &mut recovered,
             &pipeline,
             session.lease(),
+            reply.current_epoch,
         )?;
         recovered.leave_unserved();
         served.set(rings.states());

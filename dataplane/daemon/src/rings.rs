@@ -44,7 +44,9 @@ pub(crate) struct Rings {
 
 impl Rings {
     /// Opens the ring of every rank under `job_dir`, taking over the ones `recovered` holds, and
-    /// starts its writer, which publishes while `lease` holds, and its feeder.
+    /// starts its writer, which publishes while `lease` holds, and its feeder. A ring opened empty
+    /// starts in `current_epoch`, the job's, so that it ends every epoch it gets no task in.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn open(
         job_dir: &Path,
         ranks: &[u32],
@@ -53,6 +55,7 @@ impl Rings {
         recovered: &mut Recovered,
         pipeline: &Arc<Pipeline>,
         lease: &Arc<Lease>,
+        current_epoch: u32,
     ) -> Result<Rings> {
         let mut rings = Vec::new();
         let (settled, told) = watch::channel(Settled::default());
@@ -66,6 +69,8 @@ impl Rings {
             };
             let mut epoch = match attached.mark {
                 EpochMark::Batch { epoch } => Some(epoch),
+                // With `data.even_batches: pad`, the AM's settled counts place an empty ring.
+                EpochMark::Start if !pipeline.shape.pad => Some(current_epoch),
                 EpochMark::Start | EpochMark::EndOfEpoch => None,
             };
             // With `data.even_batches`, a ring taken over continues its epoch's count from the
