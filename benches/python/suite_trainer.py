@@ -104,8 +104,14 @@ class Work:
 
 def drive(batches: Callable[[], Iterable[Any]], rows_of: Callable[[Any], int], work_us: float) -> dict:
     # The modules every system turns batches into tensors with, imported before the window opens.
+    import pyarrow
     import pyarrow.compute  # noqa: F401
     import torch  # noqa: F401
+
+    # pyarrow imports pandas (when installed) the first time it makes a scalar of a Python value, as
+    # `fill_null(column, nan)` in `to_tensors` does: a third of a 2-million-row run's trainer CPU, in
+    # a profile, when it fell in the window. Made here, before it.
+    pyarrow.scalar(math.nan)
 
     work = Work(work_us) if work_us > 0 else None
     # Everything is imported: the driver starts the node daemon of the Sluice systems on this line, so
