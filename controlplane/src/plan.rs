@@ -132,7 +132,7 @@ impl JobPlan {
                 describe_fields(&expected)
             )));
         }
-        Ok((block, dataset.delta_version()))
+        Ok((block, dataset.table_version()))
     }
 
     /// A plan of `splits` alone, of source `source`: the files and splits a followed source
@@ -253,7 +253,7 @@ async fn plan_source(
         .await
         .map_err(|error| source_error(source, error))?;
     let mut block = JobPlan::of_splits(index, splits);
-    block.versions.push(dataset.delta_version());
+    block.versions.push(dataset.table_version());
     if let Some(first) = left_out.first() {
         let files = block.files.len() + left_out.len();
         if left_out.len() as f64 > bad_data.max_fraction * files as f64 {
@@ -363,6 +363,11 @@ pub fn open_options(source: &SourceSpec, bad_data: BadDataPolicy) -> OpenOptions
         format: Some(format_kind(source.format)),
         version: source.version,
         timestamp: source.timestamp.clone(),
+        // A filter that does not parse fails the plan where the read options are made.
+        filter: source
+            .filter
+            .as_deref()
+            .and_then(|filter| Expr::parse(filter).ok()),
         skip_bad_files: bad_data != BadDataPolicy::Fail,
         ..OpenOptions::default()
     }
@@ -373,6 +378,7 @@ pub fn format_kind(format: SourceFormat) -> FormatKind {
     match format {
         SourceFormat::Parquet => FormatKind::Parquet,
         SourceFormat::Delta => FormatKind::Delta,
+        SourceFormat::Iceberg => FormatKind::Iceberg,
         SourceFormat::Ipc => FormatKind::ArrowIpc,
         SourceFormat::Csv => FormatKind::Csv,
         SourceFormat::Jsonl => FormatKind::JsonLines,

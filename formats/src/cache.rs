@@ -270,24 +270,26 @@ impl BlockCache {
             cache: Arc::clone(self),
             root: root.to_owned(),
             inner,
-            immutable_data: false,
+            table_log: None,
         })
     }
 
-    /// The store `inner` of a Delta table, whose root URI is `root`, with this cache in front of
-    /// its pinned reads and of every plain read of a file outside `_delta_log`: the table's log
-    /// names each data file once and the Delta protocol never writes one in place, so a data file's
-    /// URI is its identity (the daemon still holds each file to the size the log gives it).
-    pub fn wrap_delta(
+    /// The store `inner` of a table (Delta or Iceberg), whose root URI is `root`, with this cache
+    /// in front of its pinned reads and of every plain read of a file outside a directory named
+    /// `log` (`_delta_log`, Iceberg's `metadata`): the table's log names each data file once and
+    /// neither protocol writes one in place, so a data file's URI is its identity (the daemon still
+    /// holds each file to the size the log gives it).
+    pub fn wrap_table(
         self: &Arc<Self>,
         root: &str,
         inner: Arc<dyn ObjectStore>,
+        log: &'static str,
     ) -> Arc<dyn ObjectStore> {
         Arc::new(CachedStore {
             cache: Arc::clone(self),
             root: root.to_owned(),
             inner,
-            immutable_data: true,
+            table_log: Some(log),
         })
     }
 
@@ -916,9 +918,9 @@ struct CachedStore {
     /// The URI of the store's root, ending in `/`.
     root: String,
     inner: Arc<dyn ObjectStore>,
-    /// Whether its files outside `_delta_log` never change (a Delta table's), so that their plain
-    /// reads are cached too.
-    immutable_data: bool,
+    /// For a table's store, the directory of its log: the files outside it never change, so that
+    /// their plain reads are cached too.
+    table_log: Option<&'static str>,
 }
 
 impl fmt::Display for CachedStore {
@@ -957,8 +959,9 @@ impl ObjectStore for CachedStore {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
-        let immutable =
-            self.immutable_data && !location.parts().any(|part| part.as_ref() == "_delta_log");
+        let immutable = self
+            .table_log
+            .is_some_and(|log| !location.parts().any(|part| part.as_ref() == log));
         match Pinned::of(format!("{}{location}", self.root), &options, immutable) {
             Some(pinned) => {
                 self.cache
@@ -1174,15 +1177,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_delta_tables_data_files_are_cached_by_uri_and_its_log_never() {
+    async fn a_tables_data_files_are_cached_by_uri_and_its_log_never() {
+        // Delta's log, and Iceberg's metadata, whose newest file changes.
+        for (log, log_file) in [
+            ("_delta_log", "t/_delta_log/_last_checkpoint"),
+            ("metadata", "t/metadata/00001-a.metadata.json"),
+        ] {
+            a_tables_data_files_are_cached_and_not(log, log_file).await;
+        }
+    }
+
+    async fn a_tables_data_files_are_cached_and_not(log: &'static str, log_file: &'static str) {
         let directory = tempfile::tempdir().expect("tempdir");
         let inner = Arc::new(InMemory::new());
         let cache =
             BlockCache::with_block_bytes(&config(directory.path(), 1 << 20), BLOCK).expect("open");
-        let sut = cache.wrap_delta("s3://bucket/", inner.clone());
+        let sut = cache.wrap_table("s3://bucket/", inner.clone(), log);
         let data = content(2, 3_000);
         put(&inner, "t/part-0.parquet", data.clone()).await;
-        put(&inner, "t/_delta_log/_last_checkpoint", content(3, 100)).await;
+        put(&inner, log_file, content(3, 100)).await;
         let plain = |name: &'static str, range: Range<u64>| {
             let sut = Arc::clone(&sut);
             async move {
@@ -1211,7 +1224,7 @@ mod tests {
             "blocks 0 to 2, fetched once"
         );
         for _ in 0..2 {
-            plain("t/_delta_log/_last_checkpoint", 0..10).await;
+            plain(log_file, 0..10).await;
         }
         assert_eq!(cache.figures(), figures, "the log is read from the store");
         // The same plain read through a store of files that may change is never cached.

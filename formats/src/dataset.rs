@@ -1,4 +1,5 @@
-//! Datasets: a file, a directory tree or a glob of files of one format, or a Delta table, listed once.
+//! Datasets: a file, a directory tree or a glob of files of one format, or a Delta or Iceberg table, listed
+//! once.
 
 use std::sync::Arc;
 
@@ -12,6 +13,8 @@ use crate::cache::BlockCache;
 use crate::coverage::SplitBatch;
 use crate::delta::DeltaTable;
 use crate::error::{FormatError, Result};
+use crate::filter::Expr;
+use crate::iceberg::{IcebergTable, is_iceberg_table};
 use crate::identity::Planned;
 use crate::ipc::IpcFooters;
 use crate::layout::FileLayout;
@@ -35,6 +38,8 @@ pub enum FormatKind {
     Parquet,
     /// A Delta Lake table.
     Delta,
+    /// An Apache Iceberg table (format versions 1 and 2, Parquet data files).
+    Iceberg,
     /// Arrow IPC files (`.arrow`, `.feather`, `.ipc`).
     ArrowIpc,
     /// CSV files with a header row.
@@ -68,12 +73,13 @@ impl FormatKind {
         match name.to_ascii_lowercase().as_str() {
             "parquet" => Ok(Self::Parquet),
             "delta" => Ok(Self::Delta),
+            "iceberg" => Ok(Self::Iceberg),
             "arrow" | "ipc" | "feather" => Ok(Self::ArrowIpc),
             "csv" => Ok(Self::Csv),
             "jsonl" | "json" | "ndjson" => Ok(Self::JsonLines),
             "tfrecord" => Ok(Self::TfRecord),
             other => Err(FormatError::InvalidArgument(format!(
-                "unknown format {other:?}; use parquet, delta, arrow, csv, jsonl or tfrecord"
+                "unknown format {other:?}; use parquet, delta, iceberg, arrow, csv, jsonl or tfrecord"
             ))),
         }
     }
@@ -125,12 +131,18 @@ pub struct BadDataUnit {
 pub struct OpenOptions {
     /// Object store settings that override the environment.
     pub storage_options: StorageOptions,
-    /// The format; detected from `_delta_log` or the file extensions when `None`.
+    /// The format; detected from `_delta_log`, an Iceberg `metadata/` directory or the file
+    /// extensions when `None`.
     pub format: Option<FormatKind>,
-    /// A Delta table version to read instead of the latest.
+    /// A Delta table version, or an Iceberg snapshot id, to read instead of the latest.
     pub version: Option<u64>,
-    /// A Delta table timestamp (RFC 3339, or milliseconds since the epoch) to read the version current then.
+    /// A table timestamp (RFC 3339, or milliseconds since the epoch): reads the Delta version or
+    /// the Iceberg snapshot current then.
     pub timestamp: Option<String>,
+    /// The source's row filter, which an Iceberg table's planning uses to leave out the data files
+    /// whose partition values and column bounds prove that no row passes; reads apply the filter
+    /// to every row whatever this says.
+    pub filter: Option<Expr>,
     /// How local Parquet files are read (io_uring or `pread`); remote stores ignore it.
     pub local_io: LocalIo,
     /// A cache on local disk for the pinned reads of a remote store's files; local files ignore it.
@@ -190,9 +202,35 @@ pub struct Dataset {
     /// Whether [`Dataset::plan_leaving_out`] leaves out the files that do not decode.
     skip_bad_files: bool,
     delta: Option<Arc<DeltaTable>>,
+    iceberg: Option<Arc<IcebergTable>>,
     /// Snapshots of the Delta table at other versions than the one it was opened at, for splits
     /// planned while following the table; the most recently opened last.
     other_versions: std::sync::Mutex<Vec<Arc<DeltaTable>>>,
+}
+
+/// The batches of a table's data file (`physical`, as the file holds them) turned into the
+/// table's by `to_table`, then filtered and projected by `plan`; a batch of no rows becomes an
+/// empty one of the output schema without a call.
+fn finished_as_table(
+    physical: BoxStream<'static, Result<SplitBatch>>,
+    plan: ReadPlan,
+    uri: String,
+    to_table: impl Fn(SplitBatch) -> Result<SplitBatch> + Send + 'static,
+) -> BoxStream<'static, Result<SplitBatch>> {
+    physical
+        .and_then(move |covered| {
+            let finished = if covered.batch.num_rows() == 0 {
+                Ok(SplitBatch::empty(
+                    Arc::clone(&plan.output_schema),
+                    covered.first_row,
+                    covered.row_count,
+                ))
+            } else {
+                to_table(covered).and_then(|table| plan.finish(table, &[], &uri))
+            };
+            futures::future::ready(finished)
+        })
+        .boxed()
 }
 
 /// How many snapshots at other versions a Delta dataset keeps open.
@@ -325,27 +363,31 @@ impl Dataset {
     /// file's schema cannot be read.
     pub async fn open(uri: &str, options: &OpenOptions) -> Result<Self> {
         let mut location = open_location(uri, &options.storage_options)?;
-        let delta = match options.format {
-            Some(FormatKind::Delta) => true,
-            Some(_) => false,
-            None => is_delta_table(&location).await,
+        let kind = match options.format {
+            Some(kind @ (FormatKind::Delta | FormatKind::Iceberg)) => Some(kind),
+            Some(_) => None,
+            None if is_delta_table(&location).await => Some(FormatKind::Delta),
+            None if is_iceberg_table(&location).await => Some(FormatKind::Iceberg),
+            None => None,
         };
         if let Some(cache) = &options.cache
             && location.root.scheme() != "file"
         {
             let root = location.root.as_str();
-            location.store = if delta {
-                cache.wrap_delta(root, location.store)
-            } else {
-                cache.wrap(root, location.store)
+            location.store = match kind {
+                Some(FormatKind::Delta) => cache.wrap_table(root, location.store, "_delta_log"),
+                Some(_) => cache.wrap_table(root, location.store, "metadata"),
+                None => cache.wrap(root, location.store),
             };
         }
-        if delta {
-            return Self::open_delta(location, options).await;
+        match kind {
+            Some(FormatKind::Delta) => return Self::open_delta(location, options).await,
+            Some(_) => return Self::open_iceberg(location, options).await,
+            None => {}
         }
         if options.version.is_some() || options.timestamp.is_some() {
             return Err(FormatError::InvalidArgument(format!(
-                "source {uri}: --version and --timestamp apply to Delta tables only, and {uri} has no _delta_log"
+                "source {uri}: --version and --timestamp apply to Delta and Iceberg tables only, and {uri} has neither a _delta_log nor Iceberg metadata"
             )));
         }
         let objects = list_files(&location).await?;
@@ -481,6 +523,40 @@ impl Dataset {
             ipc_footers,
             access,
             delta: None,
+            iceberg: None,
+            other_versions: std::sync::Mutex::default(),
+            skip_bad_files: options.skip_bad_files,
+        })
+    }
+
+    async fn open_iceberg(location: Location, options: &OpenOptions) -> Result<Self> {
+        let table = IcebergTable::open(
+            &location,
+            options.version,
+            options.timestamp.as_deref(),
+            options.filter.as_ref(),
+        )
+        .await?;
+        if table.snapshot_id().is_none() {
+            return Err(FormatError::EmptyDataset {
+                uri: location.uri.clone(),
+            });
+        }
+        let schema = table.schema();
+        let files = table.files();
+        let access = file_access(&location, options.local_io)?;
+        Ok(Self {
+            location,
+            kind: FormatKind::Iceberg,
+            files,
+            file_schema: Arc::clone(&schema),
+            schema,
+            partition_fields: Vec::new(),
+            footers: FooterCache::default(),
+            ipc_footers: IpcFooters::default(),
+            access,
+            delta: None,
+            iceberg: Some(Arc::new(table)),
             other_versions: std::sync::Mutex::default(),
             skip_bad_files: options.skip_bad_files,
         })
@@ -505,6 +581,7 @@ impl Dataset {
             ipc_footers: IpcFooters::default(),
             access,
             delta: Some(Arc::new(table)),
+            iceberg: None,
             other_versions: std::sync::Mutex::default(),
             skip_bad_files: options.skip_bad_files,
         })
@@ -530,9 +607,14 @@ impl Dataset {
         self.files.iter().map(|file| file.uri.as_str()).collect()
     }
 
-    /// Returns the Delta table version the dataset is pinned to, for Delta tables.
-    pub fn delta_version(&self) -> Option<u64> {
-        self.delta.as_deref().map(DeltaTable::version)
+    /// Returns the table version the dataset is pinned to: a Delta table's version, an Iceberg
+    /// table's snapshot id (`None` for one with no snapshot yet), `None` for files.
+    pub fn table_version(&self) -> Option<u64> {
+        match (&self.delta, &self.iceberg) {
+            (Some(delta), _) => Some(delta.version()),
+            (_, Some(iceberg)) => iceberg.snapshot_id(),
+            _ => None,
+        }
     }
 
     /// Returns the schema that reading with `options` produces.
@@ -552,7 +634,7 @@ impl Dataset {
         task_rows: u64,
     ) -> Result<(Vec<u64>, Option<FileLayout>)> {
         match self.kind {
-            FormatKind::Parquet | FormatKind::Delta => {
+            FormatKind::Parquet | FormatKind::Delta | FormatKind::Iceberg => {
                 let footer = self
                     .footers
                     .get(
@@ -825,23 +907,25 @@ impl Dataset {
                 )
                 .await?;
                 let to_logical = table.logical_transform(&split.uri)?;
-                let uri = split.uri.clone();
-                Ok(physical
-                    .and_then(move |covered| {
-                        let finished = if covered.batch.num_rows() == 0 {
-                            Ok(SplitBatch::empty(
-                                Arc::clone(&plan.output_schema),
-                                covered.first_row,
-                                covered.row_count,
-                            ))
-                        } else {
-                            to_logical(&covered.batch)
-                                .and_then(|logical| covered.with_batch(logical))
-                                .and_then(|logical| plan.finish(logical, &[], &uri))
-                        };
-                        futures::future::ready(finished)
-                    })
-                    .boxed())
+                Ok(finished_as_table(
+                    physical,
+                    plan,
+                    split.uri.clone(),
+                    move |covered| {
+                        to_logical(&covered.batch).and_then(|logical| covered.with_batch(logical))
+                    },
+                ))
+            }
+            (FormatKind::Iceberg, _) => {
+                let table = self.iceberg.as_ref().ok_or_else(|| {
+                    FormatError::InvalidArgument(format!(
+                        "{} was not opened as an Iceberg table",
+                        self.location.uri
+                    ))
+                })?;
+                let deleted_rows = table.deleted_rows(&split.uri).await?;
+                self.read_iceberg(table, split, plan, request(Vec::new(), deleted_rows))
+                    .await
             }
             (FormatKind::Parquet, _) => {
                 crate::parquet::read_split(&self.footers, request(partitions, None), &plan).await
@@ -860,6 +944,45 @@ impl Dataset {
         }
     }
 
+    /// Reads a split of an Iceberg table's data file: the file's columns for the snapshot's
+    /// columns the read needs, found by field id, then the snapshot's columns, with the rows of the
+    /// equality deletes dropped, filtered and projected.
+    async fn read_iceberg(
+        &self,
+        table: &IcebergTable,
+        split: &Split,
+        plan: ReadPlan,
+        request: ParquetSplitRead<'_>,
+    ) -> Result<BoxStream<'static, Result<SplitBatch>>> {
+        let footer = self
+            .footers
+            .get(
+                &self.access,
+                request.path,
+                split.planned(),
+                PageIndexNeed::Nothing,
+            )
+            .await?;
+        let reader = table
+            .reader(&split.uri, footer.metadata.schema(), &plan.needed)
+            .await?;
+        let physical_plan = ReadPlan::raw(Arc::clone(&reader.read_schema), plan.batch_rows);
+        let physical = crate::parquet::read_split(&self.footers, request, &physical_plan).await?;
+        Ok(finished_as_table(
+            physical,
+            plan,
+            split.uri.clone(),
+            move |covered| {
+                let (snapshot, keep) = reader.to_snapshot(&covered.batch)?;
+                let covered = covered.with_batch(snapshot)?;
+                match keep {
+                    Some(keep) => covered.filter(&keep),
+                    None => Ok(covered),
+                }
+            },
+        ))
+    }
+
     /// What a reader skips when the rows of `split` do not decode from `row` on (counted from the
     /// split's first row): the rest of the Parquet row group holding `row`, or for a row format,
     /// the rest of the split (a CSV or JSON lines record that does not decode alone fails with
@@ -869,7 +992,10 @@ impl Dataset {
     ///
     /// Returns the error of reading the file's footer.
     pub async fn bad_data_unit(&self, split: &Split, row: u64) -> Result<BadDataUnit> {
-        if !matches!(self.kind, FormatKind::Parquet | FormatKind::Delta) {
+        if !matches!(
+            self.kind,
+            FormatKind::Parquet | FormatKind::Delta | FormatKind::Iceberg
+        ) {
             return Ok(BadDataUnit {
                 row_group: None,
                 end: split.row_count,

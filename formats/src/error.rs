@@ -103,6 +103,14 @@ pub enum FormatError {
         /// The kernel's error, which names the feature when one is unsupported.
         reason: String,
     },
+    /// An Iceberg table could not be read, or uses a feature this reader cannot honour.
+    #[error("iceberg table {table}: {reason}")]
+    Iceberg {
+        /// The table URI.
+        table: String,
+        /// What is wrong, naming the file and the fix.
+        reason: String,
+    },
     /// A commit of a followed Delta table changes rows other than by appending.
     #[error(
         "delta table {table}: version {version} ({operation}) removes data file {path}: following supports appends only; end following before this version (follow.until_version: {last}) or plan the job again",

@@ -4,7 +4,8 @@
 //! - [`store`]: `file://` and plain paths, `s3://`, `gs://`, `az://`, with per-source storage options.
 //! - [`cache`]: a block cache on local disk in front of an object store's pinned reads.
 //! - [`Dataset`]: a Parquet file, directory tree or glob (hive `k=v` directories become columns), a Delta
-//!   table (through `delta_kernel`), or Arrow IPC, CSV, JSON lines and TFRecord files.
+//!   table (through `delta_kernel`), an Iceberg table (its metadata and manifests read directly), or
+//!   Arrow IPC, CSV, JSON lines and TFRecord files.
 //! - [`Dataset::plan`] cuts a dataset into [`Split`]s that cover every row exactly once, in a stable order. A
 //!   split of a CSV, JSON lines, TFRecord or Arrow IPC file carries where its rows lie in the file
 //!   ([`SplitBytes`]), found once by the planner, so that reading it fetches those bytes only. A split of a
@@ -31,6 +32,7 @@ pub mod fetch;
 pub mod filter;
 pub mod follow;
 pub mod generate;
+mod iceberg;
 mod identity;
 mod ipc;
 mod layout;

@@ -216,9 +216,11 @@ impl RowFileFormat {
             FormatKind::Csv => Ok(Self::Csv),
             FormatKind::JsonLines => Ok(Self::JsonLines),
             FormatKind::TfRecord => Ok(Self::TfRecord),
-            FormatKind::Parquet | FormatKind::Delta => Err(FormatError::InvalidArgument(format!(
-                "{kind:?} is not a row format; it is read through its footer"
-            ))),
+            FormatKind::Parquet | FormatKind::Delta | FormatKind::Iceberg => {
+                Err(FormatError::InvalidArgument(format!(
+                    "{kind:?} is not a row format; it is read through its footer"
+                )))
+            }
         }
     }
 

@@ -64,7 +64,7 @@ async fn delta_deletion_vector_removes_rows_at_latest_but_not_at_version_zero() 
     let dataset = Dataset::open(&uri, &OpenOptions::default())
         .await
         .expect("opens");
-    assert_eq!(dataset.delta_version(), Some(1));
+    assert_eq!(dataset.table_version(), Some(1));
     let splits = dataset.plan(3).await.expect("plans");
     assert_eq!(
         splits.iter().map(|split| split.row_count).sum::<u64>(),
@@ -118,7 +118,7 @@ async fn delta_split_of_another_version_is_read_at_its_own_version() {
     let latest = Dataset::open(&uri, &OpenOptions::default())
         .await
         .expect("latest");
-    assert_eq!(latest.delta_version(), Some(1));
+    assert_eq!(latest.table_version(), Some(1));
     // A split planned at version 0 (as a followed table's splits are, each at its commit) reads
     // the rows as they were then: the deletion vector of version 1 does not apply to it.
     let batches: Vec<RecordBatch> = latest

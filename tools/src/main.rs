@@ -26,7 +26,7 @@ enum Command {
     ///
     /// Runs `sluice-bench`, installed beside `sluice` by `cargo build --release -p sluice-bench`.
     Bench(cmd::bench::BenchArgs),
-    /// Reads a source (Parquet, Delta, Arrow IPC, CSV, JSON lines, TFRecord) and prints its rows or stats.
+    /// Reads a source (Parquet, Delta, Iceberg, Arrow IPC, CSV, JSON lines, TFRecord) and prints its rows or stats.
     Read(cmd::read::ReadArgs),
     /// Prints the tasks (splits) a job would get from a source.
     Plan(cmd::plan::PlanArgs),

@@ -11,6 +11,7 @@ fn every_example_is_a_valid_job_spec() {
     unsafe {
         std::env::set_var("S3_BUCKET", "bucket");
         std::env::set_var("SLUICE_DELTA", "/data/table");
+        std::env::set_var("SLUICE_ICEBERG", "/data/warehouse/db/events");
         std::env::set_var("SLUICE_EXAMPLE_DATA", "/data/train");
         std::env::set_var("SLUICE_EXAMPLE_STATE", "/data/state");
     }

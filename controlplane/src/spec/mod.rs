@@ -323,10 +323,11 @@ pub struct SourceSpec {
     pub filter: Option<String>,
     /// Object-store settings that override the environment.
     pub storage_options: BTreeMap<String, String>,
-    /// The Delta table version to read; the latest when neither it nor `timestamp` is set.
+    /// The Delta table version, or the Iceberg snapshot id, to read; the latest when neither it
+    /// nor `timestamp` is set.
     pub version: Option<u64>,
-    /// Read the Delta table version current at this time (RFC 3339, or milliseconds since the
-    /// epoch).
+    /// Read the Delta table version, or the Iceberg snapshot, current at this time (RFC 3339, or
+    /// milliseconds since the epoch).
     pub timestamp: Option<String>,
     /// Whether new files (Parquet) or new commits (Delta) become tasks while the job runs.
     pub follow: Option<FollowSpec>,
@@ -388,6 +389,8 @@ pub enum SourceFormat {
     Parquet,
     /// A Delta Lake table.
     Delta,
+    /// An Apache Iceberg table.
+    Iceberg,
     /// Arrow IPC files.
     Ipc,
     /// Comma-separated values.
@@ -400,14 +403,16 @@ pub enum SourceFormat {
 
 impl SourceFormat {
     /// The names accepted in `format`.
-    pub const NAMES: &'static [&'static str] =
-        &["parquet", "delta", "ipc", "csv", "jsonl", "tfrecord"];
+    pub const NAMES: &'static [&'static str] = &[
+        "parquet", "delta", "iceberg", "ipc", "csv", "jsonl", "tfrecord",
+    ];
 
     /// The name of the format as written in `format`.
     pub fn name(self) -> &'static str {
         match self {
             SourceFormat::Parquet => "parquet",
             SourceFormat::Delta => "delta",
+            SourceFormat::Iceberg => "iceberg",
             SourceFormat::Ipc => "ipc",
             SourceFormat::Csv => "csv",
             SourceFormat::Jsonl => "jsonl",

@@ -405,6 +405,31 @@ fn a_blank_filter_is_refused() {
 }
 
 #[test]
+fn an_iceberg_table_is_pinned_by_snapshot_and_told_by_its_metadata_file_but_not_followed() {
+    let sut = parse_yaml(&with_source(
+        "{ uri: 's3://lake/db/t', format: iceberg, version: 5281327309441785089 }",
+    ))
+    .expect("a pinned snapshot");
+    assert_eq!(sut.data.sources[0].format, SourceFormat::Iceberg);
+    assert_eq!(sut.data.sources[0].version, Some(5_281_327_309_441_785_089));
+    let sut = parse_yaml(&with_source(
+        "{ uri: 's3://lake/db/t/metadata/00007-9f1c.metadata.json' }",
+    ))
+    .expect("a metadata file");
+    assert_eq!(sut.data.sources[0].format, SourceFormat::Iceberg);
+    let error = refused(&with_source(
+        "{ uri: 's3://lake/db/t', format: iceberg, follow: true }",
+    ));
+    assert_error(
+        &error,
+        "data.sources[0].follow",
+        &["Parquet directory or a Delta table"],
+    );
+    let error = refused(&with_source("{ uri: 's3://lake/db/t', format: icebreg }"));
+    assert_error(&error, "data.sources[0].format", &["iceberg"]);
+}
+
+#[test]
 fn a_delta_source_is_pinned_by_version_or_timestamp_and_only_a_delta_source() {
     let sut = parse_yaml(&with_source(
         "{ uri: 'file:///t', format: delta, version: 3 }",
@@ -433,7 +458,11 @@ fn a_delta_source_is_pinned_by_version_or_timestamp_and_only_a_delta_source() {
     assert_error(
         &error,
         "data.sources[0].version",
-        &["the source's format is parquet", "format: delta"],
+        &[
+            "the source's format is parquet",
+            "format: delta",
+            "format: iceberg",
+        ],
     );
 }
 

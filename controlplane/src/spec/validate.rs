@@ -828,6 +828,9 @@ fn validate_uri(path: &str, uri: &str) -> Result<(), SpecError> {
 /// Infers a source format from the uri's extension or a Delta log in the path.
 fn infer_format(uri: &str) -> Option<SourceFormat> {
     let lower = uri.trim_end_matches('/').to_ascii_lowercase();
+    if lower.ends_with(".metadata.json") {
+        return Some(SourceFormat::Iceberg);
+    }
     let extension = lower.rsplit('/').next()?.rsplit_once('.')?.1;
     match extension {
         "parquet" | "pq" => Some(SourceFormat::Parquet),
@@ -865,6 +868,7 @@ fn validate_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError
     let format = match raw.format.as_deref() {
         Some("parquet") => SourceFormat::Parquet,
         Some("delta") => SourceFormat::Delta,
+        Some("iceberg") => SourceFormat::Iceberg,
         Some("ipc" | "arrow") => SourceFormat::Ipc,
         Some("csv") => SourceFormat::Csv,
         Some("jsonl") => SourceFormat::Jsonl,
@@ -951,15 +955,15 @@ fn validate_source(index: usize, raw: RawSource) -> Result<SourceSpec, SpecError
         (None, None) => None,
     };
     if let Some(key) = pinned
-        && format != SourceFormat::Delta
+        && !matches!(format, SourceFormat::Delta | SourceFormat::Iceberg)
     {
         return Err(SpecError::invalid(
             at(key),
             format!(
-                "pins a Delta table version, but the source's format is {}",
+                "pins a table version, but the source's format is {}",
                 format.name()
             ),
-            "remove it, or read a Delta table (`format: delta`)",
+            "remove it, or read a Delta or Iceberg table (`format: delta`, `format: iceberg`)",
         ));
     }
     if timestamp

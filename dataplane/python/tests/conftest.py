@@ -184,6 +184,62 @@ def make_job(sluice_bin, tmp_path):
         job.kill_all()
 
 
+# The S3 server of the tests, as the Rust test kit runs it (tests/testkit/src/lib.rs).
+S3_PORT = 8333
+S3_BUCKET = "sluice-test"
+S3_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "sluice-access",
+    "AWS_SECRET_ACCESS_KEY": "sluice-secret",
+    "AWS_ENDPOINT_URL": f"http://127.0.0.1:{S3_PORT}",
+    "AWS_ALLOW_HTTP": "true",
+    "AWS_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """SeaweedFS's ``weed mini`` serving S3 on 127.0.0.1 with the bucket ``S3_BUCKET``: yields the
+    environment that reaches it (``S3_ENVIRONMENT``)."""
+    import pyarrow.fs
+
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", S3_PORT)) != 0, f"port {S3_PORT} is in use: stop the other S3 server first"
+    directory = tmp_path_factory.mktemp("seaweed")
+    env = dict(os.environ, S3_BUCKET=S3_BUCKET, **S3_ENVIRONMENT)
+    with open(directory / "weed.log", "w") as log:
+        server = subprocess.Popen(
+            [
+                "weed", "mini", f"-dir={directory / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                "-admin.ui=false", "-master.telemetry=false",
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        store = pyarrow.fs.S3FileSystem(
+            access_key=S3_ENVIRONMENT["AWS_ACCESS_KEY_ID"],
+            secret_key=S3_ENVIRONMENT["AWS_SECRET_ACCESS_KEY"],
+            endpoint_override=f"127.0.0.1:{S3_PORT}",
+            scheme="http",
+            region="us-east-1",
+        )
+
+        def bucket_ready() -> bool:
+            assert server.poll() is None, f"weed exited: {(directory / 'weed.log').read_text()[-2000:]}"
+            try:
+                return store.get_file_info(S3_BUCKET).type == pyarrow.fs.FileType.Directory
+            except OSError:
+                return False
+
+        wait_until(bucket_ready, "the S3 server's bucket", timeout_s=60.0)
+        yield dict(S3_ENVIRONMENT)
+    finally:
+        server.kill()
+        server.wait()
+
+
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on now."""
     with socket.socket() as probe:
@@ -206,25 +262,34 @@ def am_status(sluice_bin: pathlib.Path, address: str, env: Dict[str, str]) -> di
     return json.loads(shown.stdout) if shown.returncode == 0 else {}
 
 
-def run_example(sluice_bin: pathlib.Path, tmp_path: pathlib.Path, spec: str, env: Dict[str, str], ranks: int) -> List[dict]:
-    """Runs ``examples/SPEC`` with ``sluice run`` from the repository's root, as the example's
-    comment does, and returns the JSON lines its trainers of role ``trainer``, ranks 0 to
-    ``ranks - 1``, printed."""
+def sluice_run(
+    sluice_bin: pathlib.Path, tmp_path: pathlib.Path, spec, env: Dict[str, str], cwd=None
+) -> subprocess.CompletedProcess:
+    """Runs the job ``spec`` with ``sluice run`` (its rings and executors' state under ``tmp_path``,
+    without the caller's ``SLUICE_TOKEN``) and asserts that it succeeded."""
     env = dict(env)
     env.pop("SLUICE_TOKEN", None)
-    state = tmp_path / "state"
     run = subprocess.run(
         [
-            str(sluice_bin), "run", f"examples/{spec}", "--listen", "127.0.0.1:0",
-            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(state),
+            str(sluice_bin), "run", str(spec), "--listen", "127.0.0.1:0",
+            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(tmp_path / "state"),
         ],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
         timeout=WATCHDOG_S,
     )
     assert run.returncode == 0, f"sluice run failed: {run.stderr[-4000:]}"
+    return run
+
+
+def run_example(sluice_bin: pathlib.Path, tmp_path: pathlib.Path, spec: str, env: Dict[str, str], ranks: int) -> List[dict]:
+    """Runs ``examples/SPEC`` with ``sluice run`` from the repository's root, as the example's
+    comment does, and returns the JSON lines its trainers of role ``trainer``, ranks 0 to
+    ``ranks - 1``, printed."""
+    sluice_run(sluice_bin, tmp_path, f"examples/{spec}", env, cwd=ROOT)
+    state = tmp_path / "state"
     return [
         json.loads(line)
         for rank in range(ranks)

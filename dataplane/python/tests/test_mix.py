@@ -14,7 +14,7 @@ import sys
 import pyarrow
 import pyarrow.parquet
 
-from conftest import WATCHDOG_S, run_example
+from conftest import run_example, sluice_run
 
 EPOCHS = 3
 TASK_ROWS = 100
@@ -84,19 +84,7 @@ roles:
   - {{ name: worker, num: 2, command: ["{sys.executable}", "{trainer}", "{out}", "{EPOCHS}"] }}
 """
     )
-    env = dict(os.environ)
-    env.pop("SLUICE_TOKEN", None)
-    run = subprocess.run(
-        [
-            str(sluice_bin), "run", str(spec), "--listen", "127.0.0.1:0",
-            "--ring-dir", str(tmp_path / "rings"), "--state-dir", str(tmp_path / "state"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=WATCHDOG_S,
-    )
-    assert run.returncode == 0, f"sluice run failed: {run.stderr[-4000:]}"
+    sluice_run(sluice_bin, tmp_path, spec, os.environ)
     ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(2)]
     epochs = [[tuple(row) for rank in ranks for row in rank[epoch]] for epoch in range(EPOCHS)]
 

@@ -103,15 +103,27 @@ fn prune_compare(
     literal: &Literal,
 ) -> Result<Vec<bool>> {
     let containers = statistics.num_containers();
+    // A comparison with null is never true: a container whose values are all null holds no match.
+    let some_value: Vec<bool> = match (statistics.null_counts(column), statistics.row_counts()) {
+        (Some(nulls), Some(rows)) => (0..containers)
+            .map(|index| {
+                !(nulls.is_valid(index)
+                    && rows.is_valid(index)
+                    && rows.value(index) > 0
+                    && nulls.value(index) == rows.value(index))
+            })
+            .collect(),
+        _ => vec![true; containers],
+    };
     let (Some(mins), Some(maxes)) = (statistics.min_values(column), statistics.max_values(column))
     else {
-        return Ok(vec![true; containers]);
+        return Ok(some_value);
     };
     // Float statistics leave NaN out, while the comparison kernels order NaN above every number:
     // a bound on the high side proves nothing for floats.
     let is_float = mins.data_type().is_floating();
     if is_float && matches!(op, CompareOp::Gt | CompareOp::GtEq | CompareOp::NotEq) {
-        return Ok(vec![true; containers]);
+        return Ok(some_value);
     }
     let (mins, literal_array) = match align(column, &mins, literal) {
         Ok(aligned) => aligned,
@@ -124,7 +136,7 @@ fn prune_compare(
     let run = |left: &dyn Datum, op: CompareOp, right: &dyn Datum| {
         apply_op(left, op, right).map_err(|error| FormatError::arrow(context(), error))
     };
-    let keep = match op {
+    let keep: Vec<bool> = match op {
         CompareOp::Eq => {
             let low = run(&mins, CompareOp::LtEq, &scalar)?;
             let high = run(&maxes, CompareOp::GtEq, &scalar)?;
@@ -150,7 +162,11 @@ fn prune_compare(
         CompareOp::Lt | CompareOp::LtEq => maybe(&run(&mins, op, &scalar)?),
         CompareOp::Gt | CompareOp::GtEq => maybe(&run(&maxes, op, &scalar)?),
     };
-    Ok(keep)
+    Ok(keep
+        .into_iter()
+        .zip(some_value)
+        .map(|(keep, some)| keep && some)
+        .collect())
 }
 
 #[cfg(test)]
@@ -187,11 +203,12 @@ mod tests {
 
     #[test]
     fn pruning_skips_only_provably_empty_containers() {
+        // Rows 0..=9; 10..=19 with 3 nulls; unknown; all null.
         let stats = Stats {
-            mins: Arc::new(Int64Array::from(vec![Some(0), Some(10), None])),
-            maxes: Arc::new(Int64Array::from(vec![Some(9), Some(19), None])),
-            nulls: UInt64Array::from(vec![Some(0), Some(10), None]),
-            rows: UInt64Array::from(vec![10, 10, 10]),
+            mins: Arc::new(Int64Array::from(vec![Some(0), Some(10), None, None])),
+            maxes: Arc::new(Int64Array::from(vec![Some(9), Some(19), None, None])),
+            nulls: UInt64Array::from(vec![Some(0), Some(3), None, Some(10)]),
+            rows: UInt64Array::from(vec![10, 10, 10, 10]),
         };
         let prune = |text: &str| {
             Expr::parse(text)
@@ -199,14 +216,17 @@ mod tests {
                 .prune(&stats)
                 .expect("prunes")
         };
-        assert_eq!(prune("id = 5"), vec![true, false, true]);
-        assert_eq!(prune("id > 9"), vec![false, true, true]);
-        assert_eq!(prune("not id <= 9"), vec![false, true, true]);
-        assert_eq!(prune("id in (3, 25)"), vec![true, false, true]);
-        assert_eq!(prune("id is null"), vec![false, true, true]);
-        assert_eq!(prune("id is not null"), vec![true, false, true]);
-        assert_eq!(prune("id < 0 or id >= 19"), vec![false, true, true]);
-        assert_eq!(prune("other = 1 and id = 15"), vec![false, true, true]);
-        assert_eq!(prune("id != 5"), vec![true, true, true]);
+        assert_eq!(prune("id = 5"), vec![true, false, true, false]);
+        assert_eq!(prune("id > 9"), vec![false, true, true, false]);
+        assert_eq!(prune("not id <= 9"), vec![false, true, true, false]);
+        assert_eq!(prune("id in (3, 25)"), vec![true, false, true, false]);
+        assert_eq!(prune("id is null"), vec![false, true, true, true]);
+        assert_eq!(prune("id is not null"), vec![true, true, true, false]);
+        assert_eq!(prune("id < 0 or id >= 19"), vec![false, true, true, false]);
+        assert_eq!(
+            prune("other = 1 and id = 15"),
+            vec![false, true, true, false]
+        );
+        assert_eq!(prune("id != 5"), vec![true, true, true, false]);
     }
 }

@@ -2,14 +2,14 @@
 
 use std::io::Write;
 
-use sluice_formats::Dataset;
+use sluice_formats::{Dataset, Expr};
 
 use crate::cmd::read::{open_options, parse_key_value, runtime};
 
 /// Arguments of `sluice plan`.
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
-    /// The source: a path or URI of a file, a directory, a glob, or a Delta table.
+    /// The source: a path or URI of a file, a directory, a glob, or a Delta or Iceberg table.
     pub source: String,
     /// Maximum rows per task.
     #[arg(long, default_value_t = sluice_formats::dataset::DEFAULT_TASK_ROWS)]
@@ -17,13 +17,18 @@ pub struct PlanArgs {
     /// Print a JSON array of splits instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Delta table version to plan.
+    /// Delta table version, or Iceberg snapshot id, to plan.
     #[arg(long)]
     pub version: Option<u64>,
-    /// Delta table timestamp (RFC 3339 or epoch milliseconds).
+    /// Table timestamp (RFC 3339 or epoch milliseconds): the Delta version or Iceberg snapshot current then.
     #[arg(long)]
     pub timestamp: Option<String>,
-    /// Format of the source when it cannot be told from _delta_log or file extensions.
+    /// The job's row filter: an Iceberg table's files that its partition values and column bounds
+    /// prove hold no row that passes are left out, as the job's plan leaves them out.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Format of the source when it cannot be told from _delta_log, Iceberg metadata or file
+    /// extensions.
     #[arg(long)]
     pub format: Option<String>,
     /// Object store setting overriding the environment, as key=value (repeatable).
@@ -43,12 +48,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
 /// Runs `sluice plan`, writing its output to `out`.
 pub fn plan_to(args: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     runtime(2)?.block_on(async {
-        let options = open_options(
+        let mut options = open_options(
             &args.storage_options,
             args.format.as_deref(),
             args.version,
             args.timestamp.clone(),
         )?;
+        options.filter = args.filter.as_deref().map(Expr::parse).transpose()?;
         let dataset = Dataset::open(&args.source, &options).await?;
         let splits = dataset.plan(args.task_rows).await?;
         if args.json {
@@ -69,7 +75,7 @@ pub fn plan_to(args: &PlanArgs, out: &mut dyn Write) -> anyhow::Result<()> {
             }
             let rows: u64 = splits.iter().map(|split| split.row_count).sum();
             let version = dataset
-                .delta_version()
+                .table_version()
                 .map(|version| format!(", delta version {version}"))
                 .unwrap_or_default();
             writeln!(

@@ -29,12 +29,14 @@ pub enum OutputFormat {
     Csv,
     /// An aligned text table.
     Table,
+    /// An Arrow IPC stream, the batches exactly as a trainer gets them (`pyarrow.ipc.open_stream`).
+    Arrow,
 }
 
 /// Arguments of `sluice read`.
 #[derive(Debug, clap::Args)]
 pub struct ReadArgs {
-    /// The source: a path, a file:// s3:// gs:// or az:// URI, a directory, a glob, or a Delta table.
+    /// The source: a path, a file:// s3:// gs:// or az:// URI, a directory, a glob, or a Delta or Iceberg table (its directory, or a metadata file).
     pub source: String,
     /// Output columns, comma-separated (all columns when absent).
     #[arg(long, value_delimiter = ',')]
@@ -42,10 +44,10 @@ pub struct ReadArgs {
     /// Row filter, e.g. "label = 1 and score >= 0.5" (see the filter language in sluice-formats).
     #[arg(long)]
     pub filter: Option<String>,
-    /// Delta table version to read.
+    /// Delta table version, or Iceberg snapshot id, to read.
     #[arg(long)]
     pub version: Option<u64>,
-    /// Delta table timestamp (RFC 3339 or epoch milliseconds): reads the version current then.
+    /// Table timestamp (RFC 3339 or epoch milliseconds): reads the Delta version or Iceberg snapshot current then.
     #[arg(long)]
     pub timestamp: Option<String>,
     /// Stop after this many rows.
@@ -60,7 +62,7 @@ pub struct ReadArgs {
     /// Decoding threads for --stats.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// Format of the source when it cannot be told from _delta_log or file extensions.
+    /// Format of the source when it cannot be told from _delta_log, Iceberg metadata or file extensions.
     #[arg(long)]
     pub format: Option<String>,
     /// Object store setting overriding the environment, as key=value (repeatable).
@@ -153,6 +155,7 @@ async fn read(args: &ReadArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     )?;
     options.local_io = args.local_io.into();
     let filter = args.filter.as_deref().map(Expr::parse).transpose()?;
+    options.filter.clone_from(&filter);
     let read_options = ReadOptions {
         columns: args.columns.clone(),
         filter,
@@ -190,15 +193,17 @@ async fn read(args: &ReadArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let mut stream = dataset.scan(&read_options).await?;
     let mut remaining = args.limit.unwrap_or(u64::MAX);
+    if args.output == OutputFormat::Arrow {
+        let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut *out, &schema)?;
+        while let Some(batch) = next_within(&mut stream, &mut remaining).await? {
+            writer.write(&batch)?;
+        }
+        writer.finish()?;
+        return Ok(());
+    }
     let mut table_batches = Vec::new();
     let mut header_pending = true;
-    while remaining > 0 {
-        let Some(batch) = stream.try_next().await? else {
-            break;
-        };
-        let take = usize::try_from(remaining.min(batch.num_rows() as u64)).unwrap_or(usize::MAX);
-        let batch = batch.slice(0, take);
-        remaining -= take as u64;
+    while let Some(batch) = next_within(&mut stream, &mut remaining).await? {
         match args.output {
             OutputFormat::Jsonl => {
                 let mut writer = arrow::json::LineDelimitedWriter::new(&mut *out);
@@ -212,7 +217,7 @@ async fn read(args: &ReadArgs, out: &mut dyn Write) -> anyhow::Result<()> {
                 writer.write(&batch)?;
                 header_pending = false;
             }
-            OutputFormat::Table => table_batches.push(batch),
+            OutputFormat::Table | OutputFormat::Arrow => table_batches.push(batch),
         }
     }
     match args.output {
@@ -237,6 +242,23 @@ async fn read(args: &ReadArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         _ => {}
     }
     Ok(())
+}
+
+/// The next batch of `stream`, cut to the `remaining` rows a `--limit` leaves, which it counts
+/// down; `None` at the end or once none remain.
+async fn next_within(
+    stream: &mut futures::stream::BoxStream<'static, sluice_formats::Result<RecordBatch>>,
+    remaining: &mut u64,
+) -> anyhow::Result<Option<RecordBatch>> {
+    if *remaining == 0 {
+        return Ok(None);
+    }
+    let Some(batch) = stream.try_next().await? else {
+        return Ok(None);
+    };
+    let take = usize::try_from((*remaining).min(batch.num_rows() as u64)).unwrap_or(usize::MAX);
+    *remaining -= take as u64;
+    Ok(Some(batch.slice(0, take)))
 }
 
 /// `batch` with the keys of its maps as strings, maps in structs, lists and map values included: a JSON
@@ -705,7 +727,10 @@ mod tests {
         assert!(error.to_string().contains("\"nope\""), "{error}");
         let error =
             sluice_read(&[&file.to_string_lossy(), "--version", "3"]).expect_err("not delta");
-        assert!(error.to_string().contains("Delta tables only"), "{error}");
+        assert!(
+            error.to_string().contains("Delta and Iceberg tables only"),
+            "{error}"
+        );
         let error = sluice_read(&[&file.to_string_lossy(), "--stats", "--limit", "3"])
             .expect_err("limit with stats");
         assert!(error.to_string().contains("--limit"), "{error}");
