@@ -35,7 +35,7 @@ if ! python3 -c "import torch" >/dev/null 2>&1; then
     pip_install --no-cache-dir torch
 fi
 
-echo "== the benchmark suite's peers (benches/python/requirements.txt: torchdata, MosaicML Streaming, Ray Data)"
+echo "== the benchmark suite's peers (benches/python/requirements.txt: torchdata, SPDL, MosaicML Streaming, Ray Data)"
 # Beside the torch above, so that `sluice-bench suite --python python3` runs every peer in the tests.
 pip_install -r benches/python/requirements.txt
 

@@ -21,6 +21,11 @@ SYSTEM is one of:
 - ``pytorch_dataloader_naive``: a ``DataLoader`` over an ``IterableDataset`` that yields one dict per
   row, batched by the default collate;
 - ``torchdata``: torchdata's ``StatefulDataLoader`` over the same Dataset as ``pytorch_dataloader``;
+- ``spdl``: an SPDL pipeline (``spdl.pipeline.PipelineBuilder``) in this process, on a thread pool of 2
+  threads: its source is the dataset's row groups, file by file; a stage of concurrency 2 reads each
+  with pyarrow into record batches of ``--batch-rows`` rows of the numeric columns, as
+  ``pytorch_dataloader``'s Dataset does; a stage turns a row group's batches into dicts of tensors,
+  which are then disaggregated into a sink of 3 batches;
 - ``mosaic_streaming``: MosaicML ``StreamingDataset`` over the rows converted to MDS once (in
   ``--scratch``, reused while its ``_SUCCESS`` marker is there), one MDS sample per batch of numeric
   arrays, through a ``DataLoader(batch_size=None)`` with ``--workers`` workers; with ``--mds-remote
@@ -54,7 +59,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List
+from typing import Any, Callable, Dict, Iterable, Iterator, List
 
 SYSTEMS = (
     "sluice",
@@ -63,6 +68,7 @@ SYSTEMS = (
     "pytorch_dataloader",
     "pytorch_dataloader_naive",
     "torchdata",
+    "spdl",
     "mosaic_streaming",
     "ray_data",
 )
@@ -73,10 +79,16 @@ DISTRIBUTIONS = {
     "numpy": ("mosaic_streaming", "ray_data"),
     "sluice": (),
     "torchdata": ("torchdata",),
+    "spdl": ("spdl",),
     "mosaicml-streaming": ("mosaic_streaming",),
     "ray": ("ray_data",),
 }
-MODULES = {"torchdata": "torchdata.stateful_dataloader", "mosaicml-streaming": "streaming", "ray": "ray.data"}
+MODULES = {
+    "torchdata": "torchdata.stateful_dataloader",
+    "spdl": "spdl.pipeline",
+    "mosaicml-streaming": "streaming",
+    "ray": "ray.data",
+}
 # The rows of one MDS shard file; shards of about 30 MB at the suite's rows.
 MDS_SHARD_BYTES = 1 << 25
 SUCCESS_MARKER = "_SUCCESS"
@@ -106,7 +118,8 @@ def drive(batches: Callable[[], Iterable[Any]], rows_of: Callable[[Any], int], w
     # The modules every system turns batches into tensors with, imported before the window opens.
     import pyarrow
     import pyarrow.compute  # noqa: F401
-    import torch  # noqa: F401
+
+    importlib.import_module("torch")
 
     # pyarrow imports pandas (when installed) the first time it makes a scalar of a Python value, as
     # `fill_null(column, nan)` in `to_tensors` does: a third of a 2-million-row run's trainer CPU, in
@@ -275,12 +288,18 @@ def pyarrow_scan(args: argparse.Namespace) -> dict:
     )
 
 
+def dataset_row_groups(source: str) -> Iterator:
+    """The dataset's row groups, one pyarrow fragment each, file by file: a file's footer is read when
+    its turn comes."""
+    for fragment in open_dataset(source).get_fragments():
+        yield from fragment.split_by_row_group()
+
+
 def row_groups_of_worker(source: str) -> list:
     """This DataLoader worker's share of the dataset's row groups (all of them in the main process)."""
     import torch.utils.data
 
-    dataset = open_dataset(source)
-    row_groups = [group for fragment in dataset.get_fragments() for group in fragment.split_by_row_group()]
+    row_groups = list(dataset_row_groups(source))
     info = torch.utils.data.get_worker_info()
     if info is not None:
         row_groups = row_groups[info.id :: info.num_workers]
@@ -356,6 +375,40 @@ def torchdata_loader(args: argparse.Namespace) -> dict:
         rows_of_tensors,
         args.work_us,
     )
+
+
+def spdl_pipeline(args: argparse.Namespace) -> dict:
+    """The pipeline a performance-minded user builds with SPDL's ``PipelineBuilder``: the row groups as
+    the source, read two at a time on the pipeline's 2 threads (pyarrow releases the GIL while it reads
+    and decodes), each into record batches of the trainer's batch size as the DataLoader peers slice
+    them; then a row group's batches become dicts of tensors in one task, and only then are they split
+    into single batches for the sink, so that a batch costs no hop through the thread pool of its own.
+    The trainer iterates the pipeline, whose iterator waits on the sink in slices of 0.1 s and sees the
+    end of the data when one runs out: an idle trainer's last request waits up to 0.1 s for it."""
+    from spdl.pipeline import PipelineBuilder
+
+    source, columns, batch_rows = args.source, args.columns, args.batch_rows
+
+    def read(group) -> list:
+        return list(group.to_batches(batch_size=batch_rows, columns=columns))
+
+    def tensors(record_batches: list) -> list:
+        return [to_tensors(batch) for batch in record_batches]
+
+    def batches():
+        pipeline = (
+            PipelineBuilder()
+            .add_source(dataset_row_groups(source))
+            .pipe(read, concurrency=2)
+            .pipe(tensors)
+            .disaggregate()
+            .add_sink(3)
+            .build(num_threads=2)
+        )
+        with pipeline.auto_stop():
+            yield from pipeline
+
+    return drive(batches, rows_of_tensors, args.work_us)
 
 
 def convert_to_mds(args: argparse.Namespace) -> Path:
@@ -455,6 +508,7 @@ def main() -> None:
         "pytorch_dataloader": lambda: pytorch_dataloader(args),
         "pytorch_dataloader_naive": lambda: pytorch_dataloader_naive(args),
         "torchdata": lambda: torchdata_loader(args),
+        "spdl": lambda: spdl_pipeline(args),
         "mosaic_streaming": lambda: mosaic_streaming(args),
         "ray_data": lambda: ray_data(args),
     }

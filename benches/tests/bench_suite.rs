@@ -41,7 +41,7 @@ fn positive(system: &Value, name: &str, key: &str) -> f64 {
 fn suite_quick_measures_every_peer_on_the_same_rows_and_draws_the_chart() {
     common::sluice();
     sluice_testkit::require_python_modules(
-        "torch, pyarrow, sluice, torchdata, streaming, ray.data",
+        "torch, pyarrow, sluice, torchdata, spdl.pipeline, streaming, ray.data",
     );
     let directory = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let png_path = directory.path().join("suite.png");
@@ -108,6 +108,7 @@ fn suite_quick_measures_every_peer_on_the_same_rows_and_draws_the_chart() {
         "pyarrow",
         "numpy",
         "torchdata",
+        "spdl",
         "mosaicml-streaming",
         "ray",
     ] {

@@ -49,7 +49,7 @@ fn check_link(system: &Value, name: &str, needed_bytes: u64, rows: u64) {
 fn suite_remote_quick_reads_every_row_of_s3_through_the_link_in_every_system() {
     common::sluice();
     sluice_testkit::require_python_modules(
-        "torch, pyarrow, sluice, torchdata, streaming, ray.data, boto3",
+        "torch, pyarrow, sluice, torchdata, spdl.pipeline, streaming, ray.data, boto3",
     );
     sluice_testkit::require_program(
         "weed",

@@ -18,8 +18,11 @@
 //!   tensors per record batch), `torchdata` (its `StatefulDataLoader` over the same Dataset),
 //!   `mosaic_streaming` (MDS samples of one batch each); and `pytorch_dataloader_naive` (one dict per
 //!   row, collated), with none;
-//! - `pyarrow`: a `pyarrow.dataset` scan in the trainer's process; `ray_data`: Ray Data's
-//!   `iter_torch_batches`, Ray started in the window;
+//! - `pyarrow`: a `pyarrow.dataset` scan in the trainer's process; `spdl`: an SPDL pipeline
+//!   (`spdl.pipeline.PipelineBuilder`) in the trainer's process on a pool of 2 threads, its source the
+//!   row groups, a stage of concurrency 2 reading each with pyarrow into record batches of
+//!   [`BATCH_ROWS`] rows, a stage turning a row group's batches into tensors, then the batches one by
+//!   one into a sink of 3; `ray_data`: Ray Data's `iter_torch_batches`, Ray started in the window;
 //! - `ring` and `memcpy`: the ring benchmark's ring and memcpy at the size of one batch of this data as
 //!   Arrow IPC, as the physical limit: rows/s = records/s × rows per batch.
 //!
@@ -45,7 +48,7 @@
 //! behind a delaying, bandwidth-capped proxy (see [`remote`]): the suite starts both, uploads the
 //! Parquet files (and the MDS copy) once, past the proxy, and every system reads S3 its own way
 //! through the proxy: Sluice's AM and daemon with `object_store` (the job's source has the proxy's
-//! endpoint in its storage options); `pyarrow`, the DataLoaders, torchdata and Ray Data with
+//! endpoint in its storage options); `pyarrow`, the DataLoaders, torchdata, SPDL and Ray Data with
 //! `pyarrow.fs.S3FileSystem` at the proxy; MosaicML Streaming with its `remote` on S3 (boto3 at
 //! `S3_ENDPOINT_URL`) and a local cache directory that is empty at the start of each run. A remote
 //! run has the idle phase only: it asks how many rows per second each system makes of the link.
@@ -235,6 +238,7 @@ enum System {
     SluiceTorch,
     Loader(Loader, u32),
     Pyarrow,
+    Spdl,
     RayData,
 }
 
@@ -249,6 +253,7 @@ impl System {
             System::Loader(Loader::Torchdata, _) => "torchdata",
             System::Loader(Loader::Mosaic, _) => "mosaic_streaming",
             System::Pyarrow => "pyarrow",
+            System::Spdl => "spdl",
             System::RayData => "ray_data",
         }
     }
@@ -285,7 +290,7 @@ impl System {
                     .map(|&workers| System::Loader(loader, workers)),
             );
         }
-        systems.push(System::Pyarrow);
+        systems.extend([System::Pyarrow, System::Spdl]);
         systems.extend(
             Loader::Mosaic
                 .worker_counts(quick)
@@ -565,11 +570,12 @@ pub struct RemoteReport {
 }
 
 /// The systems that are not Sluice.
-const PEERS: [&str; 6] = [
+const PEERS: [&str; 7] = [
     "pytorch_dataloader",
     "pytorch_dataloader_naive",
     "torchdata",
     "pyarrow",
+    "spdl",
     "mosaic_streaming",
     "ray_data",
 ];

@@ -101,6 +101,8 @@ mod tests {
     fn every_peer_is_pinned() {
         for package in [
             "torchdata==",
+            "spdl==",
+            "spdl-core==",
             "mosaicml-streaming==",
             "ray[data]==",
             "numpy==",

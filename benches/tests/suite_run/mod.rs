@@ -8,13 +8,14 @@ use std::process::Command;
 use serde_json::Value;
 
 /// The systems that run a trainer.
-pub const TRAINERS: [&str; 8] = [
+pub const TRAINERS: [&str; 9] = [
     "sluice",
     "sluice_torch",
     "pytorch_dataloader",
     "pytorch_dataloader_naive",
     "torchdata",
     "pyarrow",
+    "spdl",
     "mosaic_streaming",
     "ray_data",
 ];
