@@ -143,8 +143,8 @@ struct Queue {
 }
 
 /// Encodes a snapshot captured when it was queued into a buffer from [`frame::snapshot_buffer`].
-/// It runs on a blocking thread of the snapshot task, so that the appender's lock is not held while
-/// a large state is encoded.
+/// It runs on the snapshot's own thread at idle priority, so that the appender's lock is not held
+/// while a large state is encoded, and the threads that answer the daemons come first.
 pub(super) type SnapshotEncoder = Box<dyn FnOnce() -> Result<Vec<u8>> + Send>;
 
 /// Work for the writer task, in sequence order.
@@ -477,24 +477,25 @@ async fn write_snapshots(
     }
 }
 
-/// Runs `encode` on a thread of its own at idle priority (see
+/// Runs `work` on a thread of its own at idle priority (see
 /// [`sluice_process::make_current_thread_idle_priority`]): encoding the snapshot of a large job
-/// takes a core for a second or more, and the threads that answer the daemons come first. It still
-/// runs at once on a core nothing else wants.
-async fn encode_in_background(
+/// takes a core for a second or more, and writing it to a local file copies it again into the page
+/// cache; the threads that answer the daemons come first. It still runs at once on a core nothing
+/// else wants.
+async fn in_background<T: Send + 'static>(
     uri: &str,
-    encode: impl FnOnce() -> Result<Vec<u8>> + Send + 'static,
-) -> Result<Vec<u8>> {
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     let (sender, receiver) = oneshot::channel();
     let thread_uri = uri.to_string();
     std::thread::Builder::new()
         .name("sluice-snapshot".into())
         .spawn(move || {
             if let Err(error) = sluice_process::make_current_thread_idle_priority() {
-                tracing::debug!(uri = thread_uri, %error, "encoding a snapshot at normal priority");
+                tracing::debug!(uri = thread_uri, %error, "writing a snapshot at normal priority");
             }
             // The writer may have stopped meanwhile; nothing waits then.
-            let _ = sender.send(encode());
+            let _ = sender.send(work());
         })
         .map_err(|error| JournalError::io(uri, "starting the snapshot thread", error))?;
     receiver.await.map_err(|_| JournalError::WriterStopped {
@@ -660,23 +661,37 @@ struct SnapshotWriter {
 }
 
 impl SnapshotWriter {
-    /// Encodes a snapshot and makes it durable under `snapshot/<sequence>.snap`.
+    /// Encodes a snapshot and makes it durable under `snapshot/<sequence>.snap`. In a local
+    /// directory the file is written on the thread that encodes it, at idle priority too.
     async fn write(&self, sequence: u64, encode: SnapshotEncoder) -> Result<()> {
         let name = snapshot_name(sequence);
-        let content = encode_in_background(self.store.uri(), move || {
+        let sealed = move || {
             let mut buffer = encode()?;
             frame::seal_snapshot(&mut buffer, sequence);
             Ok(buffer)
-        })
-        .await?;
+        };
+        let created = match &self.store {
+            Store::Local(local) => {
+                let local = Arc::clone(local);
+                let name = name.clone();
+                in_background(self.store.uri(), move || {
+                    Ok(match local.create(&name, &sealed()?)? {
+                        Created::Created(_) => Created::Created(()),
+                        Created::Exists => Created::Exists,
+                    })
+                })
+                .await?
+            }
+            Store::Object(_) => {
+                let content = in_background(self.store.uri(), sealed).await?;
+                self.store.create(&name, Bytes::from(content)).await?
+            }
+        };
         // An existing snapshot of the same sequence is one this journal's history already made
         // durable: a snapshot is only written once every record before it is durable, so every
         // snapshot of a sequence holds the same state.
-        match self.store.create(&name, Bytes::from(content)).await? {
-            Created::Created(()) => {}
-            Created::Exists => {
-                tracing::debug!(object = %self.store.object_uri(&name), "the snapshot was already durable");
-            }
+        if let Created::Exists = created {
+            tracing::debug!(object = %self.store.object_uri(&name), "the snapshot was already durable");
         }
         Ok(())
     }
