@@ -169,7 +169,7 @@ mod tests {
     use crate::master::calls::{Heartbeat, NodeCommand, Registration};
     use crate::service::tests::one_file_master;
 
-    /// Two nodes over 6,000 one-row tasks: the table spans two chunks of slots.
+    /// Two nodes over 6,000 one-row tasks: the table spans many chunks of slots.
     fn master() -> Master {
         let text = r#"
 name: snap
