@@ -14,7 +14,7 @@ use std::sync::Arc;
 /// Elements per chunk: a power of two, so that an index splits with a shift and a mask. Small, because
 /// the tasks a job has in flight are spread over the whole table when it shuffles: after a capture,
 /// the heartbeats that follow copy nearly every chunk they write to, and with chunks of 4,096 slots
-/// the first quarter second after a capture of ten million tasks copied 234 MiB on the thread that
+/// the first 0.3 s after a capture of ten million tasks copied 229 MiB on the thread that
 /// answers the daemons. Chunks of 256 slots spread the copies over the heartbeats, a few KiB each;
 /// a ten million task table is then 39,063 chunks of slots, captured in about as many reference
 /// count increments under the master's lock.
