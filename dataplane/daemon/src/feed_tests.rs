@@ -1041,7 +1041,11 @@ async fn a_ring_ends_every_epoch_it_gets_no_task_in() {
     while let Some(write) = written.recv().await {
         match write {
             Write::Batch { task_id, .. } => seen.push(format!("task {task_id}")),
-            Write::EndOfEpoch { .. } => seen.push("end".to_owned()),
+            // Tagged with its epoch, so that a daemon that takes the ring over knows where it is.
+            Write::EndOfEpoch { tag } => seen.push(match StreamPoint::of_tag(tag) {
+                Some(StreamPoint::Ended { epoch }) => format!("end {epoch}"),
+                other => format!("an end tagged {other:?}"),
+            }),
             Write::Survey => {}
         }
     }
@@ -1049,7 +1053,7 @@ async fn a_ring_ends_every_epoch_it_gets_no_task_in() {
     // Epochs 0 and 1 end empty before epoch 2's task; epoch 2 and the empty 3 and 4 before 5's.
     assert_eq!(
         seen,
-        ["end", "end", "task 0", "end", "end", "end", "task 1"]
+        ["end 0", "end 1", "task 0", "end 2", "end 3", "end 4", "task 1"]
     );
 }
 

@@ -448,13 +448,15 @@ impl Feeder {
         true
     }
 
-    /// Writes the end of `epoch`. False once the writer stopped.
+    /// Writes the end of `epoch`, tagged with it in every job: a daemon that takes the ring over
+    /// right after it learns from the tag which epoch the ring is in. False once the writer
+    /// stopped.
     async fn end_epoch(&mut self, epoch: u32) -> bool {
-        let tag = self.tag(StreamPoint::Ended { epoch });
+        let tag = StreamPoint::Ended { epoch }.tag();
         self.writer.send(Write::EndOfEpoch { tag }).await.is_ok()
     }
 
-    /// The tag of a record at `point` of the stream: only with `data.even_batches`, whose counts a
+    /// The tag of a batch at `point` of the stream: only with `data.even_batches`, whose counts a
     /// daemon that takes the ring over reads back from the tags.
     fn tag(&self, point: StreamPoint) -> u64 {
         if self.pipeline.shape.pad {

@@ -67,25 +67,20 @@ impl Rings {
                     writer::attach(ring, ledger).map_err(DaemonError::Writer)?
                 }
             };
-            let mut epoch = match attached.mark {
-                EpochMark::Batch { epoch } => Some(epoch),
-                // With `data.even_batches: pad`, the AM's settled counts place an empty ring.
-                EpochMark::Start if !pipeline.shape.pad => Some(current_epoch),
-                EpochMark::Start | EpochMark::EndOfEpoch => None,
-            };
+            let epoch = resumed_epoch(
+                attached.mark,
+                attached.largest_tag,
+                pipeline.shape.pad,
+                current_epoch,
+            );
             // With `data.even_batches`, a ring taken over continues its epoch's count from the
             // largest tag in it; after an end of epoch, it is in the next one, with no batch yet.
             let counted = attached.state.counted().clone();
             if pipeline.shape.pad {
                 match StreamPoint::of_tag(attached.largest_tag) {
-                    Some(StreamPoint::Batch { epoch: at, number }) => {
-                        epoch = Some(at);
-                        counted.resume(at, number);
-                    }
-                    Some(StreamPoint::Ended { epoch: ended }) => {
-                        let next = ended.saturating_add(1);
-                        epoch = Some(next);
-                        counted.resume(next, 0);
+                    Some(StreamPoint::Batch { epoch, number }) => counted.resume(epoch, number),
+                    Some(StreamPoint::Ended { epoch }) => {
+                        counted.resume(epoch.saturating_add(1), 0);
                     }
                     None => {}
                 }
@@ -520,6 +515,28 @@ pub(crate) fn prepare_dir(job_dir: &Path, sharing: Sharing) -> Result<()> {
     Ok(())
 }
 
+/// The epoch a ring's feeder starts in (see [`feed`]) when the ring is taken over as `mark` and
+/// `largest_tag` find it, or opened empty while the job is in `current_epoch`; `None` when the first
+/// task decides it.
+fn resumed_epoch(mark: EpochMark, largest_tag: u64, pad: bool, current_epoch: u32) -> Option<u32> {
+    match StreamPoint::of_tag(largest_tag) {
+        // With `data.even_batches` every record is tagged: the largest tag places the ring.
+        Some(StreamPoint::Batch { epoch, .. }) if pad => Some(epoch),
+        // An end of epoch is tagged in every job: right after one, the ring is in the next epoch,
+        // so that a task of a later epoch ends the epochs it got no task in.
+        Some(StreamPoint::Ended { epoch }) if pad || mark == EpochMark::EndOfEpoch => {
+            Some(epoch.saturating_add(1))
+        }
+        _ => match mark {
+            EpochMark::Batch { epoch } => Some(epoch),
+            // With `data.even_batches: pad`, the AM's settled counts place an empty ring.
+            EpochMark::Start if !pad => Some(current_epoch),
+            // A ring whose end of epoch has no tag, from a release that tagged none.
+            EpochMark::Start | EpochMark::EndOfEpoch => None,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,6 +562,61 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains("node-3 and node-5"), "{message}");
         assert!(message.contains("--node-id"), "{message}");
+    }
+
+    /// Writes `writes` into a new ring of rank 0 under `job_dir` and stops as a killed daemon does,
+    /// then takes the ring over as the next daemon does: where its feeder starts, the job being in
+    /// epoch 9.
+    fn resumed_after(job_dir: &Path, writes: Vec<Write>, pad: bool) -> Option<u32> {
+        let (ring, ledger) = open_ring(job_dir, 0, 64 * 1024, 3).expect("a ring and its ledger");
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int64, false),
+        ]));
+        let started = writer::start(
+            writer::attach(ring, ledger).expect("attached"),
+            schema,
+            0,
+            Arc::default(),
+            Arc::new(Lease::new()),
+        )
+        .expect("started");
+        for write in writes {
+            started
+                .sender
+                .blocking_send(write)
+                .expect("the writer runs");
+        }
+        drop(started.sender);
+        started.thread.join().expect("the writer ends");
+        let path = job_dir.join(format!("0.{RING_EXTENSION}"));
+        let ring = Ring::open(&path).expect("the ring");
+        let ledger = Ledger::open(Ledger::path_beside(&path)).expect("its ledger");
+        let attached = writer::attach(ring, ledger).expect("taken over");
+        resumed_epoch(attached.mark, attached.largest_tag, pad, 9)
+    }
+
+    #[test]
+    fn a_ring_taken_over_right_after_an_end_of_epoch_is_in_the_next_epoch() {
+        let ended = |epoch| Write::EndOfEpoch {
+            tag: StreamPoint::Ended { epoch }.tag(),
+        };
+        for pad in [false, true] {
+            let directory = tempfile::tempdir().expect("tempdir");
+            assert_eq!(
+                resumed_after(directory.path(), vec![ended(3), ended(4)], pad),
+                Some(5),
+                "pad: {pad}"
+            );
+        }
+        // An end of epoch without a tag, as an older release wrote it: the first task decides.
+        let directory = tempfile::tempdir().expect("tempdir");
+        let untagged = vec![Write::EndOfEpoch { tag: 0 }];
+        assert_eq!(resumed_after(directory.path(), untagged, false), None);
+        // A ring opened empty starts in the job's epoch, or with pad where the AM's counts say.
+        let directory = tempfile::tempdir().expect("tempdir");
+        assert_eq!(resumed_after(directory.path(), Vec::new(), false), Some(9));
+        let directory = tempfile::tempdir().expect("tempdir");
+        assert_eq!(resumed_after(directory.path(), Vec::new(), true), None);
     }
 
     #[test]
