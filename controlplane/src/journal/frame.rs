@@ -191,21 +191,8 @@ fn read_frame(bytes: &[u8], offset: usize) -> Result<Frame<'_>, String> {
     })
 }
 
-/// The header of a snapshot whose body of `length` bytes has the CRC-32C `body_crc`.
-pub(super) fn snapshot_header(sequence: u64, length: u64, body_crc: u32) -> [u8; SNAPSHOT_HEADER] {
-    let mut header = [0; SNAPSHOT_HEADER];
-    header[..8].copy_from_slice(SNAPSHOT_MAGIC);
-    header[8..16].copy_from_slice(&sequence.to_le_bytes());
-    header[16..24].copy_from_slice(&length.to_le_bytes());
-    let body_length = usize::try_from(length).expect("a snapshot body fits in memory");
-    let crc = crc32c::crc32c_combine(crc32c::crc32c(&header[8..24]), body_crc, body_length);
-    header[24..28].copy_from_slice(&crc.to_le_bytes());
-    header
-}
-
 /// Returns a snapshot buffer whose first [`SNAPSHOT_HEADER`] bytes are reserved for
 /// [`seal_snapshot`]; the caller appends the body.
-#[cfg(test)]
 pub(super) fn snapshot_buffer() -> Vec<u8> {
     let mut buffer = Vec::with_capacity(4096);
     buffer.extend_from_slice(SNAPSHOT_MAGIC);
@@ -214,12 +201,13 @@ pub(super) fn snapshot_buffer() -> Vec<u8> {
 }
 
 /// Fills in the header of a buffer from [`snapshot_buffer`] once its body is complete.
-#[cfg(test)]
 pub(super) fn seal_snapshot(buffer: &mut [u8], sequence: u64) {
     debug_assert!(buffer.len() >= SNAPSHOT_HEADER && &buffer[..8] == SNAPSHOT_MAGIC);
     let length = (buffer.len() - SNAPSHOT_HEADER) as u64;
-    let crc = crc32c::crc32c(&buffer[SNAPSHOT_HEADER..]);
-    buffer[..SNAPSHOT_HEADER].copy_from_slice(&snapshot_header(sequence, length, crc));
+    buffer[8..16].copy_from_slice(&sequence.to_le_bytes());
+    buffer[16..24].copy_from_slice(&length.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&buffer[8..24]), &buffer[SNAPSHOT_HEADER..]);
+    buffer[24..28].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Checks a snapshot's header and crc and returns its body.

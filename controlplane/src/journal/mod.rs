@@ -50,7 +50,6 @@
 mod error;
 mod frame;
 mod recover;
-mod snapshot_out;
 mod store;
 mod writer;
 
@@ -414,11 +413,13 @@ impl<E: Serialize, S: Serialize + Send + 'static> Journal<E, S> {
     /// [`JournalError::Encode`], and the entries the snapshot would have replaced stay.
     pub fn snapshot(&self, snapshot: S) -> Durable {
         let uri = Arc::clone(self.shared.uri_arc());
-        self.shared.snapshot(Box::new(move |out| {
-            postcard::serialize_with_flavor(&snapshot, out).map_err(|error| JournalError::Encode {
-                uri: uri.to_string(),
-                what: "a snapshot",
-                reason: error.to_string(),
+        self.shared.snapshot(Box::new(move || {
+            postcard::to_extend(&snapshot, frame::snapshot_buffer()).map_err(|error| {
+                JournalError::Encode {
+                    uri: uri.to_string(),
+                    what: "a snapshot",
+                    reason: error.to_string(),
+                }
             })
         }))
     }

@@ -242,12 +242,7 @@ impl LocalStore {
         self.root.join(name)
     }
 
-    pub(super) fn io_error(
-        &self,
-        name: &str,
-        operation: &'static str,
-        error: std::io::Error,
-    ) -> JournalError {
+    fn io_error(&self, name: &str, operation: &'static str, error: std::io::Error) -> JournalError {
         JournalError::io(&format!("{}/{name}", self.uri), operation, error)
     }
 
@@ -317,28 +312,6 @@ impl LocalStore {
     /// Creates `name` holding `content` unless it exists, and returns the file, positioned at its
     /// end, for appending.
     pub fn create(&self, name: &str, content: &[u8]) -> Result<Created<File>> {
-        self.create_with(name, |path| {
-            let write = || -> std::io::Result<File> {
-                let mut file = File::options()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .open(path)?;
-                file.write_all(content)?;
-                file.sync_data()?;
-                Ok(file)
-            };
-            write().map_err(|error| self.io_error(name, "writing a new file", error))
-        })
-    }
-
-    /// Creates `name` unless it exists: `write` creates a temporary file at the path it is given
-    /// and makes its content durable, and the file is then linked into place.
-    pub fn create_with(
-        &self,
-        name: &str,
-        write: impl FnOnce(&FsPath) -> Result<File>,
-    ) -> Result<Created<File>> {
         let target = self.path(name);
         let folder = target
             .parent()
@@ -349,9 +322,20 @@ impl LocalStore {
             std::process::id(),
             TEMPORARY_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        let file = write(&temporary).inspect_err(|_| {
+        let write = || -> std::io::Result<File> {
+            let mut file = File::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&temporary)?;
+            file.write_all(content)?;
+            file.sync_data()?;
+            Ok(file)
+        };
+        let file = write().map_err(|error| {
             // Best effort: a leftover is removed by the next open anyway.
             let _ = std::fs::remove_file(&temporary);
+            self.io_error(name, "writing a new file", error)
         })?;
         let linked = std::fs::hard_link(&temporary, &target);
         std::fs::remove_file(&temporary)

@@ -18,7 +18,6 @@ use tokio::time::Instant;
 use super::error::{JournalError, Result};
 use super::frame::{self, MAX_FRAME_PAYLOAD, RecordKind, SEGMENT_MAGIC};
 use super::recover::Listing;
-use super::snapshot_out::{SnapshotOut, open_for_snapshot};
 use super::store::{Created, LocalStore, OpenRecord, Store, blocking, segment_name, snapshot_name};
 
 /// A handle that resolves once an append or snapshot is durable, or with the error that kept it
@@ -143,11 +142,10 @@ struct Queue {
     closing: bool,
 }
 
-/// Encodes a snapshot captured when it was queued, as its body. It runs on the snapshot's own
-/// thread at idle priority, so that the appender's lock is not held while a large state is encoded,
-/// and the threads that answer the daemons come first.
-pub(super) type SnapshotEncoder =
-    Box<dyn for<'out> FnOnce(&'out mut SnapshotOut<'_>) -> Result<()> + Send>;
+/// Encodes a snapshot captured when it was queued into a buffer from [`frame::snapshot_buffer`].
+/// It runs on the snapshot's own thread at idle priority, so that the appender's lock is not held
+/// while a large state is encoded, and the threads that answer the daemons come first.
+pub(super) type SnapshotEncoder = Box<dyn FnOnce() -> Result<Vec<u8>> + Send>;
 
 /// Work for the writer task, in sequence order.
 enum Op {
@@ -664,26 +662,20 @@ struct SnapshotWriter {
 
 impl SnapshotWriter {
     /// Encodes a snapshot and makes it durable under `snapshot/<sequence>.snap`. In a local
-    /// directory the file is written as it is encoded, on the encoding thread, at idle priority
-    /// too (see [`super::snapshot_out`]).
+    /// directory the file is written on the thread that encodes it, at idle priority too.
     async fn write(&self, sequence: u64, encode: SnapshotEncoder) -> Result<()> {
         let name = snapshot_name(sequence);
+        let sealed = move || {
+            let mut buffer = encode()?;
+            frame::seal_snapshot(&mut buffer, sequence);
+            Ok(buffer)
+        };
         let created = match &self.store {
             Store::Local(local) => {
                 let local = Arc::clone(local);
                 let name = name.clone();
                 in_background(self.store.uri(), move || {
-                    let created = local.create_with(&name, |path| {
-                        let mut file = open_for_snapshot(path)
-                            .map_err(|error| local.io_error(&name, "creating a new file", error))?;
-                        let mut out = SnapshotOut::new(&mut file);
-                        let encoded = encode(&mut out);
-                        out.finish(sequence)
-                            .map_err(|error| local.io_error(&name, "writing a new file", error))?;
-                        encoded?;
-                        Ok(file)
-                    })?;
-                    Ok(match created {
+                    Ok(match local.create(&name, &sealed()?)? {
                         Created::Created(_) => Created::Created(()),
                         Created::Exists => Created::Exists,
                     })
@@ -691,17 +683,7 @@ impl SnapshotWriter {
                 .await?
             }
             Store::Object(_) => {
-                let uri = self.store.uri().to_string();
-                let content = in_background(self.store.uri(), move || {
-                    let mut content = Vec::new();
-                    let mut out = SnapshotOut::new(&mut content);
-                    let encoded = encode(&mut out);
-                    out.finish(sequence)
-                        .map_err(|error| JournalError::io(&uri, "encoding a snapshot", error))?;
-                    encoded?;
-                    Ok(content)
-                })
-                .await?;
+                let content = in_background(self.store.uri(), sealed).await?;
                 self.store.create(&name, Bytes::from(content)).await?
             }
         };
