@@ -1053,7 +1053,9 @@ async fn a_ring_ends_every_epoch_it_gets_no_task_in() {
     // Epochs 0 and 1 end empty before epoch 2's task; epoch 2 and the empty 3 and 4 before 5's.
     assert_eq!(
         seen,
-        ["end 0", "end 1", "task 0", "end 2", "end 3", "end 4", "task 1"]
+        [
+            "end 0", "end 1", "task 0", "end 2", "end 3", "end 4", "task 1"
+        ]
     );
 }
 
