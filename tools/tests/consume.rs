@@ -292,3 +292,22 @@ fn a_ring_that_never_appears_is_a_clear_error() {
     assert!(message.contains("no ring at"), "{message}");
     assert!(message.contains("SLUICE_RING"), "{message}");
 }
+
+#[test]
+fn a_file_that_is_not_a_ring_is_refused_at_once_without_waiting() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let path = directory.path().join("0.ring");
+    std::fs::write(&path, b"not a ring").expect("write");
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["consume", "--wait-s", "600", "--ring"])
+        .arg(&path)
+        .output()
+        .expect("run sluice consume");
+    assert!(!output.status.success());
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        message.contains("truncated or not a sluice ring"),
+        "{message}"
+    );
+    assert!(!message.contains("waiting up to"), "{message}");
+}

@@ -259,23 +259,25 @@ fn seconds(value: f64, name: &str) -> PyResult<Duration> {
     })
 }
 
-/// Opens the ring at `path`, waiting up to `limit` for the daemon to create it.
+/// Opens the ring at `path`, waiting up to `limit` for the daemon to create it. Only an absent
+/// file is waited for: the daemon links a ring into place whole, so any other failure is final.
 fn open_when_created(py: Python<'_>, path: &Path, limit: Duration) -> PyResult<Ring> {
     let started = Instant::now();
     loop {
         match Ring::open(path) {
             Ok(ring) => return Ok(ring),
-            Err(_) if !path.exists() && started.elapsed() < limit => {
+            Err(error) if error.is_absent() && started.elapsed() < limit => {
                 py.check_signals()?;
                 py.detach(|| std::thread::sleep(POLL));
             }
-            Err(error) => {
+            Err(error) if error.is_absent() => {
                 return Err(SluiceError::new_err(format!(
-                    "no ring at {} after {:.1} s ({error}); check SLUICE_RING (or the ring argument) and that the node daemon runs",
+                    "no ring at {} after {:.1} s; check SLUICE_RING (or the ring argument) and that the node daemon runs",
                     path.display(),
                     limit.as_secs_f64()
                 )));
             }
+            Err(error) => return Err(SluiceError::new_err(error.to_string())),
         }
     }
 }

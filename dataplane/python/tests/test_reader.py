@@ -154,6 +154,10 @@ def test_a_reader_that_read_refuses_to_roll_back_and_names_resume_from(make_job)
 def test_a_missing_ring_and_a_dead_daemon_raise_clear_errors(make_job, tmp_path):
     with pytest.raises(sluice.SluiceError, match="no ring at .*check SLUICE_RING"):
         sluice.Reader(str(tmp_path / "absent.ring"), wait_s=0.1)
+    # A file that is there but is no ring is refused at once: only an absent ring is waited for.
+    (tmp_path / "bad.ring").write_bytes(b"not a ring")
+    with pytest.raises(sluice.SluiceError, match="truncated or not a sluice ring"):
+        sluice.Reader(str(tmp_path / "bad.ring"), wait_s=600)
     job = make_job("dead-daemon", rows=2000)
     job.start()
     reader = sluice.Reader(str(job.ring), peer_timeout_s=0.5)

@@ -184,6 +184,14 @@ impl fmt::Display for RingCreateError {
     }
 }
 
+impl RingOpenError {
+    /// Whether no file is at the path: the ring is not created yet, which a reader waiting for its
+    /// daemon retries. Any other failure is final.
+    pub fn is_absent(&self) -> bool {
+        matches!(self, RingOpenError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
 impl fmt::Display for RingOpenError {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -165,7 +165,6 @@ fn ids_of(batch: &arrow::array::RecordBatch, id_column: &str) -> anyhow::Result<
         })
 }
 
-/// Opens the ring, waiting up to `limit` for the daemon to create it.
 /// Announces a trainer that someone else launched to its node's daemon (see
 /// `sluice_ring::announce`); returns the ring it reads.
 fn attach(args: &ConsumeArgs) -> anyhow::Result<PathBuf> {
@@ -199,13 +198,15 @@ fn attach(args: &ConsumeArgs) -> anyhow::Result<PathBuf> {
     Ok(job_dir.join(format!("{}.ring", trainer.local_rank)))
 }
 
+/// Opens the ring, waiting up to `limit` for the daemon to create it. Only an absent file is
+/// waited for: the daemon links a ring into place whole, so any other failure is final.
 fn open_when_created(path: &std::path::Path, limit: Duration) -> anyhow::Result<Ring> {
     let started = Instant::now();
     let mut announced = false;
     loop {
         match Ring::open(path) {
             Ok(ring) => return Ok(ring),
-            Err(_) if !path.exists() && started.elapsed() < limit => {
+            Err(error) if error.is_absent() && started.elapsed() < limit => {
                 if !announced {
                     eprintln!(
                         "sluice consume: waiting up to {} s for the ring at {}",
@@ -216,13 +217,12 @@ fn open_when_created(path: &std::path::Path, limit: Duration) -> anyhow::Result<
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(error) => {
-                return Err(anyhow::Error::new(error).context(format!(
-                    "no ring at {} after {} s; check SLUICE_RING (or --ring) and that the node daemon runs",
-                    path.display(),
-                    limit.as_secs()
-                )));
-            }
+            Err(error) if error.is_absent() => anyhow::bail!(
+                "no ring at {} after {} s; check SLUICE_RING (or --ring) and that the node daemon runs",
+                path.display(),
+                limit.as_secs()
+            ),
+            Err(error) => return Err(anyhow::Error::new(error)),
         }
     }
 }
