@@ -277,6 +277,13 @@ struct SuiteArgs {
     /// Read this dataset (a Parquet file or directory, or a URI) instead of generated data.
     #[arg(long, value_name = "URI")]
     source: Option<String>,
+    /// Generate this many rows instead of 20 million, in files of a million rows.
+    #[arg(long, value_name = "N", conflicts_with_all = ["quick", "source"])]
+    rows: Option<u64>,
+    /// Run only these systems, comma-separated names as in the JSON, `sluice` among them [default:
+    /// every one].
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    systems: Option<Vec<String>>,
     /// The trainer's work per batch in the stall phase, in µs [default: the daemon's CPU per batch].
     #[arg(long, value_name = "US")]
     work_us: Option<f64>,
@@ -497,6 +504,8 @@ fn run_suite(args: SuiteArgs) -> anyhow::Result<()> {
         quick: args.quick,
         rounds: args.rounds,
         source: args.source,
+        rows: args.rows,
+        systems: args.systems,
         work_us: args.work_us,
         peer: PeerCommand::current_exe()
             .context("locating sluice-bench, which runs the ring's producer process")?,

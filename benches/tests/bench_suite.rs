@@ -130,3 +130,57 @@ fn suite_quick_measures_every_peer_on_the_same_rows_and_draws_the_chart() {
     let info = reader.info();
     assert_eq!((info.width, info.height), (1200, 600));
 }
+
+#[test]
+fn suite_runs_only_the_systems_named_and_refuses_a_list_it_cannot_run() {
+    common::sluice();
+    sluice_testkit::require_python_modules("torch, pyarrow, sluice");
+    for (list, says) in [
+        ("sluice,ray", "names `ray`, which the suite does not run"),
+        ("pyarrow,spdl", "leaves out `sluice`"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+            .args(["suite", "--quick", "--python", "python3", "--systems", list])
+            .output()
+            .expect("run sluice-bench suite");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "--systems {list} ran: {stderr}");
+        assert!(stderr.contains(says), "--systems {list}: {stderr}");
+        assert!(
+            stderr.contains("name systems from sluice, sluice_torch"),
+            "{stderr}"
+        );
+    }
+
+    let directory = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let (stdout, report) = suite_run::run_quick(
+        directory.path(),
+        &["--systems".into(), "sluice,pyarrow".into()],
+    );
+    let mut measured: Vec<&str> = report["systems"]
+        .as_object()
+        .expect("systems")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    measured.sort_unstable();
+    assert_eq!(
+        measured,
+        ["memcpy", "pyarrow", "ring", "sluice"],
+        "{report}"
+    );
+    let mut left_out: Vec<&str> = report["left_out"]
+        .as_array()
+        .expect("left_out")
+        .iter()
+        .map(|name| name.as_str().expect("a name"))
+        .collect();
+    left_out.sort_unstable();
+    let mut expected: Vec<&str> = TRAINERS
+        .into_iter()
+        .filter(|name| !["sluice", "pyarrow"].contains(name))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(left_out, expected, "{report}");
+    assert!(stdout.contains("left out by --systems: "), "{stdout}");
+}

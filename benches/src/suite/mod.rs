@@ -128,6 +128,15 @@ pub const QUICK_DATA: SuiteData = SuiteData {
 };
 
 impl SuiteData {
+    /// The full run's data with `rows` rows instead of 20 million, in files of a million rows.
+    pub fn full_with_rows(rows: u64) -> SuiteData {
+        SuiteData {
+            rows,
+            files: rows.div_ceil(1_000_000),
+            ..FULL_DATA
+        }
+    }
+
     /// The directory of this data in `cache_dir`; the name carries every parameter of the content.
     pub fn directory_in(&self, cache_dir: &Path) -> PathBuf {
         cache_dir.join(format!(
@@ -197,6 +206,10 @@ pub struct SuiteOptions {
     pub rounds: usize,
     /// The user's data instead of the generated data: a Parquet file or directory, or a URI.
     pub source: Option<String>,
+    /// Generated data of this many rows instead of [`FULL_DATA`]'s.
+    pub rows: Option<u64>,
+    /// The systems to run, by name (`sluice` among them); `None` for every one.
+    pub systems: Option<Vec<String>>,
     /// The trainer's work per batch in the stall phase, µs; by default the daemon's CPU per batch.
     pub work_us: Option<f64>,
     /// How the ring benchmark starts its producer process.
@@ -541,6 +554,9 @@ pub struct SuiteReport {
     pub by_workers: BTreeMap<String, Vec<SystemFigures>>,
     /// Systems that cannot run here, so were not measured, with the reason.
     pub not_installed: BTreeMap<String, String>,
+    /// Systems left out by `--systems`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<String>,
     /// The targets, Sluice (`sluice`) against the best peer at each figure.
     pub targets: Vec<Target>,
     /// The S3 server and the link of a remote run; `None` in a local run.
@@ -580,6 +596,26 @@ const PEERS: [&str; 7] = [
     "ray_data",
 ];
 
+/// Refuses a `--systems` list that names a system the suite does not have, or leaves out Sluice,
+/// which every target compares against.
+fn check_systems(names: &[String]) -> Result<()> {
+    let known: Vec<&str> = ["sluice", "sluice_torch"]
+        .into_iter()
+        .chain(PEERS)
+        .collect();
+    let reason = if let Some(unknown) = names.iter().find(|name| !known.contains(&name.as_str())) {
+        format!("names `{unknown}`, which the suite does not run")
+    } else if !names.iter().any(|name| name == "sluice") {
+        "leaves out `sluice`, against which every target is measured".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(BenchError::InvalidOption {
+        option: "--systems".to_owned(),
+        reason: format!("{reason}; name systems from {}", known.join(", ")),
+    })
+}
+
 /// Runs the suite; `progress` receives one line per finished run.
 ///
 /// # Errors
@@ -607,6 +643,16 @@ pub fn run_suite_bench(
             ),
         });
     }
+    if let Some(names) = &options.systems {
+        check_systems(names)?;
+    }
+    if options.rows == Some(0) {
+        return Err(BenchError::InvalidOption {
+            option: "--rows".to_owned(),
+            reason: "0 rows measure nothing; give at least one batch, e.g. --rows 80000000"
+                .to_owned(),
+        });
+    }
     let python = match &options.python {
         Some(python) => python.clone(),
         None => python_env::prepare(&options.cache_dir, progress)?.into_os_string(),
@@ -615,7 +661,11 @@ pub fn run_suite_bench(
     check_trainer_modules(&python)?;
     let load_average_start = load_average();
     let rounds = if options.quick { 1 } else { options.rounds };
-    let data = if options.quick { QUICK_DATA } else { FULL_DATA };
+    let data = match options.rows {
+        _ if options.quick => QUICK_DATA,
+        Some(rows) => SuiteData::full_with_rows(rows),
+        None => FULL_DATA,
+    };
     let work = tempfile::tempdir().map_err(|source| BenchError::Setup {
         operation: "creating a directory for the suite's job, rings and scripts".to_owned(),
         source,
@@ -680,9 +730,24 @@ pub fn run_suite_bench(
         progress(&format!("{system}: not installed: {reason}"));
     }
 
+    let chosen = |system: &System| {
+        options
+            .systems
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|name| name == system.name()))
+    };
+    let mut left_out: Vec<String> = System::all(options.quick)
+        .into_iter()
+        .filter(|system| !chosen(system))
+        .map(|system| system.name().to_owned())
+        .collect();
+    left_out.dedup();
+    if !left_out.is_empty() {
+        progress(&format!("left out by --systems: {}", left_out.join(", ")));
+    }
     let systems: Vec<System> = System::all(options.quick)
         .into_iter()
-        .filter(|system| !probe.missing.contains_key(system.name()))
+        .filter(|system| chosen(system) && !probe.missing.contains_key(system.name()))
         .collect();
     let mosaic_runs = systems
         .iter()
@@ -1002,6 +1067,7 @@ pub fn run_suite_bench(
         systems: by_name,
         by_workers,
         not_installed: probe.missing,
+        left_out,
         targets,
         remote: remote_report,
     })
@@ -1913,6 +1979,9 @@ impl SuiteReport {
         for (name, reason) in &self.not_installed {
             writeln!(out, "{name:<36} not installed: {reason}").ok();
         }
+        if !self.left_out.is_empty() {
+            writeln!(out, "left out by --systems: {}", self.left_out.join(", ")).ok();
+        }
         writeln!(
             out,
             "* the worker count with {}, the system's figure; versions: {}",
@@ -2377,6 +2446,7 @@ mod tests {
             systems: BTreeMap::from([("sluice".to_owned(), sluice)]),
             by_workers: BTreeMap::new(),
             not_installed: BTreeMap::new(),
+            left_out: Vec::new(),
             targets: Vec::new(),
             remote: None,
         };
