@@ -101,6 +101,15 @@ fn split_glob(text: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// Whether `uri` names local files, as [`open_location`] reads it: a plain path, or a `file://`
+/// URI (its scheme in any case).
+pub fn is_local(uri: &str) -> bool {
+    !uri.contains("://")
+        || uri
+            .get(.."file://".len())
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("file://"))
+}
+
 /// Parses a source URI and builds its object store.
 ///
 /// Plain paths (absolute or relative) are local files. `file://` URIs must be absolute.
@@ -262,6 +271,33 @@ pub fn is_glob(uri: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn is_local_agrees_with_the_store_open_location_builds() {
+        for uri in [
+            "/data/train/part-0.parquet",
+            "relative/part-0.parquet",
+            "file:///data/train",
+            "FILE:///data/train",
+            "s3://bucket/train",
+            "gs://bucket/train",
+            "az://container/train",
+        ] {
+            // Azure's client is built only with an account.
+            let options = if uri.starts_with("az://") {
+                StorageOptions::from([("azure_storage_account_name".into(), "account".into())])
+            } else {
+                StorageOptions::new()
+            };
+            let location = open_location(uri, &options).expect(uri);
+            assert_eq!(
+                is_local(uri),
+                location.root.scheme() == "file",
+                "{uri}: is_local says one thing, open_location built {}",
+                location.root
+            );
+        }
+    }
 
     #[test]
     fn plain_paths_and_file_uris_are_local() {

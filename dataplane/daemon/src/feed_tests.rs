@@ -13,7 +13,7 @@ use sluice_proto::v1;
 use tokio::sync::{mpsc, watch};
 
 use crate::feeder::{
-    Control, Job, Pipeline, RingFeed, Settled, StreamPoint, feed, is_local_uri, lock, open_pipeline,
+    Control, Job, Pipeline, RingFeed, Settled, StreamPoint, feed, lock, open_pipeline,
 };
 use crate::shuffle::split_order;
 use crate::tune::{HostLimits, Tuning};
@@ -544,19 +544,6 @@ async fn the_interleave_mixes_open_tasks_and_keeps_each_in_order() {
     let (again, _) = run_feeder(pipeline, assignments, None).await;
     let again_sequence: Vec<u64> = again.iter().map(|batch| batch.task_id).collect();
     assert_eq!(task_sequence, again_sequence, "the interleave is seeded");
-}
-
-#[test]
-fn decode_permits_bound_the_reads_of_local_files_only() {
-    assert!(is_local_uri("file:///data/train"));
-    assert!(is_local_uri("/data/train/part-0.parquet"));
-    for remote in [
-        "s3://bucket/train",
-        "gs://bucket/train",
-        "az://container/train",
-    ] {
-        assert!(!is_local_uri(remote), "{remote}");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

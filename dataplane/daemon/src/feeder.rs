@@ -142,21 +142,21 @@ impl Pipeline {
         }
     }
 
-    /// Source `index`, for task `task_id`: one of the job's, or an added one, opened now if no task
-    /// opened it yet (a failed opening is tried again by the next task).
     /// Whether source `index` is read from local files, whose reads the decode permits bound: a
     /// read from an object store waits on the network most of its time, so each open task keeps
     /// its own, as many at once as there are open tasks.
     fn reads_locally(&self, index: u32) -> bool {
         match self.data.sources.get(index as usize) {
-            Some(source) => is_local_uri(&source.uri),
+            Some(source) => sluice_store::is_local(&source.uri),
             None => self
                 .lock_added()
                 .get(&index)
-                .is_some_and(|added| is_local_uri(&added.data.uri)),
+                .is_some_and(|added| sluice_store::is_local(&added.data.uri)),
         }
     }
 
+    /// Source `index`, for task `task_id`: one of the job's, or an added one, opened now if no task
+    /// opened it yet (a failed opening is tried again by the next task).
     async fn source(&self, index: u32, task_id: u64) -> Result<Arc<Source>, FeedError> {
         if let Some(source) = self.sources.get(index as usize) {
             return Ok(source.clone());
@@ -235,11 +235,6 @@ impl Pipeline {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-}
-
-/// Whether `uri` names local files: `file://` or a plain path.
-pub(crate) fn is_local_uri(uri: &str) -> bool {
-    uri.starts_with("file://") || !uri.contains("://")
 }
 
 /// Locks a task's control, also after a thread panicked holding it.
