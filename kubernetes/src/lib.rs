@@ -5,6 +5,8 @@
 //! kube-rs and the Kubernetes API types live in this crate alone, so that they are built once and
 //! the rest of the workspace does not wait for them.
 
+#![forbid(unsafe_code)]
+
 pub mod launcher;
 pub mod manifests;
 pub mod watch;
