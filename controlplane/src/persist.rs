@@ -238,6 +238,7 @@ roles:
                     .collect(),
                 stages: Vec::new(),
                 rings: Vec::new(),
+                ring_batches: Vec::new(),
                 keeps_finished_until_durable: true,
                 tuning: None,
                 bad: Vec::new(),

@@ -6,8 +6,8 @@
 use crate::decide::{Assignment, NodeId, NodeStatus, Refusal, ReportOutcome, TaskId, TaskProgress};
 use crate::error::{AmError, Result};
 use crate::master::calls::{
-    Heartbeat, JobPhase, NodeCommand, RankCommit, Registered, Registration, RestoreEffect,
-    Restored, Scaled, TaskReport,
+    EpochBatches, Heartbeat, JobPhase, NodeCommand, RankCommit, Registered, Registration,
+    RestoreEffect, Restored, Scaled, TaskReport,
 };
 use crate::master::{AddedSource, BadRange, SourceAdded};
 use crate::plan::{JobPlan, PlannedFile, PlannedSplit};
@@ -68,6 +68,19 @@ pub(crate) fn heartbeat(request: v1::HeartbeatRequest) -> Heartbeat {
         node: NodeId(request.node_id),
         progress: request.progress.iter().map(progress).collect(),
         stages: request.stages,
+        ring_batches: request
+            .rings
+            .iter()
+            .map(|ring| {
+                ring.epoch_batches
+                    .iter()
+                    .map(|counted| EpochBatches {
+                        epoch: counted.epoch,
+                        batches: counted.batches,
+                    })
+                    .collect()
+            })
+            .collect(),
         rings: request.rings,
         tuning: request.tuning,
         hostname: request.hostname,

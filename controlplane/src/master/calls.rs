@@ -3,7 +3,8 @@
 //! that the master never sees a wire type.
 //!
 //! Two things stay wire types on purpose: a daemon's pipeline and ring statistics
-//! ([`Heartbeat::stages`], [`Heartbeat::rings`]), which the master only keeps to show them again,
+//! ([`Heartbeat::stages`], [`Heartbeat::rings`]), which the master only keeps to show them again
+//! (what it decides on, each ring's batches per epoch, comes apart as [`Heartbeat::ring_batches`]),
 //! and the status views (`Master::status`), which are a projection onto the status reply and
 //! nothing else; a domain copy of either would repeat the proto field by field and decide nothing.
 
@@ -76,6 +77,15 @@ pub struct Registered {
     pub current_epoch: u32,
 }
 
+/// A ring's batches in one epoch, as its daemon counted them, pads included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochBatches {
+    /// The epoch.
+    pub epoch: u32,
+    /// The batches handed to the ring's writer in it.
+    pub batches: u64,
+}
+
 /// A daemon reports liveness, counts and pipeline statistics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Heartbeat {
@@ -87,6 +97,8 @@ pub struct Heartbeat {
     pub stages: Vec<v1::StageStats>,
     /// Its rings, as shown in status.
     pub rings: Vec<v1::RingStats>,
+    /// Per ring, in the order of `rings`, its batches in its last epochs (`data.even_batches`).
+    pub ring_batches: Vec<Vec<EpochBatches>>,
     /// How it tunes its reading, as shown in status.
     pub tuning: Option<v1::ReadTuning>,
     /// Its host's name; empty when unknown.

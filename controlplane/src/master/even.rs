@@ -16,8 +16,8 @@
 //! a count only grows: a node lost after a settle has its tasks queued again, their batches raise
 //! the count, and the rings pad further (rings end an epoch only once its rows are all consumed).
 
+use super::calls::EpochBatches;
 use crate::decide::{JobState, NodeId, TaskId};
-use sluice_proto::v1;
 use std::collections::BTreeMap;
 
 /// What the daemons last reported, and the counts settled from it.
@@ -26,7 +26,7 @@ pub(super) struct EvenBatches {
     /// Per node, the rows of each task it holds handed to its rings' writers.
     handed: BTreeMap<NodeId, BTreeMap<TaskId, u64>>,
     /// Per node, each ring's batches in its last epochs.
-    counts: BTreeMap<NodeId, Vec<Vec<v1::EpochBatches>>>,
+    counts: BTreeMap<NodeId, Vec<Vec<EpochBatches>>>,
     /// The settled count of each epoch.
     settled: BTreeMap<u32, u64>,
 }
@@ -37,16 +37,10 @@ impl EvenBatches {
         &mut self,
         node: NodeId,
         handed: BTreeMap<TaskId, u64>,
-        rings: &[v1::RingStats],
+        rings: Vec<Vec<EpochBatches>>,
     ) {
         self.handed.insert(node, handed);
-        self.counts.insert(
-            node,
-            rings
-                .iter()
-                .map(|ring| ring.epoch_batches.clone())
-                .collect(),
-        );
+        self.counts.insert(node, rings);
     }
 
     /// Settles what the reports allow: every past epoch a ring reports, and the current epoch once

@@ -964,11 +964,11 @@ impl Master {
             && self.table.node_status(node).is_some()
             && self.rescale.is_none()
         {
-            let rings = self
-                .nodes
-                .get(&node)
-                .map_or(&[][..], |info| info.rings.as_slice());
-            even.report(node, request.handed.into_iter().collect(), rings);
+            even.report(
+                node,
+                request.handed.into_iter().collect(),
+                request.ring_batches,
+            );
             // Before the counts: the heartbeat that reports the epoch's last rows consumed also
             // reports them all handed.
             even.settle(&self.table);
