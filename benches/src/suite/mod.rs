@@ -599,10 +599,8 @@ const PEERS: [&str; 7] = [
 /// Refuses a `--systems` list that names a system the suite does not have, or leaves out Sluice,
 /// which every target compares against.
 fn check_systems(names: &[String]) -> Result<()> {
-    let known: Vec<&str> = ["sluice", "sluice_torch"]
-        .into_iter()
-        .chain(PEERS)
-        .collect();
+    let mut known: Vec<&str> = System::all(false).into_iter().map(System::name).collect();
+    known.dedup();
     let reason = if let Some(unknown) = names.iter().find(|name| !known.contains(&name.as_str())) {
         format!("names `{unknown}`, which the suite does not run")
     } else if !names.iter().any(|name| name == "sluice") {
