@@ -13,7 +13,9 @@
 //!   included, so that consumed positions stay exact;
 //! - a [`RecordKind::EndOfEpoch`] record ends an epoch's data for the ring, and the producer
 //!   closing the ring ends the stream;
-//! - a [`RecordKind::Error`] record holds a UTF-8 message from the daemon.
+//! - a [`RecordKind::Error`] record holds a UTF-8 message from the daemon;
+//! - a [`RecordKind::Dropped`] record has no payload: its meta names split rows of a task that the
+//!   reader counts as read and hands out nothing of (`data.even_batches: drop`).
 //!
 //! An [`Encoder`] writes a schema's records into a ring, copying each batch's buffers once, straight
 //! into the record; [`Reader`] decodes, keeping each

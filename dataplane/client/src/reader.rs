@@ -172,6 +172,13 @@ impl Reader {
                         row_count: meta.row_count,
                     }));
                 }
+                RecordKind::Dropped => {
+                    // Rows of the epoch it was told to leave out: read, but not handed out.
+                    drop(record);
+                    let end = meta.first_row + meta.row_count;
+                    let position = self.positions.entry(meta.task_id).or_insert(end);
+                    *position = (*position).max(end);
+                }
                 RecordKind::EndOfEpoch => {
                     drop(record);
                     self.positions.clear();
@@ -272,6 +279,16 @@ mod tests {
         encoder
             .write_batch(&mut producer, &wide.slice(0, 50), 7, 1120, 50)
             .expect("batch");
+        // Rows of task 7 the reader counts as read and hands out nothing of.
+        let mut dropped = producer.reserve(0).expect("reserve");
+        dropped.payload_mut();
+        dropped.commit(RecordMeta {
+            kind: RecordKind::Dropped,
+            task_id: 7,
+            first_row: 1170,
+            row_count: 30,
+            tag: 0,
+        });
         encoder
             .write_batch(&mut producer, &batch(140, 20).slice(10, 10), 9, 0, 10)
             .expect("batch");
@@ -298,6 +315,9 @@ mod tests {
                     assert_eq!(received, expected, "values, nulls and strings survive");
                     if task_id == 7 && first_row == 1000 {
                         assert_eq!(sut.positions()[&7], 1120);
+                    }
+                    if task_id == 9 {
+                        assert_eq!(sut.positions()[&7], 1200, "dropped rows count as read");
                     }
                 }
                 Item::EndOfEpoch => {

@@ -248,6 +248,7 @@ fn kind_name(kind: RecordKind) -> &'static str {
         RecordKind::Batch => "batch",
         RecordKind::EndOfEpoch => "end_of_epoch",
         RecordKind::Error => "error",
+        RecordKind::Dropped => "dropped",
     }
 }
 

@@ -205,6 +205,10 @@ pub enum RecordKind {
     EndOfEpoch = 3,
     /// An error report (UTF-8 text) from the producer.
     Error = 4,
+    /// Rows of a task the producer covers without delivering them, its payload empty: a reader
+    /// counts them as read and hands out nothing (with `data.even_batches: drop`, the rows of an
+    /// epoch past its settled batch count).
+    Dropped = 6,
 }
 
 const PADDING_KIND: u32 = 5;
@@ -393,6 +397,7 @@ impl RecordHeader {
             2 => Some(RecordKind::Batch),
             3 => Some(RecordKind::EndOfEpoch),
             4 => Some(RecordKind::Error),
+            6 => Some(RecordKind::Dropped),
             PADDING_KIND => None,
             other => return Err(RecordFault::Kind(other)),
         };
@@ -511,6 +516,7 @@ mod tests {
             Just(RecordKind::Batch),
             Just(RecordKind::EndOfEpoch),
             Just(RecordKind::Error),
+            Just(RecordKind::Dropped),
         ];
         proptest::option::of(
             (kind, any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
@@ -531,9 +537,9 @@ mod tests {
         prop_oneof![
             excess.prop_map(Mutation::Length),
             (1..=u64::MAX).prop_map(Mutation::Sequence),
-            prop_oneof![Just(0u32), 6u32..64, any::<u32>()]
+            prop_oneof![Just(0u32), 7u32..64, any::<u32>()]
                 .prop_filter("not a known kind", |kind| *kind == 0
-                    || *kind > PADDING_KIND)
+                    || *kind > RecordKind::Dropped as u32)
                 .prop_map(Mutation::Kind),
             (0usize..6, 1..=u64::MAX).prop_map(|(word, flip)| Mutation::Unsealed { word, flip }),
         ]

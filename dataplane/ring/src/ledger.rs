@@ -395,6 +395,7 @@ impl Ledger {
     /// it as the last folded mark. The body of a producer's fold hook.
     ///
     /// A batch of a task that is not bound changes no slot: by the binding protocol it cannot occur.
+    /// Dropped rows count as a batch's do: the reader took them, and nobody is to read them again.
     pub fn fold(&self, meta: RecordMeta) {
         if let Some(mark) = self.mark_of(meta) {
             self.word(2).store(mark.word(), Ordering::Relaxed);
@@ -402,7 +403,7 @@ impl Ledger {
         if meta.tag != 0 {
             self.word(4).fetch_max(meta.tag, Ordering::Relaxed);
         }
-        if meta.kind == RecordKind::Batch
+        if matches!(meta.kind, RecordKind::Batch | RecordKind::Dropped)
             && let Some(slot) = self.find(meta.task_id)
         {
             let end = meta.first_row.saturating_add(meta.row_count);
@@ -419,7 +420,8 @@ impl Ledger {
     }
 
     /// The mark a record sets, if it is a batch of rows of a bound task or an end of epoch. A batch
-    /// of no rows (a pad batch) belongs to no task.
+    /// of no rows (a pad batch) belongs to no task, and dropped rows, written only right before an
+    /// end of epoch, mark nothing.
     pub fn mark_of(&self, meta: RecordMeta) -> Option<EpochMark> {
         match meta.kind {
             RecordKind::Batch if meta.row_count == 0 => None,
@@ -431,7 +433,7 @@ impl Ledger {
                 })
             }
             RecordKind::EndOfEpoch => Some(EpochMark::EndOfEpoch),
-            RecordKind::Schema | RecordKind::Error => None,
+            RecordKind::Schema | RecordKind::Error | RecordKind::Dropped => None,
         }
     }
 
@@ -651,6 +653,17 @@ mod tests {
         );
         assert_eq!(sut.task(0).expect("bound").consumed_end, 0);
         assert_eq!(sut.largest_tag(), 9);
+        sut.fold(RecordMeta {
+            kind: RecordKind::Dropped,
+            ..batch(7, 160, 15)
+        });
+        let seven = sut.task(7).expect("bound");
+        assert_eq!(
+            (seven.consumed_end, seven.enqueued_end),
+            (175, 180),
+            "dropped rows are taken as read"
+        );
+        assert_eq!(sut.last_folded().expect("mark"), EpochMark::EndOfEpoch);
         assert!(sut.set_end(7, 190));
         assert_eq!(sut.task(7).expect("bound").end, 190);
         assert!(sut.set_end(7, 160));

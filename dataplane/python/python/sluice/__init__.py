@@ -270,6 +270,11 @@ class Reader:
             if kind == "schema":
                 self._schema = pa.ipc.read_schema(pa.py_buffer(record.to_bytes()))
                 record.release()
+            elif kind == "dropped":
+                # Rows the epoch leaves out (data.even_batches: drop): read, but not handed out.
+                self._unreleased.append((position, task_id, end_row))
+                self._yielded_rows.advance(task_id, end_row)
+                record.release()
             elif kind == "end_of_epoch":
                 self._unreleased.append((position, None, 0))
                 record.release()
