@@ -1,8 +1,11 @@
 """Data-parallel training (``torch.distributed`` over gloo, on the CPU) from Sluice rings, with
-``data.even_batches: pad``: every rank gets the same number of batches in each epoch, so the ranks
-step in lockstep to the epoch's end, and the pad rows (``_sluice_pad``) are masked out of the loss.
+``data.even_batches``: every rank gets the same number of batches in each epoch, so the ranks step
+in lockstep to the epoch's end, and the pad rows (``_sluice_pad``) are masked out of the loss. With
+``pad`` a ring with fewer batches pads; with ``drop`` the batches past the fewest are dropped, and
+``_sluice_pad`` is true only after a daemon was killed mid-epoch.
 
-Run it as the trainer of ``examples/even_batches.yaml`` (from the repository's root)::
+Run it as the trainer of ``examples/even_batches.yaml`` or ``examples/even_batches_drop.yaml`` (from
+the repository's root)::
 
     sluice gen --out /tmp/sluice-train --rows 200000 --files 4
     SLUICE_EXAMPLE_DATA=/tmp/sluice-train sluice run examples/even_batches.yaml

@@ -243,6 +243,7 @@ roles:
                 tuning: None,
                 bad: Vec::new(),
                 handed: Vec::new(),
+                dropped: Vec::new(),
             };
             let applied = master.heartbeat(request, round);
             // Not awaited, as a heartbeat of counts alone is answered.

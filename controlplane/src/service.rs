@@ -1602,6 +1602,7 @@ failover: { heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000 }
                     consumed,
                     bad: Vec::new(),
                     sent: 0,
+                    dropped: Vec::new(),
                 })
                 .collect(),
             ..v1::HeartbeatRequest::default()

@@ -90,6 +90,17 @@ pub(crate) fn heartbeat(request: v1::HeartbeatRequest) -> Heartbeat {
             .iter()
             .map(|progress| (TaskId(progress.task_id), progress.sent))
             .collect(),
+        dropped: request
+            .progress
+            .iter()
+            .flat_map(|progress| {
+                let task = TaskId(progress.task_id);
+                progress
+                    .dropped
+                    .iter()
+                    .map(move |span| (task, (span.first_row, span.row_count)))
+            })
+            .collect(),
         bad: request
             .progress
             .into_iter()
@@ -213,13 +224,21 @@ pub(crate) fn commands(
                 NodeCommand::Release => command::Command::Release(v1::Release {}),
                 NodeCommand::Shutdown => command::Command::Shutdown(v1::Shutdown {}),
                 NodeCommand::Refuse(reason) => refuse(&reason),
-                NodeCommand::Settled { current, epochs } => {
-                    command::Command::Settled(v1::SettledBatches {
-                        epochs: epochs
+                NodeCommand::Settled {
+                    current,
+                    epochs,
+                    allowed,
+                } => {
+                    let counts = |counts: Vec<(u32, u64)>| {
+                        counts
                             .into_iter()
                             .map(|(epoch, batches)| v1::EpochBatches { epoch, batches })
-                            .collect(),
+                            .collect()
+                    };
+                    command::Command::Settled(v1::SettledBatches {
+                        epochs: counts(epochs),
                         current_epoch: current,
+                        allowed: counts(allowed),
                     })
                 }
             };
@@ -419,6 +438,7 @@ pub(crate) fn job_data(spec: &JobSpec, plan: &JobPlan) -> v1::JobData {
         even_batches: match spec.data.even_batches {
             EvenBatches::Off => v1::EvenBatches::Off,
             EvenBatches::Pad => v1::EvenBatches::Pad,
+            EvenBatches::Drop => v1::EvenBatches::Drop,
         }
         .into(),
         max_threads: spec.daemon.max_threads.unwrap_or(0),

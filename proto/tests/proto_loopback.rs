@@ -128,6 +128,7 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                 consumed: 200,
                 bad: Vec::new(),
                 sent: 0,
+                dropped: Vec::new(),
             }],
         })
         .await
@@ -148,6 +149,7 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                     consumed: 350,
                     bad: Vec::new(),
                     sent: 0,
+                    dropped: Vec::new(),
                 },
                 TaskProgress {
                     task_id: 9,
@@ -155,6 +157,7 @@ async fn register_and_heartbeat(address: std::net::SocketAddr) {
                     consumed: 0,
                     bad: Vec::new(),
                     sent: 0,
+                    dropped: Vec::new(),
                 },
             ],
             stages: Vec::new(),

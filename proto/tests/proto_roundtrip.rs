@@ -5,7 +5,7 @@ use sluice_proto::v1::{
     AddedSource, AssignTasks, BadRange, Blacklisted, Command, CountOutOfRange, DeletionVector,
     DeltaSplitInfo, DoneBeforeEnd, EpochBatches, Fence, HeartbeatReply, HeartbeatRequest,
     JournalMark, NoStopRequested, NotHeld, ObjectIdentity, PartitionValue, ReadTuning, Refusal,
-    Refuse, Release, RingStats, SettledBatches, Shutdown, SourceData, Split, SplitBytes,
+    Refuse, Release, RingStats, RowSpan, SettledBatches, Shutdown, SourceData, Split, SplitBytes,
     StageStats, StopRowOutOfRange, StopTask, TaskAssignment, TaskProgress, UnknownNode,
     UnknownTask, command, refusal,
 };
@@ -29,6 +29,10 @@ fn heartbeat_request() -> HeartbeatRequest {
                     cause: "invalid page header".into(),
                 }],
                 sent: 8192,
+                dropped: vec![RowSpan {
+                    first_row: 800,
+                    row_count: 96,
+                }],
             },
             TaskProgress {
                 task_id: 12,
@@ -36,6 +40,7 @@ fn heartbeat_request() -> HeartbeatRequest {
                 consumed: 0,
                 bad: Vec::new(),
                 sent: 0,
+                dropped: Vec::new(),
             },
         ],
         stages: vec![
@@ -222,6 +227,10 @@ fn heartbeat_reply_with_every_command() -> HeartbeatReply {
                     batches: 41,
                 }],
                 current_epoch: 3,
+                allowed: vec![EpochBatches {
+                    epoch: 3,
+                    batches: 17,
+                }],
             })),
         },
     ];

@@ -115,6 +115,7 @@ fn a_daemon_pulls_every_row_once_and_the_am_exits_when_the_job_succeeds() {
                             consumed: rows,
                             bad: Vec::new(),
                             sent: 0,
+                            dropped: Vec::new(),
                         }],
                         ..v1::HeartbeatRequest::default()
                     })

@@ -175,6 +175,7 @@ async fn run_daemon(address: &str, token: Option<&str>, beats: u64) -> Reported 
             consumed: *consumed,
             bad: Vec::new(),
             sent: 0,
+            dropped: Vec::new(),
         })
         .collect();
     for beat in 1..=beats {

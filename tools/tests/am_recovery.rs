@@ -123,6 +123,7 @@ impl Daemon {
                 consumed: held.consumed,
                 bad: Vec::new(),
                 sent: 0,
+                dropped: Vec::new(),
             })
             .collect()
     }

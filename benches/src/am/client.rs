@@ -320,6 +320,7 @@ impl Daemon {
                     consumed: task.consumed,
                     bad: Vec::new(),
                     sent: task.enqueued,
+                    dropped: Vec::new(),
                 })
                 .collect(),
             stages: self.stage_stats(),

@@ -285,6 +285,13 @@ pub enum Event {
         /// Whether one of its rings has nothing left to write.
         dry: bool,
     },
+    /// These tasks of the current epoch, those still pending in its order, are handed out first,
+    /// in the order given (`data.even_batches: drop`: the tasks of the splits whose rows the epoch
+    /// before left out).
+    Front {
+        /// The tasks.
+        tasks: Vec<TaskId>,
+    },
 }
 
 /// How far into the epoch's order of pending tasks [`Event::AcquireNear`] looks: a node takes a
@@ -308,7 +315,8 @@ impl Event {
             | Event::SourceAdded { .. }
             | Event::FollowEnded
             | Event::FollowFailed { .. }
-            | Event::Failed { .. } => None,
+            | Event::Failed { .. }
+            | Event::Front { .. } => None,
         }
     }
 }
@@ -554,6 +562,7 @@ pub fn decide(state: &mut JobState, event: Event) -> Vec<Action> {
         Event::SplitsAdded { split_rows } => state.on_splits_added(split_rows, &mut actions),
         Event::SourceAdded { split_rows } => state.on_source_added(split_rows, &mut actions),
         Event::FollowEnded => state.on_follow_ended(&mut actions),
+        Event::Front { tasks } => state.bring_to_front(&tasks),
         Event::FollowFailed { reason } | Event::Failed { reason } => {
             state.on_failed(reason, &mut actions)
         }

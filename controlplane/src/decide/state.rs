@@ -904,6 +904,30 @@ impl JobState {
         }
     }
 
+    /// Moves the tasks `first` that are pending in the epoch's order to its front, in the order
+    /// given; the tasks they displace keep their order after them. A task handed out already, or
+    /// of another epoch, is passed over.
+    pub(super) fn bring_to_front(&mut self, first: &[TaskId]) {
+        let mut rank: HashMap<u32, usize> = HashMap::new();
+        for task in first {
+            if let Some(slot) = self.slot_of(*task) {
+                let next = rank.len();
+                rank.entry(slot).or_insert(next);
+            }
+        }
+        if rank.is_empty() {
+            return;
+        }
+        let pending: Vec<u32> = self.order.iter_from(self.cursor).copied().collect();
+        let (mut front, rest): (Vec<u32>, Vec<u32>) = pending
+            .into_iter()
+            .partition(|slot| rank.contains_key(slot));
+        front.sort_by_key(|slot| rank[slot]);
+        for (at, slot) in front.into_iter().chain(rest).enumerate() {
+            self.order[self.cursor + at] = slot;
+        }
+    }
+
     /// The next [`NEAR_WINDOW`] tasks of the epoch's order not yet handed out, with their splits.
     pub fn pending_window(&self) -> impl Iterator<Item = (TaskId, u32)> + '_ {
         self.order

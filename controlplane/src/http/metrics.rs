@@ -144,6 +144,13 @@ fn register_job(registry: &mut Registry, status: &v1::StatusReply) {
         "Skips of rows that did not decode (data.on_bad_data), in every epoch; the job's status names each",
         bad_skips,
     );
+    let dropped_rows = Counter::<u64, AtomicU64>::default();
+    dropped_rows.inc_by(status.dropped_rows);
+    registry.register(
+        "even_batches_dropped_rows",
+        "Rows the rings left out of their epoch to keep their batch counts equal (data.even_batches: drop), in every epoch",
+        dropped_rows,
+    );
     let task_states = Family::<StateLabel, GaugeU64>::default();
     for (state, count) in [
         ("pending", tasks.pending),

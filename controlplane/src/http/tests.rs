@@ -99,6 +99,7 @@ fn busy_am() -> (Arc<Am>, Handed) {
             consumed,
             bad: Vec::new(),
             sent: 0,
+            dropped: Vec::new(),
         })
         .collect();
     sut.heartbeat(
@@ -300,6 +301,8 @@ fn reported_status() -> v1::StatusReply {
         bad_data: Vec::new(),
         bad_rows: 120,
         bad_ranges: 2,
+        dropped: Vec::new(),
+        dropped_rows: 4,
         epoch: 1,
         epochs: 3,
         roles: Vec::new(),

@@ -39,6 +39,8 @@ pub enum NodeCommand {
         current: u32,
         /// Settled epochs and their counts.
         epochs: Vec<(u32, u64)>,
+        /// With `drop`, the batches every ring may write in the epochs not settled yet.
+        allowed: Vec<(u32, u64)>,
     },
 }
 
@@ -112,6 +114,9 @@ pub struct Heartbeat {
     /// Per task, the rows handed to its ring's writer, relative to the task's start; read before
     /// the rings' batch counts in `rings`.
     pub handed: Vec<(TaskId, u64)>,
+    /// The rows of its tasks its rings left out of their epoch (`data.even_batches: drop`),
+    /// reported again with the tasks' counts: split rows `(first_row, row_count)`.
+    pub dropped: Vec<(TaskId, (u64, u64))>,
 }
 
 /// A daemon ends a task.

@@ -74,6 +74,7 @@
 mod bad_data;
 pub mod calls;
 pub mod checkpoint;
+mod dropped;
 mod even;
 mod following;
 mod replay;
@@ -100,6 +101,7 @@ use bad_data::{BadDataLog, SkipKey};
 use calls::{Heartbeat, JobPhase, NodeCommand, Registered, Registration, Scaled, TaskReport};
 use checkpoint::{Checkpoints, RanksChanged};
 pub use checkpoint::{CommitOutcome, ReadyCheckpoint};
+use dropped::DroppedLog;
 use even::EvenBatches;
 use following::Follows;
 pub use following::{FollowTarget, SourceFollow};
@@ -289,6 +291,8 @@ pub struct Master {
     rescale: Option<Rescale>,
     /// The rows the daemons skipped because they did not decode.
     bad_data: BadDataLog,
+    /// The rows the rings left out of their epochs (`data.even_batches: drop`).
+    dropped: DroppedLog,
     /// The sources added to the running job, after the spec's in `spec`.
     added_sources: Vec<AddedSource>,
     /// Per split, the node its last task went to: a hint for locality, rebuilt by the events a new
@@ -435,10 +439,13 @@ impl Master {
             Some(sources) => JobState::mixed(config, split_rows, &sources)?,
             None => JobState::new(config, split_rows)?,
         };
-        let role_sizes = spec.roles.iter().map(|role| role.num).collect();
+        let role_sizes: Vec<u32> = spec.roles.iter().map(|role| role.num).collect();
         let follows = Follows::new(&spec, &plan);
-        let even =
-            (spec.data.even_batches != crate::spec::EvenBatches::Off).then(EvenBatches::default);
+        let even = match spec.data.even_batches {
+            crate::spec::EvenBatches::Off => None,
+            crate::spec::EvenBatches::Pad => Some(EvenBatches::new(false, role_sizes.iter().sum())),
+            crate::spec::EvenBatches::Drop => Some(EvenBatches::new(true, role_sizes.iter().sum())),
+        };
         Ok(Master {
             spec,
             plan,
@@ -460,6 +467,7 @@ impl Master {
             exit_causes: BTreeMap::new(),
             added: JobPlan::default(),
             bad_data: BadDataLog::default(),
+            dropped: DroppedLog::default(),
             added_sources: Vec::new(),
             readers: Vec::new(),
             latest_ms: 0,
@@ -757,8 +765,9 @@ impl Master {
     fn take_rings_back(&mut self, previous_sizes: Vec<u32>, restore: bool) {
         checkpoint::decide(&mut self.checkpoints, RanksChanged);
         // The rings go, and the new ones count the epoch's batches from the trainers' new start.
+        let world = self.world_size();
         if let Some(even) = &mut self.even {
-            *even = EvenBatches::default();
+            even.reset(world);
         }
         let event = RescaleEvent::Started {
             previous_sizes,
@@ -973,8 +982,10 @@ impl Master {
             // reports them all handed.
             even.settle(&self.table);
         }
-        // Before the counts: the heartbeat may end the epoch whose tasks the skips belong to.
+        // Before the counts: the heartbeat may end the epoch whose tasks the skips and drops
+        // belong to.
         let mut entries = self.bad_data_reported(request.bad);
+        entries.extend(self.drops_reported(request.dropped));
         let event = Event::Heartbeat {
             node,
             now_ms,
@@ -996,8 +1007,12 @@ impl Master {
     /// an answer waits for the journal: the counts follow from the daemons' reports, not from it.
     pub fn settled_for(&self, node: NodeId) -> Option<NodeCommand> {
         let current = self.table.epoch();
-        let epochs = self.even.as_ref()?.settled_for(node, current);
-        Some(NodeCommand::Settled { current, epochs })
+        let even = self.even.as_ref()?;
+        Some(NodeCommand::Settled {
+            current,
+            epochs: even.settled_for(node, current),
+            allowed: even.allowed_from(current),
+        })
     }
 
     /// Records the skips a daemon reports that are new (and lie in their tasks' splits), and fails
@@ -1009,42 +1024,10 @@ impl Master {
         if self.table.outcome().is_some() {
             return entries;
         }
-        let epoch = self.table.epoch();
-        let first = self.table.first_task_id();
         for (task, range) in reported {
-            let span = task
-                .0
-                .checked_sub(first)
-                .and_then(|index| u32::try_from(index).ok())
-                .and_then(|index| self.table.task_span(index));
-            let Some(span) = span else {
+            let Some(key) = self.reported_rows(task, range.first_row, range.row_count, "skip")
+            else {
                 continue;
-            };
-            // The rows of a skip lie in the task's split: a report of others is refused, not
-            // counted.
-            let split_rows = self
-                .plan
-                .splits
-                .get(span.split as usize)
-                .map_or(0, |split| split.row_count);
-            if range
-                .first_row
-                .checked_add(range.row_count)
-                .is_none_or(|end| range.row_count == 0 || end > split_rows)
-            {
-                tracing::warn!(
-                    task = task.0,
-                    first_row = range.first_row,
-                    rows = range.row_count,
-                    split_rows,
-                    "a skip reported outside its task's split is refused"
-                );
-                continue;
-            }
-            let key = SkipKey {
-                epoch,
-                split: span.split,
-                first_row: range.first_row,
             };
             if self.bad_data.knows(&key) {
                 continue;
@@ -1059,6 +1042,97 @@ impl Master {
             }
         }
         entries
+    }
+
+    /// Where rows `[first_row, first_row + row_count)` of `task` of the current epoch lie, which
+    /// a daemon reports as a `what`: `None` for a task not of the epoch, and for rows outside its
+    /// split, which are refused, not counted.
+    fn reported_rows(
+        &self,
+        task: TaskId,
+        first_row: u64,
+        row_count: u64,
+        what: &str,
+    ) -> Option<SkipKey> {
+        let span = task
+            .0
+            .checked_sub(self.table.first_task_id())
+            .and_then(|index| u32::try_from(index).ok())
+            .and_then(|index| self.table.task_span(index))?;
+        let split_rows = self
+            .plan
+            .splits
+            .get(span.split as usize)
+            .map_or(0, |split| split.row_count);
+        if first_row
+            .checked_add(row_count)
+            .is_none_or(|end| row_count == 0 || end > split_rows)
+        {
+            tracing::warn!(
+                task = task.0,
+                first_row,
+                rows = row_count,
+                split_rows,
+                "a {what} reported outside its task's split is refused"
+            );
+            return None;
+        }
+        Some(SkipKey {
+            epoch: self.table.epoch(),
+            split: span.split,
+            first_row,
+        })
+    }
+
+    /// Records the drops a daemon reports that are new (`data.even_batches: drop`), journaled.
+    fn drops_reported(&mut self, reported: Vec<(TaskId, (u64, u64))>) -> Vec<Entry> {
+        let mut entries = Vec::new();
+        for (task, (first_row, rows)) in reported {
+            let Some(key) = self.reported_rows(task, first_row, rows, "drop") else {
+                continue;
+            };
+            if self.dropped.knows(&key) {
+                continue;
+            }
+            tracing::info!(
+                epoch = key.epoch,
+                split = key.split,
+                first_row,
+                rows,
+                "rows left out of the epoch to keep the rings' batch counts equal (data.even_batches: drop)"
+            );
+            entries.push(Entry::RowsDropped { key, rows });
+            self.dropped.record(key, rows);
+        }
+        entries
+    }
+
+    /// With `data.even_batches: drop`, once the table moved on from `ended`: the tasks that read
+    /// the rows `ended` dropped, to hand out first. Without a shuffle a task's rows are the same
+    /// split rows in every epoch, so these are the tasks whose rows overlap a drop; with one, each
+    /// epoch permutes a split's rows anew, and every task of a split with a drop may hold its rows.
+    fn dropped_first(&self, ended: u32) -> Option<Event> {
+        let shuffled = self.spec.data.shuffle.enabled;
+        let drops: Vec<&(SkipKey, u64)> = self.dropped.of_epoch(ended).collect();
+        if drops.is_empty() {
+            return None;
+        }
+        let first = self.table.first_task_id();
+        let tasks: Vec<TaskId> = self
+            .table
+            .task_spans()
+            .enumerate()
+            .filter(|(_, (span, _))| {
+                drops.iter().any(|(key, rows)| {
+                    key.split == span.split
+                        && (shuffled
+                            || (span.start < key.first_row.saturating_add(*rows)
+                                && key.first_row < span.end))
+                })
+            })
+            .map(|(index, _)| TaskId(first + index as u64))
+            .collect();
+        (!tasks.is_empty()).then_some(Event::Front { tasks })
     }
 
     /// Records a skip; returns why the job fails when the epoch's skipped rows pass the budget.
@@ -1254,8 +1328,15 @@ impl Master {
             commands.push(NodeCommand::Shutdown);
             return (commands, Vec::new());
         }
-        let entries = vec![Entry::Event(event.clone())];
+        let epoch = self.table.epoch();
+        let mut entries = vec![Entry::Event(event.clone())];
         let mut commands = self.apply_event(Some(caller), event);
+        if self.table.epoch() > epoch
+            && let Some(front) = self.dropped_first(epoch)
+        {
+            entries.push(Entry::Event(front.clone()));
+            commands.extend(self.apply_event(Some(caller), front));
+        }
         if self.release_due(caller) {
             // First: the commands after it are for the rings the daemon gives back.
             commands.insert(0, NodeCommand::Release);

@@ -595,6 +595,7 @@ impl Sim<'_> {
                 tuning: None,
                 bad: Vec::new(),
                 handed: Vec::new(),
+                dropped: Vec::new(),
             },
             self.now_ms,
         );
@@ -635,6 +636,7 @@ impl Sim<'_> {
                 tuning: None,
                 bad: Vec::new(),
                 handed: Vec::new(),
+                dropped: Vec::new(),
             },
             self.now_ms,
         );

@@ -9,6 +9,7 @@
 use super::bad_data::{BadDataLog, BadRange, SkipKey};
 use super::calls::NodeCommand;
 use super::checkpoint::{Checkpoints, PendingCheckpoint, RankPositions, RestoredAt};
+use super::dropped::DroppedLog;
 use super::rescale::Rescale;
 use super::{JournaledSource, Master, SourceFollow};
 use crate::decide::{DataPosition, Event, NodeId, RestoreMode, TableSnapshot, TaskId};
@@ -149,6 +150,14 @@ pub enum Entry {
         /// The files' identities, file indices counted from the first of `files`.
         identities: Vec<PlannedIdentity>,
     },
+    /// A ring left rows out of their epoch to keep the batch counts equal
+    /// (`data.even_batches: drop`).
+    RowsDropped {
+        /// Where the rows lie in the job's plan.
+        key: SkipKey,
+        /// How many split rows.
+        rows: u64,
+    },
 }
 
 /// The AM's state at one point of its journal, from which the entries after it replay.
@@ -157,6 +166,15 @@ pub struct Snapshot {
     pub(super) core: SnapshotCore,
     pub(super) bad_data: BadDataLog,
     pub(super) added_sources: Vec<JournaledSource>,
+    pub(super) dropped: DroppedLog,
+}
+
+/// A [`Snapshot`] as written before rings could drop rows (`data.even_batches: drop`).
+#[derive(Deserialize)]
+struct SnapshotWithoutDrops {
+    core: SnapshotCore,
+    bad_data: BadDataLog,
+    added_sources: Vec<JournaledSource>,
 }
 
 /// A [`Snapshot`] as written before sources could be added to a running job.
@@ -243,11 +261,20 @@ impl crate::journal::SnapshotFormat for Snapshot {
         };
         // Each older encoding is a prefix of the newer ones: it must take the whole body, or the
         // body is none of them.
+        if let Some(older) = exactly::<SnapshotWithoutDrops>(body) {
+            return Ok(Snapshot {
+                core: older.core,
+                bad_data: older.bad_data,
+                added_sources: older.added_sources,
+                dropped: DroppedLog::default(),
+            });
+        }
         if let Some(older) = exactly::<SnapshotWithoutAddedSources>(body) {
             return Ok(Snapshot {
                 core: older.core,
                 bad_data: older.bad_data,
                 added_sources: Vec::new(),
+                dropped: DroppedLog::default(),
             });
         }
         let core = exactly::<SnapshotCore>(body).or_else(|| {
@@ -274,6 +301,7 @@ impl crate::journal::SnapshotFormat for Snapshot {
             core,
             bad_data: BadDataLog::default(),
             added_sources: Vec::new(),
+            dropped: DroppedLog::default(),
         })
         .ok_or(error)
     }
@@ -379,6 +407,7 @@ impl Master {
             Entry::BadDataSkipped { key, range } => {
                 self.bad_data.record(key, range);
             }
+            Entry::RowsDropped { key, rows } => self.dropped.record(key, rows),
             Entry::ExecutorLaunched { id } => {
                 self.executor_launched(id);
             }
@@ -426,6 +455,7 @@ impl Master {
                 .iter()
                 .map(|source| source.journaled.clone())
                 .collect(),
+            dropped: self.dropped.clone(),
         }
     }
 
@@ -435,8 +465,10 @@ impl Master {
             core: snapshot,
             bad_data,
             added_sources,
+            dropped,
         } = snapshot;
         self.bad_data = bad_data;
+        self.dropped = dropped;
         self.restore_sources(added_sources)?;
         let planned_files = self.plan.files.len() - self.added.files.len();
         let planned_splits = self.plan.splits.len() - self.added.splits.len();

@@ -110,6 +110,7 @@ fn heartbeat_applied(
                     consumed: *consumed,
                     bad: Vec::new(),
                     sent: 0,
+                    dropped: Vec::new(),
                 })
                 .collect(),
             ..v1::HeartbeatRequest::default()
@@ -249,6 +250,7 @@ fn even_heartbeat(
                     consumed,
                     bad: Vec::new(),
                     sent,
+                    dropped: Vec::new(),
                 })
                 .collect(),
             rings: rings
@@ -268,7 +270,9 @@ fn even_heartbeat(
         now_ms,
     );
     match sut.settled_for(NodeId(node)) {
-        Some(NodeCommand::Settled { current, epochs }) => (current, epochs),
+        Some(NodeCommand::Settled {
+            current, epochs, ..
+        }) => (current, epochs),
         other => panic!("a padding job tells every node its counts: {other:?}"),
     }
 }
@@ -330,6 +334,7 @@ fn an_epoch_settles_at_the_most_batches_of_a_ring_once_every_row_is_handed_to_a_
                 batches: 7
             }],
             current_epoch: 0,
+            allowed: Vec::new(),
         }))
     );
     // Every row consumed: epoch 1 begins; epoch 0 stays settled for the rings still padding it,
@@ -348,6 +353,199 @@ fn an_epoch_settles_at_the_most_batches_of_a_ring_once_every_row_is_handed_to_a_
     // A ring in epoch 1 that counted nothing there yet: the node is told from epoch 0 on.
     let (_, settled) = even_heartbeat(&mut sut, 0, 5, &[], &[&[(0, 7), (1, 0)], &[(0, 7)]]);
     assert_eq!(settled, vec![(0, 7)]);
+}
+
+/// A task's counts in a dropping job's heartbeat: `(task, enqueued, consumed, sent, dropped spans
+/// as (first row, rows))`.
+type DropProgress<'a> = (u64, u64, u64, u64, &'a [(u64, u64)]);
+
+/// Batch counts by epoch: `(epoch, batches)`.
+type Counts = Vec<(u32, u64)>;
+
+/// A heartbeat of a dropping job's `node`: its tasks' counts and its rings' batch counts by epoch,
+/// as the master applied it.
+fn drop_heartbeat(
+    sut: &mut Master,
+    node: u64,
+    now_ms: u64,
+    progress: &[DropProgress],
+    rings: &[&[(u32, u64)]],
+) -> Applied<Vec<NodeCommand>> {
+    sut.heartbeat(
+        wire::heartbeat(v1::HeartbeatRequest {
+            node_id: node,
+            progress: progress
+                .iter()
+                .map(
+                    |&(task_id, enqueued, consumed, sent, dropped)| v1::TaskProgress {
+                        task_id,
+                        enqueued,
+                        consumed,
+                        bad: Vec::new(),
+                        sent,
+                        dropped: dropped
+                            .iter()
+                            .map(|&(first_row, row_count)| v1::RowSpan {
+                                first_row,
+                                row_count,
+                            })
+                            .collect(),
+                    },
+                )
+                .collect(),
+            rings: rings
+                .iter()
+                .enumerate()
+                .map(|(rank, counts)| v1::RingStats {
+                    rank: rank as u32,
+                    epoch_batches: counts
+                        .iter()
+                        .map(|&(epoch, batches)| v1::EpochBatches { epoch, batches })
+                        .collect(),
+                    ..v1::RingStats::default()
+                })
+                .collect(),
+            ..v1::HeartbeatRequest::default()
+        }),
+        now_ms,
+    )
+}
+
+/// What `settled_for` tells `node`: settled counts and allowed batches.
+fn told(sut: &Master, node: u64) -> (Counts, Counts) {
+    match sut.settled_for(NodeId(node)) {
+        Some(NodeCommand::Settled {
+            epochs, allowed, ..
+        }) => (epochs, allowed),
+        other => panic!("a dropping job tells every node its counts: {other:?}"),
+    }
+}
+
+#[test]
+fn a_dropping_job_allows_the_fewest_batches_settles_at_them_and_reads_the_dropped_splits_first() {
+    let mut sut = master_of(&SPEC.replace(
+        "  shuffle: { seed: 3 }\n",
+        "  shuffle: { seed: 3 }\n  epochs: 2\n  fixed_batch_size: true\n  even_batches: drop\n",
+    ));
+    let mut journal = Vec::new();
+    journal.extend(register(&mut sut, 0, 0).entries);
+    journal.extend(register(&mut sut, 1, 0).entries);
+    let applied = acquire_applied(&mut sut, 0, 1, 3);
+    let first = assigned(&applied.reply);
+    journal.extend(applied.entries);
+    let applied = acquire_applied(&mut sut, 1, 1, 3);
+    let second = assigned(&applied.reply);
+    journal.extend(applied.entries);
+    assert_eq!((first.len(), second.len()), (3, 2));
+    let rows = |task: &v1::TaskAssignment| task.end - task.start;
+    let handed = |tasks: &[v1::TaskAssignment]| -> Vec<DropProgress> {
+        tasks
+            .iter()
+            .map(|task| (task.task_id, 0, 0, rows(task), &[][..]))
+            .collect()
+    };
+    // Two of the job's four rings reported: nothing is allowed yet.
+    let applied = drop_heartbeat(&mut sut, 0, 2, &handed(&first), &[&[(0, 7)], &[(0, 3)]]);
+    journal.extend(applied.entries);
+    assert_eq!(told(&sut, 0), (vec![], vec![]));
+    // All four: every ring may write the fewest any has, 2; node 1 has a row not handed yet.
+    let mut partly = handed(&second);
+    partly[1].3 -= 1;
+    let applied = drop_heartbeat(&mut sut, 1, 2, &partly, &[&[(0, 2)], &[(0, 6)]]);
+    journal.extend(applied.entries);
+    assert_eq!(told(&sut, 0), (vec![], vec![(0, 2)]));
+    // Every row handed: the epoch settles at the fewest, 3, and nothing more is only allowed.
+    let applied = drop_heartbeat(&mut sut, 1, 3, &handed(&second), &[&[(0, 5)], &[(0, 6)]]);
+    journal.extend(applied.entries);
+    assert_eq!(told(&sut, 1), (vec![(0, 3)], vec![]));
+    // Node 0's first ring dropped the rows of its last four batches: two spans of its first task.
+    let dropping = &first[0];
+    let spans = [(dropping.end - 2, 1), (dropping.end - 1, 1)];
+    let done = |tasks: &[v1::TaskAssignment]| -> Vec<DropProgress> {
+        tasks
+            .iter()
+            .map(|task| {
+                let dropped: &[(u64, u64)] = if task.task_id == dropping.task_id {
+                    &spans
+                } else {
+                    &[]
+                };
+                (task.task_id, rows(task), rows(task), rows(task), dropped)
+            })
+            .collect()
+    };
+    let applied = drop_heartbeat(&mut sut, 0, 4, &done(&first), &[&[(0, 7)], &[(0, 3)]]);
+    journal.extend(applied.entries);
+    let again = drop_heartbeat(&mut sut, 0, 4, &done(&first), &[&[(0, 7)], &[(0, 3)]]);
+    assert!(
+        !again
+            .entries
+            .iter()
+            .any(|entry| matches!(entry, Entry::RowsDropped { .. })),
+        "a drop reported again is journaled once"
+    );
+    journal.extend(again.entries);
+    let applied = drop_heartbeat(&mut sut, 1, 5, &done(&second), &[&[(0, 5)], &[(0, 6)]]);
+    assert!(
+        applied
+            .entries
+            .iter()
+            .any(|entry| matches!(entry, Entry::Event(Event::Front { .. }))),
+        "the epoch's end brings the dropped split's tasks forward, journaled"
+    );
+    journal.extend(applied.entries);
+    assert_eq!(sut.table().epoch(), 1);
+    let status = sut.status(6);
+    assert_eq!(status.dropped_rows, 2);
+    let listed: Vec<(u32, String, u64, u64)> = status
+        .dropped
+        .iter()
+        .map(|drop| (drop.epoch, drop.uri.clone(), drop.first_row, drop.row_count))
+        .collect();
+    let uri = format!("file:///data/train/part-{}.parquet", dropping.split_index);
+    assert_eq!(
+        listed,
+        [
+            (0, uri.clone(), dropping.end - 2, 1),
+            (0, uri, dropping.end - 1, 1)
+        ]
+    );
+    // Epoch 1 hands out every task of the dropped split before any other.
+    let applied = acquire_applied(&mut sut, 0, 7, 5);
+    let next = assigned(&applied.reply);
+    journal.extend(applied.entries);
+    let splits: Vec<u32> = next.iter().map(|task| task.split_index).collect();
+    let of_dropped = splits
+        .iter()
+        .filter(|split| **split == dropping.split_index)
+        .count();
+    assert!(of_dropped > 0 && of_dropped < splits.len(), "{splits:?}");
+    assert!(
+        splits[..of_dropped]
+            .iter()
+            .all(|split| *split == dropping.split_index),
+        "the dropped split's tasks come first: {splits:?}"
+    );
+    // The journal rebuilds the same table, its order included, and the same drops; so does a
+    // snapshot, and one written before drops were kept.
+    let mut recovered = master_of(&SPEC.replace(
+        "  shuffle: { seed: 3 }\n",
+        "  shuffle: { seed: 3 }\n  epochs: 2\n  fixed_batch_size: true\n  even_batches: drop\n",
+    ));
+    for entry in journal {
+        recovered.replay(entry).expect("replay");
+    }
+    assert_eq!(recovered.table().position(), sut.table().position());
+    assert_eq!(recovered.status(6).dropped, status.dropped);
+    let snapshot = sut.snapshot();
+    let encoded = postcard::to_stdvec(&snapshot).expect("encodes");
+    let decoded = <Snapshot as crate::journal::SnapshotFormat>::decode(&encoded).expect("decodes");
+    assert_eq!(decoded, snapshot);
+    let older = postcard::to_stdvec(&(&snapshot.core, &snapshot.bad_data, &snapshot.added_sources))
+        .expect("encodes");
+    let decoded = <Snapshot as crate::journal::SnapshotFormat>::decode(&older).expect("decodes");
+    assert_eq!(decoded.core, snapshot.core);
+    assert_eq!(decoded.dropped.rows(), 0);
 }
 
 #[test]
@@ -2008,6 +2206,7 @@ fn heartbeat_with_skip(
                     cause: "invalid page header".into(),
                 }],
                 sent: 0,
+                dropped: Vec::new(),
             }],
             ..v1::HeartbeatRequest::default()
         }),

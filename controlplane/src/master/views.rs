@@ -79,6 +79,24 @@ impl Master {
                 .collect(),
             bad_rows: self.bad_data.rows(),
             bad_ranges: (self.plan.left_out.len() + self.bad_data.len()) as u64,
+            dropped: self
+                .dropped
+                .recent()
+                .map(|(key, rows)| {
+                    let split = self.plan.splits.get(key.split as usize);
+                    v1::DroppedRows {
+                        epoch: key.epoch,
+                        uri: split
+                            .and_then(|split| self.plan.files.get(split.file as usize))
+                            .map(|file| file.uri.clone())
+                            .unwrap_or_default(),
+                        split_first_row: split.map_or(0, |split| split.first_row),
+                        first_row: key.first_row,
+                        row_count: *rows,
+                    }
+                })
+                .collect(),
+            dropped_rows: self.dropped.rows(),
         }
     }
 

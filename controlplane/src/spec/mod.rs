@@ -200,11 +200,16 @@ pub enum EvenBatches {
     /// Once the epoch's batches are all counted, the rings with fewer batches than the most get
     /// batches of rows they already had, marked by the boolean column `_sluice_pad`.
     Pad,
+    /// No ring gets more batches than the fewest any ring gets: a ring holds back the batches it
+    /// was handed past the fewest so far, and once the epoch's batches are all counted, drops
+    /// those past the fewest. The dropped rows are counted and named in status, and their splits'
+    /// tasks come first in the next epoch.
+    Drop,
 }
 
 impl EvenBatches {
     /// The names accepted in `data.even_batches`.
-    pub const NAMES: &'static [&'static str] = &["off", "pad"];
+    pub const NAMES: &'static [&'static str] = &["off", "pad", "drop"];
 
     fn is_off(&self) -> bool {
         *self == EvenBatches::Off

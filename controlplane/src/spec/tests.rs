@@ -1316,14 +1316,13 @@ fn even_batches_is_checked_and_needs_fixed_batch_size() {
         "data.even_batches",
         &["`padd`", "did you mean `pad`?"],
     );
-    let error = refused(&with_data(
+    let sut = parse_yaml(&with_data(
         "  fixed_batch_size: true\n  even_batches: drop\n",
-    ));
-    assert_error(
-        &error,
-        "data.even_batches",
-        &["`drop`", "use `pad`", "_sluice_pad"],
-    );
+    ))
+    .expect("valid");
+    assert_eq!(sut.data.even_batches, EvenBatches::Drop);
+    let error = refused(&with_data("  even_batches: drop\n"));
+    assert_error(&error, "data.even_batches", &["data.fixed_batch_size"]);
     let error = refused(&with_data("  even_batches: pad\n"));
     assert_error(
         &error,

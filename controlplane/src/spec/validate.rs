@@ -585,13 +585,7 @@ fn validate_even_batches(
     let even = match even {
         None | Some("off") => EvenBatches::Off,
         Some("pad") => EvenBatches::Pad,
-        Some("drop") => {
-            return Err(SpecError::invalid(
-                "data.even_batches",
-                "is `drop`, which this release does not offer: a batch a ring published cannot be taken back",
-                "use `pad`, and mask the pad rows (the boolean column `_sluice_pad`) out of the loss",
-            ));
-        }
+        Some("drop") => EvenBatches::Drop,
         Some(other) => {
             return Err(SpecError::invalid(
                 "data.even_batches",

@@ -56,6 +56,9 @@ struct HeldTask {
     skipped: Vec<v1::BadRange>,
     /// How many of `skipped` an answered heartbeat carried.
     skips_answered: usize,
+    /// The rows its ring left out of their epoch (`data.even_batches: drop`), reported with the
+    /// task's counts.
+    dropped: Vec<v1::RowSpan>,
     /// Reported consumed to its end: the generation of the AM it was first reported to, and the
     /// end of that AM's journal once the report was appended. The task goes once as much of that
     /// journal is durable.
@@ -227,6 +230,7 @@ impl TaskBook {
                 failure: None,
                 skipped: Vec::new(),
                 skips_answered: 0,
+                dropped: Vec::new(),
                 reported_done: None,
             },
         );
@@ -339,6 +343,15 @@ impl TaskBook {
         }
     }
 
+    /// Records rows of the held task `task_id` that its ring left out of their epoch; every later
+    /// heartbeat reports them with the task's counts, the one that reports them consumed among
+    /// them: the feeder tells of them before the writer has their record.
+    pub(crate) fn dropped(&mut self, task_id: TaskId, spans: Vec<v1::RowSpan>) {
+        if let Some(task) = self.tasks.get_mut(&task_id) {
+            task.dropped.extend(spans);
+        }
+    }
+
     /// Whether the task `task_id` is held and its failure known.
     pub(crate) fn failed(&self, task_id: TaskId) -> bool {
         self.tasks
@@ -369,6 +382,7 @@ impl TaskBook {
                 consumed: task.consumed_end.saturating_sub(task.start),
                 bad: task.skipped.clone(),
                 sent: task.sent().saturating_sub(task.start),
+                dropped: task.dropped.clone(),
             })
             .collect()
     }
@@ -387,6 +401,7 @@ impl TaskBook {
                 consumed: task.consumed_end.saturating_sub(task.start),
                 bad: task.skipped.clone(),
                 sent: task.sent().saturating_sub(task.start),
+                dropped: task.dropped.clone(),
             })
             .collect()
     }
@@ -588,6 +603,7 @@ mod tests {
                 consumed: 10,
                 bad: Vec::new(),
                 sent: 30,
+                dropped: Vec::new(),
             }]
         );
         let done = LedgerTask {
@@ -739,6 +755,7 @@ mod tests {
                 consumed: 20,
                 bad: Vec::new(),
                 sent: 40,
+                dropped: Vec::new(),
             }]
         );
     }
@@ -847,6 +864,7 @@ mod tests {
                 consumed: 20,
                 bad: Vec::new(),
                 sent: 20,
+                dropped: Vec::new(),
             }]
         );
     }

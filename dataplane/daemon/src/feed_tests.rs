@@ -137,6 +137,7 @@ fn ring_feed() -> RingFeed {
         source_wait: Arc::default(),
         counted: Arc::default(),
         settled: watch::channel(Settled::default()).1,
+        held: Arc::default(),
     }
 }
 
@@ -1033,6 +1034,7 @@ async fn a_ring_ends_every_epoch_it_gets_no_task_in() {
                 Some(StreamPoint::Ended { epoch }) => format!("end {epoch}"),
                 other => format!("an end tagged {other:?}"),
             }),
+            Write::Dropped { task_id, .. } => seen.push(format!("dropped {task_id}")),
             Write::Survey => {}
         }
     }
@@ -1123,6 +1125,7 @@ async fn a_padding_ring_ends_its_epoch_once_settled_with_pads_of_its_last_rows()
             points.push(StreamPoint::of_tag(tag));
             seen.push("end".to_owned());
         }
+        Write::Dropped { task_id, .. } => seen.push(format!("dropped {task_id}")),
         Write::Survey => {}
     };
     for _ in 0..3 {
@@ -1148,6 +1151,7 @@ async fn a_padding_ring_ends_its_epoch_once_settled_with_pads_of_its_last_rows()
                 batches: 5,
             }],
             current_epoch: 1,
+            allowed: Vec::new(),
         });
     });
     drop(jobs);
@@ -1200,4 +1204,132 @@ async fn a_padding_ring_ends_its_epoch_once_settled_with_pads_of_its_last_rows()
     let tags: Vec<u64> = points.iter().flatten().map(|point| point.tag()).collect();
     assert!(tags.is_sorted(), "tags grow along the stream: {tags:?}");
     assert_eq!(StreamPoint::of_tag(0), None, "0 is no tag");
+}
+
+/// What the AM tells a feeder of `data.even_batches`: settled counts and, with `drop`, what every
+/// ring may write meanwhile.
+fn told(current_epoch: u32, settled: &[(u32, u64)], allowed: &[(u32, u64)]) -> v1::SettledBatches {
+    let counts = |counts: &[(u32, u64)]| {
+        counts
+            .iter()
+            .map(|&(epoch, batches)| v1::EpochBatches { epoch, batches })
+            .collect()
+    };
+    v1::SettledBatches {
+        epochs: counts(settled),
+        current_epoch,
+        allowed: counts(allowed),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropping_ring_writes_what_every_ring_may_have_and_drops_the_rest_once_settled() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 100, 1).await;
+    let split = splits(&uri, u64::MAX).await.remove(0);
+    let shape = JobShape {
+        batch_size: 10,
+        fixed_batch_size: true,
+        even_batches: v1::EvenBatches::Drop,
+        ..JobShape::default()
+    };
+    let pipeline = pipeline(&uri, "parquet", &shape).await;
+    let (jobs, queue) = mpsc::unbounded_channel();
+    let (writer, mut written) = mpsc::channel(16);
+    let (settle, settled) = watch::channel(Settled::default());
+    let feed_state = RingFeed {
+        settled,
+        ..ring_feed()
+    };
+    let counted = feed_state.counted.clone();
+    let held = feed_state.held.clone();
+    // Epoch 0: 25 rows, three batches; epoch 1: 20 rows, two.
+    let controls: Vec<Arc<Mutex<Control>>> = [(0, 0, 0, 25), (1, 1, 25, 45)]
+        .into_iter()
+        .map(|(task_id, epoch, start, end)| {
+            let control = Arc::new(Mutex::new(Control {
+                sent_end: start,
+                ..Control::default()
+            }));
+            jobs.send(Job {
+                assignment: assignment(task_id, epoch, 0, &split, start, end),
+                control: control.clone(),
+            })
+            .expect("the feeder runs");
+            control
+        })
+        .collect();
+    let feeder = tokio::spawn(feed(queue, writer, pipeline, None, feed_state));
+    let describe = |write: Write| match write {
+        Write::Batch {
+            batch,
+            task_id,
+            row_count,
+            tag,
+            ..
+        } => {
+            let ids = Delivered {
+                task_id,
+                first_row: 0,
+                row_count,
+                batch,
+            }
+            .ids("id");
+            let point = match StreamPoint::of_tag(tag) {
+                Some(StreamPoint::Batch { epoch, number }) => format!("{epoch}.{number}"),
+                other => format!("{other:?}"),
+            };
+            format!("{point} {task_id}:{}..{}", ids[0], ids[ids.len() - 1] + 1)
+        }
+        Write::Dropped {
+            task_id,
+            first_row,
+            row_count,
+        } => format!("dropped {task_id}:{first_row}..{}", first_row + row_count),
+        Write::EndOfEpoch { .. } => "end".to_owned(),
+        Write::Survey => "survey".to_owned(),
+    };
+    let quiet = std::time::Duration::from_millis(300);
+    // Nothing is allowed yet: the three batches are made and held.
+    assert!(tokio::time::timeout(quiet, written.recv()).await.is_err());
+    assert_eq!(counted.batches(0), 3, "held batches are counted for the AM");
+    assert_eq!(held.load(std::sync::atomic::Ordering::Relaxed), 3);
+    assert_eq!(lock(&controls[0]).sent_end, 25, "held rows count as handed");
+    // Every ring may have one.
+    settle.send_modify(|settled| {
+        settled.merge(&told(0, &[], &[(0, 1)]));
+    });
+    let first = written.recv().await.expect("the allowed batch");
+    assert_eq!(describe(first), "0.1 0:0..10");
+    assert!(tokio::time::timeout(quiet, written.recv()).await.is_err());
+    // Settled at two: the second is written, the third dropped, and the epoch ends.
+    settle.send_modify(|settled| {
+        settled.merge(&told(1, &[(0, 2)], &[]));
+    });
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(describe(written.recv().await.expect("epoch 0's close")));
+    }
+    assert_eq!(seen, ["0.2 0:10..20", "dropped 0:20..25", "end"]);
+    assert_eq!(
+        lock(&controls[0]).dropped,
+        [v1::RowSpan {
+            first_row: 20,
+            row_count: 5
+        }],
+        "the main loop learns of the drop"
+    );
+    // Epoch 1 settles at its two batches: both are written, nothing is dropped.
+    settle.send_modify(|settled| {
+        settled.merge(&told(2, &[(1, 2)], &[]));
+    });
+    drop(jobs);
+    let mut seen = Vec::new();
+    while let Some(write) = written.recv().await {
+        seen.push(describe(write));
+    }
+    feeder.await.expect("the feeder ends");
+    assert_eq!(seen, ["1.1 1:25..35", "1.2 1:35..45", "end"]);
+    assert!(lock(&controls[1]).dropped.is_empty());
+    assert_eq!(held.load(std::sync::atomic::Ordering::Relaxed), 0);
 }

@@ -2,8 +2,8 @@
 //! (read, permute, transform, batch), and hands their batches to the ring's writer, cut at a task's
 //! stop row.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::AtomicU64;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,9 @@ pub(crate) struct Control {
     pub(crate) failed: Option<String>,
     /// The rows the feeder skipped because they did not decode, not yet taken by the main loop.
     pub(crate) skipped: Vec<v1::BadRange>,
+    /// The rows the ring left out of their epoch (`data.even_batches: drop`), not yet taken by
+    /// the main loop.
+    pub(crate) dropped: Vec<v1::RowSpan>,
 }
 
 /// Which task a ring's feeder waits for the next batch of, from its source, and since when: a read
@@ -212,7 +215,7 @@ impl Pipeline {
         batch: RecordBatch,
         pad: bool,
     ) -> Result<RecordBatch, arrow::error::ArrowError> {
-        if !self.shape.pad {
+        if !self.shape.even {
             return Ok(batch);
         }
         let rows = batch.num_rows();
@@ -255,10 +258,16 @@ pub(crate) fn lock(control: &Mutex<Control>) -> std::sync::MutexGuard<'_, Contro
 /// task of the epoch than the window is opened, so that reading and decoding the next task overlaps
 /// the end of the current one, on another core.
 ///
-/// With `data.even_batches: pad`, the feeder counts the batches it hands to the writer in each
-/// epoch (`counted`), and ends an epoch only once the AM settled its count (`settled`): it first
-/// hands the writer pad batches up to it. An idle feeder pads as soon as the count is settled, and
-/// ends the epochs in which its ring gets no task once the AM has moved past them.
+/// With `data.even_batches`, the feeder counts the batches it makes in each epoch (`counted`), and
+/// ends an epoch only once the AM settled its count (`settled`): with `pad`, it first hands the
+/// writer pad batches up to it. An idle feeder pads as soon as the count is settled, and ends the
+/// epochs in which its ring gets no task once the AM has moved past them.
+///
+/// With `drop`, a batch numbered past what the AM allows every ring so far is held back, in the
+/// feeder's memory and outside the read-ahead budget, at most [`HOLD_CAP`] of them but for a wait
+/// that ran out, and handed to the writer once the AM allows it. Once the count is settled, the
+/// batches past it are dropped: the writer gets a record of their rows that the trainer's reader
+/// counts as read, and the main loop reports them to the AM.
 pub(crate) async fn feed(
     mut jobs: mpsc::UnboundedReceiver<Job>,
     writer: mpsc::Sender<Write>,
@@ -276,6 +285,7 @@ pub(crate) async fn feed(
         seed,
         rings,
         last: None,
+        held: VecDeque::new(),
     };
     let mut open: Vec<(Job, Pump)> = Vec::new();
     let mut next_epoch: Option<Job> = None;
@@ -331,6 +341,15 @@ pub(crate) async fn feed(
     }
 }
 
+/// The batches a ring's feeder holds back (`data.even_batches: drop`) before it waits for the AM to
+/// allow more: a ring's final count is at most this many past the fewest, but for the rows no
+/// ring could be given.
+const HOLD_CAP: usize = 4;
+
+/// How long a feeder holding [`HOLD_CAP`] batches waits for the AM before it reads one more: a few
+/// heartbeats, in which a ring that ran dry gets a cut of the rows its tasks still have.
+const HOLD_WAIT: Duration = Duration::from_secs(2);
+
 /// What a ring's feeder shares with the rest of the daemon.
 #[derive(Debug, Clone)]
 pub(crate) struct RingFeed {
@@ -340,6 +359,21 @@ pub(crate) struct RingFeed {
     pub(crate) counted: Arc<EpochCount>,
     /// The counts the AM settled, with `data.even_batches`.
     pub(crate) settled: watch::Receiver<Settled>,
+    /// The batches the feeder holds back, with `data.even_batches: drop`: while it holds any, its
+    /// ring does not count as dry.
+    pub(crate) held: Arc<AtomicUsize>,
+}
+
+/// A batch a ring's feeder holds back (`data.even_batches: drop`): its number in the epoch is past
+/// what the AM allows every ring so far.
+struct Held {
+    number: u64,
+    batch: RecordBatch,
+    task_id: u64,
+    first_row: u64,
+    row_count: u64,
+    tag: u64,
+    control: Arc<Mutex<Control>>,
 }
 
 /// One ring's feeder between tasks: the epoch it is in and where its batches go.
@@ -352,6 +386,9 @@ struct Feeder {
     rings: RingFeed,
     /// The last batch handed to the writer, as the transforms left it: what a pad repeats.
     last: Option<RecordBatch>,
+    /// The batches held back, in their order (`data.even_batches: drop`), all of the ring's
+    /// current epoch.
+    held: VecDeque<Held>,
 }
 
 impl Feeder {
@@ -359,7 +396,7 @@ impl Feeder {
     /// epoch meanwhile once its count is settled, and ends the epochs the ring gets no task in.
     /// `None` once the queue is closed or the writer stopped.
     async fn idle(&mut self, jobs: &mut mpsc::UnboundedReceiver<Job>) -> Option<Job> {
-        if !self.pipeline.shape.pad {
+        if !self.pipeline.shape.even {
             return jobs.recv().await;
         }
         loop {
@@ -377,9 +414,10 @@ impl Feeder {
         }
     }
 
-    /// Pads what the settled counts allow while the ring has no task: the current epoch up to its
-    /// count, and every epoch the AM moved past, each then ended. A ring that has counted nothing
-    /// yet starts in the AM's current epoch. False once the writer stopped.
+    /// Pads what the settled counts allow while the ring has no task (or drops, or hands the
+    /// writer what the AM allows, with `drop`): the current epoch up to its count, and every epoch
+    /// the AM moved past, each then ended. A ring that has counted nothing yet starts in the AM's
+    /// current epoch. False once the writer stopped.
     async fn pad_while_idle(&mut self) -> bool {
         loop {
             let settled = self.rings.settled.borrow_and_update().clone();
@@ -394,9 +432,9 @@ impl Feeder {
                 }
             };
             let Some(&count) = settled.epochs.get(&epoch) else {
-                return true;
+                return self.release().await;
             };
-            if !self.pad_to(epoch, count).await {
+            if !self.close_out(epoch, count).await {
                 return false;
             }
             if epoch >= current {
@@ -409,8 +447,8 @@ impl Feeder {
         }
     }
 
-    /// Enters `epoch` for a task of it: when the ring is in another, ends that one first (padded
-    /// to its settled count with `data.even_batches: pad`), and every epoch between in which the
+    /// Enters `epoch` for a task of it: when the ring is in another, ends that one first (closed
+    /// out at its settled count with `data.even_batches`), and every epoch between in which the
     /// ring got no task, so that its trainer counts the epochs the job does. False once the
     /// writer stopped.
     async fn enter(&mut self, epoch: u32) -> bool {
@@ -418,11 +456,11 @@ impl Feeder {
             return true;
         }
         if let Some(ending) = self.epoch {
-            if self.pipeline.shape.pad {
+            if self.pipeline.shape.even {
                 let Some(count) = self.settled_count(ending).await else {
                     return false;
                 };
-                if !self.pad_to(ending, count).await {
+                if !self.close_out(ending, count).await {
                     return false;
                 }
             }
@@ -431,7 +469,7 @@ impl Feeder {
             }
             // With `data.even_batches: pad`, the idle ring already ended (and padded) the epochs
             // the AM moved past.
-            if !self.pipeline.shape.pad {
+            if !self.pipeline.shape.even {
                 for empty in ending.saturating_add(1)..epoch {
                     if !self.end_epoch(empty).await {
                         return false;
@@ -454,7 +492,7 @@ impl Feeder {
     /// The tag of a batch at `point` of the stream: only with `data.even_batches`, whose counts a
     /// daemon that takes the ring over reads back from the tags.
     fn tag(&self, point: StreamPoint) -> u64 {
-        if self.pipeline.shape.pad {
+        if self.pipeline.shape.even {
             point.tag()
         } else {
             0
@@ -464,7 +502,7 @@ impl Feeder {
     fn begin(&mut self, epoch: u32) {
         self.epoch = Some(epoch);
         self.interleave = Interleave::new(self.seed, epoch);
-        if self.pipeline.shape.pad {
+        if self.pipeline.shape.even {
             self.rings.counted.begin(epoch);
         }
     }
@@ -472,22 +510,134 @@ impl Feeder {
     /// Counts one batch of `epoch` for `data.even_batches` and returns its number in the epoch;
     /// without it nothing is counted, and heartbeats carry no counts.
     fn count(&self, epoch: u32) -> u64 {
-        if self.pipeline.shape.pad {
+        if self.pipeline.shape.even {
             self.rings.counted.count(epoch)
         } else {
             0
         }
     }
 
-    /// Waits until the AM settled `epoch`'s count; `None` if the daemon stopped listening.
+    /// Waits until the AM settled `epoch`'s count, handing the writer meanwhile the held batches
+    /// the AM allows; `None` if the daemon stopped listening or the writer stopped.
     async fn settled_count(&mut self, epoch: u32) -> Option<u64> {
-        let settled = self
-            .rings
-            .settled
-            .wait_for(|settled| settled.epochs.contains_key(&epoch))
-            .await
-            .ok()?;
-        settled.epochs.get(&epoch).copied()
+        loop {
+            if !self.release().await {
+                return None;
+            }
+            if let Some(&count) = self.rings.settled.borrow_and_update().epochs.get(&epoch) {
+                return Some(count);
+            }
+            self.rings.settled.changed().await.ok()?;
+        }
+    }
+
+    /// Hands the writer the held batches that the AM allows every ring now. False once the writer
+    /// stopped.
+    async fn release(&mut self) -> bool {
+        let Some(epoch) = self.epoch else {
+            return true;
+        };
+        let allowed = self.rings.settled.borrow().allows(epoch);
+        while self.held.front().is_some_and(|held| held.number <= allowed) {
+            let Some(held) = self.held.pop_front() else {
+                break;
+            };
+            self.rings.held.store(self.held.len(), Ordering::Relaxed);
+            if !self.write_held(held).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Ends the holding of `epoch` at its settled `count`: with `drop`, the held batches up to it go
+    /// to the writer and the others are dropped, and with either mode a ring that has fewer pads up
+    /// to it. False once the writer stopped.
+    async fn close_out(&mut self, epoch: u32, count: u64) -> bool {
+        while let Some(held) = self.held.pop_front() {
+            self.rings.held.store(self.held.len(), Ordering::Relaxed);
+            let written = if held.number <= count {
+                self.write_held(held).await
+            } else {
+                // Told before the writer has the record: the heartbeat that reports the rows read
+                // reports them dropped. A task's batches follow each other: one span for them all.
+                {
+                    let mut control = lock(&held.control);
+                    match control.dropped.last_mut() {
+                        Some(last) if last.first_row + last.row_count == held.first_row => {
+                            last.row_count += held.row_count;
+                        }
+                        _ => control.dropped.push(v1::RowSpan {
+                            first_row: held.first_row,
+                            row_count: held.row_count,
+                        }),
+                    }
+                }
+                let dropped = Write::Dropped {
+                    task_id: held.task_id,
+                    first_row: held.first_row,
+                    row_count: held.row_count,
+                };
+                self.writer.send(dropped).await.is_ok()
+            };
+            if !written {
+                return false;
+            }
+        }
+        self.pad_to(epoch, count).await
+    }
+
+    /// With `drop`, waits while the ring holds [`HOLD_CAP`] batches back, for the AM to allow more:
+    /// the rows of its tasks not handed yet stay with them, where the AM can cut them off for a ring
+    /// that runs dry, and the epoch's counts end close. After [`HOLD_WAIT`] without, it goes on by
+    /// one batch: a task whose rest can be cut no more must end for the epoch to settle. False once
+    /// the writer stopped.
+    async fn wait_for_room(&mut self) -> bool {
+        let deadline = tokio::time::Instant::now() + HOLD_WAIT;
+        while self.held.len() >= HOLD_CAP {
+            match tokio::time::timeout_at(deadline, self.rings.settled.changed()).await {
+                Ok(Ok(())) => {
+                    if !self.release().await {
+                        return false;
+                    }
+                }
+                Ok(Err(_)) | Err(_) => return true,
+            }
+        }
+        true
+    }
+
+    /// Hands the writer a batch it held back. False once the writer stopped.
+    async fn write_held(&mut self, held: Held) -> bool {
+        let write = Write::Batch {
+            batch: held.batch,
+            task_id: held.task_id,
+            first_row: held.first_row,
+            row_count: held.row_count,
+            tag: held.tag,
+        };
+        self.writer.send(write).await.is_ok()
+    }
+
+    /// The next batch of `task`; with batches held, hands the writer meanwhile those the AM comes
+    /// to allow.
+    async fn next_batch(&mut self, task: &mut Pump) -> Result<Option<Ahead>, FeedError> {
+        loop {
+            if self.held.is_empty() {
+                return Ok(task.batches.recv().await);
+            }
+            tokio::select! {
+                next = task.batches.recv() => return Ok(next),
+                changed = self.rings.settled.changed() => {
+                    if changed.is_err() {
+                        return Ok(task.batches.recv().await);
+                    }
+                    if !self.release().await {
+                        return Err(FeedError::WriterStopped);
+                    }
+                }
+            }
+        }
     }
 
     /// Hands the writer pad batches until the ring has `count` in `epoch`. False once the writer
@@ -529,10 +679,13 @@ impl Feeder {
     /// the rest. The batch is counted in its epoch before its rows count as handed, so that a
     /// report that reads the handed rows first and the counts after counts every batch of them.
     async fn feed_task(&mut self, job: &Job, task: &mut Pump) -> Result<Fed, FeedError> {
+        if self.pipeline.shape.drop && !self.wait_for_room().await {
+            return Err(FeedError::WriterStopped);
+        }
         let assignment = &job.assignment;
-        let source_wait = &self.rings.source_wait;
+        let source_wait = self.rings.source_wait.clone();
         source_wait.begin(TaskId(assignment.task_id));
-        let next = task.batches.recv().await;
+        let next = self.next_batch(task).await?;
         source_wait.end();
         // The batch's read-ahead bytes are given back once the writer has it.
         let Some(Ahead {
@@ -570,7 +723,7 @@ impl Feeder {
             return Ok(Fed::Done);
         };
         let end = covered.end();
-        if self.pipeline.shape.pad {
+        if self.pipeline.shape.even {
             self.pipeline.sample.get_or_init(|| covered.batch.clone());
             self.last = Some(covered.batch.clone());
         }
@@ -581,6 +734,25 @@ impl Feeder {
                 task_id: assignment.task_id,
                 error,
             })?;
+        let fed = if end >= limit { Fed::Done } else { Fed::More };
+        if self.pipeline.shape.drop
+            && let StreamPoint::Batch { number, .. } = point
+        {
+            self.held.push_back(Held {
+                number,
+                batch,
+                task_id: assignment.task_id,
+                first_row: covered.first_row,
+                row_count: covered.row_count,
+                tag: self.tag(point),
+                control: job.control.clone(),
+            });
+            self.rings.held.store(self.held.len(), Ordering::Relaxed);
+            if !self.release().await {
+                return Err(FeedError::WriterStopped);
+            }
+            return Ok(fed);
+        }
         let write = Write::Batch {
             task_id: assignment.task_id,
             first_row: covered.first_row,
@@ -594,7 +766,7 @@ impl Feeder {
         if sent.is_err() {
             return Err(FeedError::WriterStopped);
         }
-        Ok(if end >= limit { Fed::Done } else { Fed::More })
+        Ok(fed)
     }
 }
 
@@ -647,6 +819,8 @@ pub(crate) struct Settled {
     pub(crate) current: Option<u32>,
     /// The count of every epoch settled.
     pub(crate) epochs: BTreeMap<u32, u64>,
+    /// With `drop`, the batches every ring may write in an epoch not settled yet.
+    pub(crate) allowed: BTreeMap<u32, u64>,
 }
 
 impl Settled {
@@ -660,7 +834,21 @@ impl Settled {
             let count = self.epochs.entry(counted.epoch).or_default();
             *count = (*count).max(counted.batches);
         }
+        for counted in &told.allowed {
+            let allowed = self.allowed.entry(counted.epoch).or_default();
+            *allowed = (*allowed).max(counted.batches);
+        }
         *self != before
+    }
+
+    /// The batches a ring may write in `epoch` (`data.even_batches: drop`): its settled count once
+    /// there is one, before that what the AM allowed.
+    pub(crate) fn allows(&self, epoch: u32) -> u64 {
+        self.epochs
+            .get(&epoch)
+            .or_else(|| self.allowed.get(&epoch))
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -890,7 +1078,7 @@ pub(crate) async fn open_pipeline(
         .transforms
         .output_schema(&first.schema)
         .map_err(DaemonError::Transform)?;
-    if shape.pad && schema.column_with_name(PAD_COLUMN).is_some() {
+    if shape.even && schema.column_with_name(PAD_COLUMN).is_some() {
         return Err(DaemonError::PadColumnTaken {
             uri: data
                 .sources

@@ -414,6 +414,7 @@ async fn serve(
                 // a batch before it raises `sent_end` past its rows.
                 book.handed(*task_id, control.sent_end);
                 book.skipped(*task_id, std::mem::take(&mut control.skipped));
+                book.dropped(*task_id, std::mem::take(&mut control.dropped));
                 if book.failed(*task_id) {
                     continue;
                 }

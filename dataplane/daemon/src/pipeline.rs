@@ -38,12 +38,18 @@ pub(crate) struct Shape {
     pub(crate) shuffle: Option<ShuffleOptions>,
     /// What a read does with rows that do not decode.
     pub(crate) on_bad_data: v1::BadDataPolicy,
-    /// Whether rings pad to the epoch's settled batch count (`data.even_batches: pad`): every batch
-    /// then carries the boolean column [`PAD_COLUMN`].
-    pub(crate) pad: bool,
+    /// Whether rings end each epoch at its settled batch count (`data.even_batches: pad | drop`):
+    /// they count and tag their batches, and every batch carries the boolean column
+    /// [`PAD_COLUMN`].
+    pub(crate) even: bool,
+    /// Whether rings drop their batches past the settled count (`data.even_batches: drop`), and
+    /// hold back those past what the AM allows until then, rather than pad up to it.
+    pub(crate) drop: bool,
 }
 
-/// The column `data.even_batches: pad` adds to every batch: true in the rows of a pad batch.
+/// The column `data.even_batches` adds to every batch: true in the rows of a pad batch. With
+/// `drop`, a ring pads only when a daemon started again lost batches it held (see the AM's
+/// `even` module).
 pub(crate) const PAD_COLUMN: &str = "_sluice_pad";
 
 /// The daemon's part of `data.shuffle`.
@@ -67,14 +73,15 @@ impl Shape {
                 window: data.shuffle_window.max(1) as usize,
             }),
             on_bad_data: data.on_bad_data(),
-            pad: data.even_batches() == v1::EvenBatches::Pad,
+            even: data.even_batches() != v1::EvenBatches::Off,
+            drop: data.even_batches() == v1::EvenBatches::Drop,
         })
     }
 
     /// The schema of the batches written to the rings, from the transforms' output: with the pad
-    /// column last when the job pads.
+    /// column last with `data.even_batches`.
     pub(crate) fn ring_schema(&self, schema: &SchemaRef) -> SchemaRef {
-        if !self.pad {
+        if !self.even {
             return schema.clone();
         }
         let mut fields: Vec<FieldRef> = schema.fields().iter().cloned().collect();

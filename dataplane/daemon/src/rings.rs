@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sluice_proto::{NodeId, TaskId, v1};
@@ -23,6 +24,8 @@ use crate::writer::{self, Attached, RingState, Write};
 #[derive(Debug)]
 struct RankRing {
     rank: u32,
+    /// The batches its feeder holds back (`data.even_batches: drop`).
+    held: Arc<AtomicUsize>,
     queue: mpsc::UnboundedSender<Job>,
     /// The writer's queue, for surveys.
     writer: mpsc::Sender<Write>,
@@ -70,13 +73,13 @@ impl Rings {
             let epoch = resumed_epoch(
                 attached.mark,
                 attached.largest_tag,
-                pipeline.shape.pad,
+                pipeline.shape.even,
                 current_epoch,
             );
             // With `data.even_batches`, a ring taken over continues its epoch's count from the
             // largest tag in it; after an end of epoch, it is in the next one, with no batch yet.
             let counted = attached.state.counted().clone();
-            if pipeline.shape.pad {
+            if pipeline.shape.even {
                 match StreamPoint::of_tag(attached.largest_tag) {
                     Some(StreamPoint::Batch { epoch, number }) => counted.resume(epoch, number),
                     Some(StreamPoint::Ended { epoch }) => {
@@ -94,6 +97,7 @@ impl Rings {
             )
             .map_err(DaemonError::Writer)?;
             let (queue, jobs) = mpsc::unbounded_channel();
+            let held = Arc::new(AtomicUsize::new(0));
             let feeder = tokio::spawn(feed(
                 jobs,
                 started.sender.clone(),
@@ -103,10 +107,12 @@ impl Rings {
                     source_wait: started.state.source_wait().clone(),
                     counted,
                     settled: told.clone(),
+                    held: held.clone(),
                 },
             ));
             rings.push(RankRing {
                 rank: *rank,
+                held,
                 queue,
                 writer: started.sender,
                 state: started.state,
@@ -136,11 +142,12 @@ impl Rings {
             .collect()
     }
 
-    /// Whether ring `index` holds no record its trainer has not read.
+    /// Whether ring `index` holds no record its trainer has not read, and its feeder holds no
+    /// batch back for it.
     pub(crate) fn is_empty(&self, index: usize) -> bool {
-        self.rings
-            .get(index)
-            .is_some_and(|ring| ring.state.occupancy().0 == 0)
+        self.rings.get(index).is_some_and(|ring| {
+            ring.state.occupancy().0 == 0 && ring.held.load(Ordering::Relaxed) == 0
+        })
     }
 
     /// The ring whose ledger holds task `task_id`, and the task's slot.
@@ -454,6 +461,7 @@ impl Recovered {
                 consumed: task.consumed_end.saturating_sub(task.start),
                 bad: Vec::new(),
                 sent: task.enqueued_end.saturating_sub(task.start),
+                dropped: Vec::new(),
             }));
         }
         Ok(held)
@@ -518,19 +526,19 @@ pub(crate) fn prepare_dir(job_dir: &Path, sharing: Sharing) -> Result<()> {
 /// The epoch a ring's feeder starts in (see [`feed`]) when the ring is taken over as `mark` and
 /// `largest_tag` find it, or opened empty while the job is in `current_epoch`; `None` when the first
 /// task decides it.
-fn resumed_epoch(mark: EpochMark, largest_tag: u64, pad: bool, current_epoch: u32) -> Option<u32> {
+fn resumed_epoch(mark: EpochMark, largest_tag: u64, even: bool, current_epoch: u32) -> Option<u32> {
     match StreamPoint::of_tag(largest_tag) {
         // With `data.even_batches` every record is tagged: the largest tag places the ring.
-        Some(StreamPoint::Batch { epoch, .. }) if pad => Some(epoch),
+        Some(StreamPoint::Batch { epoch, .. }) if even => Some(epoch),
         // An end of epoch is tagged in every job: right after one, the ring is in the next epoch,
         // so that a task of a later epoch ends the epochs it got no task in.
-        Some(StreamPoint::Ended { epoch }) if pad || mark == EpochMark::EndOfEpoch => {
+        Some(StreamPoint::Ended { epoch }) if even || mark == EpochMark::EndOfEpoch => {
             Some(epoch.saturating_add(1))
         }
         _ => match mark {
             EpochMark::Batch { epoch } => Some(epoch),
-            // With `data.even_batches: pad`, the AM's settled counts place an empty ring.
-            EpochMark::Start if !pad => Some(current_epoch),
+            // With `data.even_batches`, the AM's settled counts place an empty ring.
+            EpochMark::Start if !even => Some(current_epoch),
             // A ring whose end of epoch has no tag, from a release that tagged none.
             EpochMark::Start | EpochMark::EndOfEpoch => None,
         },
@@ -567,7 +575,7 @@ mod tests {
     /// Writes `writes` into a new ring of rank 0 under `job_dir` and stops as a killed daemon does,
     /// then takes the ring over as the next daemon does: where its feeder starts, the job being in
     /// epoch 9.
-    fn resumed_after(job_dir: &Path, writes: Vec<Write>, pad: bool) -> Option<u32> {
+    fn resumed_after(job_dir: &Path, writes: Vec<Write>, even: bool) -> Option<u32> {
         let (ring, ledger) = open_ring(job_dir, 0, 64 * 1024, 3).expect("a ring and its ledger");
         let schema = Arc::new(arrow::datatypes::Schema::new(vec![
             arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int64, false),
@@ -592,7 +600,7 @@ mod tests {
         let ring = Ring::open(&path).expect("the ring");
         let ledger = Ledger::open(Ledger::path_beside(&path)).expect("its ledger");
         let attached = writer::attach(ring, ledger).expect("taken over");
-        resumed_epoch(attached.mark, attached.largest_tag, pad, 9)
+        resumed_epoch(attached.mark, attached.largest_tag, even, 9)
     }
 
     #[test]
@@ -600,19 +608,19 @@ mod tests {
         let ended = |epoch| Write::EndOfEpoch {
             tag: StreamPoint::Ended { epoch }.tag(),
         };
-        for pad in [false, true] {
+        for even in [false, true] {
             let directory = tempfile::tempdir().expect("tempdir");
             assert_eq!(
-                resumed_after(directory.path(), vec![ended(3), ended(4)], pad),
+                resumed_after(directory.path(), vec![ended(3), ended(4)], even),
                 Some(5),
-                "pad: {pad}"
+                "even: {even}"
             );
         }
         // An end of epoch without a tag, as an older release wrote it: the first task decides.
         let directory = tempfile::tempdir().expect("tempdir");
         let untagged = vec![Write::EndOfEpoch { tag: 0 }];
         assert_eq!(resumed_after(directory.path(), untagged, false), None);
-        // A ring opened empty starts in the job's epoch, or with pad where the AM's counts say.
+        // A ring opened empty starts in the job's epoch, or with even where the AM's counts say.
         let directory = tempfile::tempdir().expect("tempdir");
         assert_eq!(resumed_after(directory.path(), Vec::new(), false), Some(9));
         let directory = tempfile::tempdir().expect("tempdir");

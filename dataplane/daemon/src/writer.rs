@@ -56,6 +56,16 @@ pub enum Write {
         /// ([`crate::feeder::StreamPoint`]); 0 otherwise.
         tag: u64,
     },
+    /// Rows of a task the ring leaves out of its epoch (`data.even_batches: drop`): a record the
+    /// trainer's reader counts as read and hands out nothing of.
+    Dropped {
+        /// Their task.
+        task_id: u64,
+        /// The split row of the first one.
+        first_row: u64,
+        /// The split rows left out.
+        row_count: u64,
+    },
     /// The end of an epoch's data, tagged as a batch is.
     EndOfEpoch {
         /// The record's tag.
@@ -384,7 +394,7 @@ fn survey(producer: &mut Producer, ledger: &Ledger) -> Result<(EpochMark, u64), 
     let mut largest_tag = ledger.largest_tag();
     producer
         .unread(|meta| {
-            if meta.kind == RecordKind::Batch {
+            if matches!(meta.kind, RecordKind::Batch | RecordKind::Dropped) {
                 ledger.record_enqueued(meta.task_id, meta.first_row + meta.row_count);
             }
             if let Some(unread_mark) = ledger.mark_of(meta) {
@@ -422,7 +432,7 @@ fn write_loop(
         if state.stopping() {
             break;
         }
-        let publishes = matches!(write, Write::Batch { .. } | Write::EndOfEpoch { .. });
+        let publishes = !matches!(write, Write::Survey);
         if publishes && !lease.wait(|| state.stopping()) {
             break;
         }
@@ -458,6 +468,26 @@ fn write_loop(
                     batch.num_rows(),
                     usize::try_from(producer.position() - start).unwrap_or(usize::MAX),
                 );
+            }
+            Write::Dropped {
+                task_id,
+                first_row,
+                row_count,
+            } => {
+                let written = waiting_for_the_trainer(state, || {
+                    let slot = producer.reserve(0)?;
+                    slot.commit(RecordMeta {
+                        kind: RecordKind::Dropped,
+                        task_id,
+                        first_row,
+                        row_count,
+                        tag: 0,
+                    });
+                    Ok(())
+                })?;
+                if !written {
+                    break;
+                }
             }
             Write::EndOfEpoch { tag } => {
                 let written = waiting_for_the_trainer(state, || {

@@ -194,6 +194,27 @@ fn render_summary(status: &v1::StatusReply, seconds: f64) -> String {
             .ok();
         }
     }
+    if status.dropped_rows > 0 {
+        writeln!(
+            out,
+            "even batches: {} rows dropped (data.even_batches: drop), their splits read first in the next epoch; the last:",
+            status.dropped_rows
+        )
+        .ok();
+        let shown = status.dropped.len().saturating_sub(BAD_DATA_SHOWN);
+        for drop in &status.dropped[shown..] {
+            writeln!(
+                out,
+                "  epoch {}: {} split at row {}: split rows [{}, {})",
+                drop.epoch,
+                drop.uri,
+                drop.split_first_row,
+                drop.first_row,
+                drop.first_row + drop.row_count
+            )
+            .ok();
+        }
+    }
     out
 }
 
