@@ -29,7 +29,10 @@
 //!   from the store, never served. A process checks an entry file's CRC the first time it reads
 //!   it, reading it whole; its later reads of the same file (by device and inode) read the header
 //!   and the bytes they need alone, since a file written whole before its rename stays whole while
-//!   the machine runs, and every daemon started after a crash checks each entry again.
+//!   the machine runs, and every daemon started after a crash checks each entry again. Those bytes
+//!   are mapped rather than copied (for 64 KiB or more; an entry file is never written in place),
+//!   and a read within one block is served as a slice of them: the decoder reads the page cache's
+//!   pages as it does a local file's.
 //! - **Sharing.** The daemons of a node share the directory: a rename is atomic, and two daemons
 //!   that fetch the same block write the same bytes. The directory is the user's own (0700; one of
 //!   another user's is refused), as the rings' is.
@@ -620,7 +623,7 @@ impl BlockCache {
             // A range past the object's end: the store's own answer.
             return inner.get_opts(path, options).await;
         }
-        let mut data = BytesMut::with_capacity((served.end - served.start) as usize);
+        let mut parts = Vec::with_capacity(found.len());
         let mut hits = 0;
         let mut from_cache = 0;
         for (offset, slot) in found.iter().enumerate() {
@@ -636,7 +639,7 @@ impl BlockCache {
             let Some(bytes) = entry.bytes(from..to) else {
                 return inner.get_opts(path, options).await;
             };
-            data.extend_from_slice(bytes);
+            parts.push(bytes);
             if was_hit[offset] {
                 hits += 1;
                 from_cache += to - from;
@@ -644,7 +647,16 @@ impl BlockCache {
         }
         add(&self.counters.hits, hits);
         add(&self.counters.bytes_from_cache, from_cache);
-        Ok(object.result(path, served, data.freeze()))
+        // A read within one block is a slice of its entry's bytes; a read across blocks joins them.
+        let data = match parts.as_slice() {
+            [one] => one.clone(),
+            _ => {
+                let mut data = BytesMut::with_capacity((served.end - served.start) as usize);
+                parts.iter().for_each(|part| data.extend_from_slice(part));
+                data.freeze()
+            }
+        };
+        Ok(object.result(path, served, data))
     }
 
     /// Reads the whole object at `path`, one request, and caches its blocks.
@@ -845,11 +857,12 @@ impl Entry {
         }
     }
 
-    /// The bytes `range` (offsets in the block) of the entry, when it holds them.
-    fn bytes(&self, range: Range<u64>) -> Option<&[u8]> {
+    /// The bytes `range` (offsets in the block) of the entry, when it holds them: a slice of its
+    /// data, no copy.
+    fn bytes(&self, range: Range<u64>) -> Option<Bytes> {
         let start = usize::try_from(range.start.checked_sub(self.offset)?).ok()?;
         let end = usize::try_from(range.end.checked_sub(self.offset)?).ok()?;
-        self.data.get(start..end)
+        (start <= end && end <= self.data.len()).then(|| self.data.slice(start..end))
     }
 
     fn header(&self, key: &ObjectKey, block: u64) -> EntryHeader {
@@ -877,6 +890,9 @@ impl Entry {
     }
 }
 
+/// The smallest read of an entry found whole that maps the entry's bytes rather than copying them.
+const MAP_FROM_BYTES: usize = 64 << 10;
+
 /// The bytes `want` (offsets in the block) of the entry file `file` of `file_len` bytes, an entry
 /// already found whole: its header is read and checked against `key` and `block`, and the length
 /// of the file against the header; the data is not checked again.
@@ -901,11 +917,19 @@ fn read_part(
     }
     let end = want.end.min(header.len);
     let start = want.start.min(end);
-    let mut data = vec![0; usize::try_from(end - start).ok()?];
-    file.read_exact_at(&mut data, data_start + start).ok()?;
+    let length = usize::try_from(end - start).ok()?;
+    // An entry file is written whole under `tmp/` and renamed into place, and never written again: its
+    // bytes can be mapped rather than copied. A short read costs less copied than mapped.
+    let data = if length >= MAP_FROM_BYTES {
+        sluice_io::map_frozen(file, data_start + start, length).ok()?
+    } else {
+        let mut data = vec![0; length];
+        file.read_exact_at(&mut data, data_start + start).ok()?;
+        Bytes::from(data)
+    };
     Some(Entry {
         object: header.object,
-        data: Bytes::from(data),
+        data,
         offset: start,
         len: header.len,
     })
@@ -1140,6 +1164,48 @@ mod tests {
             }
         }
         assert_eq!(cache.figures().misses, 6, "each block fetched once");
+    }
+
+    #[tokio::test]
+    async fn large_ranges_are_mapped_from_entries_found_whole_and_outlive_their_files() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let inner = Arc::new(InMemory::new());
+        let block = 4 * MAP_FROM_BYTES as u64;
+        let cache =
+            BlockCache::with_block_bytes(&config(directory.path(), 64 << 20), block).expect("open");
+        let sut = cache.wrap("s3://bucket/", inner.clone());
+        let size = 3 * block + 1000;
+        let data = content(3, size as usize);
+        let tag = put(&inner, "m.parquet", data.clone()).await;
+        // Within a block (a slice of one mapping), across two (joined), and a short one (copied).
+        let ranges = [
+            block / 2..block / 2 + MAP_FROM_BYTES as u64,
+            block - 100..2 * block + 100,
+            2 * block + 10..2 * block + 20,
+            0..size,
+        ];
+        let mut held = Vec::new();
+        for round in 0..2 {
+            for range in ranges.clone() {
+                let got = read(sut.as_ref(), "m.parquet", &tag, Some(range.clone()))
+                    .await
+                    .expect("read");
+                assert_eq!(
+                    got,
+                    data.slice(range.start as usize..range.end as usize),
+                    "round {round}, {range:?}"
+                );
+                held.push((range, got));
+            }
+        }
+        assert_eq!(cache.figures().misses, 4, "each block fetched once");
+        // Entries removed (evicted, or by hand) while their bytes are held: the bytes stay.
+        for path in entries(directory.path()) {
+            fs::remove_file(path).expect("remove");
+        }
+        for (range, got) in held {
+            assert_eq!(got, data.slice(range.start as usize..range.end as usize));
+        }
     }
 
     #[tokio::test]

@@ -9,7 +9,8 @@
 //!   replaces with zeros when the file shrinks under it, flagging the mapping so that the caller fails
 //!   what it decoded instead of the process dying; and the [`FileIdentity`] of a file (device and inode,
 //!   size, modification and status change times), which the caller verifies after decoding, so that a
-//!   file rewritten in place or replaced while it was read is an error as well.
+//!   file rewritten in place or replaced while it was read is an error as well; and [`map_frozen`], a
+//!   zero-copy read of a file that is never written or shortened in place (a disk cache's entry).
 //!
 //! - [`allocator`]: the glibc allocator settings decoding and local reads are fast under, which the
 //!   binaries set first thing in `main`.
@@ -26,5 +27,5 @@ pub mod allocator;
 pub mod mapped;
 pub mod uring;
 
-pub use mapped::{FileIdentity, LazyMapping, Mapping};
+pub use mapped::{FileIdentity, LazyMapping, Mapping, map_frozen};
 pub use uring::{LocalBackend, LocalIo, LocalReader};

@@ -193,6 +193,32 @@ fn install() -> bool {
     })
 }
 
+/// `length` bytes of `file` from `offset`, mapped read-only with their pages read in now (so that a
+/// reader of them does not wait for the device later), as `Bytes` that unmap once the last of them is
+/// dropped: a zero-copy read for a file that is **never written or shortened in place** once it is
+/// complete, such as a disk cache's entry, written whole under another name and renamed into place.
+///
+/// The mapping is not registered with the `SIGBUS` handler: a mapping that could fault must be settled
+/// before what was decoded from it leaves (see [`Mapping`]), and such a file gives it nothing to settle.
+/// `offset` need not be aligned to a page.
+pub fn map_frozen(file: &File, offset: u64, length: usize) -> std::io::Result<Bytes> {
+    if length == 0 {
+        return Ok(Bytes::new());
+    }
+    // SAFETY: the mapping is read-only and owned by the `Bytes` it becomes, which hand out shared views
+    // only. The caller's file is complete and never written or shortened in place (a new version
+    // is a new file renamed over it, and removing it keeps the inode while it is mapped), so the mapped
+    // bytes neither change nor go past the file's end while the mapping lives.
+    let map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(offset)
+            .len(length)
+            .populate()
+            .map(file)
+    }?;
+    Ok(Bytes::from_owner(map))
+}
+
 /// A read-only shared mapping of a local file, registered with the `SIGBUS` handler.
 pub struct Mapping {
     map: memmap2::Mmap,
