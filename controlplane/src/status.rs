@@ -104,6 +104,22 @@ pub fn status_json(reply: &v1::StatusReply) -> serde_json::Value {
             "follow_ended": source.follow_ended,
             "polls": source.polls,
         })).collect::<Vec<_>>(),
+        "bad_data": reply.bad_data.iter().map(|bad| serde_json::json!({
+            "epoch": bad.epoch,
+            "uri": bad.uri,
+            "row_group": bad.row_group,
+            "rows": bad.rows,
+            "cause": bad.cause,
+        })).collect::<Vec<_>>(),
+        "bad_rows": reply.bad_rows,
+        "dropped": reply.dropped.iter().map(|dropped| serde_json::json!({
+            "epoch": dropped.epoch,
+            "uri": dropped.uri,
+            "split_first_row": dropped.split_first_row,
+            "first_row": dropped.first_row,
+            "row_count": dropped.row_count,
+        })).collect::<Vec<_>>(),
+        "dropped_rows": reply.dropped_rows,
     })
 }
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pyarrow.compute
 import pyarrow.dataset
@@ -70,7 +71,8 @@ dist.destroy_process_group()
 
 def run_even_job(sluice_bin, tmp_path, even: str, daemon_killed: bool, source_extra: str, shuffle: str):
     """Runs the lockstep trainers over a job with `data.even_batches: even`; returns the generated
-    data, each rank's epochs and the run's stdout and stderr. `daemon_killed`: node 1's daemon is
+    data, each rank's epochs, the run's stdout and stderr, and the last `sluice status --json` seen
+    while it ran. `daemon_killed`: node 1's daemon is
     killed with SIGKILL in the second epoch, and started again by `sluice run`; it takes its rings
     over and counts on from the tags of the batches in them."""
     data = tmp_path / "data"
@@ -117,12 +119,24 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
         stderr=subprocess.PIPE,
         text=True,
     )
-    stdout, stderr = [], []
+    stdout, stderr, statuses = [], [], []
+
+    def watch(address):
+        while process.poll() is None:
+            try:
+                shown = am_status(sluice_bin, address, env)
+            except (subprocess.SubprocessError, ValueError):
+                shown = {}  # the job ended meanwhile
+            if shown:
+                statuses.append(shown)
+            time.sleep(0.1)
+
     try:
         address = serving_address(process)
         readers = [
             threading.Thread(target=lambda: stdout.append(process.stdout.read()), daemon=True),
             threading.Thread(target=lambda: stderr.append(process.stderr.read()), daemon=True),
+            threading.Thread(target=watch, args=(address,), daemon=True),
         ]
         for reader in readers:
             reader.start()
@@ -146,13 +160,13 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 30000 }}
         launches = (state / "daemon-1.log").read_text().count("launching daemon-1")
         assert launches == 2, f"node 1's daemon was started again: {launches} launches"
     ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(RANKS)]
-    return data, ranks, "".join(stdout), "".join(stderr)
+    return data, ranks, "".join(stdout), "".join(stderr), statuses[-1] if statuses else {}
 
 
 @pytest.mark.parametrize("daemon_killed", [False, True])
 def test_four_lockstep_ranks_get_equal_batches_with_marked_pads_and_every_row_once(sluice_bin, tmp_path, daemon_killed):
     """With `pad` and a filter that keeps about two rows of three."""
-    data, ranks, _, run_stderr = run_even_job(
+    data, ranks, _, run_stderr, _ = run_even_job(
         sluice_bin, tmp_path, "pad", daemon_killed, ', filter: "feature_1 >= 0.3"', "  shuffle: { seed: 11 }\n"
     )
     table = pyarrow.dataset.dataset(str(data)).to_table(columns=["id"], filter=pyarrow.compute.field("feature_1") >= 0.3)
@@ -186,7 +200,7 @@ def test_four_lockstep_ranks_get_equal_batches_by_dropping_and_read_the_dropped_
     not deliver are the ones the AM logged dropped and the run's summary counts, and the next epoch
     delivers them. With the daemon killed, the batches it held are lost and read again, and a ring
     it feeds may pad up to what the others were allowed."""
-    _, ranks, run_stdout, run_stderr = run_even_job(sluice_bin, tmp_path, "drop", daemon_killed, "", "")
+    _, ranks, run_stdout, run_stderr, status = run_even_job(sluice_bin, tmp_path, "drop", daemon_killed, "", "")
     everything = set(range(ROWS))
     logged = [0] * EPOCHS
     for epoch, _, _, rows in DROP_LOG.findall(re.sub("\x1b\\[[0-9;]*m", "", run_stderr)):
@@ -208,6 +222,10 @@ def test_four_lockstep_ranks_get_equal_batches_by_dropping_and_read_the_dropped_
             assert len(missing[epoch]) == logged[epoch], f"epoch {epoch}: {len(missing[epoch])} rows missing, {logged[epoch]} dropped"
     assert sum(logged) > 0, "the rings got the same number of batches in every epoch: nothing was dropped"
     assert f"even batches: {sum(logged)} rows dropped" in run_stdout + run_stderr, "the run's summary counts the drops"
+    # The status the AM served last lists the drops it knew of then, each with its file and rows.
+    assert 0 < status["dropped_rows"] <= sum(logged), status
+    assert sum(drop["row_count"] for drop in status["dropped"]) == status["dropped_rows"]
+    assert all(drop["uri"].startswith("file://") and drop["uri"].endswith(".parquet") for drop in status["dropped"])
     if not daemon_killed:
         assert pads == 0, "a ring padded, though no daemon lost the batches it held"
         for epoch in range(EPOCHS - 1):
