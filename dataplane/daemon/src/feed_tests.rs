@@ -13,7 +13,8 @@ use sluice_proto::v1;
 use tokio::sync::{mpsc, watch};
 
 use crate::feeder::{
-    Control, Job, Pipeline, RingFeed, Settled, StreamPoint, feed, lock, open_pipeline,
+    Control, EpochCount, Job, LocalFloor, Pipeline, RingFeed, Settled, StreamPoint, feed, lock,
+    open_pipeline,
 };
 use crate::shuffle::split_order;
 use crate::tune::{HostLimits, Tuning};
@@ -138,6 +139,7 @@ fn ring_feed() -> RingFeed {
         counted: Arc::default(),
         settled: watch::channel(Settled::default()).1,
         held: Arc::default(),
+        local: None,
     }
 }
 
@@ -1332,4 +1334,77 @@ async fn a_dropping_ring_writes_what_every_ring_may_have_and_drops_the_rest_once
     assert_eq!(seen, ["1.1 1:25..35", "1.2 1:35..45", "end"]);
     assert!(lock(&controls[1]).dropped.is_empty());
     assert_eq!(held.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropping_ring_of_a_node_with_every_rank_writes_what_the_other_rings_made_at_once() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let uri = generated(directory.path(), 100, 1).await;
+    let split = splits(&uri, u64::MAX).await.remove(0);
+    let shape = JobShape {
+        batch_size: 10,
+        fixed_batch_size: true,
+        even_batches: v1::EvenBatches::Drop,
+        ..JobShape::default()
+    };
+    let pipeline = pipeline(&uri, "parquet", &shape).await;
+    let (jobs, queue) = mpsc::unbounded_channel();
+    let (writer, mut written) = mpsc::channel(16);
+    let (settle, settled) = watch::channel(Settled::default());
+    let settle = Arc::new(settle);
+    let counted: Arc<EpochCount> = Arc::default();
+    let other: Arc<EpochCount> = Arc::default();
+    let local = Arc::new(LocalFloor {
+        counts: vec![counted.clone(), other.clone()],
+        told: settle.clone(),
+    });
+    let feed_state = RingFeed {
+        settled,
+        counted: counted.clone(),
+        local: Some(local.clone()),
+        ..ring_feed()
+    };
+    jobs.send(Job {
+        assignment: assignment(0, 0, 0, &split, 0, 25),
+        control: Arc::new(Mutex::new(Control::default())),
+    })
+    .expect("the feeder runs");
+    let feeder = tokio::spawn(feed(queue, writer, pipeline, None, feed_state));
+    let quiet = std::time::Duration::from_millis(300);
+    let number = |write: Option<Write>| match write {
+        Some(Write::Batch { tag, .. }) => StreamPoint::of_tag(tag),
+        other => panic!("a batch, not {other:?}"),
+    };
+    // The other ring made nothing: this one holds its three batches.
+    assert!(tokio::time::timeout(quiet, written.recv()).await.is_err());
+    assert_eq!(counted.batches(0), 3);
+    // The other ring makes two, and tells: two are written, with no word from the AM.
+    other.count(0);
+    other.count(0);
+    local.counted(0);
+    for expected in 1..=2 {
+        assert_eq!(
+            number(written.recv().await),
+            Some(StreamPoint::Batch {
+                epoch: 0,
+                number: expected
+            })
+        );
+    }
+    assert!(tokio::time::timeout(quiet, written.recv()).await.is_err());
+    assert_eq!(settle.borrow().allowed.get(&0), Some(&2));
+    settle.send_modify(|settled| {
+        settled.merge(&told(1, &[(0, 2)], &[]));
+    });
+    let mut rest = Vec::new();
+    for _ in 0..2 {
+        rest.push(match written.recv().await {
+            Some(Write::Dropped { first_row, .. }) => format!("dropped from {first_row}"),
+            Some(Write::EndOfEpoch { .. }) => "end".to_owned(),
+            other => format!("{other:?}"),
+        });
+    }
+    assert_eq!(rest, ["dropped from 20", "end"]);
+    drop(jobs);
+    feeder.await.expect("the feeder ends");
 }

@@ -362,6 +362,40 @@ pub(crate) struct RingFeed {
     /// The batches the feeder holds back, with `data.even_batches: drop`: while it holds any, its
     /// ring does not count as dry.
     pub(crate) held: Arc<AtomicUsize>,
+    /// With `data.even_batches: drop` on a node that feeds every rank of the job, the counts of
+    /// all the job's rings.
+    pub(crate) local: Option<Arc<LocalFloor>>,
+}
+
+/// The rings of a node that feeds every rank of the job (`data.even_batches: drop`): the fewest
+/// batches any of them made in an epoch is what every ring may write, known here at once rather
+/// than a heartbeat later from the AM, which allows the same from the same counts.
+#[derive(Debug)]
+pub(crate) struct LocalFloor {
+    /// Every ring's count.
+    pub(crate) counts: Vec<Arc<EpochCount>>,
+    /// Where the feeders learn what they may write.
+    pub(crate) told: Arc<watch::Sender<Settled>>,
+}
+
+impl LocalFloor {
+    /// A ring made a batch of `epoch`: raises what every ring may write to the fewest any made.
+    /// A ring not in `epoch` (before it, or two epochs past it) counts 0 there, which raises
+    /// nothing; counts only grow, so the fewest never overstates the final one.
+    pub(crate) fn counted(&self, epoch: u32) {
+        let fewest = self
+            .counts
+            .iter()
+            .map(|counted| counted.batches(epoch))
+            .min()
+            .unwrap_or(0);
+        self.told.send_if_modified(|settled| {
+            let allowed = settled.allowed.entry(epoch).or_default();
+            let raised = fewest > *allowed;
+            *allowed = (*allowed).max(fewest);
+            raised
+        });
+    }
 }
 
 /// A batch a ring's feeder holds back (`data.even_batches: drop`): its number in the epoch is past
@@ -422,7 +456,7 @@ impl Feeder {
         loop {
             let settled = self.rings.settled.borrow_and_update().clone();
             let Some(current) = settled.current else {
-                return true;
+                return self.release().await;
             };
             let epoch = match self.epoch {
                 Some(epoch) => epoch,
@@ -736,8 +770,11 @@ impl Feeder {
             })?;
         let fed = if end >= limit { Fed::Done } else { Fed::More };
         if self.pipeline.shape.drop
-            && let StreamPoint::Batch { number, .. } = point
+            && let StreamPoint::Batch { epoch, number } = point
         {
+            if let Some(local) = &self.rings.local {
+                local.counted(epoch);
+            }
             self.held.push_back(Held {
                 number,
                 batch,

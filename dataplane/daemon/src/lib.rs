@@ -214,6 +214,7 @@ pub async fn run(options: DaemonOptions) -> Result<()> {
         let rings = Rings::open(
             &job_dir,
             &ranks,
+            reply.world_size,
             options.ring_size,
             node,
             &mut recovered,

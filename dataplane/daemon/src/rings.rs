@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::book::{Counts, Freed, LedgerWrite};
 use crate::error::{DaemonError, Result};
-use crate::feeder::{Job, Pipeline, RingFeed, Settled, StreamPoint, feed};
+use crate::feeder::{Job, LocalFloor, Pipeline, RingFeed, Settled, StreamPoint, feed};
 use crate::lease::Lease;
 use crate::writer::{self, Attached, RingState, Write};
 
@@ -42,17 +42,20 @@ struct RankRing {
 pub(crate) struct Rings {
     rings: Vec<RankRing>,
     /// The counts of `data.even_batches` the AM settled, for the feeders.
-    settled: watch::Sender<Settled>,
+    settled: Arc<watch::Sender<Settled>>,
 }
 
 impl Rings {
     /// Opens the ring of every rank under `job_dir`, taking over the ones `recovered` holds, and
     /// starts its writer, which publishes while `lease` holds, and its feeder. A ring opened empty
-    /// starts in `current_epoch`, the job's, so that it ends every epoch it gets no task in.
+    /// starts in `current_epoch`, the job's, so that it ends every epoch it gets no task in. With
+    /// `data.even_batches: drop` and every one of the job's `world_size` ranks here, the feeders
+    /// allow one another the fewest batches any of them made at once ([`LocalFloor`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn open(
         job_dir: &Path,
         ranks: &[u32],
+        world_size: u32,
         ring_size: u64,
         node: NodeId,
         recovered: &mut Recovered,
@@ -60,8 +63,9 @@ impl Rings {
         lease: &Arc<Lease>,
         current_epoch: u32,
     ) -> Result<Rings> {
-        let mut rings = Vec::new();
+        let mut started_rings = Vec::new();
         let (settled, told) = watch::channel(Settled::default());
+        let settled = Arc::new(settled);
         for rank in ranks {
             let attached = match recovered.rings.remove(rank) {
                 Some(attached) => attached,
@@ -96,6 +100,19 @@ impl Rings {
                 lease.clone(),
             )
             .map_err(DaemonError::Writer)?;
+            started_rings.push((*rank, started, counted, epoch));
+        }
+        let local = (pipeline.shape.drop && ranks.len() == world_size as usize).then(|| {
+            Arc::new(LocalFloor {
+                counts: started_rings
+                    .iter()
+                    .map(|(_, _, counted, _)| counted.clone())
+                    .collect(),
+                told: settled.clone(),
+            })
+        });
+        let mut rings = Vec::new();
+        for (rank, started, counted, epoch) in started_rings {
             let (queue, jobs) = mpsc::unbounded_channel();
             let held = Arc::new(AtomicUsize::new(0));
             let feeder = tokio::spawn(feed(
@@ -108,10 +125,11 @@ impl Rings {
                     counted,
                     settled: told.clone(),
                     held: held.clone(),
+                    local: local.clone(),
                 },
             ));
             rings.push(RankRing {
-                rank: *rank,
+                rank,
                 held,
                 queue,
                 writer: started.sender,
