@@ -344,7 +344,7 @@ pub(crate) async fn feed(
 /// The batches a ring's feeder holds back (`data.even_batches: drop`) before it waits for the AM to
 /// allow more: a ring's final count is at most this many past the fewest, but for the rows no
 /// ring could be given.
-const HOLD_CAP: usize = 4;
+pub(crate) const HOLD_CAP: usize = 4;
 
 /// How long a feeder holding [`HOLD_CAP`] batches waits for the AM before it reads one more: a few
 /// heartbeats, in which a ring that ran dry gets a cut of the rows its tasks still have.

@@ -107,6 +107,21 @@ pub use transform::{StepError, TransformError};
 /// How often the daemon looks at its rings' read cursors between heartbeats.
 const PROGRESS_POLL: Duration = Duration::from_millis(5);
 
+/// With `data.even_batches`, how many rounds (a heartbeat, a request for work) a daemon makes per
+/// heartbeat interval while one of its rings starves (see [`starved`]).
+const STARVED_ROUNDS: u32 = 10;
+
+/// With `data.even_batches`, whether one of the rings starves: it ran dry, and the tail of the epoch
+/// is cut for it by a stop, an acknowledgement and a request for work, a round each; or, with
+/// `drop`, its feeder holds as many batches as it may and waits for what the AM allows. Rounds
+/// come faster then, so that the epoch's tail is shared out in a fraction of a heartbeat interval
+/// per cut, not an interval each.
+fn starved(pipeline: &Pipeline, book: &TaskBook, rings: &Rings) -> bool {
+    pipeline.shape.even
+        && (book.has_dry_ring(|ring| rings.is_empty(ring))
+            || (pipeline.shape.drop && rings.holding_full()))
+}
+
 /// How a daemon is run.
 #[derive(Debug, Clone)]
 pub struct DaemonOptions {
@@ -423,7 +438,10 @@ async fn serve(
                     book.fail(*task_id, reason, control.sent_end);
                 }
             }
-            if book.heartbeat_due(waiting.elapsed()) {
+            if book.heartbeat_due(waiting.elapsed())
+                || (waiting.elapsed() >= interval / STARVED_ROUNDS
+                    && starved(pipeline, &book, &rings))
+            {
                 break;
             }
         }

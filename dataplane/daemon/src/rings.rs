@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::book::{Counts, Freed, LedgerWrite};
 use crate::error::{DaemonError, Result};
-use crate::feeder::{Job, LocalFloor, Pipeline, RingFeed, Settled, StreamPoint, feed};
+use crate::feeder::{HOLD_CAP, Job, LocalFloor, Pipeline, RingFeed, Settled, StreamPoint, feed};
 use crate::lease::Lease;
 use crate::writer::{self, Attached, RingState, Write};
 
@@ -158,6 +158,13 @@ impl Rings {
             .iter()
             .map(|ring| (ring.rank, ring.state.clone()))
             .collect()
+    }
+
+    /// Whether a ring's feeder holds as many batches back as it may (`data.even_batches: drop`).
+    pub(crate) fn holding_full(&self) -> bool {
+        self.rings
+            .iter()
+            .any(|ring| ring.held.load(Ordering::Relaxed) >= HOLD_CAP)
     }
 
     /// Whether ring `index` holds no record its trainer has not read, and its feeder holds no
