@@ -239,36 +239,11 @@ fn even_heartbeat(
     progress: &[(u64, u64, u64, u64)],
     rings: &[&[(u32, u64)]],
 ) -> (u32, Vec<(u32, u64)>) {
-    sut.heartbeat(
-        wire::heartbeat(v1::HeartbeatRequest {
-            node_id: node,
-            progress: progress
-                .iter()
-                .map(|&(task_id, enqueued, consumed, sent)| v1::TaskProgress {
-                    task_id,
-                    enqueued,
-                    consumed,
-                    bad: Vec::new(),
-                    sent,
-                    dropped: Vec::new(),
-                })
-                .collect(),
-            rings: rings
-                .iter()
-                .enumerate()
-                .map(|(rank, counts)| v1::RingStats {
-                    rank: rank as u32,
-                    epoch_batches: counts
-                        .iter()
-                        .map(|&(epoch, batches)| v1::EpochBatches { epoch, batches })
-                        .collect(),
-                    ..v1::RingStats::default()
-                })
-                .collect(),
-            ..v1::HeartbeatRequest::default()
-        }),
-        now_ms,
-    );
+    let progress: Vec<DropProgress> = progress
+        .iter()
+        .map(|&(task, enqueued, consumed, sent)| (task, enqueued, consumed, sent, &[][..]))
+        .collect();
+    drop_heartbeat(sut, node, now_ms, &progress, rings);
     match sut.settled_for(NodeId(node)) {
         Some(NodeCommand::Settled {
             current, epochs, ..
@@ -355,15 +330,15 @@ fn an_epoch_settles_at_the_most_batches_of_a_ring_once_every_row_is_handed_to_a_
     assert_eq!(settled, vec![(0, 7)]);
 }
 
-/// A task's counts in a dropping job's heartbeat: `(task, enqueued, consumed, sent, dropped spans
-/// as (first row, rows))`.
+/// A task's counts in the heartbeat of a job with even batches: `(task, enqueued, consumed, sent,
+/// dropped spans as (first row, rows))`.
 type DropProgress<'a> = (u64, u64, u64, u64, &'a [(u64, u64)]);
 
 /// Batch counts by epoch: `(epoch, batches)`.
 type Counts = Vec<(u32, u64)>;
 
-/// A heartbeat of a dropping job's `node`: its tasks' counts and its rings' batch counts by epoch,
-/// as the master applied it.
+/// A heartbeat of `node` in a job with even batches: its tasks' counts and its rings' batch counts
+/// by epoch, as the master applied it.
 fn drop_heartbeat(
     sut: &mut Master,
     node: u64,

@@ -1224,10 +1224,10 @@ fn told(current_epoch: u32, settled: &[(u32, u64)], allowed: &[(u32, u64)]) -> v
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropping_ring_writes_what_every_ring_may_have_and_drops_the_rest_once_settled() {
-    let directory = tempfile::tempdir().expect("tempdir");
-    let uri = generated(directory.path(), 100, 1).await;
+/// The pipeline of a job with `data.even_batches: drop` and batches of 10 rows over 100 rows
+/// generated under `directory`, and the split of those rows.
+async fn dropping_pipeline(directory: &std::path::Path) -> (Arc<Pipeline>, v1::Split) {
+    let uri = generated(directory, 100, 1).await;
     let split = splits(&uri, u64::MAX).await.remove(0);
     let shape = JobShape {
         batch_size: 10,
@@ -1235,7 +1235,13 @@ async fn a_dropping_ring_writes_what_every_ring_may_have_and_drops_the_rest_once
         even_batches: v1::EvenBatches::Drop,
         ..JobShape::default()
     };
-    let pipeline = pipeline(&uri, "parquet", &shape).await;
+    (pipeline(&uri, "parquet", &shape).await, split)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropping_ring_writes_what_every_ring_may_have_and_drops_the_rest_once_settled() {
+    let directory = tempfile::tempdir().expect("tempdir");
+    let (pipeline, split) = dropping_pipeline(directory.path()).await;
     let (jobs, queue) = mpsc::unbounded_channel();
     let (writer, mut written) = mpsc::channel(16);
     let (settle, settled) = watch::channel(Settled::default());
@@ -1339,15 +1345,7 @@ async fn a_dropping_ring_writes_what_every_ring_may_have_and_drops_the_rest_once
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropping_ring_of_a_node_with_every_rank_writes_what_the_other_rings_made_at_once() {
     let directory = tempfile::tempdir().expect("tempdir");
-    let uri = generated(directory.path(), 100, 1).await;
-    let split = splits(&uri, u64::MAX).await.remove(0);
-    let shape = JobShape {
-        batch_size: 10,
-        fixed_batch_size: true,
-        even_batches: v1::EvenBatches::Drop,
-        ..JobShape::default()
-    };
-    let pipeline = pipeline(&uri, "parquet", &shape).await;
+    let (pipeline, split) = dropping_pipeline(directory.path()).await;
     let (jobs, queue) = mpsc::unbounded_channel();
     let (writer, mut written) = mpsc::channel(16);
     let (settle, settled) = watch::channel(Settled::default());
