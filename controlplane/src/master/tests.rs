@@ -244,12 +244,8 @@ fn even_heartbeat(
         .map(|&(task, enqueued, consumed, sent)| (task, enqueued, consumed, sent, &[][..]))
         .collect();
     drop_heartbeat(sut, node, now_ms, &progress, rings);
-    match sut.settled_for(NodeId(node)) {
-        Some(NodeCommand::Settled {
-            current, epochs, ..
-        }) => (current, epochs),
-        other => panic!("a padding job tells every node its counts: {other:?}"),
-    }
+    let (current, settled, _) = told(sut, node);
+    (current, settled)
 }
 
 #[test]
@@ -386,13 +382,16 @@ fn drop_heartbeat(
     )
 }
 
-/// What `settled_for` tells `node`: settled counts and allowed batches.
-fn told(sut: &Master, node: u64) -> (Counts, Counts) {
+/// What `settled_for` tells `node` of a job with even batches: the current epoch, the settled
+/// counts and the allowed batches.
+fn told(sut: &Master, node: u64) -> (u32, Counts, Counts) {
     match sut.settled_for(NodeId(node)) {
         Some(NodeCommand::Settled {
-            epochs, allowed, ..
-        }) => (epochs, allowed),
-        other => panic!("a dropping job tells every node its counts: {other:?}"),
+            current,
+            epochs,
+            allowed,
+        }) => (current, epochs, allowed),
+        other => panic!("a job with even batches tells every node its counts: {other:?}"),
     }
 }
 
@@ -422,17 +421,17 @@ fn a_dropping_job_allows_the_fewest_batches_settles_at_them_and_reads_the_droppe
     // Two of the job's four rings reported: nothing is allowed yet.
     let applied = drop_heartbeat(&mut sut, 0, 2, &handed(&first), &[&[(0, 7)], &[(0, 3)]]);
     journal.extend(applied.entries);
-    assert_eq!(told(&sut, 0), (vec![], vec![]));
+    assert_eq!(told(&sut, 0), (0, vec![], vec![]));
     // All four: every ring may write the fewest any has, 2; node 1 has a row not handed yet.
     let mut partly = handed(&second);
     partly[1].3 -= 1;
     let applied = drop_heartbeat(&mut sut, 1, 2, &partly, &[&[(0, 2)], &[(0, 6)]]);
     journal.extend(applied.entries);
-    assert_eq!(told(&sut, 0), (vec![], vec![(0, 2)]));
+    assert_eq!(told(&sut, 0), (0, vec![], vec![(0, 2)]));
     // Every row handed: the epoch settles at the fewest, 3, and nothing more is only allowed.
     let applied = drop_heartbeat(&mut sut, 1, 3, &handed(&second), &[&[(0, 5)], &[(0, 6)]]);
     journal.extend(applied.entries);
-    assert_eq!(told(&sut, 1), (vec![(0, 3)], vec![]));
+    assert_eq!(told(&sut, 1), (0, vec![(0, 3)], vec![]));
     // Node 0's first ring dropped the rows of its last four batches: two spans of its first task.
     let dropping = &first[0];
     let spans = [(dropping.end - 2, 1), (dropping.end - 1, 1)];
