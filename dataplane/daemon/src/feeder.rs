@@ -573,10 +573,9 @@ impl Feeder {
         };
         let allowed = self.rings.settled.borrow().allows(epoch);
         while self.held.front().is_some_and(|held| held.number <= allowed) {
-            let Some(held) = self.held.pop_front() else {
+            let Some(held) = self.unhold() else {
                 break;
             };
-            self.rings.held.store(self.held.len(), Ordering::Relaxed);
             if !self.write_held(held).await {
                 return false;
             }
@@ -588,8 +587,7 @@ impl Feeder {
     /// to the writer and the others are dropped, and with either mode a ring that has fewer pads up
     /// to it. False once the writer stopped.
     async fn close_out(&mut self, epoch: u32, count: u64) -> bool {
-        while let Some(held) = self.held.pop_front() {
-            self.rings.held.store(self.held.len(), Ordering::Relaxed);
+        while let Some(held) = self.unhold() {
             let written = if held.number <= count {
                 self.write_held(held).await
             } else {
@@ -639,6 +637,19 @@ impl Feeder {
             }
         }
         true
+    }
+
+    /// Holds `held` back, behind the others; the ring's count of held batches follows.
+    fn hold(&mut self, held: Held) {
+        self.held.push_back(held);
+        self.rings.held.store(self.held.len(), Ordering::Relaxed);
+    }
+
+    /// The first batch held back, held no more; the ring's count of held batches follows.
+    fn unhold(&mut self) -> Option<Held> {
+        let held = self.held.pop_front();
+        self.rings.held.store(self.held.len(), Ordering::Relaxed);
+        held
     }
 
     /// Hands the writer a batch it held back. False once the writer stopped.
@@ -775,16 +786,16 @@ impl Feeder {
             if let Some(local) = &self.rings.local {
                 local.counted(epoch);
             }
-            self.held.push_back(Held {
+            let tag = self.tag(point);
+            self.hold(Held {
                 number,
                 batch,
                 task_id: assignment.task_id,
                 first_row: covered.first_row,
                 row_count: covered.row_count,
-                tag: self.tag(point),
+                tag,
                 control: job.control.clone(),
             });
-            self.rings.held.store(self.held.len(), Ordering::Relaxed);
             if !self.release().await {
                 return Err(FeedError::WriterStopped);
             }
