@@ -93,5 +93,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target/loom" \
     cargo test -p sluice-ring --test loom --release
 
 echo "== the ring, the process identity and the local IO engine under Miri"
-MIRIFLAGS="-Zmiri-disable-isolation" CARGO_TARGET_DIR="$target/miri" \
+# cargo-miri records the checkout's directory inside each test artifact, and cargo does not rebuild
+# an artifact when only the checkout moved: one Miri target per checkout directory.
+miri_target="$target/miri/$(printf '%s' "$root" | cksum | cut -d' ' -f1)"
+MIRIFLAGS="-Zmiri-disable-isolation" CARGO_TARGET_DIR="$miri_target" \
     cargo +nightly miri test -p sluice-ring -p sluice-process -p sluice-io --lib
