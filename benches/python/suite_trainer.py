@@ -6,8 +6,9 @@ SYSTEM is one of:
 
 - ``facts``: reads the dataset once with pyarrow and prints its rows, its numeric columns, their
   Arrow bytes (the bytes of the Arrow IPC messages of its record batches of ``--batch-rows`` rows
-  of those columns, the unit of every GB/s of the suite) and their Parquet bytes (the compressed
-  column chunks of those columns, what a reader of the numeric columns must fetch at least);
+  of those columns, the unit of every GB/s of the suite), their Parquet bytes (the compressed
+  column chunks of those columns, what a reader of the numeric columns must fetch at least) and
+  which of them are floating-point (whose nulls every system delivers as NaN);
 - ``probe``: prints the version of every peer's package, or why it cannot be imported;
 - ``mds``: converts the dataset to MDS in ``--scratch`` (see ``mosaic_streaming``) and prints the
   bytes of the MDS files;
@@ -218,6 +219,8 @@ def open_dataset(source: str):
 
 
 def facts(source: str, batch_rows: int) -> dict:
+    import pyarrow as pa
+
     dataset = open_dataset(source)
     columns = numeric_columns(dataset.schema)
     parquet_bytes = 0
@@ -244,6 +247,7 @@ def facts(source: str, batch_rows: int) -> dict:
         "parquet_bytes": parquet_bytes,
         "batches": batches,
         "columns": columns,
+        "float_columns": [name for name in columns if pa.types.is_floating(dataset.schema.field(name).type)],
     }
 
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::error::{BenchError, Result};
-use crate::suite::process_tree::{TreeSampler, TreeSamples};
+use crate::suite::process_tree::{Sampling, TreeSampler, TreeSamples};
 
 /// What a finished run printed, and how long it took from spawn to exit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,13 +80,22 @@ pub fn run_timed(command: &mut Command, timeout: Duration) -> Result<TimedRun> {
 }
 
 /// Runs `command` like [`run_timed`] while a [`TreeSampler`] samples the CPU time and memory of the
-/// process and of every process under it.
+/// process and of every process under it, as `sampling` says.
 ///
 /// # Errors
 ///
 /// As [`run_timed`].
-pub fn run_sampled(command: &mut Command, timeout: Duration) -> Result<(TimedRun, TreeSamples)> {
-    run_watched(command, timeout, TreeSampler::start, TreeSampler::finish)
+pub fn run_sampled(
+    command: &mut Command,
+    timeout: Duration,
+    sampling: Sampling,
+) -> Result<(TimedRun, TreeSamples)> {
+    run_watched(
+        command,
+        timeout,
+        |root| TreeSampler::start(root, sampling),
+        TreeSampler::finish,
+    )
 }
 
 /// Runs `command` to completion with a watcher started on its pid right after the spawn and finished

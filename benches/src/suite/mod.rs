@@ -32,8 +32,11 @@
 //! - from the idle phase: rows/s over the trainer's window (from opening the reader or creating the
 //!   iterator to the end of the data), steady rows/s after the first batch, the seconds to the first
 //!   batch; CPU seconds per million rows within the window of every process of the system (see
-//!   [`process_tree`]) and of the trainer's process alone; the peak of the sum of the processes'
-//!   proportional set sizes, shared pages counted once (and the sum of their peak RSS);
+//!   [`process_tree`]) and of the trainer's process alone;
+//! - from a second idle run of its own, whose sampler also walks the processes' page tables (which
+//!   takes CPU time from them, so the timed runs do without it): the peak of the sum of the
+//!   processes' proportional set sizes, shared pages counted once (and the sum of their peak RSS);
+//!   a remote run, bound by its link, samples them in its one idle run;
 //! - from the work phases: the data overhead, the epoch time over the trainer's pure compute time
 //!   (batches × W), at each W; the stall %, the time the trainer waited for a batch after the first
 //!   over its time after the first, at W = the daemon's CPU per batch.
@@ -79,7 +82,7 @@ use crate::error::{BenchError, Result};
 use crate::peer::PeerCommand;
 use crate::transport::Transport;
 use crate::{RingBenchOptions, TransportBench};
-use process_tree::{TreeProcess, TreeSampler, TreeSamples};
+use process_tree::{Sampling, TreeProcess, TreeSampler, TreeSamples};
 use remote::{RemoteOptions, RemoteStore};
 
 /// Rows per batch for every system, a common training batch.
@@ -354,6 +357,8 @@ struct Facts {
     parquet_bytes: u64,
     batches: u64,
     columns: Vec<String>,
+    /// The floating-point ones among `columns`.
+    float_columns: Vec<String>,
 }
 
 /// The JSON line of the trainer script's `mds`.
@@ -452,11 +457,11 @@ pub struct SystemFigures {
     /// Percent of the trainer's time spent waiting for a batch after the first, with work per batch
     /// equal to the daemon's CPU per batch; `None` for the limits.
     pub stall_percent: Option<f64>,
-    /// The sum of the peak RSS of the system's processes (idle trainer), shared pages counted in
+    /// The sum of the peak RSS of the system's processes (idle trainer, memory run), shared pages counted in
     /// every process that maps them; `None` for the limits.
     pub peak_rss_bytes: Option<u64>,
-    /// The peak of the sum of the proportional set sizes of the system's processes (idle trainer),
-    /// shared pages counted once; `None` for the limits.
+    /// The peak of the sum of the proportional set sizes of the system's processes (idle trainer,
+    /// memory run), shared pages counted once; `None` for the limits.
     pub peak_pss_bytes: Option<u64>,
     /// The rows the trainer received in every run; `None` for the limits.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -697,6 +702,7 @@ pub fn run_suite_bench(
         source: local_source.clone(),
         task_rows: data.task_rows,
         columns: Vec::new(),
+        float_columns: Vec::new(),
         mds: &mds,
         remote: None,
     };
@@ -712,6 +718,7 @@ pub fn run_suite_bench(
         });
     }
     runner.columns.clone_from(&facts.columns);
+    runner.float_columns.clone_from(&facts.float_columns);
     let probe: Probe = runner.python_json(&["probe"])?;
     let bytes_per_row = facts.arrow_bytes as f64 / facts.rows as f64;
     let record_bytes = usize::try_from(facts.arrow_bytes.div_ceil(facts.batches))
@@ -785,6 +792,8 @@ pub fn run_suite_bench(
         }
     };
     let mut idle: BTreeMap<System, Vec<TrainerRun>> = BTreeMap::new();
+    // The runs each system's peak memory is read from (see `Sampling`).
+    let mut memory_runs: BTreeMap<System, Vec<TrainerRun>> = BTreeMap::new();
     let mut ring_rows_per_s = Vec::new();
     let mut memcpy_rows_per_s = Vec::new();
     for round in 0..rounds {
@@ -793,7 +802,14 @@ pub fn run_suite_bench(
             let label = format!("idle trainer, round {}", round + 1);
             match (entry, transports.as_mut()) {
                 (Entry::Trainer(system), _) => {
-                    let run = runner.run(system, 0.0, facts.rows)?;
+                    // A remote run is bound by the link, not by the CPU the walks of the page
+                    // tables take: it samples its memory as it goes. A local one is run again for it.
+                    let sampling = if store.is_some() {
+                        Sampling::Memory
+                    } else {
+                        Sampling::Timed
+                    };
+                    let run = runner.run(system, 0.0, facts.rows, sampling)?;
                     let link = run.link.map_or_else(String::new, |link| {
                         format!(
                             ", {:.1} MB through the link ({:.1} in the window)",
@@ -810,7 +826,20 @@ pub fn run_suite_bench(
                         run.cpu_seconds,
                         run.trainer_cpu_seconds,
                     ));
+                    let memory = match sampling {
+                        Sampling::Memory => run.clone(),
+                        Sampling::Timed => {
+                            let memory = runner.run(system, 0.0, facts.rows, Sampling::Memory)?;
+                            progress(&format!(
+                                "{label}: {}: peak PSS {:.0} MB, in a run of its own",
+                                system.label(),
+                                memory.peak_pss_bytes as f64 / 1e6
+                            ));
+                            memory
+                        }
+                    };
                     idle.entry(system).or_default().push(run);
+                    memory_runs.entry(system).or_default().push(memory);
                 }
                 (Entry::Ring, Some(transports)) => {
                     let measurement = transports.measure(Transport::SluiceRing, record_bytes)?;
@@ -859,7 +888,7 @@ pub fn run_suite_bench(
                 for offset in 0..systems.len() {
                     let system = systems[(round + offset) % systems.len()];
                     let phase_work_us = multiple * work_us;
-                    let run = runner.run(system, phase_work_us, facts.rows)?;
+                    let run = runner.run(system, phase_work_us, facts.rows, Sampling::Timed)?;
                     progress(&format!(
                         "work {phase_work_us:.0} µs per batch, round {}: {}: data overhead {:.3}, stall {:.2} %",
                         round + 1,
@@ -887,6 +916,7 @@ pub fn run_suite_bench(
                 .map(|spread| spread.median)
             };
         let fast = idle.get(&system);
+        let memory = memory_runs.get(&system);
         let overhead = |phase: usize| {
             work.map(|(work_us, _)| {
                 let phase_work_us = WORK_MULTIPLES[phase] * work_us;
@@ -935,8 +965,12 @@ pub fn run_suite_bench(
                     )
                 })
                 .transpose()?,
-            peak_rss_bytes: Some(median(fast, &|run| run.peak_rss_bytes as f64, "peak RSS")? as u64),
-            peak_pss_bytes: Some(median(fast, &|run| run.peak_pss_bytes as f64, "peak PSS")? as u64),
+            peak_rss_bytes: Some(
+                median(memory, &|run| run.peak_rss_bytes as f64, "peak RSS")? as u64,
+            ),
+            peak_pss_bytes: Some(
+                median(memory, &|run| run.peak_pss_bytes as f64, "peak PSS")? as u64,
+            ),
             rows: Some(facts.rows),
             num_workers: system.workers(),
             ratio_to_sluice: 0.0,
@@ -1381,6 +1415,8 @@ struct Runner<'a> {
     task_rows: u64,
     /// The columns every system delivers, once `facts` has listed them.
     columns: Vec<String>,
+    /// The floating-point ones among `columns`.
+    float_columns: Vec<String>,
     /// Where MosaicML Streaming's MDS copy of the data is kept.
     mds: &'a Path,
     /// The remote store the systems read through, once the data is uploaded to it.
@@ -1467,7 +1503,13 @@ impl Runner<'_> {
     /// Runs `system` once and checks that its trainer received every row.
     ///
     /// The CPU time counted is that of the trainer's window; the peak RSS is each process's whole life.
-    fn run(&self, system: System, work_us: f64, rows: u64) -> Result<TrainerRun> {
+    fn run(
+        &self,
+        system: System,
+        work_us: f64,
+        rows: u64,
+        sampling: Sampling,
+    ) -> Result<TrainerRun> {
         // MosaicML Streaming's local cache of a remote copy starts empty in every run.
         let mosaic_cache = match (&self.remote, system) {
             (Some(_), System::Loader(Loader::Mosaic, _)) => Some(
@@ -1487,9 +1529,9 @@ impl Runner<'_> {
         let mosaic_cache = mosaic_cache.as_ref().map(tempfile::TempDir::path);
         let meter = self.remote.as_ref().map(|remote| remote.store.meter());
         let ran = if system.is_sluice() {
-            self.run_sluice(system, work_us)
+            self.run_sluice(system, work_us, sampling)
         } else {
-            self.run_python(system, work_us, mosaic_cache)
+            self.run_python(system, work_us, mosaic_cache, sampling)
         };
         let link_samples = meter.map(remote::LinkMeter::finish);
         let (command_line, line, samples) = ran?;
@@ -1535,10 +1577,11 @@ impl Runner<'_> {
         system: System,
         work_us: f64,
         mosaic_cache: Option<&Path>,
+        sampling: Sampling,
     ) -> Result<(String, TrainerLine, TreeSamples)> {
         let mut command = self.python_command();
         command.args(self.trainer_arguments(system, work_us, mosaic_cache));
-        let (run, samples) = run_sampled(&mut command, RUN_TIMEOUT)?;
+        let (run, samples) = run_sampled(&mut command, RUN_TIMEOUT, sampling)?;
         let line = last_json_line(&run.stdout).map_err(|reason| BenchError::CommandOutput {
             command: display(&command),
             stdout: run.stdout.clone(),
@@ -1553,6 +1596,7 @@ impl Runner<'_> {
         &self,
         system: System,
         work_us: f64,
+        sampling: Sampling,
     ) -> Result<(String, TrainerLine, TreeSamples)> {
         let directory = tempfile::Builder::new()
             .prefix("job-")
@@ -1585,6 +1629,7 @@ impl Runner<'_> {
                 &self.source.sluice_uri,
                 &storage_options,
                 &self.columns,
+                &self.float_columns,
                 self.task_rows,
                 &trainer_command,
             ),
@@ -1601,7 +1646,7 @@ impl Runner<'_> {
             .args(["--listen", "127.0.0.1:0"])
             .env_remove("SLUICE_TOKEN");
         let mut am = Service::spawn(&mut am_command, directory.path().join("am.log"))?;
-        let sampler = TreeSampler::start(am.child.id());
+        let sampler = TreeSampler::start(am.child.id(), sampling);
         let address = am
             .wait_for_line(|line| line.contains(" serving on "), SERVICE_START_TIMEOUT)?
             .trim()
@@ -1858,12 +1903,15 @@ fn last_json_line<T: for<'de> Deserialize<'de>>(text: &str) -> std::result::Resu
 }
 
 /// The job spec of the Sluice systems: one daemon, one trainer, all the data, read with
-/// `storage_options` (none for local files). `sluice am` launches no executor; the role's command
-/// records what the suite starts as the trainer.
+/// `storage_options` (none for local files). The daemon turns the nulls of `float_columns` into
+/// NaN (`data.transforms`), the preprocessing a Sluice job moves off its trainers, so that the
+/// trainer's conversion to tensors finds none. `sluice am` launches no executor; the role's
+/// command records what the suite starts as the trainer.
 fn job_spec(
     uri: &str,
     storage_options: &BTreeMap<String, String>,
     columns: &[String],
+    float_columns: &[String],
     task_rows: u64,
     trainer: &[String],
 ) -> String {
@@ -1876,12 +1924,22 @@ fn job_spec(
             serde_json::to_string(storage_options).unwrap_or_default()
         )
     };
+    let transforms: Vec<String> = float_columns
+        .iter()
+        .map(|column| {
+            format!(
+                r#"{{ fill_null: {{ column: {}, value: "NaN" }} }}"#,
+                serde_json::to_string(column).unwrap_or_default()
+            )
+        })
+        .collect();
     format!(
         r#"name: {JOB_NAME}
 data:
   sources: [{{ uri: {uri}, format: parquet, columns: {columns}{storage_options} }}]
   batch_size: {BATCH_ROWS}
   task_rows: {task_rows}
+  transforms: [{transforms}]
 nodes: 1
 roles:
   - {{ name: worker, num: 1, command: {command} }}
@@ -1889,6 +1947,7 @@ failover: {{ restart: never }}
 "#,
         uri = serde_json::to_string(uri).unwrap_or_default(),
         columns = serde_json::to_string(columns).unwrap_or_default(),
+        transforms = transforms.join(", "),
     )
 }
 
@@ -2187,7 +2246,7 @@ fn optional(value: Option<f64>, precision: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use sluice_am::spec::{Format, JobSpec};
+    use sluice_am::spec::{Format, JobSpec, TransformSpec};
 
     use super::*;
 
@@ -2229,11 +2288,12 @@ mod tests {
             "--work-us".to_owned(),
             "12.5".to_owned(),
         ];
-        let columns = ["id".to_owned(), "label".to_owned()];
+        let columns = ["id".to_owned(), "score".to_owned(), "label".to_owned()];
         let spec = job_spec(
             "file:///data/suite dir",
             &BTreeMap::new(),
             &columns,
+            &columns[1..2],
             1 << 15,
             &trainer,
         );
@@ -2246,6 +2306,13 @@ mod tests {
         assert_eq!(job.data.sources[0].uri, "file:///data/suite dir");
         assert_eq!(job.data.sources[0].columns.as_deref(), Some(&columns[..]));
         assert!(job.data.sources[0].storage_options.is_empty());
+        assert_eq!(
+            job.data.transforms,
+            [TransformSpec::FillNull {
+                column: "score".to_owned(),
+                value: "NaN".to_owned(),
+            }]
+        );
     }
 
     #[test]
@@ -2261,6 +2328,7 @@ mod tests {
             "s3://sluice-test/suite/data",
             &options,
             &["id".to_owned()],
+            &[],
             1 << 15,
             &["python3".to_owned()],
         );

@@ -23,9 +23,20 @@ use crate::workload::monotonic_ns;
 
 /// How often the tree is sampled.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(5);
-/// How often the tree's proportional set size is summed: reading `smaps_rollup` walks a process's
-/// page tables, too costly at every sample.
+/// How often the tree's proportional set size is summed, when it is: reading `smaps_rollup` walks a
+/// process's page tables, too costly at every sample.
 pub const PSS_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What a [`TreeSampler`] reads besides the CPU time and the peak resident set of each process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sampling {
+    /// Nothing more: the run is timed. Summing the proportional set size takes CPU time from the
+    /// processes measured (tens of milliseconds per walk of a trainer that maps a ring of 256 MiB),
+    /// so a timed run does without it, and its peak PSS is 0.
+    Timed,
+    /// The tree's proportional set size every [`PSS_INTERVAL`]: a run for its peak memory.
+    Memory,
+}
 
 /// One process of a tree: its command line and the most memory it ever had resident.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,8 +142,8 @@ pub struct TreeSampler {
 }
 
 impl TreeSampler {
-    /// Starts sampling the tree under `root`.
-    pub fn start(root: u32) -> TreeSampler {
+    /// Starts sampling the tree under `root`, reading what `sampling` says.
+    pub fn start(root: u32, sampling: Sampling) -> TreeSampler {
         let stop = Arc::new(AtomicBool::new(false));
         let new_roots = Arc::new(Mutex::new(vec![root]));
         let stopped = Arc::clone(&stop);
@@ -144,7 +155,9 @@ impl TreeSampler {
             while !stopped.load(Ordering::Relaxed) {
                 state.add_roots(&roots);
                 state.sample();
-                if last_pss.is_none_or(|last| last.elapsed() >= PSS_INTERVAL) {
+                if sampling == Sampling::Memory
+                    && last_pss.is_none_or(|last| last.elapsed() >= PSS_INTERVAL)
+                {
                     state.sample_pss();
                     last_pss = Some(Instant::now());
                 }
@@ -152,7 +165,9 @@ impl TreeSampler {
             }
             state.add_roots(&roots);
             state.sample();
-            state.sample_pss();
+            if sampling == Sampling::Memory {
+                state.sample_pss();
+            }
             state.samples
         });
         TreeSampler {
@@ -425,33 +440,39 @@ mod tests {
 
     #[test]
     fn a_child_and_its_grandchild_are_sampled_with_their_cpu_and_memory() {
-        // The shell's child burns CPU for a while in a process of its own.
-        let mut child = Command::new("sh")
-            .args([
-                "-c",
-                "sh -c 'i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done'",
-            ])
-            .spawn()
-            .expect("spawn sh");
-        let start = monotonic_ns();
-        let sut = TreeSampler::start(child.id());
-        assert!(child.wait().expect("wait").success());
-        let end = monotonic_ns();
-        let samples = sut.finish();
-        assert!(
-            samples.processes().len() >= 2,
-            "the shell and its child: {:?}",
-            samples.processes()
-        );
-        let spinning =
-            |process: &TreeProcess| process.arguments.iter().any(|a| a.contains("200000"));
-        let cpu = samples.cpu_seconds_between(start, end, spinning);
-        assert!(cpu > 0.0, "{cpu} s of CPU in {samples:?}");
-        assert!(
-            samples.cpu_seconds_between(start, end, |_| true) >= cpu,
-            "the whole tree used at least what the busy process used"
-        );
-        assert!(samples.peak_rss_sum() > 0, "{samples:?}");
-        assert!(samples.peak_pss_sum() > 0, "{samples:?}");
+        for sampling in [Sampling::Timed, Sampling::Memory] {
+            // The shell's child burns CPU for a while in a process of its own.
+            let mut child = Command::new("sh")
+                .args([
+                    "-c",
+                    "sh -c 'i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done'",
+                ])
+                .spawn()
+                .expect("spawn sh");
+            let start = monotonic_ns();
+            let sut = TreeSampler::start(child.id(), sampling);
+            assert!(child.wait().expect("wait").success());
+            let end = monotonic_ns();
+            let samples = sut.finish();
+            assert!(
+                samples.processes().len() >= 2,
+                "the shell and its child: {:?}",
+                samples.processes()
+            );
+            let spinning =
+                |process: &TreeProcess| process.arguments.iter().any(|a| a.contains("200000"));
+            let cpu = samples.cpu_seconds_between(start, end, spinning);
+            assert!(cpu > 0.0, "{cpu} s of CPU in {samples:?}");
+            assert!(
+                samples.cpu_seconds_between(start, end, |_| true) >= cpu,
+                "the whole tree used at least what the busy process used"
+            );
+            assert!(samples.peak_rss_sum() > 0, "{samples:?}");
+            assert_eq!(
+                samples.peak_pss_sum() > 0,
+                sampling == Sampling::Memory,
+                "{sampling:?}: {samples:?}"
+            );
+        }
     }
 }

@@ -299,10 +299,14 @@ impl Step {
                             error,
                         }
                     })?;
+                let field = field.clone().with_nullable(false);
+                if values.null_count() == 0 {
+                    return replace(batch, index, field, Arc::clone(values));
+                }
                 let kernel = kernel("fill_null", column);
                 let present = is_not_null(values).map_err(kernel)?;
                 let filled = zip(&present, values, &Scalar::new(fill)).map_err(kernel)?;
-                replace(batch, index, field.clone().with_nullable(false), filled)
+                replace(batch, index, field, filled)
             }
             Step::Normalize { column, mean, std } => {
                 let (index, field, values) = column_of(batch, column, "normalize")?;
@@ -527,6 +531,39 @@ mod tests {
             "the announced schema is the batches' schema"
         );
         assert!(!output.schema().field(0).is_nullable());
+    }
+
+    #[test]
+    fn nan_fills_float_nulls_and_a_batch_without_nulls_keeps_its_values() {
+        let sut = steps(vec![Kind::FillNull(v1::FillNullTransform {
+            column: "f".to_owned(),
+            value: "NaN".to_owned(),
+        })]);
+        let with_nulls = sut
+            .apply(batch(vec![(
+                "f",
+                Arc::new(Float64Array::from(vec![Some(1.5), None, Some(-2.0)])) as ArrayRef,
+            )]))
+            .expect("applies");
+        let filled = with_nulls.column(0).as_primitive::<Float64Type>();
+        assert_eq!(filled.null_count(), 0);
+        assert_eq!(filled.value(0), 1.5);
+        assert!(filled.value(1).is_nan(), "{:?}", filled.value(1));
+        assert_eq!(filled.value(2), -2.0);
+        let without_nulls = sut
+            .apply(batch(vec![(
+                "f",
+                Arc::new(Float64Array::from(vec![0.25, 4.0])) as ArrayRef,
+            )]))
+            .expect("applies");
+        let kept = without_nulls.column(0).as_primitive::<Float64Type>();
+        assert_eq!(kept.values().to_vec(), vec![0.25, 4.0]);
+        assert_eq!(
+            without_nulls.schema(),
+            with_nulls.schema(),
+            "every batch of a ring has one schema, nulls or not"
+        );
+        assert!(!with_nulls.schema().field(0).is_nullable());
     }
 
     #[test]
