@@ -477,6 +477,52 @@ fn a_closed_ring_takes_no_new_producer() {
     assert!(matches!(sut.producer(), Err(AttachError::Closed { .. })));
 }
 
+/// The resident kilobytes of each mapping of the file at `path` in this process, from
+/// `/proc/self/smaps`. By inode: the creator mapped the file under its temporary name.
+fn resident_kib_of_mappings(path: &std::path::Path) -> Vec<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = std::fs::metadata(path).expect("stat").ino().to_string();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
+    let mut resident = Vec::new();
+    let mut in_ring = false;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let first = fields.first().copied().unwrap_or_default();
+        if first.contains('-') && !first.ends_with(':') {
+            in_ring = fields.get(4) == Some(&inode.as_str());
+        } else if in_ring && first == "Rss:" {
+            let kib = line.split_whitespace().nth(1).expect("a size");
+            resident.push(kib.parse().expect("kilobytes"));
+        }
+    }
+    resident
+}
+
+/// Both the creator's and an opener's mapping of a ring come to have every page mapped, without a
+/// record written or read: a thread of their own fills in the page tables, so that the hot path takes
+/// no page faults and neither side waited for it.
+#[test]
+#[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
+fn the_page_tables_of_a_mapped_ring_are_filled_in_the_background() {
+    let capacity = 8 << 20;
+    let (_directory, path, _created) = file_ring(capacity);
+    let _opened = Ring::open(&path).expect("open");
+    let whole = (capacity + HEADER_LEN as u64) / 1024;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let resident = resident_kib_of_mappings(&path);
+        assert_eq!(resident.len(), 2, "two mappings of {}", path.display());
+        if resident.iter().all(|&kib| kib == whole) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "resident {resident:?} KiB of {whole} KiB per mapping after 30 s"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 #[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
 fn file_rings_are_shared_between_handles() {
