@@ -292,6 +292,14 @@ pub enum Event {
         /// The tasks.
         tasks: Vec<TaskId>,
     },
+    /// These split rows of the current epoch's pending tasks are cut out of their tasks into tasks
+    /// of their own, handed out first in the order given; the rest of each cut task keeps its place
+    /// (`data.even_batches: drop` without a shuffle: the rows the epoch before left out, so that
+    /// they are read at the head of the rings, far from the epoch's tail where drops fall).
+    CarveFront {
+        /// The rows, by split.
+        rows: Vec<TaskSpan>,
+    },
 }
 
 /// How far into the epoch's order of pending tasks [`Event::AcquireNear`] looks: a node takes a
@@ -316,7 +324,8 @@ impl Event {
             | Event::FollowEnded
             | Event::FollowFailed { .. }
             | Event::Failed { .. }
-            | Event::Front { .. } => None,
+            | Event::Front { .. }
+            | Event::CarveFront { .. } => None,
         }
     }
 }
@@ -563,6 +572,7 @@ pub fn decide(state: &mut JobState, event: Event) -> Vec<Action> {
         Event::SourceAdded { split_rows } => state.on_source_added(split_rows, &mut actions),
         Event::FollowEnded => state.on_follow_ended(&mut actions),
         Event::Front { tasks } => state.bring_to_front(&tasks),
+        Event::CarveFront { rows } => state.carve_to_front(&rows),
         Event::FollowFailed { reason } | Event::Failed { reason } => {
             state.on_failed(reason, &mut actions)
         }

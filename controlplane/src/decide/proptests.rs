@@ -85,6 +85,13 @@ enum Op {
     },
     /// Following ends, as at `until_version` or `sluice stop`.
     EndFollow,
+    /// Rows of a split are cut out of their pending tasks to the order's front
+    /// (`data.even_batches: drop`).
+    Carve {
+        split: Index,
+        start: u64,
+        rows: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -147,6 +154,7 @@ struct Coverage {
     added_splits: usize,
     followed_succeeded: usize,
     mixed_succeeded: usize,
+    carved: usize,
 }
 
 struct Sim<'a> {
@@ -570,6 +578,17 @@ impl Sim<'_> {
             Op::EndFollow => {
                 self.send(Event::FollowEnded, None)?;
             }
+            Op::Carve { split, start, rows } => {
+                let split = split.index(self.split_rows.len()) as u32;
+                let tasks = self.state.slots.len();
+                let rows = vec![TaskSpan {
+                    split,
+                    start,
+                    end: start + rows,
+                }];
+                self.send(Event::CarveFront { rows }, None)?;
+                self.coverage.borrow_mut().carved += self.state.slots.len() - tasks;
+            }
             Op::Rollback => {
                 if let Some((position, ledger)) = self.checkpoint.clone() {
                     // Following is the sources' state, not the trainers': the AM keeps it.
@@ -674,6 +693,8 @@ fn op_strategy(nodes: usize) -> impl Strategy<Value = Op> {
         1 => Just(Op::Checkpoint),
         1 => Just(Op::Rollback),
         2 => prop::collection::vec(0..30u64, 1..3).prop_map(|rows| Op::AddSplits { rows }),
+        1 => (any::<Index>(), 0..30u64, 1..12u64)
+            .prop_map(|(split, start, rows)| Op::Carve { split, start, rows }),
     ]
 }
 
@@ -908,6 +929,7 @@ fn every_row_of_every_epoch_is_consumed_exactly_once() {
         coverage.mixed_succeeded > 30,
         "too few mixed jobs succeeded: {coverage:?}"
     );
+    assert!(coverage.carved > 0, "no task was carved: {coverage:?}");
     assert!(
         coverage.succeeded > 100,
         "too few jobs succeeded: {coverage:?}"

@@ -155,7 +155,7 @@ pub struct NodeView {
 
 /// Where a task of the current epoch stands in its split: its rows `[start, end)`, from the first
 /// row not consumed before its current assignment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TaskSpan {
     /// The index of its split in the job's split list.
     pub split: u32,
@@ -928,12 +928,117 @@ impl JobState {
         }
     }
 
-    /// The next [`NEAR_WINDOW`] tasks of the epoch's order not yet handed out, with their splits.
-    pub fn pending_window(&self) -> impl Iterator<Item = (TaskId, u32)> + '_ {
+    /// Cuts the split rows `rows` out of the pending tasks of the epoch's order that hold them, into
+    /// tasks of their own at the order's front, in the order given; each cut task keeps the rest of
+    /// its rows at its place in the order, in as many pieces as the cuts leave. Rows of no task
+    /// pending in the order (handed out already, or queued again) are passed over, and so is every
+    /// cut of a mixed epoch, whose tasks are not laid out split by split, or one past the tasks an
+    /// epoch can hold.
+    pub(super) fn carve_to_front(&mut self, rows: &[TaskSpan]) {
+        if self.mix.is_some() || rows.is_empty() {
+            return;
+        }
+        // The spans of each split by first row, with where each stands in `rows`.
+        let mut by_split: HashMap<u32, Vec<(u64, u64, usize)>> = HashMap::new();
+        for (rank, span) in rows.iter().enumerate() {
+            if span.start < span.end {
+                by_split
+                    .entry(span.split)
+                    .or_default()
+                    .push((span.start, span.end, rank));
+            }
+        }
+        // Overlapping spans merge, at the first rank, so that their ends rise with their starts.
+        for spans in by_split.values_mut() {
+            spans.sort_unstable();
+            let mut merged: Vec<(u64, u64, usize)> = Vec::with_capacity(spans.len());
+            for &(start, end, rank) in spans.iter() {
+                match merged.last_mut() {
+                    Some(last) if start < last.1 => {
+                        last.1 = last.1.max(end);
+                        last.2 = last.2.min(rank);
+                    }
+                    _ => merged.push((start, end, rank)),
+                }
+            }
+            *spans = merged;
+        }
+        let pending: Vec<u32> = self.order.iter_from(self.cursor).copied().collect();
+        // The carved tasks, keyed by where their rows stand in `rows`; the rest, in order.
+        let mut front: Vec<(usize, u64, u32)> = Vec::new();
+        let mut rest: Vec<u32> = Vec::with_capacity(pending.len());
+        for slot in pending {
+            let task_slot = self.slots[slot as usize];
+            let Some(spans) = by_split.get(&task_slot.split) else {
+                rest.push(slot);
+                continue;
+            };
+            // Each piece: its rows, and the rank of the span it carves, if it does.
+            let mut pieces: Vec<(u64, u64, Option<usize>)> = Vec::new();
+            let mut at = task_slot.start;
+            let first = spans.partition_point(|span| span.1 <= task_slot.start);
+            for &(start, end, rank) in &spans[first..] {
+                if start >= task_slot.end {
+                    break;
+                }
+                let (start, end) = (start.max(at), end.min(task_slot.end));
+                if at < start {
+                    pieces.push((at, start, None));
+                }
+                pieces.push((start, end, Some(rank)));
+                at = end;
+            }
+            if pieces.is_empty() || self.slots.len() + pieces.len() > MAX_SLOTS as usize {
+                rest.push(slot);
+                continue;
+            }
+            if at < task_slot.end {
+                pieces.push((at, task_slot.end, None));
+            }
+            for (index, (start, end, rank)) in pieces.into_iter().enumerate() {
+                let piece = if index == 0 {
+                    self.slots[slot as usize].end = end;
+                    slot
+                } else {
+                    self.slots.push(TaskSlot {
+                        start,
+                        end,
+                        ..task_slot
+                    });
+                    self.slots.len() as u32 - 1
+                };
+                match rank {
+                    Some(rank) => front.push((rank, start, piece)),
+                    None => rest.push(piece),
+                }
+            }
+        }
+        front.sort_unstable();
+        let carved = front.into_iter().map(|(_, _, slot)| slot);
+        for (at, slot) in carved.chain(rest).enumerate() {
+            let index = self.cursor + at;
+            if index < self.order.len() {
+                self.order[index] = slot;
+            } else {
+                self.order.push(slot);
+            }
+        }
+    }
+
+    /// The next [`NEAR_WINDOW`] tasks of the epoch's order not yet handed out, with their rows.
+    pub fn pending_window(&self) -> impl Iterator<Item = (TaskId, TaskSpan)> + '_ {
         self.order
             .iter_from(self.cursor)
             .take(NEAR_WINDOW)
-            .map(|slot| (self.task_id(*slot), self.slots[*slot as usize].split))
+            .map(|slot| {
+                let task_slot = &self.slots[*slot as usize];
+                let span = TaskSpan {
+                    split: task_slot.split,
+                    start: task_slot.start,
+                    end: task_slot.end,
+                };
+                (self.task_id(*slot), span)
+            })
     }
 
     /// The next task to hand out: a task queued again first, unless `order_only`.

@@ -188,6 +188,68 @@ fn tasks_go_out_in_the_seeded_order_of_the_epoch() {
 }
 
 #[test]
+fn carved_rows_become_tasks_of_their_own_handed_out_first_and_the_rest_keeps_its_place() {
+    // Splits of 40 and 20 rows, tasks of 10: split 0's tasks are slots 0 to 3, split 1's 4 and 5.
+    let mut sut = new_state(config(), vec![40, 20]);
+    register(&mut sut, NODE_A, 0);
+    let first = assigned(&acquire(&mut sut, NODE_A, 0, 1), NODE_A)[0];
+    let before: Vec<u32> = sut.order.iter_from(sut.cursor).copied().collect();
+    let span = |split, start, end| TaskSpan { split, start, end };
+    let rows = vec![
+        // Across two tasks of split 0, and the middle of a task of split 1.
+        span(0, 14, 23),
+        span(1, 3, 5),
+        // The rows of the task handed out already, and rows of no split: passed over.
+        span(first.split, first.start, first.end),
+        span(9, 0, 5),
+    ];
+    run(&mut sut, Event::CarveFront { rows });
+    let tasks = assigned(&acquire(&mut sut, NODE_A, 0, 20), NODE_A);
+    let got: Vec<(u32, u64, u64)> = tasks
+        .iter()
+        .map(|task| (task.split, task.start, task.end))
+        .collect();
+    // The carved rows first, in the order given, each task's piece on its own.
+    let carved: Vec<(u32, u64, u64)> = vec![(0, 14, 20), (0, 20, 23), (1, 3, 5)];
+    let carved_here: Vec<(u32, u64, u64)> = carved
+        .iter()
+        .copied()
+        .filter(|(split, start, _)| {
+            !(*split == first.split && first.start <= *start && *start < first.end)
+        })
+        .collect();
+    assert_eq!(got[..carved_here.len()], carved_here[..]);
+    // The rest in the order before, each cut task's remaining pieces at its place.
+    let rest: Vec<(u32, u64, u64)> = before
+        .iter()
+        .flat_map(|slot| {
+            let task = sut.slots[*slot as usize];
+            let planned = (task.split, task.start, task.start + 10);
+            let pieces: Vec<(u32, u64, u64)> = match planned {
+                (0, 10, 20) => vec![(0, 10, 14)],
+                (0, 20, 30) => vec![(0, 23, 30)],
+                (1, 0, 10) => vec![(1, 0, 3), (1, 5, 10)],
+                other => vec![other],
+            };
+            pieces
+        })
+        .collect();
+    assert_eq!(got[carved_here.len()..], rest[..]);
+    // Every row of the epoch but the task handed first is handed out once.
+    let mut rows: Vec<(u32, u64)> = tasks
+        .iter()
+        .flat_map(|task| (task.start..task.end).map(move |row| (task.split, row)))
+        .collect();
+    rows.sort_unstable();
+    let expected: Vec<(u32, u64)> = (0..40)
+        .map(|row| (0, row))
+        .chain((0..20).map(|row| (1, row)))
+        .filter(|(split, row)| !(*split == first.split && first.start <= *row && *row < first.end))
+        .collect();
+    assert_eq!(rows, expected);
+}
+
+#[test]
 fn acquire_gives_at_most_the_tasks_asked_for() {
     let mut sut = new_state(config(), vec![100]);
     register(&mut sut, NODE_A, 0);

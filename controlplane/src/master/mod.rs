@@ -90,7 +90,7 @@ mod proptests;
 
 use crate::decide::{
     Action, DataPosition, DecideConfig, Event, JobOutcome, JobState, MixedSource, NodeId,
-    NodeStatus, RestoreError, RestoreMode, TaskId, decide,
+    NodeStatus, RestoreError, RestoreMode, TaskId, TaskSpan, decide,
 };
 use crate::error::{AmError, Result};
 use crate::launcher::{ExecutorId, Executors, Exit, LaunchAction};
@@ -1107,15 +1107,22 @@ impl Master {
         entries
     }
 
-    /// With `data.even_batches: drop`, once the table moved on from `ended`: the tasks that read
-    /// the rows `ended` dropped, to hand out first. Without a shuffle a task's rows are the same
-    /// split rows in every epoch, so these are the tasks whose rows overlap a drop; with one, each
-    /// epoch permutes a split's rows anew, and every task of a split with a drop may hold its rows.
+    /// With `data.even_batches: drop`, once the table moved on from `ended`: the rows `ended`
+    /// dropped, to hand out first. Without a shuffle a split's rows come in the same order in
+    /// every epoch, so the dropped rows are cut out of their tasks into tasks of their own, read
+    /// first; with one, each epoch permutes a split's rows anew, and every task of a split with a
+    /// drop may hold its rows, so those tasks come first whole. A mixed epoch, whose tasks are not
+    /// laid out split by split, brings the tasks whose rows overlap a drop first whole.
     fn dropped_first(&self, ended: u32) -> Option<Event> {
         let shuffled = self.spec.data.shuffle.enabled;
         let drops: Vec<&(SkipKey, u64)> = self.dropped.of_epoch(ended).collect();
         if drops.is_empty() {
             return None;
+        }
+        if !shuffled && !self.table.is_mixed() {
+            return Some(Event::CarveFront {
+                rows: self.carved_drops(ended),
+            });
         }
         let first = self.table.first_task_id();
         let tasks: Vec<TaskId> = self
@@ -1133,6 +1140,35 @@ impl Master {
             .map(|(index, _)| TaskId(first + index as u64))
             .collect();
         (!tasks.is_empty()).then_some(Event::Front { tasks })
+    }
+
+    /// The rows `epoch` dropped, merged, which the next epoch cuts out of their tasks to read
+    /// first (`data.even_batches: drop` without a shuffle, in an epoch not mixed); none otherwise.
+    fn carved_drops(&self, epoch: u32) -> Vec<TaskSpan> {
+        if self.spec.data.shuffle.enabled || self.table.is_mixed() {
+            return Vec::new();
+        }
+        // A ring's drops are a batch each: the rows of a task's last batches.
+        let mut spans: Vec<TaskSpan> = self
+            .dropped
+            .of_epoch(epoch)
+            .map(|(key, rows)| TaskSpan {
+                split: key.split,
+                start: key.first_row,
+                end: key.first_row.saturating_add(*rows),
+            })
+            .collect();
+        spans.sort_unstable_by_key(|span| (span.split, span.start));
+        let mut merged: Vec<TaskSpan> = Vec::with_capacity(spans.len());
+        for span in spans {
+            match merged.last_mut() {
+                Some(last) if last.split == span.split && span.start <= last.end => {
+                    last.end = last.end.max(span.end);
+                }
+                _ => merged.push(span),
+            }
+        }
+        merged
     }
 
     /// Records a skip; returns why the job fails when the epoch's skipped rows pass the budget.
@@ -1185,11 +1221,22 @@ impl Master {
             };
         }
         // Tasks of splits this node read last come first (locality: its cache may hold their
-        // blocks). The event carries them, so that a replay hands out what this AM did.
+        // blocks), but after the rows the epoch before dropped, which come first for every node.
+        // The event carries them, so that a replay hands out what this AM did.
+        let owed = self
+            .table
+            .epoch()
+            .checked_sub(1)
+            .map_or_else(Vec::new, |before| self.carved_drops(before));
         let near: Vec<TaskId> = self
             .table
             .pending_window()
-            .filter(|(_, split)| self.readers.get(*split as usize) == Some(&Some(node)))
+            .filter(|(_, span)| {
+                self.readers.get(span.split as usize) == Some(&Some(node))
+                    || owed.iter().any(|rows| {
+                        rows.split == span.split && rows.start <= span.start && span.end <= rows.end
+                    })
+            })
             .map(|(task, _)| task)
             .collect();
         let event = if self.config.even_batches {

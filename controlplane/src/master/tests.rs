@@ -397,10 +397,28 @@ fn told(sut: &Master, node: u64) -> (u32, Counts, Counts) {
 
 #[test]
 fn a_dropping_job_allows_the_fewest_batches_settles_at_them_and_reads_the_dropped_splits_first() {
-    let mut sut = master_of(&SPEC.replace(
-        "  shuffle: { seed: 3 }\n",
-        "  shuffle: { seed: 3 }\n  epochs: 2\n  fixed_batch_size: true\n  even_batches: drop\n",
-    ));
+    dropping_job(true);
+}
+
+#[test]
+fn a_dropping_job_without_a_shuffle_reads_the_dropped_rows_first_as_tasks_of_their_own() {
+    dropping_job(false);
+}
+
+/// A job with `data.even_batches: drop` over two epochs, `shuffled` or not: the fewest batches
+/// allowed and settled, a drop journaled once and listed, the dropped rows first in the next
+/// epoch, and the same table from the journal and from a snapshot.
+fn dropping_job(shuffled: bool) {
+    let spec = || {
+        let even = "  epochs: 2\n  fixed_batch_size: true\n  even_batches: drop\n";
+        let shuffle = if shuffled {
+            "  shuffle: { seed: 3 }\n"
+        } else {
+            ""
+        };
+        SPEC.replace("  shuffle: { seed: 3 }\n", &format!("{shuffle}{even}"))
+    };
+    let mut sut = master_of(&spec());
     let mut journal = Vec::new();
     journal.extend(register(&mut sut, 0, 0).entries);
     journal.extend(register(&mut sut, 1, 0).entries);
@@ -460,13 +478,23 @@ fn a_dropping_job_allows_the_fewest_batches_settles_at_them_and_reads_the_droppe
     );
     journal.extend(again.entries);
     let applied = drop_heartbeat(&mut sut, 1, 5, &done(&second), &[&[(0, 5)], &[(0, 6)]]);
-    assert!(
-        applied
-            .entries
-            .iter()
-            .any(|entry| matches!(entry, Entry::Event(Event::Front { .. }))),
-        "the epoch's end brings the dropped split's tasks forward, journaled"
-    );
+    let front = applied.entries.iter().find_map(|entry| match entry {
+        Entry::Event(event @ (Event::Front { .. } | Event::CarveFront { .. })) => Some(event),
+        _ => None,
+    });
+    match front {
+        Some(Event::Front { .. }) if shuffled => {}
+        Some(Event::CarveFront { rows }) if !shuffled => assert_eq!(
+            rows,
+            &[TaskSpan {
+                split: dropping.split_index,
+                start: dropping.end - 2,
+                end: dropping.end,
+            }],
+            "the two dropped spans, merged"
+        ),
+        other => panic!("the epoch's end brings the dropped rows forward, journaled: {other:?}"),
+    }
     journal.extend(applied.entries);
     assert_eq!(sut.table().epoch(), 1);
     let status = sut.status(6);
@@ -484,28 +512,53 @@ fn a_dropping_job_allows_the_fewest_batches_settles_at_them_and_reads_the_droppe
             (0, uri, dropping.end - 1, 1)
         ]
     );
-    // Epoch 1 hands out every task of the dropped split before any other.
-    let applied = acquire_applied(&mut sut, 0, 7, 5);
+    // Without a shuffle the node that did not read the dropped split last asks first: the tasks of
+    // the splits it read come first for it, but after the dropped rows.
+    let last_reader = sut.readers[dropping.split_index as usize].expect("read in epoch 0");
+    let asker = if shuffled { 0 } else { 1 - last_reader.0 };
+    for (split, reader) in sut.readers.iter_mut().enumerate() {
+        if !shuffled && split != dropping.split_index as usize {
+            *reader = Some(NodeId(asker));
+        }
+    }
+    let applied = acquire_applied(&mut sut, asker, 7, 5);
     let next = assigned(&applied.reply);
     journal.extend(applied.entries);
+    if !shuffled {
+        // Epoch 1 hands out the dropped rows first, cut out of their task; the rest of that task
+        // keeps its place.
+        let first = (next[0].split_index, next[0].start, next[0].end);
+        assert_eq!(
+            first,
+            (dropping.split_index, dropping.end - 2, dropping.end)
+        );
+        assert!(
+            !next[1..]
+                .iter()
+                .any(|task| task.split_index == dropping.split_index
+                    && task.start < dropping.end
+                    && dropping.end - 2 < task.end),
+            "the dropped rows are handed out once: {next:?}"
+        );
+    }
+    // With a shuffle, epoch 1 hands out every task of the dropped split before any other.
     let splits: Vec<u32> = next.iter().map(|task| task.split_index).collect();
     let of_dropped = splits
         .iter()
         .filter(|split| **split == dropping.split_index)
         .count();
-    assert!(of_dropped > 0 && of_dropped < splits.len(), "{splits:?}");
-    assert!(
-        splits[..of_dropped]
-            .iter()
-            .all(|split| *split == dropping.split_index),
-        "the dropped split's tasks come first: {splits:?}"
-    );
+    if shuffled {
+        assert!(of_dropped > 0 && of_dropped < splits.len(), "{splits:?}");
+        assert!(
+            splits[..of_dropped]
+                .iter()
+                .all(|split| *split == dropping.split_index),
+            "the dropped split's tasks come first: {splits:?}"
+        );
+    }
     // The journal rebuilds the same table, its order included, and the same drops; so does a
     // snapshot, and one written before drops were kept.
-    let mut recovered = master_of(&SPEC.replace(
-        "  shuffle: { seed: 3 }\n",
-        "  shuffle: { seed: 3 }\n  epochs: 2\n  fixed_batch_size: true\n  even_batches: drop\n",
-    ));
+    let mut recovered = master_of(&spec());
     for entry in journal {
         recovered.replay(entry).expect("replay");
     }
@@ -2300,7 +2353,7 @@ fn a_node_takes_first_the_pending_tasks_of_the_splits_it_read_last_and_a_replay_
         let near: Vec<TaskId> = sut
             .table()
             .pending_window()
-            .filter(|(_, split)| sut.readers.get(*split as usize) == Some(&Some(node)))
+            .filter(|(_, span)| sut.readers.get(span.split as usize) == Some(&Some(node)))
             .map(|(task, _)| task)
             .collect();
         let (task, entries) = take_and_finish(&mut sut, node.0, now_ms);
