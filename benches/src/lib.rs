@@ -51,12 +51,13 @@ use std::time::Duration;
 
 pub use error::{BenchError, Result};
 pub use peer::{PeerArgs, PeerCommand, peer_main};
-pub use report::{Baselines, Figures, RingBenchReport, RingOfSize, SizeReport};
+pub use report::{Baselines, FarBehind, Figures, RingBenchReport, RingOfSize, SizeReport};
 pub use transport::{Measurement, Transport};
 
 use affinity::{Placement, pin_current_thread};
 use memcpy::{MEMCPY_BUFFER_BYTES, measure_memcpy_gbps};
 use transport::RunContext;
+use transport::sluice_ring::FAR_BEHIND_BYTES;
 use workload::DEFAULT_SIZES;
 
 /// A ring larger than the last-level cache (32 MiB on the benchmark host), so that its records
@@ -148,6 +149,24 @@ pub fn run_ring_bench(
         } else {
             None
         };
+        let far_behind = if size >= DRAM_RING_FROM {
+            sut.measure_far_behind(size, DRAM_RING_BYTES)?
+                .map(|(ring_write_gbps, plain_copy_gbps)| {
+                    progress(&format!(
+                        "{size} B sluice_ring producer {} MiB ahead: write {ring_write_gbps:.3} GB/s, plain copy {plain_copy_gbps:.3} GB/s",
+                        FAR_BEHIND_BYTES >> 20
+                    ));
+                    FarBehind {
+                        ring_bytes: DRAM_RING_BYTES,
+                        backlog_bytes: FAR_BEHIND_BYTES,
+                        ring_write_gbps,
+                        plain_copy_gbps,
+                        ratio: ring_write_gbps / plain_copy_gbps,
+                    }
+                })
+        } else {
+            None
+        };
         sizes.push(SizeReport {
             bytes: size,
             msgs_per_s: ring.msgs_per_s,
@@ -157,6 +176,7 @@ pub fn run_ring_bench(
             memcpy_working_set_gbps,
             ratio_to_memcpy_working_set: ring.gbps / memcpy_working_set_gbps,
             dram_ring,
+            far_behind,
             baselines,
         });
     }
@@ -228,6 +248,52 @@ impl<'a> TransportBench<'a> {
             self.placement.consumer,
             if self.options.quick { 2 } else { 5 },
         )
+    }
+
+    /// The producer's payload GB/s writing `size`-byte records into a ring of `ring_bytes` far
+    /// ahead of its consumer, on the producer's core: through the ring's write and through a plain
+    /// copy, `None` when the ring holds no record past the backlog.
+    ///
+    /// # Errors
+    ///
+    /// Returns the ring's error, or an error when its scratch directory or the pinning fails.
+    pub fn measure_far_behind(
+        &mut self,
+        size: usize,
+        ring_bytes: u64,
+    ) -> Result<Option<(f64, f64)>> {
+        let scratch = tempfile::Builder::new()
+            .prefix("sluice-bench-")
+            .tempdir_in(&self.scratch_root)
+            .map_err(|source| BenchError::Io {
+                transport: Transport::SluiceRing,
+                operation: format!(
+                    "creating a scratch directory in {}",
+                    self.scratch_root.display()
+                ),
+                source,
+            })?;
+        let path = scratch.path().join("far-behind.ring");
+        let cpu = self.placement.producer;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    pin_current_thread(cpu).map_err(|source| BenchError::Io {
+                        transport: Transport::SluiceRing,
+                        operation: format!("pinning the producer to cpu {cpu:?}"),
+                        source,
+                    })?;
+                    transport::sluice_ring::far_behind(size, ring_bytes, &path)
+                })
+                .join()
+                .unwrap_or_else(|_| {
+                    Err(BenchError::Io {
+                        transport: Transport::SluiceRing,
+                        operation: "writing far ahead of the consumer".to_owned(),
+                        source: std::io::Error::other("the producer thread panicked"),
+                    })
+                })
+        })
     }
 
     /// Moves `size`-byte records over `transport` for about the options' target time.

@@ -55,6 +55,9 @@ pub struct SizeReport {
     pub ratio_to_memcpy_working_set: f64,
     /// The same records through a ring larger than the last-level cache; for records of 1 MiB and more.
     pub dram_ring: Option<RingOfSize>,
+    /// The producer writing into that ring with its consumer far behind; for records of 1 MiB and
+    /// more.
+    pub far_behind: Option<FarBehind>,
     /// The baselines.
     pub baselines: Baselines,
 }
@@ -72,6 +75,23 @@ pub struct RingOfSize {
     pub memcpy_working_set_gbps: f64,
     /// `gbps` over `memcpy_working_set_gbps`.
     pub ratio_to_memcpy_working_set: f64,
+}
+
+/// The producer's figures with its consumer far behind (a trainer that lags), in a ring larger
+/// than the last-level cache: the ring's own write, which puts a record that far ahead around the
+/// cache, against a plain copy into the same slots.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct FarBehind {
+    /// The ring's capacity in bytes.
+    pub ring_bytes: u64,
+    /// How far behind the consumer is while the producer writes, in bytes.
+    pub backlog_bytes: u64,
+    /// The producer's payload GB/s through `Slot::write`.
+    pub ring_write_gbps: f64,
+    /// The producer's payload GB/s through a plain copy into `Slot::payload_mut`.
+    pub plain_copy_gbps: f64,
+    /// `ring_write_gbps` over `plain_copy_gbps`.
+    pub ratio: f64,
 }
 
 /// Everything one `sluice-bench ring` run measured.
@@ -163,6 +183,18 @@ impl RingBenchReport {
                 )
                 .ok();
             }
+            if let Some(far) = &size.far_behind {
+                writeln!(
+                    out,
+                    "  producer {} ahead of its consumer in a ring of {}: the ring's write {:.2} GB/s ÷ a plain copy {:.2} GB/s = {:.2}",
+                    human_bytes(usize::try_from(far.backlog_bytes).unwrap_or(usize::MAX)),
+                    human_bytes(usize::try_from(far.ring_bytes).unwrap_or(usize::MAX)),
+                    far.ring_write_gbps,
+                    far.plain_copy_gbps,
+                    far.ratio
+                )
+                .ok();
+            }
         }
         out
     }
@@ -212,6 +244,13 @@ mod tests {
                     memcpy_working_set_gbps: 8.192,
                     ratio_to_memcpy_working_set: 0.5,
                 }),
+                far_behind: Some(FarBehind {
+                    ring_bytes: 256 << 20,
+                    backlog_bytes: 32 << 20,
+                    ring_write_gbps: 12.0,
+                    plain_copy_gbps: 10.0,
+                    ratio: 1.2,
+                }),
                 baselines: Baselines {
                     unix_socket: figures(5e5, 2.048),
                     crossbeam: figures(1e6, 4.096),
@@ -243,6 +282,7 @@ mod tests {
                 "baselines",
                 "bytes",
                 "dram_ring",
+                "far_behind",
                 "gbps",
                 "memcpy_working_set_gbps",
                 "msgs_per_s",

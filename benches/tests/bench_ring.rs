@@ -65,6 +65,7 @@ fn quick_json_run_reports_every_size_and_transport() {
                 "baselines",
                 "bytes",
                 "dram_ring",
+                "far_behind",
                 "gbps",
                 "memcpy_working_set_gbps",
                 "msgs_per_s",
@@ -98,6 +99,21 @@ fn quick_json_run_reports_every_size_and_transport() {
             }
         } else {
             assert!(dram.is_null(), "{at}.dram_ring is {dram}");
+        }
+        // And the producer writes into it far ahead of its consumer, two ways.
+        let far = &size["far_behind"];
+        if bytes_of(size) >= f64::from(1 << 20) {
+            assert_eq!(far["ring_bytes"], 256 << 20, "{at}.far_behind");
+            assert_eq!(far["backlog_bytes"], 32 << 20, "{at}.far_behind");
+            let write = figure(&far["ring_write_gbps"], &format!("{at}.far_behind"));
+            let plain = figure(&far["plain_copy_gbps"], &format!("{at}.far_behind"));
+            let ratio = figure(&far["ratio"], &format!("{at}.far_behind"));
+            assert!(
+                (ratio - write / plain).abs() <= ratio * 1e-9,
+                "{at}.far_behind: {far}"
+            );
+        } else {
+            assert!(far.is_null(), "{at}.far_behind is {far}");
         }
         let implied_gbps = msgs_per_s * bytes_of(size) / 1e9;
         assert!(

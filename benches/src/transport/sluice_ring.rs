@@ -5,7 +5,7 @@ use sluice_ring::{RecordKind, RecordMeta, Ring, RingOptions};
 use crate::error::Result;
 use crate::peer::{self, ConsumerContext, PeerArgs, STALL_TIMEOUT};
 use crate::transport::{Measurement, RunContext, Transport};
-use crate::workload::{Checker, QUEUE_BYTES, Source, monotonic_ns};
+use crate::workload::{Checker, QUEUE_BYTES, Source, monotonic_ns, stamp};
 
 const TRANSPORT: Transport = Transport::SluiceRing;
 
@@ -69,9 +69,88 @@ pub(super) fn produce(args: &PeerArgs) -> Result<()> {
         let mut slot = producer
             .reserve(args.size)
             .map_err(TRANSPORT.error(|| format!("reserving record {sequence}")))?;
-        source.fill(slot.payload_mut(), sequence);
+        // The ring's own copy, as the daemon's encoder makes it: around the cache for a large
+        // record far ahead of the consumer.
+        slot.write(0, source.bytes());
+        stamp(slot.payload_mut(), sequence);
         slot.commit(meta);
     }
     producer.close();
     peer::report_start(TRANSPORT, start_ns)
+}
+
+/// How far behind its consumer the producer of [`far_behind`] writes: twice the 16 MiB past which
+/// the ring writes a large record around the cache.
+pub(crate) const FAR_BEHIND_BYTES: u64 = 32 << 20;
+
+/// Rounds of [`far_behind`] for each way of writing, after one that touches every page of the ring.
+const FAR_BEHIND_ROUNDS: usize = 5;
+
+/// The producer's payload GB/s for `size`-byte records with its consumer [`FAR_BEHIND_BYTES`]
+/// behind, in a ring of `ring_bytes` at `path`, as a trainer that lags leaves its daemon: through
+/// the ring's own [`sluice_ring::Slot::write`], and through a plain copy into
+/// [`sluice_ring::Slot::payload_mut`]. Each round drains the ring, writes the backlog plainly, then
+/// times records up to the ring's end; the two ways alternate, and each gives its median round.
+/// Returns `(ring write, plain copy)`, or `None` when the ring holds no record past the backlog.
+pub(crate) fn far_behind(
+    size: usize,
+    ring_bytes: u64,
+    path: &std::path::Path,
+) -> Result<Option<(f64, f64)>> {
+    let ring = RingOptions::new(path)
+        .capacity(ring_bytes)
+        .create()
+        .map_err(TRANSPORT.error(|| format!("creating {}", path.display())))?;
+    let mut producer = ring
+        .producer()
+        .map_err(TRANSPORT.error(|| "attaching the producer"))?;
+    let mut consumer = ring
+        .consumer()
+        .map_err(TRANSPORT.error(|| "attaching the consumer"))?;
+    let source = Source::new(size);
+    let meta = RecordMeta::of_kind(RecordKind::Batch);
+    // Each record takes its 64-byte header and its payload padded to 64 bytes; two spare records
+    // for the padding at the region's end.
+    let record_bytes = (size.next_multiple_of(64) + 64) as u64;
+    let backlog = FAR_BEHIND_BYTES.div_ceil(record_bytes);
+    let timed = (ring_bytes / record_bytes).saturating_sub(backlog + 2);
+    if timed == 0 {
+        return Ok(None);
+    }
+    let mut rounds: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..=2 * FAR_BEHIND_ROUNDS {
+        while consumer.try_next().is_ok() {}
+        for _ in 0..backlog {
+            let mut slot = producer
+                .reserve(size)
+                .map_err(TRANSPORT.error(|| "reserving a record of the backlog"))?;
+            slot.payload_mut().copy_from_slice(source.bytes());
+            slot.commit(meta);
+        }
+        let through_write = round % 2 == 1;
+        let start = std::time::Instant::now();
+        for _ in 0..timed {
+            let mut slot = producer
+                .reserve(size)
+                .map_err(TRANSPORT.error(|| "reserving a record far ahead"))?;
+            if through_write {
+                slot.write(0, source.bytes());
+            } else {
+                slot.payload_mut().copy_from_slice(source.bytes());
+            }
+            slot.commit(meta);
+        }
+        producer.flush();
+        let gbps = (timed as f64 * size as f64) / start.elapsed().as_secs_f64() / 1e9;
+        // Round 0 touches the ring's pages for the first time.
+        if round > 0 {
+            rounds[usize::from(!through_write)].push(gbps);
+        }
+    }
+    let median = |mut figures: Vec<f64>| {
+        figures.sort_by(f64::total_cmp);
+        figures[figures.len() / 2]
+    };
+    let [write, plain] = rounds;
+    Ok(Some((median(write), median(plain))))
 }

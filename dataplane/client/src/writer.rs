@@ -187,10 +187,9 @@ impl Encoder {
         let buffers = self.stream.encode(batch)?;
         let length = buffers.iter().map(|buffer| buffer.len()).sum();
         let mut slot = producer.reserve(length)?;
-        let payload = slot.payload_mut();
         let mut at = 0;
         for buffer in &buffers {
-            payload[at..at + buffer.len()].copy_from_slice(buffer.as_slice());
+            slot.write(at, buffer.as_slice());
             at += buffer.len();
         }
         Ok(slot.commit(RecordMeta {

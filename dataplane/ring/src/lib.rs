@@ -35,7 +35,10 @@
 //! commits a padding record that fills it.
 //!
 //! **Publishing.** The producer writes the record header and payload with plain stores, and commits the
-//! record by advancing its private write position. It publishes the write cursor with a `swap`
+//! record by advancing its private write position. A payload of 64 KiB or more that [`Slot::write`]
+//! copies while the consumer is 16 MiB or more behind goes with non-temporal stores instead (x86_64),
+//! which skip the read of each line a plain store first makes; they are weakly ordered, so that
+//! record's commit issues `sfence` before its header is written and the write cursor published. It publishes the write cursor with a `swap`
 //! (`AcqRel`) in batches: once the unpublished bytes reach a threshold (an eighth of the ring, at most
 //! 64 KiB), at the first commit after the consumer has set WAITING on the write cursor (a plain load of
 //! that word per commit, which stays in the producer's cache while nobody writes it), before the producer
@@ -90,6 +93,7 @@ mod error;
 mod process;
 mod producer;
 mod role;
+mod stream;
 mod sync;
 
 #[cfg(not(loom))]

@@ -9,7 +9,7 @@ use crate::layout::{
 };
 use crate::process::{PeerState, ProcessId};
 use crate::sync::{Ordering, spin_loop};
-use crate::{DEFAULT_PEER_TIMEOUT, Shared, role};
+use crate::{DEFAULT_PEER_TIMEOUT, Shared, role, stream};
 
 /// How many times a side re-reads the other's cursor before it goes to sleep.
 pub(crate) const SPIN_LIMIT: u32 = if cfg!(loom) { 1 } else { 2000 };
@@ -85,6 +85,9 @@ pub struct Slot<'producer> {
     payload_len: u64,
     /// The bytes the record takes: header, payload and alignment padding.
     size: u64,
+    /// Whether [`Slot::write`] goes around the cache: the record is large and far ahead of the
+    /// consumer (see [`stream`]).
+    streams: bool,
 }
 
 impl Producer {
@@ -298,11 +301,19 @@ impl Producer {
         let offset = self.write_offset;
         let size = record_size(payload_len).expect("checked by the caller");
         debug_assert!(offset + size <= self.shared.capacity());
+        // Relaxed: only a hint of how far behind the consumer is.
+        let streams = stream::STREAMS
+            && payload_len >= stream::STREAM_MIN_BYTES
+            && self
+                .write_position
+                .saturating_sub(self.shared.header().read.load(Ordering::Relaxed) & !WAITING)
+                >= stream::STREAM_BACKLOG_BYTES;
         Slot {
             producer: self,
             offset,
             payload_len,
             size,
+            streams,
         }
     }
 
@@ -541,6 +552,31 @@ impl Slot<'_> {
         }
     }
 
+    /// Copies `bytes` into the payload from byte `at`, as `payload_mut()[at..][..bytes.len()]
+    /// .copy_from_slice(bytes)` does, but for a large record that the consumer will reach only
+    /// after more than 16 MiB ahead of it: that one is written around the cache (non-temporal
+    /// stores, on x86_64), since the cache would let it go before the consumer reads it, which
+    /// spares memory the read of every line a plain store first makes.
+    ///
+    /// # Panics
+    /// If `at + bytes.len()` is past the payload.
+    #[inline]
+    pub fn write(&mut self, at: usize, bytes: &[u8]) {
+        let streams = self.streams;
+        let target = &mut self.payload_mut()[at..at + bytes.len()];
+        if streams {
+            stream::copy(target, bytes);
+        } else {
+            target.copy_from_slice(bytes);
+        }
+    }
+
+    /// Whether [`Slot::write`] goes around the cache.
+    #[cfg(test)]
+    pub(crate) fn streams(&self) -> bool {
+        self.streams
+    }
+
     /// The number of payload bytes reserved.
     pub fn len(&self) -> usize {
         self.payload_len as usize
@@ -556,6 +592,10 @@ impl Slot<'_> {
     // Always inlined: see `Producer::reserve`.
     #[inline(always)]
     pub fn commit(self, meta: RecordMeta) -> u64 {
+        if self.streams {
+            // The streamed payload before the header and the publication that follow.
+            stream::fence();
+        }
         let producer = self.producer;
         let sequence = producer.next_sequence;
         let header = RecordHeader::new(self.payload_len, sequence, Some(meta));

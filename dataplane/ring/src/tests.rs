@@ -52,6 +52,51 @@ fn a_ring_and_the_directory_made_for_it_are_private() {
     assert_eq!(mode(&directory.path().join("job")), 0o700);
 }
 
+/// A producer far ahead of its consumer writes large records around the cache; the consumer, on
+/// another thread, reads every byte of each as written, in pieces at any alignment.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "moves 96 MiB, too slow under Miri, which copies plainly anyway"
+)]
+fn records_written_far_ahead_of_the_consumer_arrive_whole() {
+    const RECORD: usize = 1 << 20;
+    const RECORDS: u64 = 96;
+    let sut = Ring::in_memory(64 << 20).expect("ring");
+    let mut producer = sut.producer().expect("producer");
+    let mut consumer = sut.consumer().expect("consumer");
+    let reader = thread::spawn(move || {
+        // Late, so that the producer runs ahead of it by most of the ring.
+        thread::sleep(Duration::from_millis(200));
+        for sequence in 0..RECORDS {
+            let record = consumer.next().expect("next").expect("a record");
+            assert!(
+                record.payload() == pattern(sequence, RECORD + 3),
+                "record {sequence} differs from what was written"
+            );
+        }
+    });
+    let mut streamed = 0;
+    for sequence in 0..RECORDS {
+        let bytes = pattern(sequence, RECORD + 3);
+        let mut slot = producer.reserve(bytes.len()).expect("reserve");
+        streamed += u32::from(slot.streams());
+        // An odd first piece, so that the second starts off every alignment.
+        slot.write(0, &bytes[..5]);
+        slot.write(5, &bytes[5..]);
+        slot.commit(batch(0, sequence, 1));
+    }
+    producer.flush();
+    reader.join().expect("the consumer read every record whole");
+    if crate::stream::STREAMS {
+        assert!(streamed > 0, "no record was written around the cache");
+    }
+    assert!(
+        streamed < RECORDS as u32,
+        "the first records, with the consumer close, were written plainly"
+    );
+}
+
 #[test]
 fn records_come_out_in_order_with_their_metadata() {
     let sut = Ring::in_memory(1 << 16).expect("ring");
