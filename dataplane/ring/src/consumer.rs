@@ -43,6 +43,8 @@ pub struct Consumer {
     /// The record at the read position, while a [`Record`] borrows this consumer; it is kept here, not
     /// in the `Record`, so that handing a record out moves one pointer.
     current: ValidRecord,
+    /// How long the next wait for data spins before it sleeps (see [`next_spin`]).
+    spin: u32,
 }
 
 /// One record, borrowed in place from the ring: it starts at the consumer's read position.
@@ -54,6 +56,22 @@ pub struct Record<'consumer> {
 enum Wait {
     Data,
     Closed,
+}
+
+/// The fewest spins of a wait for data: about a microsecond.
+const MIN_SPIN: u32 = if cfg!(loom) { 1 } else { 32 };
+
+/// How long the wait after one that spun `spin` times spins: twice as long, up to [`SPIN_LIMIT`],
+/// when data came within the spin (the producer keeps pace, and a sleep would add a wake-up to
+/// each record), half as long, down to [`MIN_SPIN`], when the wait had to sleep (the producer is
+/// slower than this reader, and spinning burns a core the producer may need). As an adaptive
+/// mutex spins.
+fn next_spin(spin: u32, caught: bool) -> u32 {
+    if caught {
+        spin.saturating_mul(2).min(SPIN_LIMIT)
+    } else {
+        (spin / 2).max(MIN_SPIN)
+    }
 }
 
 impl Consumer {
@@ -88,6 +106,7 @@ impl Consumer {
             empty_wait: Duration::ZERO,
             book: None,
             current: ValidRecord::PADDING,
+            spin: SPIN_LIMIT,
         })
     }
 
@@ -256,12 +275,14 @@ impl Consumer {
     }
 
     fn wait_for_published_data(&mut self) -> Result<Wait, RecvError> {
-        for _ in 0..SPIN_LIMIT {
+        for _ in 0..self.spin {
             spin_loop();
             if self.refresh_write() {
+                self.spin = next_spin(self.spin, true);
                 return Ok(Wait::Data);
             }
         }
+        self.spin = next_spin(self.spin, false);
         let header = self.shared.header();
         let mut producer_missing_since: Option<Instant> = None;
         let mut producer_epoch = header.producer_epoch.load(Ordering::Acquire);
@@ -483,5 +504,34 @@ impl Drop for Record<'_> {
     fn drop(&mut self) {
         let valid = self.consumer.current;
         self.consumer.release(valid.size, valid.next_sequence());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_spins_less_after_each_sleep_and_more_after_each_catch_within_bounds() {
+        let mut spin = SPIN_LIMIT;
+        let mut slept = vec![spin];
+        while spin > MIN_SPIN {
+            spin = next_spin(spin, false);
+            slept.push(spin);
+        }
+        assert!(slept.windows(2).all(|pair| pair[1] < pair[0]), "{slept:?}");
+        assert_eq!(next_spin(MIN_SPIN, false), MIN_SPIN);
+        let mut caught = vec![spin];
+        while spin < SPIN_LIMIT {
+            spin = next_spin(spin, true);
+            caught.push(spin);
+        }
+        assert!(
+            caught.windows(2).all(|pair| pair[1] > pair[0]),
+            "{caught:?}"
+        );
+        assert_eq!(next_spin(SPIN_LIMIT, true), SPIN_LIMIT);
+        // From the fewest spins back to the most in a handful of waits that caught data.
+        assert!(caught.len() <= 8, "{caught:?}");
     }
 }
