@@ -553,10 +553,10 @@ impl Slot<'_> {
     }
 
     /// Copies `bytes` into the payload from byte `at`, as `payload_mut()[at..][..bytes.len()]
-    /// .copy_from_slice(bytes)` does, but for a large record that the consumer will reach only
-    /// after more than 16 MiB ahead of it: that one is written around the cache (non-temporal
-    /// stores, on x86_64), since the cache would let it go before the consumer reads it, which
-    /// spares memory the read of every line a plain store first makes.
+    /// .copy_from_slice(bytes)` does; but a record of 64 KiB or more reserved 16 MiB or more ahead
+    /// of the consumer is written around the cache (non-temporal stores, on x86_64): the cache
+    /// would let it go before the consumer reads it, and these stores spare memory the read of
+    /// every line that a plain store first makes.
     ///
     /// # Panics
     /// If `at + bytes.len()` is past the payload.
