@@ -1,6 +1,6 @@
 //! The Sluice ring: a ring file in /dev/shm, the driver consuming and a peer process producing.
 
-use sluice_ring::{RecordKind, RecordMeta, Ring, RingOptions};
+use sluice_ring::{RecordKind, RecordMeta, Ring, RingOptions, TryRecvError};
 
 use crate::error::Result;
 use crate::peer::{self, ConsumerContext, PeerArgs, STALL_TIMEOUT};
@@ -119,7 +119,13 @@ pub(crate) fn far_behind(
     }
     let mut rounds: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for round in 0..=2 * FAR_BEHIND_ROUNDS {
-        while consumer.try_next().is_ok() {}
+        loop {
+            match consumer.try_next() {
+                Ok(_) => {}
+                Err(TryRecvError::Empty) => break,
+                Err(error) => return Err(TRANSPORT.error(|| "draining the ring")(error)),
+            }
+        }
         for _ in 0..backlog {
             let mut slot = producer
                 .reserve(size)
