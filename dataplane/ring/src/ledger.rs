@@ -14,22 +14,38 @@
 //! ```text
 //! header  word 0 magic `SLUICELG`, word 1 version (bits 0..32) and slot count (bits 32..64),
 //!         word 2 the last folded mark ([`EpochMark`]), word 3 the owner (a node id), word 4 the
-//!         largest record tag folded ([`RecordMeta::tag`]), words 5..8 zero
+//!         largest record tag folded ([`RecordMeta::tag`]), word 5 1 while a fence's error record
+//!         is owed to the ring, else 0, words 6..8 zero
 //! slot    word 0 state (0 free, 1 bound), 1 task id, 2 epoch, 3 start, 4 end,
-//!         5 consumed end, 6 enqueued end, 7 zero
+//!         5 consumed end, 6 enqueued end, 7 the stream position its records count from
 //! ```
 //!
 //! Positions are the task's rows in its delivery order (split rows): `[start, end)` is the task as
 //! bound, `consumed end` the end of the last of its records the producer folded (the consumer released
 //! it), `enqueued end` the end of the last of its published records the producer has seen.
 //!
-//! **Binding** writes words 1 to 6 of a free slot, then stores the state with `Release`; a reader
+//! **Binding** writes words 1 to 7 of a free slot, then stores the state with `Release`; a reader
 //! loads the state with `Acquire` before the rest. A producer binds a task before the first record of
 //! the task can be published, so a producer that dies half-way through a binding (the state still 0)
-//! has no record of that task in the ring. **Folding** a record (see [`crate::Producer::fold`]) raises
-//! its task's consumed and enqueued ends with `fetch_max`, so folding a record twice (a producer died
-//! after the ledger write and before the retain cursor moved) changes nothing. **Freeing** stores the
-//! state 0; a producer frees a task only once no record of it is left to fold.
+//! has no record of that task in the ring. Word 7 is where the ring's stream stood at the binding:
+//! only records at or past it are the binding's. A ring may still hold records of an earlier binding
+//! of the same task id that were never folded into it: a node the AM declared lost keeps the rows
+//! its rings held, which its trainer reads void, and the AM may hand the task, queued again from its
+//! last count, back to the same ring. Those records count for nothing. **Folding** a record (see
+//! [`crate::Producer::fold`]) raises its task's consumed and enqueued ends with `fetch_max`, so
+//! folding a record twice (a producer died after the ledger write and before the retain cursor
+//! moved) changes nothing. **Freeing** stores the state 0; a producer frees a task only once no
+//! record of it is left to fold, or once the AM fenced the node and every record left is void.
+//!
+//!
+//! **A fence is owed** (header word 5) from the moment the AM fenced the node until its error
+//! record is in the ring: the records before it are void, and the trainer learns so only from that
+//! record. The producer that is fenced sets it and clears the slots; whichever producer writes the
+//! error record (that one, or, if it died or found no room, the one that takes the ring over,
+//! before anything else) clears it.
+//!
+//! Version 1, which had header word 5 and slot word 7 zero, is read as version 2 with no fence
+//! owed and every binding counting from the stream's start.
 //!
 //! The ledger has one writer process: the holder of the ring's producer role. Its threads share it
 //! through the atomics. Every value read from the file is validated before it is trusted, so any
@@ -45,7 +61,9 @@ use crate::sync::{AtomicU64, Ordering};
 /// The magic number at offset 0 of every ledger file: `SLUICELG` in ASCII.
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"SLUICELG");
 /// The version of the ledger layout described in this module.
-pub const LEDGER_VERSION: u32 = 1;
+pub const LEDGER_VERSION: u32 = 2;
+/// The oldest ledger layout this build reads (see the [module documentation](self)).
+const OLDEST_LEDGER_VERSION: u32 = 1;
 /// The file name extension of ledger files.
 pub const LEDGER_EXTENSION: &str = "ledger";
 /// How many tasks a ledger created by [`Ledger::create`] holds at once.
@@ -293,9 +311,9 @@ impl Ledger {
         }
         let word = sut.word(1).load(Ordering::Relaxed);
         let version = word as u32;
-        if version != LEDGER_VERSION {
+        if !(OLDEST_LEDGER_VERSION..=LEDGER_VERSION).contains(&version) {
             return Err(invalid(format!(
-                "layout version {version}, this build reads version {LEDGER_VERSION}: use a sluice build of the same version"
+                "layout version {version}, this build reads versions {OLDEST_LEDGER_VERSION} to {LEDGER_VERSION}: use a sluice build of the same version"
             )));
         }
         let slots = (word >> 32) as usize;
@@ -333,9 +351,10 @@ impl Ledger {
         self.word(3).load(Ordering::Relaxed)
     }
 
-    /// Binds a task to the ring, before any record of it is committed. Fails when every slot is
-    /// bound or the task is bound already.
-    pub fn bind(&self, task: &LedgerTask) -> Result<(), LedgerError> {
+    /// Binds a task to the ring, before any record of it is committed, its records counting from
+    /// stream position `from` (where the ring's stream stands: see the [module
+    /// documentation](self)). Fails when every slot is bound or the task is bound already.
+    pub fn bind(&self, task: &LedgerTask, from: u64) -> Result<(), LedgerError> {
         if self.find(task.task_id).is_some() {
             return Err(LedgerError::AlreadyBound {
                 path: self.path.clone(),
@@ -355,6 +374,7 @@ impl Ledger {
             task.end,
             task.consumed_end,
             task.enqueued_end,
+            from,
         ];
         for (index, value) in values.into_iter().enumerate() {
             self.slot_word(slot, index + 1)
@@ -384,27 +404,47 @@ impl Ledger {
         })
     }
 
-    /// Frees every slot and forgets the last folded mark's epoch ([`EpochMark::Start`]).
+    /// Records that the AM fenced the node: the ring owes its trainer the fence's error record, and
+    /// the tasks bound to it are void. Set before the slots are cleared, so that a producer that
+    /// dies in between leaves the record owed.
+    pub fn owe_fence(&self) {
+        self.word(5).store(1, Ordering::Release);
+    }
+
+    /// Whether the ring owes its trainer a fence's error record: the next record written must be
+    /// it (see [`Ledger::owe_fence`]).
+    pub fn fence_owed(&self) -> bool {
+        self.word(5).load(Ordering::Acquire) != 0
+    }
+
+    /// Records that the fence's error record is in the ring.
+    pub fn fence_written(&self) {
+        self.word(5).store(0, Ordering::Release);
+    }
+
+    /// Frees every slot.
     pub fn clear(&self) {
         for slot in 0..self.slots {
             self.slot_word(slot, 0).store(STATE_FREE, Ordering::Release);
         }
     }
 
-    /// Takes in a record the producer folds: raises its task's consumed and enqueued ends, and records
-    /// it as the last folded mark. The body of a producer's fold hook.
+    /// Takes in the record at stream position `position` that the producer folds: raises its task's
+    /// consumed and enqueued ends, and records it as the last folded mark. The body of a producer's
+    /// fold hook.
     ///
-    /// A batch of a task that is not bound changes no slot: by the binding protocol it cannot occur.
+    /// A batch of a task that is not bound, or of an earlier binding of its task id (below the
+    /// position the binding counts from), changes no slot: it is a void record of a fenced node.
     /// Dropped rows count as a batch's do: the reader took them, and nobody is to read them again.
-    pub fn fold(&self, meta: RecordMeta) {
-        if let Some(mark) = self.mark_of(meta) {
+    pub fn fold(&self, meta: RecordMeta, position: u64) {
+        if let Some(mark) = self.mark_of(meta, position) {
             self.word(2).store(mark.word(), Ordering::Relaxed);
         }
         if meta.tag != 0 {
             self.word(4).fetch_max(meta.tag, Ordering::Relaxed);
         }
         if matches!(meta.kind, RecordKind::Batch | RecordKind::Dropped)
-            && let Some(slot) = self.find(meta.task_id)
+            && let Some(slot) = self.binding_of(meta.task_id, position)
         {
             let end = meta.first_row.saturating_add(meta.row_count);
             self.slot_word(slot, 6).fetch_max(end, Ordering::Relaxed);
@@ -412,21 +452,22 @@ impl Ledger {
         }
     }
 
-    /// Raises a bound task's enqueued end to `end`, the end of a published record of it.
-    pub fn record_enqueued(&self, task_id: u64, end: u64) {
-        if let Some(slot) = self.find(task_id) {
+    /// Raises a bound task's enqueued end to `end`, the end of its published record at stream
+    /// position `position`, if that record is the binding's.
+    pub fn record_enqueued(&self, task_id: u64, end: u64, position: u64) {
+        if let Some(slot) = self.binding_of(task_id, position) {
             self.slot_word(slot, 6).fetch_max(end, Ordering::Relaxed);
         }
     }
 
-    /// The mark a record sets, if it is a batch of rows of a bound task or an end of epoch. A batch
-    /// of no rows (a pad batch) belongs to no task, and dropped rows, written only right before an
-    /// end of epoch, mark nothing.
-    pub fn mark_of(&self, meta: RecordMeta) -> Option<EpochMark> {
+    /// The mark the record at stream position `position` sets, if it is a batch of rows of a bound
+    /// task's binding or an end of epoch. A batch of no rows (a pad batch) belongs to no task, and
+    /// dropped rows, written only right before an end of epoch, mark nothing.
+    pub fn mark_of(&self, meta: RecordMeta, position: u64) -> Option<EpochMark> {
         match meta.kind {
             RecordKind::Batch if meta.row_count == 0 => None,
             RecordKind::Batch => {
-                let slot = self.find(meta.task_id)?;
+                let slot = self.binding_of(meta.task_id, position)?;
                 let epoch = self.slot_word(slot, 2).load(Ordering::Relaxed);
                 Some(EpochMark::Batch {
                     epoch: u32::try_from(epoch).ok()?,
@@ -518,6 +559,13 @@ impl Ledger {
             self.slot_word(*slot, 0).load(Ordering::Acquire) == STATE_BOUND
                 && self.slot_word(*slot, 1).load(Ordering::Relaxed) == task_id
         })
+    }
+
+    /// The slot of the binding of `task_id` that the record at stream position `position` belongs
+    /// to: the task is bound, and the record lies at or past where the binding counts from.
+    fn binding_of(&self, task_id: u64, position: u64) -> Option<usize> {
+        self.find(task_id)
+            .filter(|slot| position >= self.slot_word(*slot, 7).load(Ordering::Relaxed))
     }
 
     fn invalid(&self, reason: String) -> LedgerError {
@@ -622,12 +670,13 @@ mod tests {
     fn folding_raises_counts_once_and_marks_the_stream() {
         let sut = Ledger::in_memory(4, 0);
         assert_eq!(sut.last_folded().expect("mark"), EpochMark::Start);
-        sut.bind(&task(7, 100, 200)).expect("bind");
-        sut.bind(&task(0, 0, 50)).expect("a task id of 0 binds too");
-        sut.fold(batch(7, 100, 30));
-        sut.fold(batch(7, 130, 20));
-        sut.fold(batch(7, 130, 20));
-        sut.record_enqueued(7, 180);
+        sut.bind(&task(7, 100, 200), 0).expect("bind");
+        sut.bind(&task(0, 0, 50), 0)
+            .expect("a task id of 0 binds too");
+        sut.fold(batch(7, 100, 30), 0);
+        sut.fold(batch(7, 130, 20), 0);
+        sut.fold(batch(7, 130, 20), 0);
+        sut.record_enqueued(7, 180, 0);
         let seven = sut.task(7).expect("bound");
         assert_eq!((seven.consumed_end, seven.enqueued_end), (150, 180));
         assert_eq!(
@@ -635,17 +684,17 @@ mod tests {
             EpochMark::Batch { epoch: 2 }
         );
         assert_eq!(sut.largest_tag(), 0, "no record had a tag");
-        sut.fold(batch(7, 150, 10).tagged(5));
-        sut.fold(batch(7, 150, 10).tagged(5));
-        sut.fold(RecordMeta::of_kind(RecordKind::EndOfEpoch).tagged(9));
-        sut.fold(RecordMeta::of_kind(RecordKind::Schema));
+        sut.fold(batch(7, 150, 10).tagged(5), 0);
+        sut.fold(batch(7, 150, 10).tagged(5), 0);
+        sut.fold(RecordMeta::of_kind(RecordKind::EndOfEpoch).tagged(9), 0);
+        sut.fold(RecordMeta::of_kind(RecordKind::Schema), 0);
         assert_eq!(
             sut.largest_tag(),
             9,
             "the largest tag, however often folded"
         );
         assert_eq!(sut.last_folded().expect("mark"), EpochMark::EndOfEpoch);
-        sut.fold(batch(0, 0, 0).tagged(7));
+        sut.fold(batch(0, 0, 0).tagged(7), 0);
         assert_eq!(
             sut.last_folded().expect("mark"),
             EpochMark::EndOfEpoch,
@@ -653,10 +702,13 @@ mod tests {
         );
         assert_eq!(sut.task(0).expect("bound").consumed_end, 0);
         assert_eq!(sut.largest_tag(), 9);
-        sut.fold(RecordMeta {
-            kind: RecordKind::Dropped,
-            ..batch(7, 160, 15)
-        });
+        sut.fold(
+            RecordMeta {
+                kind: RecordKind::Dropped,
+                ..batch(7, 160, 15)
+            },
+            0,
+        );
         let seven = sut.task(7).expect("bound");
         assert_eq!(
             (seven.consumed_end, seven.enqueued_end),
@@ -680,15 +732,81 @@ mod tests {
     }
 
     #[test]
+    fn records_of_an_earlier_binding_of_the_task_id_count_for_nothing() {
+        // A fenced node's ring held rows 30..60 of task 7 beyond the AM's count of 30; the ledger
+        // was emptied, and the AM handed task 7 back from row 30 once the stream stood at 4096.
+        let sut = Ledger::in_memory(4, 0);
+        sut.bind(&task(7, 30, 100), 4096).expect("bind");
+        sut.fold(batch(7, 30, 30), 1024);
+        sut.record_enqueued(7, 60, 2048);
+        assert_eq!(sut.mark_of(batch(7, 30, 30), 1024), None);
+        let seven = sut.task(7).expect("bound");
+        assert_eq!(
+            (seven.consumed_end, seven.enqueued_end),
+            (30, 30),
+            "the void records before the binding raise nothing"
+        );
+        assert_eq!(sut.last_folded().expect("mark"), EpochMark::Start);
+        sut.record_enqueued(7, 40, 4096);
+        sut.fold(batch(7, 30, 10), 4096);
+        let seven = sut.task(7).expect("bound");
+        assert_eq!((seven.consumed_end, seven.enqueued_end), (40, 40));
+        assert_eq!(
+            sut.last_folded().expect("mark"),
+            EpochMark::Batch { epoch: 2 }
+        );
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
+    fn a_fence_owed_outlives_the_producer_that_owed_it() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("0.ledger");
+        let fenced = Ledger::create(&path, 2).expect("create");
+        fenced.bind(&task(4, 0, 10), 0).expect("bind");
+        assert!(!fenced.fence_owed());
+        fenced.owe_fence();
+        fenced.clear();
+        drop(fenced);
+        let successor = Ledger::open(&path).expect("open");
+        assert!(successor.fence_owed(), "the record is owed until written");
+        assert!(successor.tasks().expect("tasks").is_empty());
+        successor.fence_written();
+        assert!(!Ledger::open(&path).expect("open").fence_owed());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "maps a file, which Miri cannot")]
+    fn a_ledger_of_version_one_counts_every_record_of_a_binding() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("0.ledger");
+        Ledger::create(&path, 0)
+            .expect("create")
+            .bind(&task(4, 0, 10), 0)
+            .expect("bind");
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        std::fs::write(&path, &bytes).expect("write");
+        let sut = Ledger::open(&path).expect("version 1 is read");
+        sut.fold(batch(4, 0, 5), 0);
+        assert_eq!(sut.task(4).expect("bound").consumed_end, 5);
+        assert!(!sut.fence_owed());
+        bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+        std::fs::write(&path, &bytes).expect("write");
+        let error = Ledger::open(&path).expect_err("a later version is refused");
+        assert!(error.to_string().contains("versions 1 to 2"), "{error}");
+    }
+
+    #[test]
     fn binding_twice_or_past_the_slots_is_an_error() {
         let sut = Ledger::in_memory(2, 0);
-        sut.bind(&task(1, 0, 10)).expect("bind");
+        sut.bind(&task(1, 0, 10), 0).expect("bind");
         assert!(matches!(
-            sut.bind(&task(1, 0, 10)),
+            sut.bind(&task(1, 0, 10), 0),
             Err(LedgerError::AlreadyBound { task_id: 1, .. })
         ));
-        sut.bind(&task(2, 0, 10)).expect("bind");
-        let error = sut.bind(&task(3, 0, 10)).expect_err("full");
+        sut.bind(&task(2, 0, 10), 0).expect("bind");
+        let error = sut.bind(&task(3, 0, 10), 0).expect_err("full");
         assert!(error.to_string().contains("all 2 task slots"), "{error}");
         sut.clear();
         assert!(sut.tasks().expect("tasks").is_empty());
@@ -701,8 +819,8 @@ mod tests {
         let path = Ledger::path_beside(&directory.path().join("3.ring"));
         assert_eq!(path, directory.path().join("3.ledger"));
         let sut = Ledger::create(&path, 6).expect("create");
-        sut.bind(&task(9, 10, 90)).expect("bind");
-        sut.fold(batch(9, 10, 40));
+        sut.bind(&task(9, 10, 90), 0).expect("bind");
+        sut.fold(batch(9, 10, 40), 0);
         drop(sut);
         let reopened = Ledger::open(&path).expect("open");
         assert_eq!(reopened.owner(), 6);
@@ -729,7 +847,7 @@ mod tests {
         let path = directory.path().join("0.ledger");
         Ledger::create(&path, 0)
             .expect("create")
-            .bind(&task(4, 0, 10))
+            .bind(&task(4, 0, 10), 0)
             .expect("bind");
         let mut bytes = std::fs::read(&path).expect("read");
         // Slot 0's consumed end (word 5 of the slot after the 8-word header) runs past the task's end.
@@ -757,7 +875,7 @@ mod tests {
         ) {
             let directory = tempfile::tempdir().expect("tempdir");
             let path = directory.path().join("0.ledger");
-            Ledger::create(&path, 0).expect("create").bind(&task(1, 0, 10)).expect("bind");
+            Ledger::create(&path, 0).expect("create").bind(&task(1, 0, 10), 0).expect("bind");
             let mut bytes = std::fs::read(&path).expect("read");
             for (offset, value) in patch {
                 if keep_header && offset < 16 {
@@ -770,8 +888,8 @@ mod tests {
             let Ok(sut) = Ledger::open(&path) else { return Ok(()); };
             let _ = sut.tasks();
             let _ = sut.last_folded();
-            sut.fold(batch(1, 0, 5));
-            let _ = sut.bind(&task(2, 0, 10));
+            sut.fold(batch(1, 0, 5), 0);
+            let _ = sut.bind(&task(2, 0, 10), 0);
         }
     }
 }

@@ -137,9 +137,10 @@ impl Producer {
         self.peer_timeout = timeout;
     }
 
-    /// Sets the hook that sees the meta of every record this producer folds, in ring order, before
-    /// the record's space can be reused (see [`Producer`]). Without one, records are folded unseen.
-    pub fn set_fold_hook(&mut self, hook: impl FnMut(RecordMeta) + Send + 'static) {
+    /// Sets the hook that sees the meta and stream position of every record this producer folds, in
+    /// ring order, before the record's space can be reused (see [`Producer`]). Without one, records
+    /// are folded unseen.
+    pub fn set_fold_hook(&mut self, hook: impl FnMut(RecordMeta, u64) + Send + 'static) {
         self.fold_hook = FoldHook(Some(Box::new(hook)));
     }
 
@@ -153,9 +154,10 @@ impl Producer {
         Ok(self.retain)
     }
 
-    /// Calls `visit` with the meta of every published record the consumer has not released yet,
-    /// in ring order: the records a producer that takes over finds still on their way.
-    pub fn unread(&self, mut visit: impl FnMut(RecordMeta)) -> Result<(), FoldError> {
+    /// Calls `visit` with the meta and stream position of every published record the consumer has
+    /// not released yet, in ring order: the records a producer that takes over finds still on
+    /// their way.
+    pub fn unread(&self, mut visit: impl FnMut(RecordMeta, u64)) -> Result<(), FoldError> {
         // Acquire as in `fold`; the records from the read cursor to the published write cursor were
         // written by this producer or committed by the one it took over from.
         let read = self.shared.header().read.load(Ordering::Acquire) & !WAITING;
@@ -163,7 +165,7 @@ impl Producer {
         while position < self.published_write {
             let valid = self.record_at(position, self.published_write)?;
             if let Some(meta) = valid.meta {
-                visit(meta);
+                visit(meta, position);
             }
             position += valid.size;
         }
@@ -373,7 +375,7 @@ impl Producer {
         while position < read {
             let valid = self.record_at(position, read)?;
             if let (Some(meta), Some(hook)) = (valid.meta, self.fold_hook.0.as_mut()) {
-                hook(meta);
+                hook(meta, position);
             }
             position += valid.size;
         }
@@ -664,7 +666,7 @@ fn recover_position(shared: &Shared) -> Result<(u64, u64, u64, u64), String> {
 }
 
 /// The hook a producer calls with each record it folds.
-struct FoldHook(Option<Box<dyn FnMut(RecordMeta) + Send>>);
+struct FoldHook(Option<Box<dyn FnMut(RecordMeta, u64) + Send>>);
 
 impl std::fmt::Debug for FoldHook {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

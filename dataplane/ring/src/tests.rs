@@ -766,7 +766,7 @@ proptest! {
         drop(consumer);
         if let Ok(mut producer) = ring.producer() {
             let _ = producer.fold();
-            let _ = producer.unread(|_| {});
+            let _ = producer.unread(|_, _| {});
         }
     }
 }
@@ -861,7 +861,7 @@ proptest! {
             Ok(record) => prop_assert!(false, "read {:?}", record.map(|record| record.meta())),
         }
         drop(consumer);
-        let unread = producer.unread(|_| {});
+        let unread = producer.unread(|_, _| {});
         if change_length {
             match unread {
                 Err(FoldError::Corrupt { position: at, reason, .. }) => {
@@ -888,16 +888,22 @@ fn header_offsets_used_by_tests_match_the_layout() {
     assert_eq!(retain - header, 1152);
 }
 
-/// Records the metas a producer folds.
-fn folded_into(producer: &mut Producer) -> std::sync::Arc<std::sync::Mutex<Vec<RecordMeta>>> {
+/// Records the metas a producer folds, with their stream positions.
+fn folded_into(
+    producer: &mut Producer,
+) -> std::sync::Arc<std::sync::Mutex<Vec<(RecordMeta, u64)>>> {
     let folded = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = folded.clone();
-    producer.set_fold_hook(move |meta| sink.lock().expect("lock").push(meta));
+    producer.set_fold_hook(move |meta, position| sink.lock().expect("lock").push((meta, position)));
     folded
 }
 
-fn rows_of(metas: &[RecordMeta]) -> Vec<u64> {
-    metas.iter().map(|meta| meta.first_row).collect()
+fn rows_of(metas: &[(RecordMeta, u64)]) -> Vec<u64> {
+    metas.iter().map(|(meta, _)| meta.first_row).collect()
+}
+
+fn positions_of(metas: &[(RecordMeta, u64)]) -> Vec<u64> {
+    metas.iter().map(|(_, position)| *position).collect()
 }
 
 #[test]
@@ -916,12 +922,16 @@ fn released_records_are_folded_once_in_order_and_unread_ones_listed() {
     }
     drop(consumer);
     let mut unread = Vec::new();
-    producer.unread(|meta| unread.push(meta)).expect("unread");
+    producer
+        .unread(|meta, position| unread.push((meta, position)))
+        .expect("unread");
     assert_eq!(rows_of(&unread), vec![2]);
+    assert_eq!(positions_of(&unread), vec![2 * 1024]);
     assert_eq!(producer.fold().expect("fold"), 2 * 1024);
     assert_eq!(producer.retained_position(), 2 * 1024);
     assert_eq!(producer.fold().expect("fold again"), 2 * 1024);
     assert_eq!(rows_of(&folded.lock().expect("lock")), vec![0, 1]);
+    assert_eq!(positions_of(&folded.lock().expect("lock")), vec![0, 1024]);
 }
 
 #[test]
@@ -954,7 +964,9 @@ fn a_producer_folds_what_it_needs_and_never_overwrites_retained_records() {
     );
     let mut unread = Vec::new();
     producer.flush();
-    producer.unread(|meta| unread.push(meta)).expect("unread");
+    producer
+        .unread(|meta, position| unread.push((meta, position)))
+        .expect("unread");
     assert_eq!(rows_of(&unread), vec![2, 3, 4]);
     assert!(
         producer.retained_position() <= sut.cursors().1,
@@ -1013,7 +1025,9 @@ fn a_new_producer_folds_what_the_dead_one_retained() {
     second.fold().expect("fold");
     assert_eq!(rows_of(&second_folded.lock().expect("lock")), vec![0, 1]);
     let mut unread = Vec::new();
-    second.unread(|meta| unread.push(meta)).expect("unread");
+    second
+        .unread(|meta, position| unread.push((meta, position)))
+        .expect("unread");
     assert_eq!(rows_of(&unread), vec![2]);
     drop(second);
 

@@ -242,7 +242,7 @@ fn a_waiting_producer_folds_released_records_once_in_order() {
         let mut consumer = ring.consumer().expect("consumer");
         let folded = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = std::sync::Arc::clone(&folded);
-        producer.set_fold_hook(move |meta| sink.lock().expect("lock").push(meta.first_row));
+        producer.set_fold_hook(move |meta, _| sink.lock().expect("lock").push(meta.first_row));
         let observer = ring.clone();
         let writer = thread::spawn(move || {
             for row in 0..6u64 {
