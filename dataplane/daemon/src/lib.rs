@@ -43,16 +43,22 @@
 //! consumed end and enqueued = the end of the task's last record still in the ring. The AM gives
 //! the tasks it kept back ([`v1::TaskAssignment`]s of tasks already bound to a ring), and each one
 //! resumes after its enqueued rows: the batches still in the ring stay there, so the trainer sees no
-//! gap and no repeat. Slots of tasks the AM did not give back are freed. A fenced daemon (the AM
-//! declared it lost and queued its tasks again) empties its ledgers and registers holding nothing.
+//! gap and no repeat. Slots of tasks the AM did not give back are freed. A daemon fenced at its
+//! registration (the AM declared the node lost and queued its tasks again while no daemon served
+//! it) empties its ledgers, registers holding nothing, and writes the fence's error record into
+//! each ring that held tasks before anything else, as the fenced daemon would have (below).
 //!
 //! # Cut off from the AM
 //! Every answer from the AM renews the daemon's [`lease`]; while it has lapsed the ring writers
 //! publish nothing, so that a node cut off stops feeding its trainers before the AM can declare it
 //! lost and queue its tasks elsewhere. When the AM answers with a fence (it did declare the node
 //! lost), the daemon fences its rings ([`writer`]): each trainer gets an error record after what
-//! its ring held, saying that its reads since the AM last heard from the node are void, and the
-//! daemon exits. While calls fail, the [`session`] looks for the AM's address under the job's
+//! its ring held, saying that its reads since the AM last heard from the node are void, its
+//! ledgers forget their tasks, and the daemon exits. Until the record is written (a ring that
+//! stays full, a daemon killed first) the ledger says it is owed, and the daemon that takes the
+//! ring over writes it first. The records the rings still hold are void for good: a binding counts
+//! only the records written after it, so a task the AM hands back to the same ring is not counted
+//! by its void copies (see [`sluice_ring::ledger`]). While calls fail, the [`session`] looks for the AM's address under the job's
 //! checkpoint location, in case the AM was started again on another host.
 //!
 //! # Scaling
@@ -360,7 +366,9 @@ async fn serve(
                     break;
                 }
                 Some(Cmd::Fence(_)) => {
-                    rings.fence(&fence_message(session.node_id())).await?;
+                    rings
+                        .fence(&writer::fence_message(session.node_id()))
+                        .await?;
                     return Err(DaemonError::Fenced);
                 }
                 Some(Cmd::Settled(settled)) => rings.settle(&settled),
@@ -503,17 +511,6 @@ fn let_go(
         controls.remove(&freed.task_id);
         rings.free(freed);
     }
-}
-
-/// What the trainers of a fenced node read at the end of their rings.
-fn fence_message(node: NodeId) -> String {
-    format!(
-        "node {node} lost its AM for longer than the heartbeat timeout, and the AM declared it lost: \
-         the rows this trainer read since the AM last heard from node {node} are delivered again \
-         to other trainers. Drop what was done with them (restore your last checkpoint), and start \
-         the trainer again once its sluice daemon runs again",
-        node = node.0
-    )
 }
 
 /// How often the AM asked to hear from the daemon, within bounds.

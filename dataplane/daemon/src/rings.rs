@@ -192,11 +192,11 @@ impl Rings {
         task_id: TaskId,
         write: LedgerWrite,
     ) -> Result<()> {
-        let ledger = self.rings[ring].state.ledger();
+        let state = &self.rings[ring].state;
         match write {
-            LedgerWrite::Bind(entry) => ledger.bind(&entry).map_err(DaemonError::Ledger),
+            LedgerWrite::Bind(entry) => state.bind(&entry).map_err(DaemonError::Ledger),
             LedgerWrite::SetEnd(end) => {
-                ledger.set_end(task_id.0, end);
+                state.ledger().set_end(task_id.0, end);
                 Ok(())
             }
         }
@@ -301,12 +301,19 @@ impl Rings {
     }
 
     /// Fences every ring, the AM having declared this node lost: its writer drops what it was
-    /// still to write and leaves an error record with `message` for its trainer.
+    /// still to write and leaves an error record with `message` for its trainer, and its ledger
+    /// forgets its tasks, which the AM queued again from their last reported counts. The record
+    /// stays owed in the ledger until written, for a daemon started again to write first.
     pub(crate) async fn fence(self, message: &str) -> Result<()> {
         for ring in &self.rings {
+            ring.state.ledger().owe_fence();
             ring.state.fence(message.to_owned());
         }
-        self.stop().await.map(drop)
+        let states = self.stop().await?;
+        for state in states {
+            state.ledger().clear();
+        }
+        Ok(())
     }
 
     /// Ends every ring's stream, the job being over: each writer writes what it was given, then
@@ -492,13 +499,19 @@ impl Recovered {
         Ok(held)
     }
 
-    /// Empties the ledgers of the rings taken over: the AM fenced this node and queued its tasks
-    /// again from their last reported counts. The rings keep the rows still in them, which the
-    /// trainers will see twice.
+    /// Empties the ledgers of the rings taken over that hold tasks: the AM fenced this node and
+    /// queued its tasks again from their last reported counts. The rings keep the rows still in
+    /// them, which their trainers read void: each ring owes its trainer the fence's error record,
+    /// which its writer writes before anything else.
     pub(crate) fn forget_tasks(&self) {
         for attached in self.rings.values() {
             let ledger = attached.state.ledger();
-            tracing::warn!(ledger = %ledger.path().display(), tasks = ledger.tasks().map_or(0, |tasks| tasks.len()), "the AM fenced this node: its ledger is emptied");
+            let tasks = ledger.tasks().map_or(0, |tasks| tasks.len());
+            if tasks == 0 {
+                continue;
+            }
+            tracing::warn!(ledger = %ledger.path().display(), tasks, "the AM fenced this node: its ledger is emptied, and its trainer told that its last reads are void");
+            ledger.owe_fence();
             ledger.clear();
         }
     }

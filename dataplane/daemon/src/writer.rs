@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use sluice_client::{Encoder, WriteError};
-use sluice_ring::ledger::{EpochMark, Ledger, LedgerError};
+use sluice_proto::NodeId;
+use sluice_ring::ledger::{EpochMark, Ledger, LedgerError, LedgerTask};
 use sluice_ring::{
     AttachError, FoldError, Producer, RecordKind, RecordMeta, ReserveError, Ring, TryReserveError,
 };
@@ -290,6 +291,14 @@ impl RingState {
         &self.ledger
     }
 
+    /// Binds a task to the ring's ledger, before its feeder gets it: its records count from where
+    /// the ring's stream stands now. A record the ring still holds of an earlier binding of the
+    /// same task id (a fenced node's, which its trainer reads void) lies before, and counts for
+    /// nothing.
+    pub fn bind(&self, task: &LedgerTask) -> Result<(), LedgerError> {
+        self.ledger.bind(task, self.ring.cursors().0)
+    }
+
     /// The ring's read cursor: the end of what the trainer released.
     pub fn read_cursor(&self) -> u64 {
         self.ring.cursors().1
@@ -324,7 +333,7 @@ pub fn attach(ring: Ring, ledger: Ledger) -> Result<Attached, WriterError> {
     })?;
     let ledger = Arc::new(ledger);
     let hook_ledger = ledger.clone();
-    producer.set_fold_hook(move |meta| hook_ledger.fold(meta));
+    producer.set_fold_hook(move |meta, position| hook_ledger.fold(meta, position));
     let (mark, largest_tag) = survey(&mut producer, &ledger)?;
     let reads = Mutex::new(ReadWatch {
         cursor: ring.cursors().1,
@@ -393,11 +402,11 @@ fn survey(producer: &mut Producer, ledger: &Ledger) -> Result<(EpochMark, u64), 
     let mut mark = ledger.last_folded().map_err(WriterError::Ledger)?;
     let mut largest_tag = ledger.largest_tag();
     producer
-        .unread(|meta| {
+        .unread(|meta, position| {
             if matches!(meta.kind, RecordKind::Batch | RecordKind::Dropped) {
-                ledger.record_enqueued(meta.task_id, meta.first_row + meta.row_count);
+                ledger.record_enqueued(meta.task_id, meta.first_row + meta.row_count, position);
             }
-            if let Some(unread_mark) = ledger.mark_of(meta) {
+            if let Some(unread_mark) = ledger.mark_of(meta, position) {
                 mark = unread_mark;
             }
             largest_tag = largest_tag.max(meta.tag);
@@ -415,6 +424,19 @@ fn write_loop(
     lease: &Lease,
 ) -> Result<(), WriterError> {
     producer.set_peer_timeout(GONE_TRAINER_SLICE);
+    if state.ledger.fence_owed() {
+        // Before anything of this daemon's: the trainer reads the fenced node's records, then
+        // learns that they are void. The ring waits for room as for any record.
+        let written = waiting_for_the_trainer(state, || {
+            sluice_client::write_error(&mut producer, &fence_message(NodeId(state.ledger.owner())))
+                .map(drop)
+        })?;
+        if !written {
+            return Ok(());
+        }
+        producer.flush();
+        state.ledger.fence_written();
+    }
     let mut encoder = Encoder::new(schema.clone()).map_err(WriterError::Write)?;
     encoder
         .write_schema_file(state.ring.path())
@@ -514,7 +536,9 @@ fn write_loop(
     }
     if let Some(message) = state.fence_message() {
         producer.flush();
-        write_fence_record(&mut producer, &message)?;
+        if write_fence_record(&mut producer, &message)? {
+            state.ledger.fence_written();
+        }
         return Ok(());
     }
     if state.ending() || state.given_back() {
@@ -525,8 +549,21 @@ fn write_loop(
     Ok(())
 }
 
-/// Writes the error record of a fenced ring, waiting up to [`FENCE_RECORD_WAIT`] for room.
-fn write_fence_record(producer: &mut Producer, message: &str) -> Result<(), WriterError> {
+/// What the trainers of a fenced node read at the end of their rings.
+pub(crate) fn fence_message(node: NodeId) -> String {
+    format!(
+        "node {node} lost its AM for longer than the heartbeat timeout, and the AM declared it lost: \
+         the rows this trainer read since the AM last heard from node {node} are delivered again \
+         to other trainers. Drop what was done with them (restore your last checkpoint), and start \
+         the trainer again once its sluice daemon runs again",
+        node = node.0
+    )
+}
+
+/// Writes the error record of a fenced ring, waiting up to [`FENCE_RECORD_WAIT`] for room;
+/// returns whether it is written. One not written stays owed in the ledger, for the daemon started
+/// again to write first.
+fn write_fence_record(producer: &mut Producer, message: &str) -> Result<bool, WriterError> {
     let started = Instant::now();
     loop {
         match producer.try_reserve(message.len()) {
@@ -534,14 +571,16 @@ fn write_fence_record(producer: &mut Producer, message: &str) -> Result<(), Writ
                 slot.payload_mut().copy_from_slice(message.as_bytes());
                 slot.commit(RecordMeta::of_kind(RecordKind::Error));
                 producer.flush();
-                return Ok(());
+                return Ok(true);
             }
             Err(TryReserveError::Full) if started.elapsed() < FENCE_RECORD_WAIT => {
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err(TryReserveError::Full) => {
-                tracing::warn!("a fenced ring stayed full: its trainer gets no error record");
-                return Ok(());
+                tracing::warn!(
+                    "a fenced ring stayed full: the daemon started again writes its error record first"
+                );
+                return Ok(false);
             }
             Err(TryReserveError::TooLarge { path, max, .. }) => {
                 tracing::warn!(
@@ -549,7 +588,7 @@ fn write_fence_record(producer: &mut Producer, message: &str) -> Result<(), Writ
                     max,
                     "a fenced ring is too small for its error record"
                 );
-                return Ok(());
+                return Ok(false);
             }
             Err(TryReserveError::Fold(error)) => return Err(WriterError::Fold(error)),
         }
@@ -725,6 +764,91 @@ mod tests {
         let record = consumer.next().expect("read").expect("the end of epoch");
         record.release();
         assert_eq!(taken_over(), 11, "the end of epoch, released and folded");
+    }
+
+    /// The ring's trainer reads every item up to the end of what is published, releasing each;
+    /// returns the batches' row counts and the errors' messages, in order.
+    fn read_all(trainer_view: &Ring, items: usize) -> Vec<Result<u64, String>> {
+        let mut reader = sluice_client::Reader::new(trainer_view.consumer().expect("consumer"));
+        (0..items)
+            .map(|_| match reader.next_item() {
+                Ok(Some(sluice_client::Item::Batch { row_count, .. })) => Ok(row_count),
+                Err(sluice_client::ReadError::Producer(message)) => Err(message),
+                other => panic!("expected a batch or an error, got {other:?}"),
+            })
+            .collect()
+    }
+
+    /// The AM declared the node lost while its ring held rows 0..10 of task 1, and its daemon died
+    /// before it heard: the daemon that takes the ring over is fenced at its registration, and
+    /// the AM hands task 1 back from row 0. The trainer reads the void copy, then the fence's
+    /// error, then the new rows; only the new rows count for the task.
+    #[test]
+    fn a_fence_owed_comes_before_the_new_rows_and_void_copies_count_for_nothing() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("0.ring");
+        let task = LedgerTask {
+            task_id: 1,
+            epoch: 0,
+            start: 0,
+            end: 100,
+            consumed_end: 0,
+            enqueued_end: 0,
+        };
+        let (fenced, trainer_view) = writer(directory.path());
+        fenced.state.bind(&task).expect("bind");
+        fenced.sender.blocking_send(batch(10)).expect("send");
+        drop(fenced.sender);
+        fenced.thread.join().expect("the writer ends");
+
+        let ring = Ring::open(&path).expect("ring");
+        let ledger = Ledger::open(Ledger::path_beside(&path)).expect("ledger");
+        let attached = attach(ring, ledger).expect("attach");
+        attached.state.ledger().owe_fence();
+        attached.state.ledger().clear();
+        attached.state.bind(&task).expect("bound again");
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let successor = start(
+            attached,
+            schema,
+            0,
+            Arc::new(Stages::default()),
+            Arc::new(Lease::new()),
+        )
+        .expect("start");
+        successor.sender.blocking_send(batch(5)).expect("send");
+        let items = read_all(&trainer_view, 3);
+        assert_eq!(items[0], Ok(10), "the void copy");
+        assert!(
+            items[1].as_ref().is_err_and(
+                |message| message.contains("node 1") && message.contains("delivered again")
+            ),
+            "then the fence's error: {items:?}"
+        );
+        assert_eq!(items[2], Ok(5), "then the new rows");
+        let ledger = successor.state.ledger();
+        assert!(!ledger.fence_owed(), "the record is written");
+        let folded = Instant::now() + Duration::from_secs(10);
+        loop {
+            successor
+                .sender
+                .blocking_send(Write::Survey)
+                .expect("survey");
+            let bound = ledger.task(1).expect("bound");
+            if bound.consumed_end > 0 {
+                assert_eq!(
+                    (bound.consumed_end, bound.enqueued_end),
+                    (5, 5),
+                    "only the new rows count"
+                );
+                break;
+            }
+            assert!(Instant::now() < folded, "the releases are folded");
+            std::thread::yield_now();
+        }
+        successor.state.end();
+        drop(successor.sender);
+        successor.thread.join().expect("the writer ends");
     }
 
     #[test]
