@@ -18,8 +18,23 @@
 //!   restarted daemon keeps its rings, tasks and counts and forgets its queued acknowledgements.
 //!   A daemon told to shut down exits with success, as the launcher sees; launched again (after a
 //!   restore of a finished job), it starts from nothing.
-//!   No daemon is ever silent past its heartbeat timeout, so no node is lost; a `Fence` is a
-//!   failure of the test.
+//! - **Rings** are the daemon's real ledgers (`sluice_ring::ledger`, in memory), each row a record
+//!   of its own at the next position of the ring's stream: a task is bound where the stream stands,
+//!   each row written raises its enqueued end, each row the trainer releases is folded, and every
+//!   count the daemon reports, and every task a restarted daemon registers holding, is read from
+//!   them, as `sluice-daemon` reads its own.
+//! - **A node cut off** makes no call until its link comes back; its trainers read on what its
+//!   rings hold, and its feeders publish nothing (its lease lapsed). A loss moves time past the
+//!   heartbeat timeout, the other nodes heartbeating just before, so the AM declares the cut node
+//!   lost. Its next call, once back, is fenced, or, for a daemon restarted meanwhile, its
+//!   registration holding its tasks: the daemon does what `sluice-daemon` does (its rings owe
+//!   their trainers the fence's error record, its ledgers forget their tasks; fenced while
+//!   serving, it writes the record unless the ring is full, and exits to be started again; fenced
+//!   at its registration, it registers again holding nothing and its writers write the record
+//!   before anything else). The trainer's reads the AM had not counted are void: they leave the
+//!   trainers' state, and the rows the ring still holds of those tasks are read void too, before
+//!   anything written after them, and folded into ledgers whose tasks the AM may have handed
+//!   back to the same ring. No record is written while a fence's record is owed.
 //! - **Trainers** are processes the simulated launcher runs: launched when the AM's
 //!   [`Master::executors_to_launch`] names them, ended one by one when the AM retires them. The
 //!   trainer of rank `r` reads ring `r` of the node that feeds it, whatever the AM believes, so a
@@ -81,11 +96,17 @@ use crate::spec::Format;
 use calls::RankCommit;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use sluice_ring::ledger::{Ledger as RingLedger, LedgerTask};
+use sluice_ring::{RecordKind, RecordMeta};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// The job's one role.
 const ROLE: &str = "worker";
+
+/// Silence after which the AM declares a node lost: far beyond the millisecond a step takes, so
+/// that only [`Op::Lose`] loses one.
+const HEARTBEAT_TIMEOUT_MS: u64 = 1_000_000_000;
 
 /// One step of the simulation. `pick` chooses among a node's tasks, or among candidates, modulo
 /// their number (a plain number, so that a failing case can be pasted into a regression test).
@@ -133,6 +154,15 @@ enum Op {
         lose: u8,
         reregister: bool,
     },
+    /// The node's link is cut: its daemon's calls fail, its trainers read on. `full`: a ring of
+    /// it is full when its daemon is fenced, so the fence's record waits for the daemon started
+    /// again.
+    Cut { node: usize, full: bool },
+    /// Time passes beyond the heartbeat timeout; every node not cut off heartbeats just before,
+    /// so the AM declares the cut nodes lost.
+    Lose,
+    /// The node's link comes back.
+    Reconnect { node: usize },
 }
 
 impl Op {
@@ -165,6 +195,11 @@ impl Op {
                 lose,
                 reregister,
             },
+            Op::Cut { node, full } => Op::Cut {
+                node: node % nodes,
+                full,
+            },
+            Op::Reconnect { node } => Op::Reconnect { node: node % nodes },
             other => other,
         }
     }
@@ -211,8 +246,14 @@ struct SimTask {
     end: u64,
     /// The trainer rank whose ring the task feeds.
     rank: u32,
+    /// Rows written into the ring and released by its trainer: what happened, which the daemon
+    /// knows only from its ledger.
     enqueued: u64,
     consumed: u64,
+    /// The stream position of the record of each row written, by its offset in the task.
+    records: Vec<u64>,
+    /// The offsets of the rows whose release entered the trainers' state.
+    entered: BTreeSet<u64>,
     /// Reported consumed to its end to the AM of this generation, with the entries appended
     /// once that report's were: the daemon lets it go once as many are durable.
     reported_done: Option<(u64, usize)>,
@@ -223,16 +264,55 @@ impl SimTask {
         self.end - self.start
     }
 
-    fn finished(&self) -> bool {
-        self.consumed >= self.rows()
+    /// The meta of the record of the row at `offset`.
+    fn record(&self, offset: u64) -> RecordMeta {
+        RecordMeta {
+            kind: RecordKind::Batch,
+            task_id: self.task_id,
+            first_row: self.start + offset,
+            row_count: 1,
+            tag: 0,
+        }
+    }
+}
+
+/// A ring of a simulated node: its ledger, the real one, and its stream.
+#[derive(Debug, Clone)]
+struct SimRing {
+    ledger: Arc<RingLedger>,
+    /// The stream position of the next record.
+    position: u64,
+    /// Records of tasks the node was fenced from, not yet read, with their positions: void, and
+    /// read before anything written after them.
+    void: VecDeque<(RecordMeta, u64)>,
+}
+
+impl SimRing {
+    fn new(node: usize) -> SimRing {
+        SimRing {
+            ledger: Arc::new(RingLedger::in_memory(64, node as u64)),
+            position: 0,
+            void: VecDeque::new(),
+        }
     }
 
-    fn progress(&self) -> TaskProgress {
-        TaskProgress {
-            task: TaskId(self.task_id),
-            enqueued: self.enqueued,
-            consumed: self.consumed,
-        }
+    /// A record goes into the stream; returns its position.
+    fn write(&mut self) -> u64 {
+        self.position += 1;
+        self.position - 1
+    }
+
+    /// The counts of `task` as the daemon reports them: from the ledger.
+    fn progress(&self, task: &SimTask) -> Result<TaskProgress, TestCaseError> {
+        let bound = self
+            .ledger
+            .task(task.task_id)
+            .ok_or_else(|| fail(format!("task-{} is not bound to its ring", task.task_id)))?;
+        Ok(TaskProgress {
+            task: TaskId(task.task_id),
+            enqueued: bound.enqueued_end - bound.start,
+            consumed: bound.consumed_end - bound.start,
+        })
     }
 }
 
@@ -243,6 +323,16 @@ struct SimNode {
     tasks: Vec<SimTask>,
     /// Stops applied and not yet acknowledged: task and stop row.
     acks: Vec<(u64, u64)>,
+    /// The rings, by rank; they outlive the daemon, and go with a give-back.
+    rings: BTreeMap<u32, SimRing>,
+    /// The node's link is cut.
+    cut: bool,
+    /// The daemon's lease lapsed: its writers publish nothing until an answer renews it.
+    lapsed: bool,
+    /// The AM declared the node lost: its trainers' reads are void until the fence.
+    reads_void: bool,
+    /// A ring of it is full when its daemon is fenced.
+    full: bool,
 }
 
 impl SimNode {
@@ -252,7 +342,42 @@ impl SimNode {
             ranks: Vec::new(),
             tasks: Vec::new(),
             acks: Vec::new(),
+            rings: BTreeMap::new(),
+            cut: false,
+            lapsed: false,
+            reads_void: false,
+            full: false,
         }
+    }
+
+    fn ring(&self, rank: u32) -> Result<&SimRing, TestCaseError> {
+        self.rings
+            .get(&rank)
+            .ok_or_else(|| fail(format!("no ring of rank {rank}")))
+    }
+
+    /// The counts of every task the daemon holds, from its ledgers.
+    fn progress(&self) -> Result<Vec<TaskProgress>, TestCaseError> {
+        self.tasks
+            .iter()
+            .map(|task| self.ring(task.rank)?.progress(task))
+            .collect()
+    }
+
+    /// Frees the ledger slots of tasks the daemon let go.
+    fn let_go(&self, tasks: &[SimTask]) {
+        for task in tasks {
+            if let Some(ring) = self.rings.get(&task.rank) {
+                ring.ledger.free(task.task_id);
+            }
+        }
+    }
+
+    /// Whether the daemon's ledger has `task` consumed to its end.
+    fn finished(&self, task: &SimTask) -> bool {
+        self.ring(task.rank)
+            .and_then(|ring| ring.progress(task))
+            .is_ok_and(|progress| progress.consumed >= task.rows())
     }
 }
 
@@ -293,6 +418,17 @@ struct Coverage {
     stops: usize,
     succeeded: usize,
     followed_grew_and_succeeded: usize,
+    /// Nodes declared lost.
+    lost: usize,
+    /// Daemons fenced while serving, and at their registration.
+    fenced_serving: usize,
+    fenced_registering: usize,
+    /// Fences whose record found its ring full and was written by the daemon started again.
+    fence_records_deferred: usize,
+    /// Reads the AM had not counted, made void by a fence.
+    void_reads: usize,
+    /// Void records read while their task was bound to the ring again.
+    void_reads_rebound: usize,
 }
 
 struct Sim<'a> {
@@ -330,6 +466,13 @@ fn fail(message: impl Into<String>) -> TestCaseError {
     TestCaseError::fail(message.into())
 }
 
+/// Whether an answer fences the daemon.
+fn fences(commands: &[NodeCommand]) -> bool {
+    commands
+        .iter()
+        .any(|command| matches!(command, NodeCommand::Fence))
+}
+
 fn trainer(rank: u32) -> ExecutorId {
     ExecutorId::Trainer {
         role: ROLE.to_owned(),
@@ -353,7 +496,7 @@ data:
 nodes: {nodes}
 roles:
   - {{ name: {ROLE}, num: {trainers}, command: [train] }}
-failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000000000 }}
+failover: {{ heartbeat_interval_ms: 100, heartbeat_timeout_ms: {HEARTBEAT_TIMEOUT_MS}, max_total_failures: 1000000 }}
 "#,
         task_rows = job.task_rows,
         epochs = job.epochs,
@@ -382,9 +525,18 @@ impl Sim<'_> {
     /// earlier call of this AM) wait for what is appended now, and those whose wait is over go.
     fn take_mark(&mut self, node: usize, reported: bool) {
         let (generation, appended, durable) = (self.generation, self.journal.len(), self.durable);
+        let finished: BTreeSet<u64> = self.nodes[node]
+            .tasks
+            .iter()
+            .filter(|task| self.nodes[node].finished(task))
+            .map(|task| task.task_id)
+            .collect();
         let tasks = &mut self.nodes[node].tasks;
         if reported {
-            for task in tasks.iter_mut().filter(|task| task.finished()) {
+            for task in tasks
+                .iter_mut()
+                .filter(|task| finished.contains(&task.task_id))
+            {
                 if task
                     .reported_done
                     .is_none_or(|(reported_to, _)| reported_to != generation)
@@ -393,10 +545,16 @@ impl Sim<'_> {
                 }
             }
         }
-        tasks.retain(|task| {
-            task.reported_done
-                .is_none_or(|(reported_to, until)| reported_to != generation || durable < until)
-        });
+        let sim_node = &mut self.nodes[node];
+        let (gone, kept): (Vec<SimTask>, Vec<SimTask>) = std::mem::take(&mut sim_node.tasks)
+            .into_iter()
+            .partition(|task| {
+                task.reported_done.is_some_and(|(reported_to, until)| {
+                    reported_to == generation && durable >= until
+                })
+            });
+        sim_node.tasks = kept;
+        sim_node.let_go(&gone);
     }
 
     fn tick(&mut self) {
@@ -420,6 +578,10 @@ impl Sim<'_> {
     ) -> Result<(), TestCaseError> {
         let mut kept = BTreeSet::new();
         let was_shut_down = self.nodes[node].phase == Phase::Shutdown;
+        if !fences(&commands) {
+            // Any answer but a fence renews the lease.
+            self.nodes[node].lapsed = false;
+        }
         for command in commands {
             match command {
                 NodeCommand::Assign(tasks) => {
@@ -438,6 +600,10 @@ impl Sim<'_> {
                     {
                         let at = row.max(task.start + task.enqueued).min(task.end);
                         task.end = at;
+                        let rank = task.rank;
+                        if let Some(ring) = sim_node.rings.get(&rank) {
+                            ring.ledger.set_end(stop.0, at);
+                        }
                         sim_node.acks.push((stop.0, at));
                     }
                 }
@@ -449,18 +615,18 @@ impl Sim<'_> {
                     self.nodes[node].phase = Phase::Released;
                     break;
                 }
-                NodeCommand::Fence => {
-                    return Err(fail(format!(
-                        "node {node} was fenced, though it never fell silent"
-                    )));
-                }
+                NodeCommand::Fence => return self.fenced(node, registering),
                 NodeCommand::Refuse(_) => {}
             }
         }
         if registering {
-            self.nodes[node]
-                .tasks
-                .retain(|task| kept.contains(&task.task_id));
+            // The registration's answer gave back every task the AM kept; the other slots go.
+            let sim_node = &mut self.nodes[node];
+            let (kept, gone): (Vec<SimTask>, Vec<SimTask>) = std::mem::take(&mut sim_node.tasks)
+                .into_iter()
+                .partition(|task| kept.contains(&task.task_id));
+            sim_node.tasks = kept;
+            sim_node.let_go(&gone);
         }
         if !was_shut_down && self.nodes[node].phase == Phase::Shutdown {
             // The daemon exits, and the launcher sees it.
@@ -485,6 +651,8 @@ impl Sim<'_> {
                 )));
             }
             held.end = assignment.end;
+            let (task_id, rank) = (held.task_id, held.rank);
+            sim_node.ring(rank)?.ledger.set_end(task_id, assignment.end);
             self.coverage.borrow_mut().resumed += 1;
             return Ok(());
         }
@@ -499,6 +667,28 @@ impl Sim<'_> {
                 "node {node} feeds no trainer rank but was assigned {assignment:?}"
             )));
         };
+        let ring = sim_node.ring(rank)?;
+        // Bound where the ring's stream stands, as `RingState::bind` binds.
+        ring.ledger
+            .bind(
+                &LedgerTask {
+                    task_id: assignment.task.0,
+                    epoch: assignment.epoch,
+                    start: assignment.start,
+                    end: assignment.end,
+                    consumed_end: assignment.start,
+                    enqueued_end: assignment.start,
+                },
+                ring.position,
+            )
+            .map_err(|error| fail(format!("node {node}: {error}")))?;
+        if ring
+            .void
+            .iter()
+            .any(|(meta, _)| meta.task_id == assignment.task.0)
+        {
+            self.coverage.borrow_mut().void_reads_rebound += 1;
+        }
         sim_node.tasks.push(SimTask {
             task_id: assignment.task.0,
             epoch: assignment.epoch,
@@ -508,17 +698,35 @@ impl Sim<'_> {
             rank,
             enqueued: 0,
             consumed: 0,
+            records: Vec::new(),
+            entered: BTreeSet::new(),
             reported_done: None,
         });
         Ok(())
     }
 
+    /// The daemon registers holding what its ledgers hold, as `Recovered::held` reads them.
     fn register(&mut self, node: usize) -> Result<(), TestCaseError> {
-        let held = self.nodes[node]
-            .tasks
-            .iter()
-            .map(SimTask::progress)
-            .collect();
+        let mut held = Vec::new();
+        for ring in self.nodes[node].rings.values() {
+            let tasks = ring
+                .ledger
+                .tasks()
+                .map_err(|error| fail(format!("node {node}: {error}")))?;
+            held.extend(tasks.iter().map(|task| TaskProgress {
+                task: TaskId(task.task_id),
+                enqueued: task.enqueued_end - task.start,
+                consumed: task.consumed_end - task.start,
+            }));
+        }
+        self.register_holding(node, held)
+    }
+
+    fn register_holding(
+        &mut self,
+        node: usize,
+        held: Vec<TaskProgress>,
+    ) -> Result<(), TestCaseError> {
         let applied = self
             .sut
             .register(
@@ -533,15 +741,145 @@ impl Sim<'_> {
             )
             .map_err(|error| fail(format!("registration of node {node} refused: {error}")))?;
         self.journal(&applied, false);
+        if fences(&applied.reply.commands) {
+            return self.obey(node, applied.reply.commands, true);
+        }
         let sim_node = &mut self.nodes[node];
         sim_node.phase = Phase::Serving;
         sim_node.ranks = applied.reply.ranks;
         sim_node.acks.clear();
+        sim_node.reads_void = false;
+        // The rings of its ranks open; a writer whose ring owes a fence's record writes it first.
+        for rank in sim_node.ranks.clone() {
+            let ring = sim_node
+                .rings
+                .entry(rank)
+                .or_insert_with(|| SimRing::new(node));
+            if ring.ledger.fence_owed() {
+                ring.write();
+                ring.ledger.fence_written();
+            }
+        }
         self.obey(node, applied.reply.commands, true)
     }
 
-    /// What the daemon's loop owes before any other call; returns whether it did something.
+    /// The AM fenced the daemon, at its registration or while it served: the rows its trainers
+    /// read that the AM has yet to see consumed are void, and leave the trainers' state; the rows
+    /// its rings still hold of its tasks are read void; its ledgers forget their tasks and owe
+    /// their trainers the fence's record. Fenced at its registration, the daemon registers again
+    /// holding nothing; fenced while serving, it writes the record (unless its ring is full) and
+    /// exits, to be started again.
+    fn fenced(&mut self, node: usize, registering: bool) -> Result<(), TestCaseError> {
+        self.void_reads(node)?;
+        let sim_node = &mut self.nodes[node];
+        sim_node.reads_void = false;
+        for task in std::mem::take(&mut sim_node.tasks) {
+            let ring = sim_node
+                .rings
+                .get_mut(&task.rank)
+                .ok_or_else(|| fail(format!("node {node}: no ring of rank {}", task.rank)))?;
+            for offset in task.consumed..task.enqueued {
+                ring.void
+                    .push_back((task.record(offset), task.records[offset as usize]));
+            }
+        }
+        sim_node.acks.clear();
+        let full = std::mem::take(&mut sim_node.full);
+        let mut coverage = self.coverage.borrow_mut();
+        for ring in sim_node.rings.values_mut() {
+            let holds_tasks = !ring.ledger.tasks().map_or(true, |tasks| tasks.is_empty());
+            if !registering || holds_tasks {
+                ring.ledger.owe_fence();
+            }
+            if !registering && !full {
+                ring.write();
+                ring.ledger.fence_written();
+            }
+            ring.ledger.clear();
+        }
+        if registering {
+            coverage.fenced_registering += 1;
+            drop(coverage);
+            return self.register_holding(node, Vec::new());
+        }
+        coverage.fenced_serving += 1;
+        coverage.fence_records_deferred += usize::from(full);
+        sim_node.phase = Phase::Unregistered;
+        Ok(())
+    }
+
+    /// The AM declared the node lost, or fenced it: the reads of its trainers that the AM has yet
+    /// to see consumed are void. They leave the trainers' state, with the positions they moved,
+    /// and its trainers' reads from now on until the fence are void too.
+    fn void_reads(&mut self, node: usize) -> Result<(), TestCaseError> {
+        let owed = self.owed_rows();
+        let sim_node = &mut self.nodes[node];
+        sim_node.reads_void = true;
+        let mut void_reads = 0;
+        for task in &mut sim_node.tasks {
+            let void: Vec<u64> = task
+                .entered
+                .iter()
+                .copied()
+                .filter(|offset| owed.contains(&(task.epoch, task.split, task.start + offset)))
+                .collect();
+            for offset in void {
+                task.entered.remove(&offset);
+                void_reads += 1;
+                let row = (task.epoch, task.split, task.start + offset);
+                // The trainers' state drops the void tail of the task's reads, its position with
+                // it.
+                if let Some(position) = self
+                    .positions
+                    .get_mut(&task.epoch)
+                    .and_then(|positions| positions.get_mut(&task.task_id))
+                {
+                    *position = (*position).min(row.2);
+                }
+                match self.ledger.get_mut(&row) {
+                    Some(count) if *count > 1 => *count -= 1,
+                    Some(_) => {
+                        self.ledger.remove(&row);
+                    }
+                    None => {
+                        return Err(fail(format!(
+                            "node {node}: a void read of {row:?} is not in the trainers' state"
+                        )));
+                    }
+                }
+            }
+        }
+        self.coverage.borrow_mut().void_reads += void_reads;
+        Ok(())
+    }
+
+    /// Every row of the current epoch the AM has yet to see consumed: the rows of its tasks not
+    /// done, past what their holders reported.
+    fn owed_rows(&self) -> BTreeSet<(u32, u32, u64)> {
+        let table = self.sut.table();
+        let epoch = table.epoch();
+        let consumed: HashMap<TaskId, u64> = table
+            .tasks_in_flight()
+            .map(|flight| (flight.task, flight.consumed))
+            .collect();
+        let mut owed = BTreeSet::new();
+        for (index, (span, done)) in table.task_spans().enumerate() {
+            if done {
+                continue;
+            }
+            let task = TaskId(table.first_task_id() + index as u64);
+            let from = span.start + consumed.get(&task).copied().unwrap_or(0);
+            owed.extend((from..span.end).map(|row| (epoch, span.split, row)));
+        }
+        owed
+    }
+
+    /// What the daemon's loop owes before any other call; returns whether it did something, or
+    /// could make no call at all (its link is cut).
     fn owed(&mut self, node: usize) -> Result<bool, TestCaseError> {
+        if self.nodes[node].cut {
+            return Ok(true);
+        }
         match self.nodes[node].phase {
             Phase::Shutdown => Ok(true),
             Phase::Unregistered | Phase::GaveBack => {
@@ -574,14 +912,7 @@ impl Sim<'_> {
 
     /// Reports the final counts of every task and removes the rings.
     fn give_back(&mut self, node: usize) -> Result<(), TestCaseError> {
-        let progress = self.nodes[node]
-            .tasks
-            .iter()
-            .map(|task| TaskProgress {
-                enqueued: task.enqueued.max(task.consumed),
-                ..task.progress()
-            })
-            .collect();
+        let progress = self.nodes[node].progress()?;
         let before = self.sut.standing();
         let applied = self.sut.heartbeat(
             Heartbeat {
@@ -613,16 +944,13 @@ impl Sim<'_> {
         sim_node.tasks.clear();
         sim_node.ranks.clear();
         sim_node.acks.clear();
+        sim_node.rings.clear();
         sim_node.phase = Phase::GaveBack;
         Ok(())
     }
 
     fn heartbeat(&mut self, node: usize) -> Result<(), TestCaseError> {
-        let progress = self.nodes[node]
-            .tasks
-            .iter()
-            .map(SimTask::progress)
-            .collect();
+        let progress = self.nodes[node].progress()?;
         let before = self.sut.standing();
         let applied = self.sut.heartbeat(
             Heartbeat {
@@ -653,10 +981,19 @@ impl Sim<'_> {
                 *finishing = true;
             }
         }
+        if fences(&applied.reply) {
+            // The daemon lets nothing go on a fence: its rings are void from the AM's last count.
+            return self.obey(node, applied.reply, false);
+        }
         if self.keeps_finished {
             self.take_mark(node, true);
         } else {
-            self.nodes[node].tasks.retain(|task| !task.finished());
+            let sim_node = &mut self.nodes[node];
+            let (gone, kept): (Vec<SimTask>, Vec<SimTask>) = std::mem::take(&mut sim_node.tasks)
+                .into_iter()
+                .partition(|task| sim_node.finished(task));
+            sim_node.tasks = kept;
+            sim_node.let_go(&gone);
         }
         self.obey(node, applied.reply, false)
     }
@@ -676,7 +1013,7 @@ impl Sim<'_> {
             .sut
             .acquire(NodeId(node as u64), wanted as u32, true, self.now_ms);
         self.journal(&applied, false);
-        if self.keeps_finished {
+        if self.keeps_finished && !fences(&applied.reply) {
             self.take_mark(node, false);
         }
         self.obey(node, applied.reply, false)
@@ -688,22 +1025,26 @@ impl Sim<'_> {
             return Ok(());
         }
         let task = tasks[usize::from(pick) % tasks.len()].clone();
-        if !task.finished() {
+        if !self.nodes[node].finished(&task) {
             return Ok(());
         }
+        let consumed = self.nodes[node].ring(task.rank)?.progress(&task)?.consumed;
         let applied = self.sut.report(
             TaskReport {
                 node: NodeId(node as u64),
                 task: TaskId(task.task_id),
-                consumed: task.consumed,
+                consumed,
                 outcome: ReportOutcome::Done,
             },
             self.now_ms,
         );
         self.journal(&applied, false);
-        self.nodes[node]
-            .tasks
-            .retain(|held| held.task_id != task.task_id);
+        if fences(&applied.reply) {
+            return self.obey(node, applied.reply, false);
+        }
+        let sim_node = &mut self.nodes[node];
+        sim_node.tasks.retain(|held| held.task_id != task.task_id);
+        sim_node.let_go(std::slice::from_ref(&task));
         self.obey(node, applied.reply, false)
     }
 
@@ -714,20 +1055,67 @@ impl Sim<'_> {
             .then(|| usize::from(pick) % sim_node.tasks.len())
     }
 
-    fn produce(&mut self, node: usize, index: usize, rows: u64) {
+    /// The task's feeder writes up to `rows` more rows of it into its ring, one record each, and
+    /// the survey raises the ledger's enqueued end; a node cut off, or whose lease lapsed,
+    /// publishes nothing.
+    fn produce(&mut self, node: usize, index: usize, rows: u64) -> Result<(), TestCaseError> {
         let sim_node = &mut self.nodes[node];
+        if sim_node.cut || sim_node.lapsed {
+            return Ok(());
+        }
         let task = &mut sim_node.tasks[index];
-        task.enqueued = (task.enqueued + rows).min(task.rows());
+        let ring = sim_node
+            .rings
+            .get_mut(&task.rank)
+            .ok_or_else(|| fail(format!("node {node}: no ring of rank {}", task.rank)))?;
+        let to = task.enqueued.saturating_add(rows).min(task.rows());
+        for offset in task.enqueued..to {
+            if ring.ledger.fence_owed() {
+                return Err(fail(format!(
+                    "node {node}: a record written into ring {} before the fence's record it owes",
+                    task.rank
+                )));
+            }
+            let position = ring.write();
+            task.records.push(position);
+            ring.ledger
+                .record_enqueued(task.task_id, task.start + offset + 1, position);
+        }
+        task.enqueued = to;
+        Ok(())
     }
 
-    /// The trainer of the task's ring releases up to `rows` more rows of it.
+    /// The trainer of the task's ring releases up to `rows` more rows of it, each folded into the
+    /// ring's ledger; first the void rows the ring holds from before a fence, which enter nothing.
     fn consume(&mut self, node: usize, index: usize, rows: u64) -> Result<(), TestCaseError> {
-        let Some(counted) = self.reader(self.nodes[node].tasks[index].rank) else {
+        let rank = self.nodes[node].tasks[index].rank;
+        let Some(counted) = self.reader(rank) else {
             return Ok(());
         };
+        let ring = self.nodes[node]
+            .rings
+            .get_mut(&rank)
+            .ok_or_else(|| fail(format!("node {node}: no ring of rank {rank}")))?;
+        if !ring.void.is_empty() {
+            for _ in 0..rows {
+                let Some((meta, position)) = ring.void.pop_front() else {
+                    break;
+                };
+                ring.ledger.fold(meta, position);
+            }
+            return Ok(());
+        }
+        let ledger = ring.ledger.clone();
+        let counted = counted && !self.nodes[node].reads_void;
         let task = &mut self.nodes[node].tasks[index];
         let from = task.consumed;
         task.consumed = (task.consumed + rows).min(task.enqueued);
+        for offset in from..task.consumed {
+            ledger.fold(task.record(offset), task.records[offset as usize]);
+        }
+        if counted {
+            task.entered.extend(from..task.consumed);
+        }
         let task = task.clone();
         if !counted {
             return Ok(());
@@ -893,6 +1281,10 @@ impl Sim<'_> {
         self.journal(&applied, false);
         self.ledger = stored.ledger;
         self.positions = stored.positions;
+        // The trainers' state is the checkpoint's: no read since is in it.
+        for task in self.nodes.iter_mut().flat_map(|node| node.tasks.iter_mut()) {
+            task.entered.clear();
+        }
         self.restores += 1;
         self.relaunch_from = Some((stored.token, stored.position));
         self.coverage.borrow_mut().restores += 1;
@@ -1004,7 +1396,7 @@ impl Sim<'_> {
             }
             Op::Produce { node, pick, rows } => {
                 if let Some(index) = self.pick_task(node, pick) {
-                    self.produce(node, index, rows);
+                    self.produce(node, index, rows)?;
                 }
             }
             Op::Consume { node, pick, rows } => {
@@ -1046,6 +1438,40 @@ impl Sim<'_> {
                 }
                 self.take_over_then(lose, reregister)?;
             }
+            Op::Cut { node, full } => {
+                let sim_node = &mut self.nodes[node];
+                sim_node.cut = true;
+                sim_node.full = full;
+            }
+            Op::Lose => self.lose()?,
+            Op::Reconnect { node } => self.nodes[node].cut = false,
+        }
+        Ok(())
+    }
+
+    /// Time passes beyond the heartbeat timeout, every node not cut off heartbeating (or doing
+    /// what its loop owes) just before; the AM's tick declares the cut nodes lost.
+    fn lose(&mut self) -> Result<(), TestCaseError> {
+        if !self.nodes.iter().any(|node| node.cut) {
+            return Ok(());
+        }
+        self.now_ms += HEARTBEAT_TIMEOUT_MS;
+        for node in &mut self.nodes {
+            node.lapsed |= node.cut;
+        }
+        for node in 0..self.nodes.len() {
+            if !self.owed(node)? && self.nodes[node].phase == Phase::Serving {
+                self.heartbeat(node)?;
+            }
+        }
+        self.tick();
+        let alive: BTreeSet<NodeId> = self.sut.table().alive_nodes().collect();
+        let applied = self.sut.tick(self.now_ms);
+        self.journal(&applied, false);
+        let still: BTreeSet<NodeId> = self.sut.table().alive_nodes().collect();
+        for lost in alive.difference(&still) {
+            self.coverage.borrow_mut().lost += 1;
+            self.void_reads(lost.0 as usize)?;
         }
         Ok(())
     }
@@ -1054,6 +1480,9 @@ impl Sim<'_> {
     /// ends, every executor wanted is launched, and each daemon does what it owes, reads its tasks
     /// to their end, heartbeats and asks for more.
     fn drain(&mut self) -> Result<(), TestCaseError> {
+        for node in &mut self.nodes {
+            node.cut = false;
+        }
         self.end_follow();
         let mut last_progress = None;
         let mut idle_rounds = 0;
@@ -1097,7 +1526,7 @@ impl Sim<'_> {
                     continue;
                 }
                 for index in 0..self.nodes[node].tasks.len() {
-                    self.produce(node, index, u64::MAX / 4);
+                    self.produce(node, index, u64::MAX / 4)?;
                     self.consume(node, index, u64::MAX / 4)?;
                 }
                 self.heartbeat(node)?;
@@ -1142,13 +1571,16 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => Just(Op::Commit),
         2 => (any::<u8>(), any::<bool>())
             .prop_map(|(lose, reregister)| Op::Takeover { lose, reregister }),
-        2 => (node, any::<u8>(), any::<bool>()).prop_map(|(node, lose, reregister)| {
+        2 => (node.clone(), any::<u8>(), any::<bool>()).prop_map(|(node, lose, reregister)| {
             Op::HeartbeatThenTakeover {
                 node,
                 lose,
                 reregister,
             }
         }),
+        1 => (node.clone(), any::<bool>()).prop_map(|(node, full)| Op::Cut { node, full }),
+        1 => Just(Op::Lose),
+        1 => node.prop_map(|node| Op::Reconnect { node }),
     ]
 }
 
@@ -1343,6 +1775,22 @@ fn every_row_of_every_epoch_is_consumed_exactly_once_through_the_masters_process
         coverage.followed_grew_and_succeeded > 20,
         "too few followed jobs grew and succeeded: {coverage:?}"
     );
+    assert!(
+        coverage.lost > 0 && coverage.void_reads > 0,
+        "no node lost with reads the AM had not counted: {coverage:?}"
+    );
+    assert!(
+        coverage.fenced_serving > 0 && coverage.fenced_registering > 0,
+        "no daemon fenced while serving, or at its registration: {coverage:?}"
+    );
+    assert!(
+        coverage.fence_records_deferred > 0,
+        "no fence's record left to the daemon started again: {coverage:?}"
+    );
+    assert!(
+        coverage.void_reads_rebound > 0,
+        "no void record read while its task was bound to its ring again: {coverage:?}"
+    );
 }
 
 /// Runs one case of the property test, as a regression test does.
@@ -1474,4 +1922,54 @@ fn a_daemon_keeps_a_finished_task_until_the_am_that_recorded_its_end_made_it_dur
     for reregister in [true, false] {
         run_case(finish_then_lose_it(true, reregister));
     }
+}
+
+/// A node cut off holds a row of a task in its ring; the AM declares it lost and queues the task
+/// again, a new AM takes the job over, and the daemon, started again, is fenced at its
+/// registration and handed the task back, on the ring that still holds the void copy of its row.
+/// The trainer reads that copy after the binding: counted for the new binding, it would raise the
+/// task's counts past the rows the new binding wrote, and the daemon would report a row consumed
+/// that it never delivered.
+#[test]
+fn a_task_handed_back_to_a_ring_that_holds_void_copies_of_its_rows_counts_only_its_new_records() {
+    use Op::*;
+    run_case(Job {
+        split_rows: vec![10],
+        task_rows: 1,
+        keeps_finished: false,
+        nodes: 2,
+        ..one_node_job(
+            10,
+            2,
+            vec![
+                Heartbeat { node: 0 },
+                Acquire { node: 0 },
+                Produce {
+                    node: 0,
+                    pick: 134,
+                    rows: 1,
+                },
+                Acquire { node: 0 },
+                Acquire { node: 0 },
+                Cut {
+                    node: 0,
+                    full: false,
+                },
+                Acquire { node: 0 },
+                Acquire { node: 0 },
+                Lose,
+                Produce {
+                    node: 0,
+                    pick: 0,
+                    rows: 1,
+                },
+                Acquire { node: 0 },
+                Takeover {
+                    lose: 0,
+                    reregister: true,
+                },
+                Acquire { node: 0 },
+            ],
+        )
+    });
 }
