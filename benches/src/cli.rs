@@ -142,6 +142,15 @@ struct ChaosArgs {
     /// With --hosts: trainers stopped until the AM reports them hanging.
     #[arg(long, default_value_t = 1, requires = "hosts")]
     hangs: usize,
+    /// With --hosts: faults overlap. A link cut also kills the cut node's daemon, which starts
+    /// again cut off and is fenced at its registration, or moves the AM while the node is cut
+    /// off, as the seed picks.
+    #[arg(long, requires = "hosts")]
+    heavy: bool,
+    /// Runs one after another, the first with the seed, each next with the seed plus one; every
+    /// run must deliver every id exactly once. With --dir, run N keeps its files in DIR/run-N.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    runs: usize,
     /// Print one JSON object instead of a report.
     #[arg(long)]
     json: bool,
@@ -457,7 +466,12 @@ fn run_pipeline(args: VsPyarrowArgs) -> anyhow::Result<()> {
 fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     let trainers = args.hosts.unwrap_or(4) as u64;
     let paced_s = args.rows / (args.trainer_rows_per_s * trainers) + 1;
-    let options = ChaosOptions {
+    let first_seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64)
+    });
+    let mut options = ChaosOptions {
         sluice: sluice_beside_current_exe()?,
         rows: args.rows,
         daemon_kills: args.daemon_kills,
@@ -472,27 +486,45 @@ fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
             hosts,
             link_cuts: args.link_cuts,
             hangs: args.hangs,
+            heavy: args.heavy,
         }),
     };
-    let report = run_chaos_bench(&options)?;
-    if args.json {
-        println!("{}", report.to_json()?);
-    } else {
-        print!("{}", report.render());
-    }
-    anyhow::ensure!(
-        report.exactly_once(),
-        "bench chaos: the job {}; {} ids repeated, {} missing (seed {}; rerun with --seed {} --dir DIR to keep its logs)",
-        if report.job_succeeded {
-            "succeeded"
+    let mut failed = Vec::new();
+    for run in 0..args.runs {
+        options.seed = Some(first_seed.wrapping_add(run as u64));
+        if args.runs > 1 {
+            options.directory = args.dir.as_ref().map(|dir| dir.join(format!("run-{run}")));
+        }
+        let report = run_chaos_bench(&options)?;
+        if args.json {
+            println!("{}", report.to_json()?);
         } else {
-            "failed"
-        },
-        report.duplicates,
-        report.missing,
-        report.seed,
-        report.seed
-    );
+            print!("{}", report.render());
+        }
+        if !report.exactly_once() {
+            failed.push(format!(
+                "the job {}; {} ids repeated, {} missing (seed {}; rerun with --seed {} --dir DIR to keep its logs)",
+                if report.job_succeeded {
+                    "succeeded"
+                } else {
+                    "failed"
+                },
+                report.duplicates,
+                report.missing,
+                report.seed,
+                report.seed
+            ));
+        }
+    }
+    if args.runs > 1 && !args.json {
+        println!(
+            "{} runs, seeds {first_seed} to {}: {} delivered every id exactly once",
+            args.runs,
+            first_seed.wrapping_add(args.runs as u64 - 1),
+            args.runs - failed.len()
+        );
+    }
+    anyhow::ensure!(failed.is_empty(), "bench chaos: {}", failed.join("; "));
     Ok(())
 }
 

@@ -10,7 +10,9 @@
 //! trainer told that its last reads are void; it moves the AM (kill it, start it on the spare AM
 //! host, where the daemons find it through the address it publishes under the checkpoint
 //! location); and it stops a trainer (`SIGSTOP`) until the AM reports the hang. It times each
-//! detection. The ids are counted by the rule of a node cut off (`docs/architecture.md`): the reads
+//! detection. With `--heavy` the faults overlap: a link cut also kills the cut node's daemon (the
+//! one started again is cut off, takes the rings over, and is fenced at its registration once the
+//! link is back) or moves the AM while the node is cut off (the new AM declares it lost). The ids are counted by the rule of a node cut off (`docs/architecture.md`): the reads
 //! of a fenced trainer after the AM's last count of its node are void, always a tail of its reads,
 //! and delivered again elsewhere.
 
@@ -49,6 +51,21 @@ pub struct HostsPlan {
     pub link_cuts: usize,
     /// Trainers stopped until the AM reports them hanging.
     pub hangs: usize,
+    /// Faults overlap: a link cut also kills the cut node's daemon (started again cut off, it is
+    /// fenced at its registration once the link is back) or moves the AM (which declares the node
+    /// lost itself), as the seed picks.
+    pub heavy: bool,
+}
+
+/// What else happens while a node's link is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum During {
+    /// Nothing.
+    Nothing,
+    /// The node's daemon is killed, and started again cut off.
+    DaemonKilled,
+    /// The AM is moved to the other AM host.
+    AmMoved,
 }
 
 /// One generation of a host's trainer: its ids file, and whether its daemon was fenced under it. A
@@ -486,8 +503,22 @@ checkpoint: {{ uri: "file://{journal}" }}
                     }
                 }
                 "trainer" => self.kill_trainer(node),
-                "am" => detections.push(self.move_am()?),
-                "link" => detections.push(self.cut(node)?),
+                "am" => detections.push(self.move_am(None)?),
+                "link" => {
+                    let during = match (plan.heavy, (random >> 16) % 3) {
+                        (false, _) | (true, 0) => During::Nothing,
+                        (true, 1) => During::DaemonKilled,
+                        (true, _) => During::AmMoved,
+                    };
+                    if let Some(kill) = kills.last_mut() {
+                        kill.what = match during {
+                            During::Nothing => "link",
+                            During::DaemonKilled => "link+daemon",
+                            During::AmMoved => "link+am",
+                        };
+                    }
+                    detections.extend(self.cut(node, during)?);
+                }
                 _ => detections.push(self.hang(node)?),
             }
         }
@@ -506,8 +537,8 @@ checkpoint: {{ uri: "file://{journal}" }}
     }
 
     /// Kills the AM and starts it on the other AM host; times until every node host with a live
-    /// daemon is heard by the new AM.
-    fn move_am(&mut self) -> Result<Detection> {
+    /// daemon, but the node `cut` off, is heard by the new AM.
+    fn move_am(&mut self, cut: Option<usize>) -> Result<Detection> {
         if let Some(am) = &mut self.am {
             let _ = am.kill();
             let _ = am.wait();
@@ -517,8 +548,9 @@ checkpoint: {{ uri: "file://{journal}" }}
         let hosts: Vec<String> = self
             .nodes
             .iter()
-            .filter(|node| node.daemon.is_some())
-            .map(|node| self.host(node.host).name().to_owned())
+            .enumerate()
+            .filter(|(index, node)| node.daemon.is_some() && Some(*index) != cut)
+            .map(|(_, node)| self.host(node.host).name().to_owned())
             .collect();
         let seconds = self.wait_until(
             "the daemons reach the moved AM",
@@ -549,11 +581,29 @@ checkpoint: {{ uri: "file://{journal}" }}
         })
     }
 
-    /// Pulls the cable of `node` until the AM declares it lost, then plugs it back; times the
-    /// detection.
-    fn cut(&mut self, node: usize) -> Result<Detection> {
+    /// Pulls the cable of `node` until the AM declares it lost, `during` it killing its daemon
+    /// or moving the AM, then plugs it back; times the detections.
+    fn cut(&mut self, node: usize, during: During) -> Result<Vec<Detection>> {
         let host = self.host(self.nodes[node].host).name().to_owned();
         self.host(self.nodes[node].host).link_down();
+        let mut detections = Vec::new();
+        match during {
+            During::Nothing => {}
+            During::DaemonKilled => {
+                // [`Cluster::tend`] starts it again, cut off: it takes the rings over and
+                // registers once the link is back.
+                if let Some(daemon) = &mut self.nodes[node].daemon {
+                    let _ = daemon.kill();
+                }
+            }
+            During::AmMoved => match self.move_am(Some(node)) {
+                Ok(detection) => detections.push(detection),
+                Err(error) => {
+                    self.host(self.nodes[node].host).link_up();
+                    return Err(error);
+                }
+            },
+        }
         let detected = self.wait_until(
             &format!("the AM declares the node of {host} lost"),
             DETECTION_LIMIT,
@@ -562,10 +612,11 @@ checkpoint: {{ uri: "file://{journal}" }}
             },
         );
         self.host(self.nodes[node].host).link_up();
-        Ok(Detection {
+        detections.push(Detection {
             what: "node lost",
             seconds: detected?,
-        })
+        });
+        Ok(detections)
     }
 
     /// Stops the trainer of `node` until the AM reports it hanging, then lets it go on; times the

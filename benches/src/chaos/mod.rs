@@ -69,7 +69,9 @@ pub struct ChaosOptions {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Kill {
     /// `daemon`, `shim` (the supervisor of a daemon), `trainer` or `am` (across hosts, the AM moves
-    /// to the other AM host), `link` (a node cable pulled) or `hang` (a trainer stopped).
+    /// to the other AM host), `link` (a node cable pulled), `link+daemon` (and its daemon killed
+    /// while cut off), `link+am` (and the AM moved while it is cut off) or `hang` (a trainer
+    /// stopped).
     pub what: &'static str,
     /// Ids the trainers had received when it landed.
     pub after_ids: u64,
