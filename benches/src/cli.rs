@@ -480,7 +480,7 @@ fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         trainer_kills: args.trainer_kills,
         trainer_rows_per_s: args.trainer_rows_per_s,
         seed: args.seed,
-        directory: args.dir,
+        directory: args.dir.clone(),
         watchdog: Duration::from_secs(args.watchdog_s.unwrap_or(paced_s + 240)),
         across: args.hosts.map(|hosts| HostsPlan {
             hosts,
