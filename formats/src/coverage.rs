@@ -345,6 +345,12 @@ impl Coverage {
         Ok((first_row, row_count, Some(bits.finish())))
     }
 
+    /// The first split row that was selected and not decoded yet, if any: once the decoder is done,
+    /// a row its pages never held.
+    pub(crate) fn undelivered(&self) -> Option<u64> {
+        self.runs.front().map(|(first_row, _)| *first_row)
+    }
+
     /// The empty batch that covers what is left of the split once the decoder is done, if anything is.
     pub(crate) fn rest(&self, schema: SchemaRef) -> Option<SplitBatch> {
         (self.covered_end < self.split_rows).then(|| {
@@ -356,17 +362,24 @@ impl Coverage {
 /// Turns a decoder's batches into finished [`SplitBatch`]es whose coverages tile the split: each decoded
 /// batch is given its coverage from `coverage`, then `finish` (filter, projection) runs on it, and an empty
 /// batch of `schema` covers whatever the decoder never reached (pruned row groups or pages at the end).
+///
+/// A decoder that ends before the rows it was to yield (pages that hold fewer rows than the footer
+/// claims) ends the stream with the error `short` makes of the first split row it never yielded: those
+/// rows do not exist, so nothing covers them as read.
 pub(crate) fn covered_stream(
     decoded: BoxStream<'static, Result<RecordBatch>>,
     coverage: Coverage,
     schema: SchemaRef,
     context: String,
     finish: impl FnMut(SplitBatch) -> Result<SplitBatch> + Send + 'static,
+    short: impl Fn(u64) -> FormatError + Send + Sync + 'static,
 ) -> BoxStream<'static, Result<SplitBatch>> {
     let state = (Some(decoded), coverage, finish);
+    let short = Arc::new(short);
     stream::unfold(state, move |(decoded, mut coverage, mut finish)| {
         let schema = Arc::clone(&schema);
         let context = context.clone();
+        let short = Arc::clone(&short);
         async move {
             let mut decoded = decoded?;
             match decoded.next().await {
@@ -381,9 +394,12 @@ pub(crate) fn covered_stream(
                     Some((result, (Some(decoded), coverage, finish)))
                 }
                 Some(Err(error)) => Some((Err(error), (None, coverage, finish))),
-                None => coverage
-                    .rest(schema)
-                    .map(|rest| (Ok(rest), (None, coverage, finish))),
+                None => match coverage.undelivered() {
+                    Some(row) => Some((Err(short(row)), (None, coverage, finish))),
+                    None => coverage
+                        .rest(schema)
+                        .map(|rest| (Ok(rest), (None, coverage, finish))),
+                },
             }
         }
     })

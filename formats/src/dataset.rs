@@ -28,6 +28,10 @@ use sluice_io::{LocalIo, LocalReader};
 /// The default task size of `sluice plan`: about a million rows.
 pub const DEFAULT_TASK_ROWS: u64 = 1 << 20;
 
+/// The most rows of a split of [`Dataset::scan`]: about a million rows, so that a read's coverage
+/// of a split (a bit for each row a filter or pruning removed) stays within 128 KiB.
+pub const SCAN_TASK_ROWS: u64 = 1 << 20;
+
 /// How many footers (or row counts) the planner reads at once.
 pub const PLAN_CONCURRENCY: usize = 32;
 
@@ -761,6 +765,9 @@ impl Dataset {
         }
         let kept = decoded;
         let delta_info = self.delta.as_ref();
+        crate::plan::check_cut(&row_groups, task_rows, |index| {
+            self.files[kept[index]].uri.clone()
+        })?;
         let splits = cut(&row_groups, task_rows)
             .into_iter()
             .enumerate()
@@ -1067,7 +1074,9 @@ impl Dataset {
         Ok(table)
     }
 
-    /// Reads the whole dataset in plan order, one split after another.
+    /// Reads the whole dataset in plan order, one split after another, in splits of at most
+    /// [`SCAN_TASK_ROWS`] rows: what a read of a split makes for the rows it covers (the coverage of
+    /// rows a filter or pruning removed) stays bounded whatever rows a file claims.
     ///
     /// # Errors
     ///
@@ -1077,7 +1086,7 @@ impl Dataset {
         options: &ReadOptions,
     ) -> Result<BoxStream<'static, Result<RecordBatch>>> {
         ReadPlan::new(&self.schema, options)?;
-        let splits = self.plan(u64::MAX).await?;
+        let splits = self.plan(SCAN_TASK_ROWS).await?;
         let dataset = Arc::clone(self);
         let options = options.clone();
         let stream = stream::iter(splits)

@@ -48,6 +48,35 @@ pub enum FormatError {
         /// The decoder's error, which names the unsupported feature or the corruption.
         cause: parquet::errors::ParquetError,
     },
+    /// A Parquet footer claims what the file's bytes cannot back: a negative count, a column chunk
+    /// or an index past the end of the file, more values than a chunk's bytes can hold, more rows
+    /// than a column holds values.
+    #[error(
+        "parquet file {file}: footer field {field} is {value}: {reason}; the file is corrupt or was written wrongly: write it again (a job leaves it out under data.on_bad_data: skip)"
+    )]
+    ParquetFooter {
+        /// The file.
+        file: String,
+        /// The footer field, by its name in `parquet.thrift`, with the row group and column it is in.
+        field: String,
+        /// The value the field holds.
+        value: i64,
+        /// Why the file cannot hold it.
+        reason: String,
+    },
+    /// A file's pages end before the rows its footer claims: the claimed rows that are not there
+    /// do not decode.
+    #[error(
+        "{file}: {claim}, but its pages end after {delivered} of them; the file is corrupt or was cut short: write it again (under data.on_bad_data: skip a job skips the rows it claims)"
+    )]
+    RowsMissing {
+        /// The file, with its format.
+        file: String,
+        /// What the footer claims, naming the field.
+        claim: String,
+        /// The rows the pages held of the claim.
+        delivered: u64,
+    },
     /// An Arrow operation failed (cast, filter, encoding, a malformed IPC/CSV/JSON file).
     #[error("{context}: {cause}")]
     Arrow {
@@ -84,6 +113,24 @@ pub enum FormatError {
         column: String,
         /// The columns there are, comma-separated.
         available: String,
+    },
+    /// Cutting the files' rows into splits of `task_rows` rows would make more splits than a job
+    /// runs ([`crate::plan::MAX_PLAN_SPLITS`]); refused before any split is made.
+    #[error(
+        "the plan would make {splits} splits of at most {task_rows} rows, more than the {max} a job runs; {largest} claims the most rows ({largest_rows}): raise the task rows (data.task_rows, --task-rows) to about {fitting_task_rows}, or, if that file does not hold that many rows, its footer lies: write it again or remove it",
+        max = crate::plan::MAX_PLAN_SPLITS
+    )]
+    PlanTooLarge {
+        /// The splits the plan would make.
+        splits: u64,
+        /// The task rows asked for.
+        task_rows: u64,
+        /// The task rows with which the plan would fit.
+        fitting_task_rows: u64,
+        /// The file that claims the most rows.
+        largest: String,
+        /// The rows it claims.
+        largest_rows: u64,
     },
     /// A split does not fit the file it names (row range out of bounds).
     #[error("split {task_id} on {uri}: {reason}")]
@@ -206,7 +253,11 @@ impl FormatError {
             Self::Parquet { cause, .. } => {
                 !matches!(cause, parquet::errors::ParquetError::External(_))
             }
-            Self::TfRecord { .. } | Self::Record { .. } | Self::BadRecord { .. } => true,
+            Self::TfRecord { .. }
+            | Self::Record { .. }
+            | Self::BadRecord { .. }
+            | Self::ParquetFooter { .. }
+            | Self::RowsMissing { .. } => true,
             Self::Arrow { cause, .. } => matches!(
                 cause,
                 arrow::error::ArrowError::CsvError(_)

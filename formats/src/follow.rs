@@ -111,7 +111,9 @@ impl Dataset {
                 .collect(),
         };
         let (row_groups, layout) = self.file_row_groups(&data_file, task_rows).await?;
-        Ok(cut(&[row_groups], task_rows.max(1))
+        let row_groups = [row_groups];
+        crate::plan::check_cut(&row_groups, task_rows, |_| data_file.uri.clone())?;
+        Ok(cut(&row_groups, task_rows.max(1))
             .into_iter()
             .map(|(_, first_row, row_count)| Split {
                 task_id: 0,

@@ -313,9 +313,17 @@ pub(crate) async fn read_range(file: &RowFile<'_>, bytes: &SplitBytes) -> Result
             let offset = block.offset() as u64 - start;
             let length = end - block.offset() as u64;
             let message = body.slice_with_length(offset as usize, length as usize);
+            // The decoder's errors are the message's: a header that claims more rows or bytes
+            // than its body holds is bad data.
             if let Some(batch) = decoder
                 .read_record_batch(block, &message)
-                .map_err(|error| FormatError::arrow(context(), error))?
+                .map_err(|error| {
+                    record_error(
+                        &uri,
+                        block.offset() as u64,
+                        format!("the record batch does not decode: {error}"),
+                    )
+                })?
             {
                 batches.push(batch);
             }

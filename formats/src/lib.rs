@@ -31,6 +31,7 @@ pub mod error;
 pub mod fetch;
 pub mod filter;
 pub mod follow;
+mod footer;
 pub mod generate;
 mod iceberg;
 mod identity;

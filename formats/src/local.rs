@@ -140,8 +140,17 @@ impl LocalFileReader {
         )))
     }
 
+    /// Reads `range`, which must lie inside the file: a range the decoder asks for comes from the
+    /// file's own footer or page headers, so a range past the file's end is refused before a
+    /// buffer is sized by it.
     async fn exact(&self, range: Range<u64>) -> parquet::errors::Result<Bytes> {
-        let wanted = range.end.saturating_sub(range.start);
+        if range.start > range.end || range.end > self.file_size {
+            return Err(parquet::errors::ParquetError::EOF(format!(
+                "{}: range {}..{} runs past the end of the file ({} bytes): the footer or a page header claims bytes the file does not hold",
+                self.uri, range.start, range.end, self.file_size
+            )));
+        }
+        let wanted = range.end - range.start;
         let bytes = self
             .reader
             .read_cached_first(&self.file, range.clone())

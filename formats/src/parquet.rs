@@ -134,9 +134,28 @@ fn external(error: FormatError) -> parquet::errors::ParquetError {
     parquet::errors::ParquetError::External(Box::new(error))
 }
 
+impl StoreReader {
+    /// Refuses a range the decoder asks for that runs past the end of the object: it comes from the
+    /// file's own footer or page headers, and no request or buffer is sized by it.
+    fn inside(&self, range: &Range<u64>) -> parquet::errors::Result<()> {
+        if range.start > range.end || range.end > self.file_size {
+            let uri = self
+                .pinned
+                .as_ref()
+                .map_or_else(|| self.path.to_string(), |(uri, _)| uri.clone());
+            return Err(parquet::errors::ParquetError::EOF(format!(
+                "{uri}: range {}..{} runs past the end of the file ({} bytes): the footer or a page header claims bytes the file does not hold",
+                range.start, range.end, self.file_size
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl AsyncFileReader for StoreReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         async move {
+            self.inside(&range)?;
             match &self.pinned {
                 Some((uri, identity)) => self
                     .pinned_range(uri, identity, range)
@@ -157,6 +176,9 @@ impl AsyncFileReader for StoreReader {
         ranges: Vec<Range<u64>>,
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
         async move {
+            for range in &ranges {
+                self.inside(range)?;
+            }
             match &self.pinned {
                 // Coalesced as `get_ranges` coalesces them, each request pinned.
                 Some((uri, identity)) => {
@@ -379,27 +401,39 @@ impl FooterCache {
         }
         let expected = cached.as_ref().and_then(|cached| cached.identity);
         let OpenFile { mut reader, guard } = access.open(path, planned, expected).await?;
-        let metadata = match cached {
-            // The footer is known: only the page index is missing, so only the page index is read.
-            Some(cached) => {
-                let mut loader = ParquetMetaDataReader::new_with_metadata(
-                    cached.metadata.metadata().as_ref().clone(),
+        // The footer's claims are checked before anything is read or sized by them, the page
+        // index included: a footer is read without its page index first.
+        let plain = match cached {
+            Some(cached) => cached.metadata,
+            None => {
+                let plain = ArrowReaderMetadata::load_async(
+                    &mut reader,
+                    PageIndexNeed::Nothing.reader_options(),
                 )
-                .with_offset_index_policy(need.reader_options().offset_index_policy())
-                .with_column_index_policy(need.reader_options().column_index_policy());
-                loader
-                    .load_page_index(&mut reader)
-                    .await
-                    .map_err(|error| FormatError::parquet(uri, error))?;
-                let metadata = loader
-                    .finish()
-                    .map_err(|error| FormatError::parquet(uri, error))?;
-                ArrowReaderMetadata::try_new(Arc::new(metadata), need.reader_options())
-                    .map_err(|error| FormatError::parquet(uri, error))?
-            }
-            None => ArrowReaderMetadata::load_async(&mut reader, need.reader_options())
                 .await
-                .map_err(|error| FormatError::parquet(uri, error))?,
+                .map_err(|error| FormatError::parquet(uri, error))?;
+                crate::footer::check(uri, planned.size, plain.metadata())?;
+                plain
+            }
+        };
+        let metadata = if need.met_by(plain.metadata()) {
+            plain
+        } else {
+            // Only the page index is missing, so only the page index is read.
+            let mut loader =
+                ParquetMetaDataReader::new_with_metadata(plain.metadata().as_ref().clone())
+                    .with_offset_index_policy(need.reader_options().offset_index_policy())
+                    .with_column_index_policy(need.reader_options().column_index_policy());
+            loader
+                .load_page_index(&mut reader)
+                .await
+                .map_err(|error| FormatError::parquet(uri, error))?;
+            let metadata = loader
+                .finish()
+                .map_err(|error| FormatError::parquet(uri, error))?;
+            crate::footer::check_page_index(uri, &metadata)?;
+            ArrowReaderMetadata::try_new(Arc::new(metadata), need.reader_options())
+                .map_err(|error| FormatError::parquet(uri, error))?
         };
         let footer = Footer {
             metadata,
@@ -960,6 +994,11 @@ pub(crate) async fn read_split(
         .boxed();
     let output_schema = Arc::clone(&plan.output_schema);
     let context = format!("parquet file {uri}");
+    let short = {
+        let file = context.clone();
+        let split_first_row = request.first_row;
+        move |split_row: u64| short_row_group(&file, &group_rows, split_first_row + split_row)
+    };
     let finish = move |covered| plan.finish(covered, &partitions, &uri);
     Ok(covered_stream(
         decoded,
@@ -967,7 +1006,32 @@ pub(crate) async fn read_split(
         output_schema,
         context,
         finish,
+        short,
     ))
+}
+
+/// The error of a decoder that ended before file row `file_row`, which the footer puts in one of
+/// the row groups of `group_rows`: that row group's pages hold fewer rows than it claims.
+fn short_row_group(file: &str, group_rows: &[u64], file_row: u64) -> FormatError {
+    let mut group_start = 0u64;
+    for (group, rows) in group_rows.iter().enumerate() {
+        let group_end = group_start.saturating_add(*rows);
+        if file_row < group_end {
+            return FormatError::RowsMissing {
+                file: file.to_string(),
+                claim: format!(
+                    "row group {group} claims {rows} rows (footer field row_groups[{group}].num_rows)"
+                ),
+                delivered: file_row - group_start,
+            };
+        }
+        group_start = group_end;
+    }
+    FormatError::RowsMissing {
+        file: file.to_string(),
+        claim: format!("the row groups claim {group_start} rows"),
+        delivered: file_row,
+    }
 }
 
 /// The selected rows of `selections`, as runs of split rows in decoding order.

@@ -108,6 +108,12 @@ pub struct Split {
     pub identity: Option<ObjectIdentity>,
 }
 
+/// The most splits a plan makes. An epoch of a job holds at most 50,000,000 tasks (the AM's bound)
+/// and every split is at least one task, so a larger plan could never run; the splits are counted
+/// ([`cut_count`]) before any is made, so that a footer claiming more rows than any file holds
+/// costs no memory.
+pub const MAX_PLAN_SPLITS: u64 = 50_000_000;
+
 /// A piece of a file chosen by [`cut`]: `(file index, first row, row count)`.
 pub type Cut = (usize, u64, u64);
 
@@ -151,6 +157,75 @@ pub fn cut(files: &[Vec<u64>], task_rows: u64) -> Vec<Cut> {
     pieces
 }
 
+/// The number of pieces [`cut`] makes of `files`, counted without making them (saturating at
+/// `u64::MAX`), in time linear in the number of row groups whatever their row counts.
+pub fn cut_count(files: &[Vec<u64>], task_rows: u64) -> u64 {
+    let task_rows = task_rows.max(1);
+    let mut count = 0u64;
+    for groups in files {
+        let mut pending_rows = 0u64;
+        for &group in groups {
+            if group == 0 {
+                continue;
+            }
+            if pending_rows > 0 && pending_rows.saturating_add(group) > task_rows {
+                count = count.saturating_add(1);
+                pending_rows = 0;
+            }
+            if group > task_rows {
+                count = count.saturating_add(group.div_ceil(task_rows));
+            } else {
+                pending_rows += group;
+            }
+        }
+        if pending_rows > 0 {
+            count = count.saturating_add(1);
+        }
+    }
+    count
+}
+
+/// Refuses to cut `files` into more than [`MAX_PLAN_SPLITS`] pieces, naming the file `name_of`
+/// gives for the index of the one that claims the most rows, before any piece is made.
+///
+/// # Errors
+///
+/// Returns [`FormatError::PlanTooLarge`](crate::FormatError::PlanTooLarge) with the `task_rows`
+/// that fits.
+pub(crate) fn check_cut(
+    files: &[Vec<u64>],
+    task_rows: u64,
+    name_of: impl Fn(usize) -> String,
+) -> crate::Result<()> {
+    let splits = cut_count(files, task_rows);
+    if splits <= MAX_PLAN_SPLITS {
+        return Ok(());
+    }
+    let rows_of = |groups: &Vec<u64>| {
+        groups
+            .iter()
+            .fold(0u64, |total, rows| total.saturating_add(*rows))
+    };
+    let total_rows = files
+        .iter()
+        .fold(0u64, |total, groups| total.saturating_add(rows_of(groups)));
+    let (largest, largest_rows) = files
+        .iter()
+        .enumerate()
+        .map(|(index, groups)| (index, rows_of(groups)))
+        .max_by_key(|(_, rows)| *rows)
+        .unwrap_or((0, 0));
+    Err(crate::FormatError::PlanTooLarge {
+        splits,
+        task_rows,
+        fitting_task_rows: total_rows
+            .div_ceil(MAX_PLAN_SPLITS / 2)
+            .max(task_rows.saturating_add(1)),
+        largest: name_of(largest),
+        largest_rows,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +240,24 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_plan_of_more_splits_than_a_job_runs_is_refused_before_any_is_made() {
+        let claimed = vec![vec![250, 1 << 62, 250], vec![1000]];
+        assert_eq!(
+            cut_count(&claimed, 1000),
+            1 + (1u64 << 62).div_ceil(1000) + 1 + 1
+        );
+        let error = check_cut(&claimed, 1000, |index| format!("file-{index}"))
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            error.contains("file-0 claims the most rows (4611686018427388404)")
+                && error.contains("about 184467440738"),
+            "{error}"
+        );
+        assert!(check_cut(&claimed, 1 << 40, |index| format!("file-{index}")).is_ok());
+    }
+
     proptest! {
         #[test]
         fn every_row_is_covered_exactly_once(
@@ -172,6 +265,7 @@ mod tests {
             task_rows in 1u64..700,
         ) {
             let sut = cut(&files, task_rows);
+            prop_assert_eq!(cut_count(&files, task_rows), sut.len() as u64, "the count is the cut's");
             let mut next_row = vec![0u64; files.len()];
             let mut previous_file = 0usize;
             for &(file, first_row, row_count) in &sut {

@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod job;
+pub mod lying;
 pub mod netbed;
 pub mod pki;
 pub mod proxy;
