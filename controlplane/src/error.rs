@@ -91,3 +91,9 @@ impl From<AmError> for tonic::Status {
         }
     }
 }
+
+/// Whether `error` says the process or the system is out of file descriptors (`EMFILE`, `ENFILE`):
+/// a shortage that passes once descriptors are closed, not a fault of what was being done.
+pub fn is_descriptor_shortage(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}

@@ -12,6 +12,8 @@
 //!   node, pipeline statistics, data checkpoints), still without IO.
 //! - [`service`] and [`server`] serve the `sluice.v1` gRPC API over it, turning its messages into
 //!   the master's own calls and back at the edge (`wire`).
+//! - [`connections`] bounds the connections that have shown no token: how many a listener keeps,
+//!   and for how long.
 //! - [`http`] serves the status page, its JSON API and Prometheus `/metrics` over the same state.
 //! - [`journal`] makes every change to the task table durable before the AM acknowledges it:
 //!   group-committed appends and snapshots in a local directory or an object store, with fencing
@@ -25,6 +27,7 @@
 
 pub mod checkpoint_store;
 pub mod clock;
+pub mod connections;
 pub mod decide;
 pub mod error;
 pub mod follow;

@@ -5,6 +5,7 @@
 //! package, reach the AM at the same address, `SLUICE_AM`. The status page keeps its own listener.
 
 use crate::checkpoint_store::CheckpointStore;
+use crate::connections::ConnectionGuard;
 use crate::error::{AmError, Result};
 use crate::http::checkpoints;
 use crate::journal::{self, JournalConfig};
@@ -27,7 +28,6 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::service::Routes;
 use tonic::transport::ServerTlsConfig;
-use tonic::transport::server::TcpIncoming;
 
 /// How an AM is run.
 #[derive(Debug, Clone)]
@@ -184,12 +184,10 @@ impl AmServer {
             .as_ref()
             .is_some_and(|tls| tls.client_ca.is_some());
         let listener =
-            TcpListener::bind(options.listen)
-                .await
-                .map_err(|source| AmError::Serve {
-                    address: options.listen.to_string(),
-                    source,
-                })?;
+            crate::connections::bind(options.listen).map_err(|source| AmError::Serve {
+                address: options.listen.to_string(),
+                source,
+            })?;
         let tick_interval =
             Duration::from_millis((spec.failover.heartbeat_interval_ms / 2).clamp(10, 1000));
         let bound = listener.local_addr().map_err(|source| AmError::Serve {
@@ -279,7 +277,14 @@ impl AmServer {
         let address = self.local_addr();
         let check = TokenCheck::new(self.token);
         let service = AmService::new(self.am.clone(), self.daemon_certs);
-        let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
+        // Connections are admitted by a guard that closes those showing no token in time (see
+        // `connections`); the routes' token layer tells it which did.
+        let guard = ConnectionGuard::new("the AM's API");
+        let incoming =
+            futures::stream::unfold((self.listener, guard), |(listener, guard)| async move {
+                let (connection, _) = guard.accept(&listener).await;
+                Some((Ok::<_, std::io::Error>(connection), (listener, guard)))
+            });
         let am = self.am.clone();
         let spec = Arc::new(am.master().spec().clone());
         crate::follow::spawn(am.clone(), spec).map_err(|source| AmError::Serve {
@@ -349,8 +354,12 @@ impl AmServer {
         ));
         let routes = grpc
             .into_axum_router()
-            .merge(checkpoints::router(self.am.clone(), check))
-            .fallback(checkpoints::unknown_route);
+            .merge(checkpoints::router(self.am.clone(), check.clone()))
+            .fallback(checkpoints::unknown_route)
+            .layer(axum::middleware::from_fn_with_state(
+                check,
+                crate::http::note_token,
+            ));
         // Pings find the connections of callers that are gone but never closed them (a daemon
         // stopped or cut off), so that they do not hold the AM's end open for ever.
         let mut server = tonic::transport::Server::builder()

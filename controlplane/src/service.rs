@@ -22,6 +22,7 @@
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::clock::{AmClock, Clock, SystemClock};
+use crate::connections::ConnectionInfo;
 use crate::decide::DataPosition;
 use crate::error::AmError;
 use crate::launcher::{
@@ -42,6 +43,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
+use tonic::transport::server::TlsConnectInfo;
 use tonic::{Request, Response, Status};
 
 /// How long a trainer a scale stops has, from its SIGTERM, to finish the batch it holds and exit
@@ -649,7 +651,12 @@ impl AmService {
     /// Refuses a daemon call without a client certificate when the AM asks daemons for one, so
     /// that holding the job's token is not enough to pose as a daemon.
     fn check_daemon<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        if !self.daemon_certs || request.peer_certs().is_some_and(|certs| !certs.is_empty()) {
+        let presented = request
+            .extensions()
+            .get::<TlsConnectInfo<ConnectionInfo>>()
+            .and_then(TlsConnectInfo::peer_certs)
+            .is_some_and(|certs| !certs.is_empty());
+        if !self.daemon_certs || presented {
             return Ok(());
         }
         Err(Status::unauthenticated(

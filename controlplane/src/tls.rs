@@ -20,6 +20,7 @@ use tokio_rustls::rustls::{self, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
+use crate::connections::{ConnectionGuard, ConnectionInfo, Guarded};
 use crate::error::AmError;
 
 /// How long a client may take over its TLS handshake with the status page.
@@ -105,29 +106,26 @@ pub fn check_bind(
 }
 
 /// A listener whose connections are TLS streams, handshaken on tasks of their own so that a slow
-/// or silent client holds up no other.
+/// or silent client holds up no other, each admitted by a [`ConnectionGuard`] before its handshake.
 #[derive(Debug)]
 pub struct TlsListener {
     address: SocketAddr,
-    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    accepted: mpsc::Receiver<(TlsStream<Guarded<TcpStream>>, SocketAddr)>,
 }
 
 impl TlsListener {
-    /// Accepts on `listener` and completes TLS handshakes with `config`.
-    pub fn new(listener: TcpListener, config: Arc<ServerConfig>) -> std::io::Result<TlsListener> {
+    /// Accepts on `listener` under `guard` and completes TLS handshakes with `config`.
+    pub fn new(
+        listener: TcpListener,
+        guard: ConnectionGuard,
+        config: Arc<ServerConfig>,
+    ) -> std::io::Result<TlsListener> {
         let address = listener.local_addr()?;
         let acceptor = TlsAcceptor::from(config);
         let (sender, accepted) = mpsc::channel(64);
         tokio::spawn(async move {
             loop {
-                let (stream, peer) = match listener.accept().await {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        tracing::warn!(%error, "status page: accepting a connection failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
+                let (stream, peer) = guard.accept(&listener).await;
                 if sender.is_closed() {
                     return;
                 }
@@ -152,7 +150,7 @@ impl TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = TlsStream<Guarded<TcpStream>>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
@@ -165,6 +163,14 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         Ok(self.address)
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
+    for ConnectionInfo
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> ConnectionInfo {
+        stream.io().get_ref().0.info().clone()
     }
 }
 

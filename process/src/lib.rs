@@ -1,5 +1,6 @@
 //! The identity of a process, its liveness, and signals to its process group; the scheduling class
-//! of background threads; and the files and directories that belong to one user ([`files`]).
+//! of background threads; the limit of open files ([`raise_open_files_limit`]); and the files and
+//! directories that belong to one user ([`files`]).
 //!
 //! A pid alone is not an identity: Linux reuses pids. A [`ProcessId`] is a pid together with the
 //! process's start time (field 22 of `/proc/<pid>/stat`, in clock ticks since boot), which together never
@@ -122,6 +123,68 @@ pub fn make_current_thread_idle_priority() -> std::io::Result<()> {
     }
 }
 
+/// The limit of open files before and after [`raise_open_files_limit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFilesLimit {
+    /// The soft limit the process started with.
+    pub before: u64,
+    /// The soft limit it has now: the hard limit, or `before` when that was already as high.
+    pub after: u64,
+}
+
+/// The calling process's soft limit of open files (`RLIMIT_NOFILE`): how many descriptors it may
+/// have open at once. An unlimited one is `u64::MAX`.
+pub fn open_files_limit() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX)
+}
+
+/// Where Linux keeps the most descriptors a process may ever have open, the bound of a hard limit
+/// of "unlimited".
+const NR_OPEN: &str = "/proc/sys/fs/nr_open";
+
+/// Raises the calling process's soft limit of open files (`RLIMIT_NOFILE`) to its hard limit.
+///
+/// Servers that hold a descriptor per connection (the AM, a daemon with its rings and object-store
+/// connections) would otherwise stop at the soft limit, often 1,024, while the hard limit allows
+/// far more: the soft limit is kept low for programs that use `select`, whose sets end at 1,024
+/// descriptors, and Sluice uses none. A hard limit of "unlimited" is taken as `fs.nr_open`, the
+/// kernel's bound on it. The raised limit is inherited by the processes this one starts.
+///
+/// # Errors
+///
+/// Returns the error of `setrlimit`, which the caller can report and carry on from.
+pub fn raise_open_files_limit() -> std::io::Result<OpenFilesLimit> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let before = limit.current.unwrap_or(u64::MAX);
+    let hard = match limit.maximum {
+        Some(hard) => hard,
+        None => fs::read_to_string(NR_OPEN)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(before),
+    };
+    if before >= hard {
+        return Ok(OpenFilesLimit {
+            before,
+            after: before,
+        });
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: limit.maximum,
+        },
+    )?;
+    Ok(OpenFilesLimit {
+        before,
+        after: hard,
+    })
+}
+
 struct Stat {
     state: char,
     group: u32,
@@ -162,6 +225,27 @@ fn parse_stat(text: &str) -> Option<Stat> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg_attr(miri, ignore = "calls setrlimit, which Miri cannot")]
+    fn the_soft_limit_of_open_files_is_raised_to_the_hard_limit() {
+        let sut = raise_open_files_limit().expect("raising the soft limit needs no privilege");
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        assert_eq!(limit.current, Some(sut.after));
+        assert_eq!(open_files_limit(), sut.after);
+        assert!(sut.after >= sut.before, "{sut:?}");
+        if let Some(hard) = limit.maximum {
+            assert_eq!(sut.after, hard);
+        }
+        assert_eq!(
+            raise_open_files_limit().expect("raised again"),
+            OpenFilesLimit {
+                before: sut.after,
+                after: sut.after
+            },
+            "a second call finds the limit raised"
+        );
+    }
 
     #[test]
     fn parses_stat_with_awkward_command_names() {

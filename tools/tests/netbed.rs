@@ -276,6 +276,62 @@ fn dev_shm_and_tmp_are_private_to_each_host_and_last_as_long_as_the_bed() {
 
 #[test]
 #[ignore = "needs root and network namespaces: scripts/test.sh runs it"]
+fn a_host_runs_the_callers_programs_from_under_tmp_and_keeps_the_rest_of_tmp_its_own() {
+    let caller = tempfile::Builder::new()
+        .prefix("netbed-caller-")
+        .tempdir_in("/tmp")
+        .expect("a directory under the test's /tmp");
+    let program = caller.path().join("bin/hello");
+    std::fs::create_dir_all(program.parent().expect("a folder")).expect("mkdir");
+    std::fs::write(
+        &program,
+        "#!/bin/sh\necho \"hello from $(hostname)\" > \"$1\"\n",
+    )
+    .expect("write the program");
+    std::fs::set_permissions(
+        &program,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let elsewhere = tempfile::Builder::new()
+        .prefix("netbed-not-shared-")
+        .tempdir_in("/tmp")
+        .expect("another directory under the test's /tmp");
+    let bed =
+        NetBed::sharing(&["tmp1"], &[caller.path()]).unwrap_or_else(|error| panic!("{error}"));
+    let host = bed.host("tmp1");
+    let written = caller.path().join("written-by-the-host");
+    let output = output_within(host.command(&program).arg(&written), READY_WATCHDOG);
+    assert!(
+        output.status.success(),
+        "{} on the host: {}",
+        program.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&written).expect("what the host wrote, in the caller's directory"),
+        "hello from tmp1\n"
+    );
+    assert_eq!(
+        shell(
+            host,
+            &format!("ls -d {} 2>/dev/null; true", elsewhere.path().display())
+        ),
+        "",
+        "the rest of the caller's /tmp stays hidden"
+    );
+    // The test's own binaries, wherever its target directory is (CARGO_TARGET_DIR under /tmp too).
+    let own = std::env::current_exe().expect("the test's executable");
+    shell(host, &format!("test -x '{}'", own.display()));
+    assert!(
+        bed.caller_dirs().iter().any(|dir| dir == caller.path()),
+        "{:?}",
+        bed.caller_dirs()
+    );
+}
+
+#[test]
+#[ignore = "needs root and network namespaces: scripts/test.sh runs it"]
 fn a_pulled_cable_cuts_the_host_off_until_it_is_plugged_back() {
     let bed = bed(&["cut1", "cut2"]);
     let (first, second) = (bed.host("cut1"), bed.host("cut2"));

@@ -31,6 +31,7 @@ mod metrics;
 mod tests;
 
 use crate::clock::wall_ms;
+use crate::connections::{ConnectionGuard, ConnectionInfo, GuardedListener, Ticket};
 use crate::error::{AmError, Result};
 use crate::service::{Am, TokenCheck};
 use crate::status::status_json;
@@ -87,12 +88,10 @@ impl HttpServer {
             insecure,
         )?;
         let tls = tls.map(ServerTls::http).transpose()?;
-        let listener = TcpListener::bind(address)
-            .await
-            .map_err(|cause| AmError::Http {
-                address: address.to_string(),
-                cause,
-            })?;
+        let listener = crate::connections::bind(address).map_err(|cause| AmError::Http {
+            address: address.to_string(),
+            cause,
+        })?;
         Ok(HttpServer {
             listener,
             tls,
@@ -114,17 +113,32 @@ impl HttpServer {
         let sampler = sample(self.state.clone());
         tracing::info!(%address, tls = self.tls.is_some(), "status page serving");
         let router = router(self.state);
+        // Connections are admitted by a guard that closes those showing no token in time (see
+        // `connections`); the token check tells it which did.
+        let guard = ConnectionGuard::new("the status page");
         let served = async move {
             match self.tls {
                 Some(config) => {
                     let listener =
-                        TlsListener::new(self.listener, config).map_err(|cause| AmError::Http {
-                            address: address.to_string(),
-                            cause,
+                        TlsListener::new(self.listener, guard, config).map_err(|cause| {
+                            AmError::Http {
+                                address: address.to_string(),
+                                cause,
+                            }
                         })?;
-                    axum::serve(listener, router).await
+                    axum::serve(
+                        listener,
+                        router.into_make_service_with_connect_info::<ConnectionInfo>(),
+                    )
+                    .await
                 }
-                None => axum::serve(self.listener, router).await,
+                None => {
+                    axum::serve(
+                        GuardedListener::new(self.listener, guard),
+                        router.into_make_service_with_connect_info::<ConnectionInfo>(),
+                    )
+                    .await
+                }
             }
             .map_err(|cause| AmError::Http {
                 address: address.to_string(),
@@ -222,14 +236,33 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     )
 }
 
-/// Lets a request through when the AM has no token, or when the request carries it in its
-/// `Authorization` header.
-async fn check_token(State(state): State<HttpState>, request: Request, next: Next) -> Response {
+/// Whether `request` passes `token`: the AM has no token, or the request carries it in its
+/// `Authorization` header (gRPC metadata is that header too). A request that passes tells its
+/// connection's guard that the connection showed the token ([`Ticket::show_token`]).
+fn shows_token(token: &TokenCheck, request: &Request) -> bool {
     let from_header = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok());
-    if state.token.accepts_authorization(from_header) {
+    let shown = token.accepts_authorization(from_header);
+    if shown && let Some(ticket) = Ticket::of(request.extensions()) {
+        ticket.show_token();
+    }
+    shown
+}
+
+/// Tells a request's connection guard when the request shows the AM's token, and passes every
+/// request on: the routes behind it check the token themselves. It wraps the routes of the gRPC
+/// port, whose services check the token in tonic's interceptors.
+pub async fn note_token(State(token): State<TokenCheck>, request: Request, next: Next) -> Response {
+    shows_token(&token, &request);
+    next.run(request).await
+}
+
+/// Lets a request through when the AM has no token, or when the request carries it in its
+/// `Authorization` header.
+async fn check_token(State(state): State<HttpState>, request: Request, next: Next) -> Response {
+    if shows_token(&state.token, &request) {
         return next.run(request).await;
     }
     (

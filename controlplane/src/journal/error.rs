@@ -141,6 +141,27 @@ pub enum JournalError {
 }
 
 impl JournalError {
+    /// Whether the error comes of the process having no file descriptor left (`EMFILE`, `ENFILE`)
+    /// anywhere in its causes, as when an object store's connection could not be opened: a shortage
+    /// that passes, after which the same write can be tried again.
+    pub fn is_descriptor_shortage(&self) -> bool {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = match self {
+            JournalError::Io { source, .. } => Some(source.as_ref()),
+            JournalError::Store { source, .. } => Some(source.as_ref()),
+            _ => None,
+        };
+        while let Some(error) = cause {
+            if error
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(crate::error::is_descriptor_shortage)
+            {
+                return true;
+            }
+            cause = error.source();
+        }
+        false
+    }
+
     pub(super) fn io(object: &str, operation: &'static str, source: std::io::Error) -> Self {
         JournalError::Io {
             object: object.to_string(),

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use sluice_store::StorageOptions;
 
 use super::error::{JournalError, Result};
+use crate::error::is_descriptor_shortage;
 
 /// The folder of segments.
 pub(super) const JOURNAL_DIR: &str = "journal";
@@ -33,6 +34,46 @@ const PROBES_DIR: &str = "probes";
 pub(super) const IDENTITY_OBJECT: &str = "identity.json";
 /// The prefix of files being written before they are linked into place (local directories only).
 const TEMPORARY_PREFIX: &str = ".tmp-";
+
+/// How long a file operation of a local journal waits before it tries again while the process has
+/// no file descriptor left.
+pub(super) const SHORTAGE_RETRY_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Every how many tries in a row the log says again that the journal waits for a descriptor: about
+/// every five seconds.
+pub(super) const SHORTAGE_TRIES_PER_WARNING: u64 = 50;
+
+/// Runs `operation`, which opens a descriptor, until it opens one: while the process has none left
+/// (`EMFILE`, `ENFILE`), it waits and tries again, saying so in the log. A shortage of descriptors
+/// says nothing of the journal, and passes once other files and connections are closed; failing the
+/// write on it would make an AM whose journal is sound step down. Any other error is returned.
+///
+/// It blocks the calling thread: journal file operations run on blocking threads.
+pub(super) fn through_descriptor_shortage<T>(
+    object: &str,
+    operation: &'static str,
+    mut attempt: impl FnMut() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let mut tries: u64 = 0;
+    loop {
+        match attempt() {
+            Err(error) if is_descriptor_shortage(&error) => {
+                if tries.is_multiple_of(SHORTAGE_TRIES_PER_WARNING) {
+                    tracing::warn!(
+                        object,
+                        operation,
+                        %error,
+                        tries,
+                        "the journal waits for a file descriptor and tries again; close idle connections to the AM or raise its limit of open files (ulimit -n)"
+                    );
+                }
+                tries += 1;
+                std::thread::sleep(SHORTAGE_RETRY_INTERVAL);
+            }
+            outcome => return outcome,
+        }
+    }
+}
 
 /// The name of the segment whose first record is `first`.
 pub(super) fn segment_name(first: u64) -> String {
@@ -323,11 +364,13 @@ impl LocalStore {
             TEMPORARY_COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
         let write = || -> std::io::Result<File> {
-            let mut file = File::options()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&temporary)?;
+            let mut file = through_descriptor_shortage(&self.uri, "creating a file", || {
+                File::options()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&temporary)
+            })?;
             file.write_all(content)?;
             file.sync_data()?;
             Ok(file)
@@ -406,7 +449,11 @@ impl LocalStore {
     /// `generation` is fenced.
     pub fn fenced_by(&self, generation: u64) -> Result<Option<String>> {
         let name = format!("{WRITERS_DIR}/{:020}", generation + 1);
-        match std::fs::read(self.path(&name)) {
+        let path = self.path(&name);
+        let read = through_descriptor_shortage(&self.uri, "checking for a newer writer", || {
+            std::fs::read(&path)
+        });
+        match read {
             Ok(body) => Ok(Some(match postcard::from_bytes::<OpenRecord>(&body) {
                 Ok(record) => record.describe(),
                 Err(_) => format!("generation {}", generation + 1),
@@ -419,7 +466,8 @@ impl LocalStore {
 
 /// Makes a folder's entries (new, linked or renamed files) durable.
 fn sync_directory(folder: &FsPath) -> std::io::Result<()> {
-    File::open(folder)?.sync_all()
+    let uri = folder.display().to_string();
+    through_descriptor_shortage(&uri, "syncing the folder", || File::open(folder))?.sync_all()
 }
 
 /// A journal under an object-store prefix. Every write is a new object created with

@@ -72,6 +72,8 @@ struct RemoteLike {
     /// Whether it overwrites an object a put asked to create only if absent, as some S3-compatible
     /// servers do.
     overwrites: bool,
+    /// How many of the next puts fail as a client out of file descriptors fails to connect.
+    descriptor_shortages: AtomicU64,
 }
 
 impl fmt::Display for RemoteLike {
@@ -91,6 +93,18 @@ impl ObjectStore for RemoteLike {
         // Relaxed: a statistic, read after the writes it counts were awaited.
         self.puts.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(Duration::from_millis(1)).await;
+        let short = self
+            .descriptor_shortages
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if short {
+            return Err(object_store::Error::Generic {
+                store: "RemoteLike",
+                source: Box::new(std::io::Error::from_raw_os_error(libc::EMFILE)),
+            });
+        }
         let options = if self.overwrites {
             PutOptions::from(PutMode::Overwrite)
         } else {
@@ -664,4 +678,68 @@ async fn a_writer_generation_named_with_the_largest_number_is_an_error_naming_it
         message.contains(&planted) && message.contains("move it out"),
         "{message}"
     );
+}
+
+#[tokio::test]
+async fn an_object_store_write_that_found_no_descriptor_is_tried_again_and_the_journal_goes_on() {
+    let fixture = memory();
+    let remote = fixture.remote.clone().expect("an object store");
+    let (sut, _) = reopen(&fixture.store).await;
+    remote.descriptor_shortages.store(3, Ordering::Relaxed);
+    append_all(&sut, 0..10).await;
+    assert_eq!(
+        remote.descriptor_shortages.load(Ordering::Relaxed),
+        0,
+        "the shortages were met"
+    );
+    assert!(sut.failure().is_none(), "the journal is not lost");
+    sut.close().await.expect("closes");
+    let (_sut, recovered) = reopen(&fixture.store).await;
+    assert_eq!(recovered.entries, entries(0..10));
+}
+
+#[test]
+fn a_file_operation_waits_through_a_shortage_of_descriptors_and_returns_other_errors() {
+    let mut tries = 0;
+    let outcome = super::store::through_descriptor_shortage("file:///j", "opening", || {
+        tries += 1;
+        if tries < 3 {
+            Err(std::io::Error::from_raw_os_error(libc::EMFILE))
+        } else {
+            Ok(tries)
+        }
+    });
+    assert_eq!(outcome.expect("opened once a descriptor was free"), 3);
+    let mut tries = 0;
+    let error = super::store::through_descriptor_shortage("file:///j", "opening", || {
+        tries += 1;
+        Err::<(), _>(std::io::Error::from_raw_os_error(libc::ENOSPC))
+    })
+    .expect_err("another error is returned");
+    assert_eq!(error.raw_os_error(), Some(libc::ENOSPC));
+    assert_eq!(tries, 1, "and not tried again");
+}
+
+#[test]
+fn a_shortage_of_descriptors_is_told_apart_among_the_causes_of_an_error() {
+    let shortage = JournalError::store(
+        "memory:///j/journal/1.log",
+        "creating",
+        object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(std::io::Error::from_raw_os_error(libc::ENFILE)),
+        },
+    );
+    assert!(shortage.is_descriptor_shortage());
+    let full = JournalError::io(
+        "file:///j/journal/1.log",
+        "appending",
+        std::io::Error::from_raw_os_error(libc::ENOSPC),
+    );
+    assert!(!full.is_descriptor_shortage());
+    let fenced = JournalError::Fenced {
+        uri: "file:///j".into(),
+        by: "another AM".into(),
+    };
+    assert!(!fenced.is_descriptor_shortage());
 }

@@ -18,7 +18,10 @@ use tokio::time::Instant;
 use super::error::{JournalError, Result};
 use super::frame::{self, MAX_FRAME_PAYLOAD, RecordKind, SEGMENT_MAGIC};
 use super::recover::Listing;
-use super::store::{Created, LocalStore, OpenRecord, Store, blocking, segment_name, snapshot_name};
+use super::store::{
+    Created, LocalStore, OpenRecord, SHORTAGE_RETRY_INTERVAL, SHORTAGE_TRIES_PER_WARNING, Store,
+    blocking, segment_name, snapshot_name,
+};
 
 /// A handle that resolves once an append or snapshot is durable, or with the error that kept it
 /// from being so.
@@ -628,7 +631,22 @@ impl Sink {
             Target::Object => {
                 let name = segment_name(first);
                 let content = Bytes::from(content);
-                match store.create(&name, content.clone()).await? {
+                // A create that failed for want of a descriptor is tried again: one that landed
+                // all the same is found below as this very batch.
+                let mut tries: u64 = 0;
+                let created = loop {
+                    match store.create(&name, content.clone()).await {
+                        Err(error) if error.is_descriptor_shortage() => {
+                            if tries.is_multiple_of(SHORTAGE_TRIES_PER_WARNING) {
+                                tracing::warn!(%error, tries, "the journal waits for a file descriptor and tries again; close idle connections to the AM or raise its limit of open files (ulimit -n)");
+                            }
+                            tries += 1;
+                            tokio::time::sleep(SHORTAGE_RETRY_INTERVAL).await;
+                        }
+                        outcome => break outcome?,
+                    }
+                };
+                match created {
                     Created::Created(()) => Ok(()),
                     Created::Exists => {
                         let stored = store.read(&name).await?;

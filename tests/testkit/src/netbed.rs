@@ -8,14 +8,19 @@
 //! - its own mount namespace, which lives as long as the bed: private tmpfs mounts on `/dev/shm` and
 //!   `/tmp`, and on `/etc/hosts` a file that names every host of the bed, so host names resolve on
 //!   every host (torchrun's rendezvous, gloo). A process started on a host later sees the `/dev/shm`
-//!   an earlier one left;
+//!   an earlier one left. The caller's directories that lie under `/tmp` or `/dev/shm` and that its
+//!   hosts run from are carried into each host's private mounts, at the same paths
+//!   ([`NetBed::caller_dirs`]): the target directory of the running program (so a test's binaries
+//!   run on the hosts from a `CARGO_TARGET_DIR` under `/tmp`), the checkout it was built from, the
+//!   directories on `PATH`, and any directory given to [`NetBed::sharing`];
 //! - its own UTS namespace, whose hostname is the host's name.
 //!
 //! [`Host::command`] gives a [`Command`] that runs a program on the host. The test process itself
 //! reaches every host by address through the bed's root leg ([`NetBed::root_address`]), where it can
 //! also serve what the hosts need, such as a [`DelayProxy`](crate::DelayProxy). Files a test shares with
 //! its hosts (job specs, data, trainers' outputs) go in [`NetBed::shared_dir`], at the same path on
-//! every host and in the test: not under `/tmp`, which is private to each host.
+//! every host and in the test: not in a new directory under `/tmp`, which is private to each host
+//! unless given to [`NetBed::sharing`].
 //!
 //! [`Host::link_down`] and [`Host::link_up`] unplug and plug a host's cable; [`Host::kill_all`] kills
 //! every process running on a host. Dropping the bed kills the processes of all its hosts, unmounts and
@@ -69,6 +74,14 @@
 //! the same teardown for its own index before it releases the lock. Lock files stay, empty: removing
 //! a lock file another process may be about to lock would let two processes own one index.
 //!
+//! A caller's directory under `/tmp` or `/dev/shm` is carried into a host as the host's mount
+//! namespace is made, before the private tmpfs mounts hide it: bound on a directory of the bed
+//! (`<bed>/carry/<host>/<n>`), then moved onto the same path in the new tmpfs. So the host sees the
+//! caller's files there, writes to them go to the caller's, and the rest of its `/tmp` stays its own.
+//! Of the program's own paths, the whole directory directly under the private mount is carried
+//! (`/tmp/clone` for a target directory `/tmp/clone/target`), so that a checkout and its target
+//! directory go together; a directory given to [`NetBed::sharing`] is carried as it is.
+//!
 //! A host's processes are found by their namespaces: every process whose network or mount namespace
 //! is one of the host's, however it was started. A host's mount namespace is a copy of the test's
 //! when it is made, so it would hold copies of other beds' mounts, and through them their network
@@ -100,6 +113,11 @@ const SUBNET_OCTETS: [u8; 2] = [10, 147];
 const MAX_HOSTS: usize = 253;
 /// How long killed processes may take to go.
 const KILL_WATCHDOG: Duration = Duration::from_secs(10);
+/// The mount points a host gets a private tmpfs on, hiding the caller's files there but for the
+/// directories carried in.
+const PRIVATE_MOUNTS: [&str; 2] = ["/dev/shm", "/tmp"];
+/// The file cargo writes at the top of every target directory.
+const TARGET_DIRECTORY_TAG: &str = "CACHEDIR.TAG";
 /// The programs a bed runs, with where to get them.
 const PROGRAMS: [(&str, &str); 8] = [
     ("ip", "iproute2"),
@@ -193,6 +211,8 @@ pub struct NetBed {
     index: u32,
     directory: PathBuf,
     hosts: Vec<Host>,
+    /// The caller's directories carried into the hosts' private mounts.
+    caller_dirs: Vec<PathBuf>,
     /// Held for the bed's life: dropped after [`Drop::drop`] has torn the bed down.
     _lock: File,
 }
@@ -224,19 +244,33 @@ impl NetBed {
     /// Returns an error naming the cause when the test is not root, a program is missing, the kernel
     /// refuses a namespace, a name is not a valid host name or used twice, or no bed index is free.
     pub fn new(names: &[&str]) -> Result<NetBed, NetBedError> {
+        NetBed::sharing(names, &[])
+    }
+
+    /// Makes a bed as [`NetBed::new`] does, whose hosts also see each of `dirs`, directories of the
+    /// caller, at the same path: one under `/tmp` or `/dev/shm` is carried into every host's
+    /// private mount there (any other directory is shared with the hosts anyway).
+    ///
+    /// # Errors
+    ///
+    /// Returns the errors of [`NetBed::new`], and one naming a path of `dirs` that is not a
+    /// directory.
+    pub fn sharing(names: &[&str], dirs: &[&Path]) -> Result<NetBed, NetBedError> {
         Self::check()?;
         check_names(names)?;
+        let caller_dirs = caller_dirs(dirs)?;
         std::fs::create_dir_all(BEDS_DIRECTORY).map_err(|source| NetBedError::Io {
             path: BEDS_DIRECTORY.into(),
             source,
         })?;
         sweep_stale_beds()?;
         let (index, lock) = claim_index()?;
-        match build(index, names) {
+        match build(index, names, &caller_dirs) {
             Ok(hosts) => Ok(NetBed {
                 index,
                 directory: bed_directory(index),
                 hosts,
+                caller_dirs,
                 _lock: lock,
             }),
             Err(error) => {
@@ -315,6 +349,12 @@ impl NetBed {
     /// under the test's target directory (`CARGO_TARGET_TMPDIR`).
     pub fn shared_dir(&self) -> PathBuf {
         self.directory.join("shared")
+    }
+
+    /// The caller's directories under `/tmp` and `/dev/shm` that every host sees at the same path
+    /// (see [the module](self)).
+    pub fn caller_dirs(&self) -> &[PathBuf] {
+        &self.caller_dirs
     }
 
     /// The bed's index, which names its namespaces, interfaces and directory (see [the module](self)).
@@ -420,8 +460,9 @@ impl Host {
         &self.shared_dir
     }
 
-    /// Makes the host's network namespace and cable, and its mount and UTS namespaces.
-    fn build(&self, bed_directory: &Path) -> Result<(), NetBedError> {
+    /// Makes the host's network namespace and cable, and its mount and UTS namespaces, into whose
+    /// private mounts it carries `caller_dirs`.
+    fn build(&self, bed_directory: &Path, caller_dirs: &[PathBuf]) -> Result<(), NetBedError> {
         let cidr = format!("{}/24", self.address);
         run("ip", ["netns", "add", &self.netns])?;
         run("ip", ["-n", &self.netns, "link", "set", "lo", "up"])?;
@@ -467,13 +508,36 @@ impl Host {
                 source,
             })?;
         }
-        // Mounts copied from the test's namespace that would keep other beds' namespaces alive:
-        // `ip netns`'s and the other beds' directories. Another bed's directory may go meanwhile,
-        // its mount with it: failing to unmount it is a failure only if it is still mounted. The
-        // arguments: the hosts file, the hostname, the beds' directory, this bed's directory.
+        let carry = bed_directory.join("carry").join(&self.name);
+        std::fs::create_dir_all(&carry).map_err(|source| NetBedError::Io {
+            path: carry.clone(),
+            source,
+        })?;
+        // The caller's directories under the private mounts are bound on `carry/<n>` first, and
+        // moved onto their own paths once the private mounts hide them. Then the mounts copied from
+        // the test's namespace that would keep other beds' namespaces alive go: `ip netns`'s and
+        // the other beds' directories. Another bed's directory may go meanwhile, its mount with
+        // it: failing to unmount it is a failure only if it is still mounted. The arguments: the
+        // hosts file, the hostname, the beds' directory, this bed's directory, the carrying
+        // directory, then the caller's directories.
         let script = r#"set -e
+hosts=$1 name=$2 beds=$3 own=$4 carry=$5
+shift 5
+n=0
+for dir in "$@"; do
+    mkdir -p "$carry/$n"
+    mount --bind "$dir" "$carry/$n"
+    n=$((n + 1))
+done
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -t tmpfs -o mode=1777 tmpfs /tmp
+n=0
+for dir in "$@"; do
+    mkdir -p "$dir"
+    mount --move "$carry/$n" "$dir"
+    n=$((n + 1))
+done
+set -- "$hosts" "$name" "$beds" "$own"
 mount --bind "$1" /etc/hosts
 echo "$2" > /proc/sys/kernel/hostname
 while mountpoint -q /run/netns; do umount -l /run/netns; done
@@ -500,7 +564,10 @@ done
                 self.name.clone().into(),
                 BEDS_DIRECTORY.into(),
                 bed_directory.as_os_str().to_owned(),
-            ],
+                carry.into_os_string(),
+            ]
+            .into_iter()
+            .chain(caller_dirs.iter().map(|dir| dir.as_os_str().to_owned())),
         )
     }
 
@@ -521,8 +588,82 @@ done
     }
 }
 
-/// Makes the directory, switch, root leg and hosts of the bed `index`, and returns its hosts.
-fn build(index: u32, names: &[&str]) -> Result<Vec<Host>, NetBedError> {
+/// The directories of the caller to carry into the hosts' private mounts: of the running program's
+/// target directory, the checkout it was built from (`CARGO_MANIFEST_DIR`, which cargo sets for the
+/// tests it runs) and the directories on `PATH`, the directory directly under a private mount that
+/// holds each; and each of `given`, as it is. None holds another.
+fn caller_dirs(given: &[&Path]) -> Result<Vec<PathBuf>, NetBedError> {
+    let mut dirs = Vec::new();
+    for dir in given {
+        let canonical = dir.canonicalize().map_err(|source| NetBedError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        if !canonical.is_dir() {
+            return Err(NetBedError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::other("not a directory: give the bed directories to share"),
+            });
+        }
+        if under_private_mount(&canonical).is_some() {
+            dirs.push(canonical);
+        }
+    }
+    let mut own: Vec<PathBuf> = std::env::current_exe()
+        .ok()
+        .and_then(|program| target_directory(&program))
+        .into_iter()
+        .collect();
+    own.extend(std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from));
+    if let Some(paths) = std::env::var_os("PATH") {
+        own.extend(std::env::split_paths(&paths));
+    }
+    dirs.extend(
+        own.iter()
+            .filter_map(|path| path.canonicalize().ok())
+            .filter_map(|path| under_private_mount(&path)),
+    );
+    Ok(outermost(dirs))
+}
+
+/// The target directory holding `program`: the nearest directory above it with cargo's
+/// [`TARGET_DIRECTORY_TAG`], else the program's own directory.
+fn target_directory(program: &Path) -> Option<PathBuf> {
+    let directory = program.parent()?;
+    Some(
+        directory
+            .ancestors()
+            .find(|ancestor| ancestor.join(TARGET_DIRECTORY_TAG).is_file())
+            .unwrap_or(directory)
+            .to_path_buf(),
+    )
+}
+
+/// The directory directly under one of [`PRIVATE_MOUNTS`] that holds `path`, or `path` itself when
+/// it is one; `None` when it lies under none, or is one of them.
+fn under_private_mount(path: &Path) -> Option<PathBuf> {
+    PRIVATE_MOUNTS.iter().find_map(|mount| {
+        let first = path.strip_prefix(mount).ok()?.components().next()?;
+        Some(Path::new(mount).join(first))
+    })
+}
+
+/// `dirs` without repeats and without those inside another, in order.
+fn outermost(mut dirs: Vec<PathBuf>) -> Vec<PathBuf> {
+    dirs.sort();
+    dirs.dedup();
+    let mut kept: Vec<PathBuf> = Vec::new();
+    for dir in dirs {
+        if !kept.iter().any(|outer| dir.starts_with(outer)) {
+            kept.push(dir);
+        }
+    }
+    kept
+}
+
+/// Makes the directory, switch, root leg and hosts of the bed `index`, and returns its hosts, each
+/// carrying `caller_dirs` into its private mounts.
+fn build(index: u32, names: &[&str], caller_dirs: &[PathBuf]) -> Result<Vec<Host>, NetBedError> {
     let directory = bed_directory(index);
     for path in [
         directory.clone(),
@@ -590,7 +731,7 @@ fn build(index: u32, names: &[&str]) -> Result<Vec<Host>, NetBedError> {
             switch_leg: format!("h{ordinal}"),
             shared_dir: directory.join("shared"),
         };
-        host.build(&directory)?;
+        host.build(&directory, caller_dirs)?;
         hosts.push(host);
     }
     Ok(hosts)
@@ -1058,6 +1199,47 @@ mod tests {
         ] {
             assert!(!overlaps_subnet(route, 3), "{route}");
         }
+    }
+
+    #[test]
+    fn the_callers_directories_under_private_mounts_are_carried_outermost_first() {
+        assert_eq!(
+            under_private_mount(Path::new("/tmp/clone/target/debug")),
+            Some(PathBuf::from("/tmp/clone"))
+        );
+        assert_eq!(
+            under_private_mount(Path::new("/dev/shm/t")),
+            Some(PathBuf::from("/dev/shm/t"))
+        );
+        assert_eq!(under_private_mount(Path::new("/tmp")), None);
+        assert_eq!(under_private_mount(Path::new("/work/target")), None);
+        assert_eq!(under_private_mount(Path::new("/tmpfoo/x")), None);
+        assert_eq!(
+            outermost(vec![
+                PathBuf::from("/tmp/b/c"),
+                PathBuf::from("/tmp/a"),
+                PathBuf::from("/tmp/b"),
+                PathBuf::from("/tmp/a"),
+                PathBuf::from("/tmp/bc"),
+            ]),
+            vec![
+                PathBuf::from("/tmp/a"),
+                PathBuf::from("/tmp/b"),
+                PathBuf::from("/tmp/bc")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_programs_target_directory_is_the_one_cargo_tagged() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let deps = root.path().join("target/debug/deps");
+        std::fs::create_dir_all(&deps).expect("mkdir");
+        let program = deps.join("netbed-0123");
+        assert_eq!(target_directory(&program), Some(deps.clone()), "untagged");
+        std::fs::write(root.path().join("target").join(TARGET_DIRECTORY_TAG), "")
+            .expect("write the tag");
+        assert_eq!(target_directory(&program), Some(root.path().join("target")));
     }
 
     #[test]

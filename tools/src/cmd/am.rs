@@ -146,6 +146,7 @@ pub async fn serve_job(
         publish_token,
         stop_on_signal,
     } = serving;
+    crate::cmd::raise_open_files_limit(label);
     let name = spec.name.clone();
     let token = options.token.clone();
     let tls = options.tls.clone();

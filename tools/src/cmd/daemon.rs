@@ -80,6 +80,7 @@ pub struct DaemonArgs {
 
 /// Runs the daemon until the AM shuts it down.
 pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
+    crate::cmd::raise_open_files_limit("sluice daemon");
     if let Some(address) = args.http
         && !address.ip().is_loopback()
         && !args.insecure

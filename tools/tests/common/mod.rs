@@ -127,12 +127,20 @@ pub struct AmProcess {
 impl AmProcess {
     /// Starts `sluice am SPEC --listen LISTEN EXTRA...` and reads the addresses it prints.
     pub fn start(spec: &Path, listen: &str, extra: &[&str]) -> AmProcess {
-        let mut child = sluice()
+        let mut command = sluice();
+        command
             .arg("am")
             .arg(spec)
             .args(["--listen", listen])
             .args(extra)
-            .env_remove("SLUICE_TOKEN")
+            .env_remove("SLUICE_TOKEN");
+        AmProcess::start_command(command, extra.contains(&"--http"))
+    }
+
+    /// Starts `command`, a `sluice am` (or a program such as `prlimit` that executes one in its
+    /// place), and reads the addresses it prints; `http` says whether it serves its status page.
+    pub fn start_command(mut command: Command, http: bool) -> AmProcess {
+        let mut child = command
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn sluice am");
@@ -151,7 +159,7 @@ impl AmProcess {
                 .to_owned()
         };
         let address = read_line(" serving on ");
-        let http = extra.contains(&"--http").then(|| {
+        let http = http.then(|| {
             let page = read_line(" status page on ");
             page.strip_prefix("http://")
                 .or_else(|| page.strip_prefix("https://"))
