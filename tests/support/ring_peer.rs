@@ -125,14 +125,18 @@ fn attach_ledger(
         Err(_) if producer.next_sequence() == 0 && !path.exists() => {
             let ledger = Ledger::create(&path, 0).map_err(|error| error.to_string())?;
             ledger
-                .bind(&LedgerTask {
-                    task_id: 1,
-                    epoch: 0,
-                    start: 0,
-                    end: count,
-                    consumed_end: 0,
-                    enqueued_end: 0,
-                })
+                .bind(
+                    &LedgerTask {
+                        task_id: 1,
+                        epoch: 0,
+                        start: 0,
+                        end: count,
+                        consumed_end: 0,
+                        enqueued_end: 0,
+                    },
+                    // Before the first record: every record of the ring is the task's.
+                    0,
+                )
                 .map_err(|error| error.to_string())?;
             ledger
         }
@@ -141,7 +145,7 @@ fn attach_ledger(
     let ledger = Arc::new(ledger);
     let gap = Arc::new(Mutex::new(None));
     let (hook_ledger, hook_gap) = (ledger.clone(), gap.clone());
-    producer.set_fold_hook(move |meta| {
+    producer.set_fold_hook(move |meta, position| {
         let consumed = hook_ledger.task(1).map_or(0, |task| task.consumed_end);
         if meta.first_row > consumed {
             *hook_gap.lock().expect("lock") = Some(format!(
@@ -149,7 +153,7 @@ fn attach_ledger(
                 meta.first_row
             ));
         }
-        hook_ledger.fold(meta);
+        hook_ledger.fold(meta, position);
     });
     producer.fold().map_err(|error| error.to_string())?;
     Ok((ledger, gap))
