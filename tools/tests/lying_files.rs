@@ -6,10 +6,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::sluice;
+use common::{output_within, sluice};
 use sluice_testkit::lying::{
     Step, claim_rows, column_field, column_path, honest_parquet, set_footer_i64,
 };
@@ -18,39 +18,20 @@ use sluice_testkit::lying::{
 /// by one of the lies (2^45 bytes, or a bit per row of 2^62 rows), more than the command needs.
 const ADDRESS_SPACE: &str = "--as=4294967296";
 
-/// Runs `command` to its end, killing it and failing after `seconds` (deadlock watchdog).
-fn finished(command: &mut Command, seconds: u64) -> Output {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
-    let pid = child.id();
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = sender.send(child.wait_with_output());
-    });
-    match receiver.recv_timeout(Duration::from_secs(seconds)) {
-        Ok(output) => output.expect("wait for sluice"),
-        Err(_) => {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            panic!("sluice did not finish within {seconds} s: killed (deadlock watchdog)");
-        }
-    }
-}
+/// How long one command may take (deadlock watchdog).
+const WATCHDOG: Duration = Duration::from_secs(120);
 
 /// `sluice ARGS` under the address-space limit.
 fn limited(args: &[&str]) -> Output {
     sluice_testkit::require_program("prlimit", "install util-linux");
-    finished(
+    output_within(
         Command::new("prlimit")
             .arg(ADDRESS_SPACE)
             .arg("--")
             .arg(env!("CARGO_BIN_EXE_sluice"))
             .args(args)
             .env("NO_COLOR", "1"),
-        120,
+        WATCHDOG,
     )
 }
 
@@ -152,7 +133,7 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
         )
     };
     let run = |spec: &Path, state: &str| {
-        finished(
+        output_within(
             sluice()
                 .arg("run")
                 .arg(spec)
@@ -161,7 +142,7 @@ failover: {{ heartbeat_interval_ms: 50, heartbeat_timeout_ms: 10000 }}
                 .arg("--state-dir")
                 .arg(root.join(state))
                 .env("NO_COLOR", "1"),
-            120,
+            WATCHDOG,
         )
     };
     let skipping = spec_with("lying-skip", "  on_bad_data: skip\n  max_bad_fraction: 0.9");

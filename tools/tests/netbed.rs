@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use object_store::ObjectStoreExt;
@@ -20,6 +20,7 @@ use sluice_testkit::job::read_ids;
 use sluice_testkit::{DelayProxy, Host, NetBed};
 
 use common::bed::Running;
+use common::output_within;
 
 /// How long a server on a host may take to listen, or a cable to carry again.
 const READY_WATCHDOG: Duration = Duration::from_secs(30);
@@ -31,29 +32,6 @@ const STALE_CHILD: &str = "SLUICE_NETBED_STALE_CHILD";
 /// Makes a bed, failing the test with the reason when namespaces are refused.
 fn bed(names: &[&str]) -> NetBed {
     NetBed::new(names).unwrap_or_else(|error| panic!("{error}"))
-}
-
-/// Runs `command` to its end with its output captured, killing it and failing after `limit`
-/// (deadlock watchdog).
-fn output_within(command: &mut Command, limit: Duration) -> Output {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn a command on a host");
-    let pid = child.id();
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = sender.send(child.wait_with_output());
-    });
-    match receiver.recv_timeout(limit) {
-        Ok(output) => output.expect("wait for a command on a host"),
-        Err(_) => {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            panic!("{command:?} did not finish within {limit:?}: killed (deadlock watchdog)");
-        }
-    }
 }
 
 /// Runs `script` with `sh -c` on `host` and returns its standard output, failing on an error.

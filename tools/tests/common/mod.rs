@@ -8,7 +8,7 @@ pub mod bed;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// What the test gets for `path` from the HTTP server at `address`, with a plain HTTP/1.0 request.
@@ -370,5 +370,28 @@ fn wait_for_am(child: &mut Child) -> ExitStatus {
             "sluice am did not exit within 30 s (deadlock watchdog)"
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `command` to its end with its output captured, killing it and failing after `limit`
+/// (deadlock watchdog).
+pub fn output_within(command: &mut Command, limit: Duration) -> Output {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn a command");
+    let pid = child.id();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match receiver.recv_timeout(limit) {
+        Ok(output) => output.expect("wait for a command"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("{command:?} did not finish within {limit:?}: killed (deadlock watchdog)");
+        }
     }
 }
