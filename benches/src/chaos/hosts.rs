@@ -12,18 +12,20 @@
 //! location); and it stops a trainer (`SIGSTOP`) until the AM reports the hang. It times each
 //! detection. With `--heavy` the faults overlap: a link cut also kills the cut node's daemon (the
 //! one started again is cut off, takes the rings over, and is fenced at its registration once the
-//! link is back) or moves the AM while the node is cut off (the new AM declares it lost). The ids are counted by the rule of a node cut off (`docs/architecture.md`): the reads
-//! of a fenced trainer after the AM's last count of its node are void, always a tail of its reads,
-//! and delivered again elsewhere.
+//! link is back) or moves the AM while the node is cut off (the new AM declares it lost). The ids are
+//! counted by the rule of a node cut off (`docs/architecture.md`, and [`super::fenced`]): the
+//! reads of a fenced trainer of the rows the AM queued again when it declared the node lost are
+//! void, always a tail of its reads, and delivered again elsewhere.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sluice_testkit::job::read_ids;
+use sluice_testkit::job::read_batches;
 use sluice_testkit::{Host, NetBed};
 
+use super::fenced::{GenerationReads, losses_in, node_served};
 use super::{
     ChaosOptions, ChaosReport, Detection, Kill, Tally, generate, ids_cut, mix, schedule, setup,
 };
@@ -675,15 +677,31 @@ checkpoint: {{ uri: "file://{journal}" }}
         Ok(seconds)
     }
 
-    /// Every ids file, in each host's order of generations, with whether its daemon was fenced.
+    /// The ids by the rule of a node cut off: every generation's batches, in each host's order,
+    /// with the node its daemons served and whether it was fenced, and the losses the AMs logged.
     fn tally(&self) -> Tally {
-        let files: Vec<(Vec<i64>, bool)> = self
+        let read = |name: String| std::fs::read_to_string(self.logs.join(name)).unwrap_or_default();
+        let generations: Vec<GenerationReads> = self
             .nodes
             .iter()
-            .flat_map(|node| &node.generations)
-            .map(|generation| (read_ids(&generation.ids), generation.fenced))
+            .flat_map(|node| {
+                let host = self.host(node.host).name();
+                let served = (0..node.daemons)
+                    .find_map(|daemon| node_served(&read(format!("daemon-{host}-{daemon}.err"))));
+                node.generations
+                    .iter()
+                    .map(move |generation| GenerationReads {
+                        node: served,
+                        batches: read_batches(&generation.ids),
+                        fenced: generation.fenced,
+                    })
+            })
             .collect();
-        Tally::by_the_rule(&files, self.options.rows)
+        let am_logs: Vec<String> = (0..self.ams)
+            .map(|am| read(format!("am-{am}.err")))
+            .collect();
+        let losses = losses_in(am_logs.iter().map(String::as_str));
+        Tally::by_the_rule(&generations, &losses, self.options.rows)
     }
 
     fn every_log(&self) -> String {
@@ -704,7 +722,7 @@ checkpoint: {{ uri: "file://{journal}" }}
                 let path = entry.path();
                 let keep = path.is_file()
                     && path.extension().is_some_and(|extension| {
-                        ["bin", "log", "err", "yaml"]
+                        ["bin", "positions", "log", "err", "yaml"]
                             .iter()
                             .any(|kept| extension == *kept)
                     });

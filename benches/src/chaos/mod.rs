@@ -16,6 +16,7 @@
 //! With [`ChaosOptions::across`], the job runs across the hosts of a test bed instead, with link
 //! cuts, AM moves and hangs beside the kills (see [`hosts`]).
 
+mod fenced;
 mod hosts;
 
 pub use hosts::HostsPlan;
@@ -170,42 +171,6 @@ impl Tally {
             first_duplicates,
             first_missing,
             void: 0,
-        }
-    }
-
-    /// Every id once by the rule of a node cut off: the reads of a trainer whose daemon was fenced
-    /// count up to its first read of a row that another trainer read too; from there on they are
-    /// void, and each must have been read by another trainer (else it counts, and shows as a
-    /// duplicate or stays missing).
-    fn by_the_rule(files: &[(Vec<i64>, bool)], rows: u64) -> Tally {
-        let mut readers: std::collections::HashMap<i64, u32> = std::collections::HashMap::new();
-        for (ids, _) in files {
-            for id in ids {
-                *readers.entry(*id).or_default() += 1;
-            }
-        }
-        let mut counted = Vec::new();
-        let mut void = 0;
-        for (ids, fenced) in files {
-            let kept = if *fenced {
-                let tail = ids
-                    .iter()
-                    .position(|id| readers[id] > 1)
-                    .unwrap_or(ids.len());
-                if ids[tail..].iter().all(|id| readers[id] > 1) {
-                    tail
-                } else {
-                    ids.len()
-                }
-            } else {
-                ids.len()
-            };
-            void += (ids.len() - kept) as u64;
-            counted.extend_from_slice(&ids[..kept]);
-        }
-        Tally {
-            void,
-            ..Tally::of(counted, rows)
         }
     }
 }
@@ -791,19 +756,7 @@ mod tests {
     }
 
     #[test]
-    fn the_void_reads_of_a_fenced_trainer_are_the_tail_others_read_again() {
-        // Trainer a was fenced after reading 0..4; the AM had counted 0 and 1, so 2 and 3 went to b.
-        let files = vec![(vec![0, 1, 2, 3], true), (vec![4, 2, 3, 5], false)];
-        let tally = Tally::by_the_rule(&files, 6);
-        assert_eq!((tally.void, tally.duplicates, tally.missing), (2, 0, 0));
-        // Not fenced: the same reads are duplicates.
-        let files = vec![(vec![0, 1, 2, 3], false), (vec![4, 2, 3, 5], false)];
-        assert_eq!(Tally::by_the_rule(&files, 6).duplicates, 2);
-        // A read nobody else made after a void one: the reads after the AM's count are not a tail,
-        // so they all count, and show as duplicates.
-        let files = vec![(vec![0, 2, 1, 3], true), (vec![2, 3], false)];
-        let tally = Tally::by_the_rule(&files, 4);
-        assert_eq!((tally.void, tally.duplicates), (0, 2));
+    fn the_first_ids_missing_are_shown() {
         assert_eq!(Tally::of(vec![0, 0, 2], 3).first_missing, vec![1]);
     }
 

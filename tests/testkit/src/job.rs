@@ -48,6 +48,49 @@ pub fn read_ids(path: &Path) -> Vec<i64> {
         .collect()
 }
 
+/// One batch a trainer recorded with `sluice consume --ids-out`: the rows of a task it holds,
+/// from the row of the task's row order it starts at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadBatch {
+    /// The batch's task.
+    pub task_id: u64,
+    /// The row of the task the batch starts at.
+    pub first_row: u64,
+    /// The batch's ids, in the order read.
+    pub ids: Vec<i64>,
+}
+
+/// The batches of an ids file of `sluice consume --ids-out`, in the order read, from the file and
+/// the entries of `FILE.positions` beside it (seven little-endian u64s each: the ring's inode, its
+/// creator's pid and start ticks, the end of the batch's record, the ids in FILE after the batch,
+/// the batch's task and first row; the first entry holds no batch). Empty when either is missing.
+pub fn read_batches(path: &Path) -> Vec<ReadBatch> {
+    const ENTRY_LEN: usize = 56;
+    let ids = read_ids(path);
+    let mut positions = path.as_os_str().to_owned();
+    positions.push(".positions");
+    let entries = std::fs::read(positions).unwrap_or_default();
+    let field = |entry: &[u8], index: usize| {
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(&entry[index * 8..index * 8 + 8]);
+        u64::from_le_bytes(bytes)
+    };
+    let mut batches = Vec::new();
+    let mut start = None;
+    for entry in entries.chunks_exact(ENTRY_LEN) {
+        let end = usize::try_from(field(entry, 4)).map_or(ids.len(), |end| end.min(ids.len()));
+        if let Some(start) = start.filter(|start| *start < end) {
+            batches.push(ReadBatch {
+                task_id: field(entry, 5),
+                first_row: field(entry, 6),
+                ids: ids[start..end].to_vec(),
+            });
+        }
+        start = Some(end);
+    }
+    batches
+}
+
 /// Every log the executors left in a state directory, each under its path.
 pub fn logs(state: &Path) -> String {
     std::fs::read_dir(state)

@@ -27,7 +27,7 @@ use sluice_ring::announce::Announcement;
 
 use crate::cmd::am::AmAddress;
 use crate::cmd::read::runtime;
-use ids_record::{IdsRecord, RingIdentity};
+use ids_record::{IdsRecord, RingIdentity, TaskRows};
 
 /// Arguments of `sluice consume`.
 #[derive(Debug, clap::Args)]
@@ -104,14 +104,20 @@ pub fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
         .next_item()
         .with_context(|| format!("ring {}", path.display()))?
     {
-        let Item::Batch { batch, .. } = item else {
+        let Item::Batch {
+            batch,
+            task_id,
+            first_row,
+            ..
+        } = item
+        else {
             continue;
         };
         rows += batch.num_rows() as u64;
         if let Some(record) = &mut ids_out
             && let Err(error) = ids_of(&batch, &args.id_column).and_then(|ids| {
                 let ids = ids.as_primitive::<Int64Type>().iter().flatten();
-                record.record(ids, reader.handed_out())
+                record.record(ids, reader.handed_out(), TaskRows { task_id, first_row })
             })
         {
             // Never released: the ring gives the batch to the next trainer, as after a kill.

@@ -4,9 +4,12 @@
 //! # Implementation
 //!
 //! The ids file (`FILE`) holds little-endian int64s and nothing else, so where each batch's ids end
-//! is kept beside it, in `FILE.positions`: one entry per batch of five little-endian u64s,
+//! is kept beside it, in `FILE.positions`: one entry per batch of seven little-endian u64s,
 //! `[ring inode, ring creator's pid, ring creator's start ticks, end of the batch's record in the
-//! ring's stream, ids in FILE after the batch]`. A batch goes out in three steps: its ids are
+//! ring's stream, ids in FILE after the batch, the batch's task, the row of its task it starts
+//! at]` (the first entry, written at the start, holds no batch: its task and row are 0). The task
+//! and row say which rows of the job the ids are, in the AM's terms: a task queued again from a
+//! row is delivered again from that row on. A batch goes out in three steps: its ids are
 //! appended to FILE, its entry to `FILE.positions`, and only then is it released, which publishes
 //! the ring's read cursor past its record. A trainer killed at any point of them leaves:
 //!
@@ -38,7 +41,7 @@ use sluice_ring::{PeerState, ProcessId, Ring};
 /// Bytes of one id in FILE.
 const ID_LEN: u64 = 8;
 /// Bytes of one entry of `FILE.positions`.
-const ENTRY_LEN: u64 = 40;
+const ENTRY_LEN: u64 = 56;
 
 /// Which ring a batch came from: a ring replaced by a daemon is a new file, made by another
 /// process or at another inode.
@@ -62,12 +65,24 @@ impl RingIdentity {
     }
 }
 
-/// One batch recorded: where its record ends in its ring, and how many ids FILE holds after it.
+/// One batch recorded: where its record ends in its ring, how many ids FILE holds after it, and
+/// which rows of which task it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     ring: RingIdentity,
     end: u64,
     ids: u64,
+    rows: TaskRows,
+}
+
+/// Where a batch's rows lie in the job: its task, and the row of the task's row order it starts
+/// at (the ring record's `task_id` and `first_row`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskRows {
+    /// The task.
+    pub task_id: u64,
+    /// The row of the task the batch starts at.
+    pub first_row: u64,
 }
 
 impl Entry {
@@ -77,11 +92,15 @@ impl Entry {
             (u64::from(process.pid), process.start_ticks)
         });
         let mut bytes = [0; ENTRY_LEN as usize];
-        for (field, value) in
-            bytes
-                .chunks_exact_mut(8)
-                .zip([self.ring.inode, pid, start_ticks, self.end, self.ids])
-        {
+        for (field, value) in bytes.chunks_exact_mut(8).zip([
+            self.ring.inode,
+            pid,
+            start_ticks,
+            self.end,
+            self.ids,
+            self.rows.task_id,
+            self.rows.first_row,
+        ]) {
             field.copy_from_slice(&value.to_le_bytes());
         }
         bytes
@@ -91,8 +110,12 @@ impl Entry {
         let mut fields = bytes
             .chunks_exact(8)
             .map(|field| u64::from_le_bytes(field.try_into().expect("entries hold 8-byte fields")));
-        let mut next = || fields.next().expect("an entry holds five fields");
+        let mut next = || fields.next().expect("an entry holds seven fields");
         let (inode, pid, start_ticks, end, ids) = (next(), next(), next(), next(), next());
+        let rows = TaskRows {
+            task_id: next(),
+            first_row: next(),
+        };
         let creator = u32::try_from(pid)
             .ok()
             .filter(|pid| *pid != 0)
@@ -101,6 +124,7 @@ impl Entry {
             ring: RingIdentity { inode, creator },
             end,
             ids,
+            rows,
         }
     }
 }
@@ -203,6 +227,7 @@ impl IdsRecord {
                 ring,
                 end: released,
                 ids: record.count,
+                rows: TaskRows::default(),
             };
             record.append_entry(&baseline)?;
             let kept = record.count;
@@ -272,14 +297,19 @@ impl IdsRecord {
             .with_context(|| format!("writing {}", self.positions_path.display()))
     }
 
-    /// Records a batch's `ids`, whose record ends at `end` in the ring's stream: the ids, then the
-    /// entry. The caller releases the batch only once this returned.
+    /// Records a batch's `ids`, the `rows` of a task whose record ends at `end` in the ring's
+    /// stream: the ids, then the entry. The caller releases the batch only once this returned.
     ///
     /// # Errors
     ///
     /// Fails when a write fails (a full disk): the batch is then not recorded whole, and must not
     /// be released.
-    pub fn record(&mut self, ids: impl Iterator<Item = i64>, end: u64) -> anyhow::Result<()> {
+    pub fn record(
+        &mut self,
+        ids: impl Iterator<Item = i64>,
+        end: u64,
+        rows: TaskRows,
+    ) -> anyhow::Result<()> {
         self.scratch.clear();
         for id in ids {
             self.scratch.extend_from_slice(&id.to_le_bytes());
@@ -292,6 +322,7 @@ impl IdsRecord {
             ring: self.ring,
             end,
             ids: self.count,
+            rows,
         };
         self.append_entry(&entry)
     }
@@ -307,6 +338,11 @@ mod tests {
             pid: 4242,
             start_ticks: 99,
         }),
+    };
+    /// The rows of the batches the tests record, which the files keep but do not read.
+    const ROWS: TaskRows = TaskRows {
+        task_id: 3,
+        first_row: 0,
     };
     /// The ring that replaced [`RING`]: another file of the same daemon.
     const NEXT_RING: RingIdentity = RingIdentity {
@@ -337,16 +373,16 @@ mod tests {
         let path = directory.path().join("ids.bin");
         let (mut sut, reopened) = IdsRecord::open(&path, RING, 0).expect("open");
         assert_eq!(reopened, Reopened { kept: 0, cut: 0 });
-        sut.record(0..3, 100).expect("record");
-        sut.record(3..6, 200).expect("record");
-        sut.record(6..9, 300).expect("record");
+        sut.record(0..3, 100, ROWS).expect("record");
+        sut.record(3..6, 200, ROWS).expect("record");
+        sut.record(6..9, 300, ROWS).expect("record");
         drop(sut);
         // Killed after recording the third batch, before its release was published.
         let (mut sut, reopened) = IdsRecord::open(&path, RING, 200).expect("reopen");
         assert_eq!(reopened, Reopened { kept: 6, cut: 3 });
         assert_eq!(ids_in(&path), (0..6).collect::<Vec<_>>());
         // The ring hands the third batch out again.
-        sut.record(6..9, 300).expect("record");
+        sut.record(6..9, 300, ROWS).expect("record");
         drop(sut);
         let (_, reopened) = IdsRecord::open(&path, RING, 300).expect("reopen");
         assert_eq!(reopened, Reopened { kept: 9, cut: 0 });
@@ -358,7 +394,7 @@ mod tests {
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("ids.bin");
         let (mut sut, _) = IdsRecord::open(&path, RING, 0).expect("open");
-        sut.record(0..2, 100).expect("record");
+        sut.record(0..2, 100, ROWS).expect("record");
         drop(sut);
         // Killed between the ids of the next batch and its entry, midway through both.
         append(&path, &[2, 0, 0, 0, 0, 0, 0, 0, 3, 0]);
@@ -381,13 +417,13 @@ mod tests {
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("ids.bin");
         let (mut sut, _) = IdsRecord::open(&path, RING, 0).expect("open");
-        sut.record(0..2, 100).expect("record");
-        sut.record(2..4, 200).expect("record");
+        sut.record(0..2, 100, ROWS).expect("record");
+        sut.record(2..4, 200, ROWS).expect("record");
         drop(sut);
         // A scale gave the ring back; the rank reads a new one from its start.
         let (mut sut, reopened) = IdsRecord::open(&path, NEXT_RING, 0).expect("reopen");
         assert_eq!(reopened, Reopened { kept: 4, cut: 0 });
-        sut.record(4..6, 64).expect("record");
+        sut.record(4..6, 64, ROWS).expect("record");
         drop(sut);
         let (_, reopened) = IdsRecord::open(&path, NEXT_RING, 0).expect("reopen");
         assert_eq!(reopened, Reopened { kept: 4, cut: 2 });
@@ -401,7 +437,7 @@ mod tests {
         std::fs::write(&path, 41i64.to_le_bytes()).expect("write");
         let (mut sut, reopened) = IdsRecord::open(&path, RING, 500).expect("open");
         assert_eq!(reopened, Reopened { kept: 1, cut: 0 });
-        sut.record(std::iter::once(42), 600).expect("record");
+        sut.record(std::iter::once(42), 600, ROWS).expect("record");
         drop(sut);
         let (_, reopened) = IdsRecord::open(&path, RING, 500).expect("reopen");
         assert_eq!(reopened, Reopened { kept: 1, cut: 1 });
@@ -413,12 +449,12 @@ mod tests {
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("ids.bin");
         let (mut sut, _) = IdsRecord::open(&path, RING, 0).expect("open");
-        sut.record(0..4, 100).expect("record");
+        sut.record(0..4, 100, ROWS).expect("record");
         drop(sut);
         std::fs::remove_file(&path).expect("remove the ids file");
         let (mut sut, reopened) = IdsRecord::open(&path, NEXT_RING, 0).expect("a new run");
         assert_eq!(reopened, Reopened { kept: 0, cut: 0 });
-        sut.record(10..12, 64).expect("record");
+        sut.record(10..12, 64, ROWS).expect("record");
         drop(sut);
         let (_, reopened) = IdsRecord::open(&path, NEXT_RING, 64).expect("reopen");
         assert_eq!(reopened, Reopened { kept: 2, cut: 0 });
@@ -430,7 +466,7 @@ mod tests {
         let directory = tempfile::tempdir().expect("tempdir");
         let path = directory.path().join("ids.bin");
         let (mut sut, _) = IdsRecord::open(&path, RING, 0).expect("open");
-        sut.record(0..4, 100).expect("record");
+        sut.record(0..4, 100, ROWS).expect("record");
         drop(sut);
         std::fs::write(&path, []).expect("empty the ids file");
         let error = IdsRecord::open(&path, RING, 100)
@@ -451,6 +487,36 @@ mod tests {
     }
 
     #[test]
+    fn the_batches_are_read_back_with_their_task_and_row_through_kills() {
+        let directory = tempfile::tempdir().expect("tempdir");
+        let path = directory.path().join("ids.bin");
+        let (mut sut, _) = IdsRecord::open(&path, RING, 0).expect("open");
+        let rows = |task_id, first_row| TaskRows { task_id, first_row };
+        sut.record(0..2, 100, rows(4, 0)).expect("record");
+        sut.record(2..5, 200, rows(4, 2)).expect("record");
+        drop(sut);
+        // Killed before its release: the second batch is cut and read again.
+        let (mut sut, _) = IdsRecord::open(&path, RING, 100).expect("reopen");
+        sut.record(2..5, 200, rows(4, 2)).expect("record");
+        sut.record(std::iter::once(9), 300, rows(7, 40))
+            .expect("record");
+        drop(sut);
+        let batch = |task_id, first_row, ids: &[i64]| sluice_testkit::job::ReadBatch {
+            task_id,
+            first_row,
+            ids: ids.to_vec(),
+        };
+        assert_eq!(
+            sluice_testkit::job::read_batches(&path),
+            vec![
+                batch(4, 0, &[0, 1]),
+                batch(4, 2, &[2, 3, 4]),
+                batch(7, 40, &[9])
+            ]
+        );
+    }
+
+    #[test]
     fn an_entry_encodes_its_ring_with_or_without_a_creator() {
         for ring in [
             RING,
@@ -463,6 +529,10 @@ mod tests {
                 ring,
                 end: 1 << 40,
                 ids: 12,
+                rows: TaskRows {
+                    task_id: 9,
+                    first_row: 50_000,
+                },
             };
             assert_eq!(Entry::decode(&entry.encode()), entry);
         }
