@@ -434,13 +434,26 @@ checkpoint: {{ uri: "file://{journal}" }}
     }
 
     /// The standing of the node the AM's status lists for `host`.
-    fn node_state(&self, host: &str) -> Option<String> {
+    /// The state the AM gives the node `node` serves. By the node's id, which its daemons' logs
+    /// give: an AM that took the job over learns a node's host name only when its daemon calls,
+    /// and a node cut off does not.
+    fn node_state(&self, node: &Node) -> Option<String> {
+        let id = self.node_served(node)?;
         let status = self.status()?;
         status["nodes"]
             .as_array()?
             .iter()
-            .find(|entry| entry["hostname"] == host)
+            .find(|entry| entry["node_id"].as_u64() == Some(u64::from(id)))
             .and_then(|entry| entry["state"].as_str().map(str::to_owned))
+    }
+
+    /// The node the daemons of `node`'s host serve, once one of them said.
+    fn node_served(&self, node: &Node) -> Option<u32> {
+        let host = self.host(node.host).name();
+        (0..node.daemons).find_map(|daemon| {
+            let log = self.logs.join(format!("daemon-{host}-{daemon}.err"));
+            node_served(&std::fs::read_to_string(log).unwrap_or_default())
+        })
     }
 
     /// Runs the faults in a random order (every kind once before any twice), each once the
@@ -610,7 +623,8 @@ checkpoint: {{ uri: "file://{journal}" }}
             &format!("the AM declares the node of {host} lost"),
             DETECTION_LIMIT,
             |cluster| {
-                cluster.node_state(&host).as_deref() == Some("lost") || cluster.am_exit.is_some()
+                cluster.node_state(&cluster.nodes[node]).as_deref() == Some("lost")
+                    || cluster.am_exit.is_some()
             },
         );
         self.host(self.nodes[node].host).link_up();
@@ -685,9 +699,7 @@ checkpoint: {{ uri: "file://{journal}" }}
             .nodes
             .iter()
             .flat_map(|node| {
-                let host = self.host(node.host).name();
-                let served = (0..node.daemons)
-                    .find_map(|daemon| node_served(&read(format!("daemon-{host}-{daemon}.err"))));
+                let served = self.node_served(node);
                 node.generations
                     .iter()
                     .map(move |generation| GenerationReads {
