@@ -58,8 +58,11 @@
 //! stays full, a daemon killed first) the ledger says it is owed, and the daemon that takes the
 //! ring over writes it first. The records the rings still hold are void for good: a binding counts
 //! only the records written after it, so a task the AM hands back to the same ring is not counted
-//! by its void copies (see [`sluice_ring::ledger`]). While calls fail, the [`session`] looks for the AM's address under the job's
-//! checkpoint location, in case the AM was started again on another host.
+//! by its void copies (see [`sluice_ring::ledger`]). While calls fail, the [`session`] looks for
+//! the AM's address under the job's checkpoint location, in case the AM was started again on
+//! another host. A daemon that gives up on the AM (no answer for `--am-timeout-s`) fences its rings
+//! the same way before it exits, since the AM may have declared the node lost meanwhile: a node cut
+//! off until its job ended is never heard again, and its trainers learn it from the record.
 //!
 //! # Scaling
 //! When a role is scaled the AM stops every trainer, then sends `Release`: the daemon stops its
@@ -326,6 +329,24 @@ async fn serve(
     mut rings: Rings,
     reply: v1::RegisterReply,
 ) -> Result<Ended> {
+    let served = serve_rings(session, pipeline, &mut rings, reply).await;
+    if let Err(DaemonError::Unreachable { seconds, .. }) = &served {
+        // The AM may have declared the node lost meanwhile: its trainers are told that their
+        // last reads may be void, and nothing of this generation counts from here on.
+        rings
+            .fence(&writer::gave_up_message(session.node_id(), *seconds))
+            .await?;
+    }
+    served
+}
+
+/// [`serve`], with the rings it serves.
+async fn serve_rings(
+    session: &Session,
+    pipeline: &Pipeline,
+    rings: &mut Rings,
+    reply: v1::RegisterReply,
+) -> Result<Ended> {
     let interval = heartbeat_interval(&reply);
     let mut book = TaskBook::new(
         session.node_id(),
@@ -344,7 +365,7 @@ async fn serve(
                 Some(Cmd::Assign(assign)) => {
                     pipeline.learn_sources(assign.sources);
                     for assignment in assign.tasks {
-                        take_task(assignment, &rings, &mut book, &mut controls)?;
+                        take_task(assignment, rings, &mut book, &mut controls)?;
                     }
                 }
                 Some(Cmd::Stop(stop)) => {
@@ -410,9 +431,9 @@ async fn serve(
             );
             // Before the new tasks are taken: one may be a finished task's id in a new epoch.
             if let Some(mark) = &answer.journal {
-                let_go(book.journal_marked(mark), &rings, &mut controls);
+                let_go(book.journal_marked(mark), rings, &mut controls);
             }
-            pending.extend(settle_now(answer.commands, &rings));
+            pending.extend(settle_now(answer.commands, rings));
         }
         // Commands are taken at once, but stops wait for the next round: with `data.even_batches`
         // the answer to this node's own request for work may ask it to stop one of its own tasks,
@@ -448,7 +469,7 @@ async fn serve(
             }
             if book.heartbeat_due(waiting.elapsed())
                 || (waiting.elapsed() >= interval / STARVED_ROUNDS
-                    && starved(pipeline, &book, &rings))
+                    && starved(pipeline, &book, rings))
             {
                 break;
             }
@@ -465,10 +486,10 @@ async fn serve(
         // The AM has these finished on record: their slots can go.
         let_go(
             book.heartbeat_answered(answer.journal.as_ref()),
-            &rings,
+            rings,
             &mut controls,
         );
-        pending.extend(settle_now(answer.commands, &rings));
+        pending.extend(settle_now(answer.commands, rings));
         for failure in failures {
             pending.extend(
                 session
@@ -556,7 +577,7 @@ fn take_task(
 async fn give_back(
     session: &Session,
     pipeline: &Pipeline,
-    rings: Rings,
+    rings: &mut Rings,
     book: &mut TaskBook,
 ) -> Result<()> {
     let states = rings.give_back().await?;

@@ -283,9 +283,9 @@ impl Rings {
     /// Stops every ring's feeder and writer; a writer closes its ring only when its stream ends
     /// or is given back ([`Rings::end`], [`Rings::give_back`]). Returns the rings' states, by ring
     /// index.
-    async fn stop(self) -> Result<Vec<Arc<RingState>>> {
+    async fn stop(&mut self) -> Result<Vec<Arc<RingState>>> {
         let mut states = Vec::with_capacity(self.rings.len());
-        for ring in self.rings {
+        for ring in std::mem::take(&mut self.rings) {
             ring.feeder.abort();
             drop(ring.queue);
             drop(ring.writer);
@@ -304,7 +304,7 @@ impl Rings {
     /// still to write and leaves an error record with `message` for its trainer, and its ledger
     /// forgets its tasks, which the AM queued again from their last reported counts. The record
     /// stays owed in the ledger until written, for a daemon started again to write first.
-    pub(crate) async fn fence(self, message: &str) -> Result<()> {
+    pub(crate) async fn fence(&mut self, message: &str) -> Result<()> {
         for ring in &self.rings {
             ring.state.ledger().owe_fence();
             ring.state.fence(message.to_owned());
@@ -318,7 +318,7 @@ impl Rings {
 
     /// Ends every ring's stream, the job being over: each writer writes what it was given, then
     /// closes its ring, so that its trainer reads to the end and stops.
-    pub(crate) async fn end(self) -> Result<Vec<Arc<RingState>>> {
+    pub(crate) async fn end(&mut self) -> Result<Vec<Arc<RingState>>> {
         for ring in &self.rings {
             ring.state.end();
         }
@@ -328,7 +328,7 @@ impl Rings {
     /// Stops every ring's writer for a scale: what it was asked to write is dropped, and it
     /// surveys its ring a last time (no trainer reads it any more, so the read cursor is final).
     /// Returns the rings' states, by ring index, for their final counts and then [`remove`].
-    pub(crate) async fn give_back(self) -> Result<Vec<Arc<RingState>>> {
+    pub(crate) async fn give_back(&mut self) -> Result<Vec<Arc<RingState>>> {
         for ring in &self.rings {
             ring.state.give_back();
         }

@@ -549,6 +549,19 @@ fn write_loop(
     Ok(())
 }
 
+/// What the trainers of a node whose daemon gave up on the AM, after `seconds` without an answer,
+/// read at the end of their rings.
+pub(crate) fn gave_up_message(node: NodeId, seconds: u64) -> String {
+    format!(
+        "node {node}'s daemon had no answer from its AM for {seconds} s (--am-timeout-s) and gave \
+         up: the AM may have declared the node lost, and then the rows this trainer read since the \
+         AM last heard from node {node} are delivered again to other trainers. Drop what was done \
+         with them (restore your last checkpoint), and start the trainer again once its sluice \
+         daemon runs again",
+        node = node.0
+    )
+}
+
 /// What the trainers of a fenced node read at the end of their rings.
 pub(crate) fn fence_message(node: NodeId) -> String {
     format!(
