@@ -51,36 +51,55 @@ fn numbered(line: &str, name: &str) -> Option<u64> {
         .ok()
 }
 
-/// The node losses in the logs of the AMs of a job, in the order the AMs were started: an AM that
-/// takes the job over from its journal logs the losses it replays again, and those are kept once.
+/// The node losses in the logs of the AMs of a job, in the order the AMs were started. An AM that
+/// takes the job over from its journal logs what it replays before it says so ("job taken over
+/// from its journal"); replayed from the journal's start (no snapshot), those losses are the ones
+/// the journal holds, and stand for what the AMs before it logged, which may name a loss they never
+/// made durable. A node may be lost twice with the same rows queued again (a task handed back to
+/// it, and no row of it counted before the second loss): each loss counts.
 pub(super) fn losses_in<'a>(am_logs: impl IntoIterator<Item = &'a str>) -> Vec<Loss> {
+    const TAKEN_OVER: &str = "job taken over from its journal";
     let mut losses: Vec<Loss> = Vec::new();
     for log in am_logs {
-        let mut requeued: Vec<(u64, u64)> = Vec::new();
-        for line in log.lines() {
-            if line.contains("task queued again") {
-                let task = numbered(line, "task");
-                let from = field(line, "from_row").and_then(|row| row.parse().ok());
-                if let (Some(task), Some(from)) = (task, from) {
-                    requeued.push((task, from));
-                }
-            } else if line.contains("node lost") || line.contains("node blacklisted") {
-                let node = numbered(line, "node").and_then(|node| u32::try_from(node).ok());
-                let count = field(line, "requeued").and_then(|count| count.parse::<usize>().ok());
-                if let (Some(node), Some(count)) = (node, count) {
-                    let first = requeued.len().saturating_sub(count);
-                    let loss = Loss {
-                        node,
-                        from_rows: requeued[first..].iter().copied().collect(),
-                    };
-                    if !losses.contains(&loss) {
-                        losses.push(loss);
-                    }
-                }
-                requeued.clear();
-            } else if line.contains("node registered") {
-                requeued.clear();
+        let (replayed, live) = match log.find(TAKEN_OVER) {
+            Some(at) => log.split_at(at),
+            None => ("", log),
+        };
+        let whole_journal = replayed
+            .lines()
+            .any(|line| line.contains("opened the journal") && line.contains("snapshot=false"));
+        if whole_journal {
+            losses = losses_logged(replayed);
+        }
+        losses.extend(losses_logged(live));
+    }
+    losses
+}
+
+/// The losses one stretch of an AM's log names, in order.
+fn losses_logged(log: &str) -> Vec<Loss> {
+    let mut losses = Vec::new();
+    let mut requeued: Vec<(u64, u64)> = Vec::new();
+    for line in log.lines() {
+        if line.contains("task queued again") {
+            let task = numbered(line, "task");
+            let from = field(line, "from_row").and_then(|row| row.parse().ok());
+            if let (Some(task), Some(from)) = (task, from) {
+                requeued.push((task, from));
             }
+        } else if line.contains("node lost") || line.contains("node blacklisted") {
+            let node = numbered(line, "node").and_then(|node| u32::try_from(node).ok());
+            let count = field(line, "requeued").and_then(|count| count.parse::<usize>().ok());
+            if let (Some(node), Some(count)) = (node, count) {
+                let first = requeued.len().saturating_sub(count);
+                losses.push(Loss {
+                    node,
+                    from_rows: requeued[first..].iter().copied().collect(),
+                });
+            }
+            requeued.clear();
+        } else if line.contains("node registered") {
+            requeued.clear();
         }
     }
     losses
@@ -164,23 +183,40 @@ mod tests {
 
     #[test]
     fn the_losses_are_read_from_the_ams_logs_once_each() {
-        let first = "\
+        let lost_twice = "\
             2026-12-07T15:23:20.008926Z  INFO sluice_am::master: task queued again task=task-3 from_row=10000\n\
             2026-12-07T15:23:20.008958Z  INFO sluice_am::master: task queued again task=task-18 from_row=0\n\
             2026-12-07T15:23:20.008963Z  WARN sluice_am::master: node lost: no heartbeat within the timeout node=node-2 requeued=2\n\
-            2026-12-07T15:23:22.089485Z  INFO sluice_am::master: node registered node=node-2 kept=3 requeued=0\n";
-        // The next AM replays the first loss from the journal, then sees one of its own; a task
-        // queued again at a registration belongs to no loss.
+            2026-12-07T15:23:22.089485Z  INFO sluice_am::master: node registered node=node-2 kept=0 requeued=0\n\
+            2026-12-07T15:23:24.000000Z  INFO sluice_am::master: task queued again task=task-3 from_row=10000\n\
+            2026-12-07T15:23:24.000001Z  INFO sluice_am::master: task queued again task=task-18 from_row=0\n\
+            2026-12-07T15:23:24.000002Z  WARN sluice_am::master: node lost: no heartbeat within the timeout node=node-2 requeued=2\n";
+        let first = format!(
+            "2026-12-07T15:23:03Z  INFO sluice_am::journal: opened the journal uri=\"file:///j\" entries=0 snapshot=false sequence=0\n\
+             {lost_twice}\
+             2026-12-07T15:23:25.000000Z  INFO sluice_am::master: task queued again task=task-7 from_row=0\n\
+             2026-12-07T15:23:25.000001Z  WARN sluice_am::master: node lost: no heartbeat within the timeout node=node-1 requeued=1\n"
+        );
+        // The next AM replays from the journal the losses it holds (the last one never became
+        // durable), then makes one of its own; a task queued again at a registration belongs to no
+        // loss.
         let second = format!(
-            "{first}\
-            2026-12-07T15:23:30.000000Z  INFO sluice_am::master: task queued again task=task-9 from_row=500\n\
-            2026-12-07T15:23:30.000001Z  INFO sluice_am::master: node registered node=node-1 kept=0 requeued=1\n\
-            2026-12-07T15:23:33.462732Z  INFO sluice_am::master: task queued again task=task-14 from_row=0\n\
-            2026-12-07T15:23:33.462769Z  WARN sluice_am::master: node lost: no heartbeat within the timeout node=node-0 requeued=1\n"
+            "2026-12-07T15:23:26Z  INFO sluice_am::journal: opened the journal uri=\"file:///j\" entries=61 snapshot=false sequence=62\n\
+             {lost_twice}\
+             2026-12-07T15:23:26.5Z  INFO sluice_am::server: job taken over from its journal uri=\"file:///j\" entries=61 epoch=0\n\
+             2026-12-07T15:23:30.000000Z  INFO sluice_am::master: task queued again task=task-9 from_row=500\n\
+             2026-12-07T15:23:30.000001Z  INFO sluice_am::master: node registered node=node-1 kept=0 requeued=1\n\
+             2026-12-07T15:23:33.462732Z  INFO sluice_am::master: task queued again task=task-14 from_row=0\n\
+             2026-12-07T15:23:33.462769Z  WARN sluice_am::master: node lost: no heartbeat within the timeout node=node-0 requeued=1\n"
+        );
+        let twice = loss(2, &[(3, 10_000), (18, 0)]);
+        assert_eq!(
+            losses_in([first.as_str()]),
+            vec![twice.clone(), twice.clone(), loss(1, &[(7, 0)])]
         );
         assert_eq!(
-            losses_in([first, second.as_str()]),
-            vec![loss(2, &[(3, 10_000), (18, 0)]), loss(0, &[(14, 0)]),]
+            losses_in([first.as_str(), second.as_str()]),
+            vec![twice.clone(), twice, loss(0, &[(14, 0)])]
         );
         assert_eq!(
             node_served(
