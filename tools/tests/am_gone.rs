@@ -5,33 +5,14 @@
 
 mod common;
 
-use std::fs::File;
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{AmProcess, generate, sluice, write_spec};
+use common::{AmProcess, generate, output_within, sluice, write_spec};
 
 const ROWS: u64 = 20_000;
 /// A bound on waits for events (a deadlock watchdog), not a time the test expects.
 const WATCHDOG: Duration = Duration::from_secs(120);
-
-/// Waits for `child` to exit, failing after the watchdog; returns whether it succeeded, and what
-/// it wrote to `log`.
-fn exit_of(child: &mut Child, what: &str, log: &Path) -> (bool, String) {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            let said = std::fs::read_to_string(log).unwrap_or_default();
-            return (status.success(), said);
-        }
-        if started.elapsed() > WATCHDOG {
-            let _ = child.kill();
-            panic!("{what} did not end");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn ids_read(ids: &Path) -> u64 {
     std::fs::metadata(ids).map_or(0, |file| file.len() / 8)
@@ -55,25 +36,18 @@ fn a_daemon_that_gives_up_on_its_am_tells_its_trainer_that_its_last_reads_may_be
     );
     let am = AmProcess::start(&spec, "127.0.0.1:0", &[]);
     let ring_dir = directory.path().join("shm");
-    let daemon_log = directory.path().join("daemon.log");
-    let trainer_log = directory.path().join("trainer.log");
-    let mut daemon = sluice()
+    let mut daemon = sluice();
+    daemon
         .args(["daemon", "--am", &am.address, "--node-id", "0"])
         .args(["--am-timeout-s", "3"])
         .arg("--ring-dir")
         .arg(&ring_dir)
-        .env_remove("SLUICE_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(File::create(&daemon_log).expect("the daemon's log"))
-        .spawn()
-        .expect("spawn sluice daemon");
+        .env_remove("SLUICE_TOKEN");
+    let daemon = std::thread::spawn(move || output_within(&mut daemon, WATCHDOG));
     let ids = directory.path().join("ids.bin");
-    let mut trainer = common::torchrun_consume(&am.address, &ring_dir, &ids, (0, 1), (0, 1))
-        .args(["--max-rows-per-s", "2000"])
-        .stdout(Stdio::null())
-        .stderr(File::create(&trainer_log).expect("the trainer's log"))
-        .spawn()
-        .expect("spawn sluice consume");
+    let mut trainer = common::torchrun_consume(&am.address, &ring_dir, &ids, (0, 1), (0, 1));
+    trainer.args(["--max-rows-per-s", "2000"]);
+    let trainer = std::thread::spawn(move || output_within(&mut trainer, WATCHDOG));
     let started = Instant::now();
     while ids_read(&ids) == 0 {
         assert!(started.elapsed() < WATCHDOG, "the trainer never read a row");
@@ -81,11 +55,16 @@ fn a_daemon_that_gives_up_on_its_am_tells_its_trainer_that_its_last_reads_may_be
     }
     am.kill();
 
-    let (succeeded, said) = exit_of(&mut daemon, "the daemon", &daemon_log);
-    assert!(!succeeded, "a daemon whose AM is gone fails: {said}");
+    let daemon = daemon.join().expect("the daemon's thread");
+    let said = String::from_utf8_lossy(&daemon.stderr);
+    assert!(
+        !daemon.status.success(),
+        "a daemon whose AM is gone fails: {said}"
+    );
     assert!(said.contains("no answer from the AM"), "{said}");
-    let (succeeded, said) = exit_of(&mut trainer, "the trainer", &trainer_log);
-    assert!(!succeeded, "the trainer is told: {said}");
+    let trainer = trainer.join().expect("the trainer's thread");
+    let said = String::from_utf8_lossy(&trainer.stderr);
+    assert!(!trainer.status.success(), "the trainer is told: {said}");
     assert!(
         said.contains("and gave up: the AM may have declared the node lost")
             && said.contains("delivered again"),
