@@ -32,7 +32,8 @@
 //!
 //! Accepting when the process has no descriptor left (`EMFILE`, `ENFILE`: the AM's own callers
 //! took them, since connections without a token take at most half) closes the oldest waiting
-//! connection and tries again a little later, instead of failing in a tight loop.
+//! connection when another connection waits in the queue, and tries again a little later, instead
+//! of failing in a tight loop.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -44,6 +45,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::task::AtomicWaker;
+use rustix::event::{PollFd, PollFlags, Timespec};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -363,6 +365,14 @@ impl ConnectionGuard {
                     return (self.admit(stream, Some(peer)), peer);
                 }
                 Err(error) if is_connection_error(&error) => {}
+                // The listener asks again at once after each connection it got, and finds no
+                // descriptor when that connection took the last one, whether or not another
+                // waits: a connection is closed to make room only for one that waits. Closing on
+                // every shortage would close that last connection before its first request is
+                // read, and keep the last descriptor from every caller.
+                Err(error) if is_descriptor_shortage(&error) && !connection_waits(listener) => {
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
                 Err(error) => {
                     let shortage = is_descriptor_shortage(&error);
                     self.warn_accept(&error, shortage);
@@ -403,6 +413,13 @@ impl ConnectionGuard {
             tracing::warn!(listener, %error, "accepting a connection failed; trying again");
         }
     }
+}
+
+/// Whether a connection waits in `listener`'s queue, asked of the kernel without waiting. An
+/// error of the question counts as one waiting: the loop then makes room as it would for a caller.
+fn connection_waits(listener: &TcpListener) -> bool {
+    let mut waiting = [PollFd::new(listener, PollFlags::IN)];
+    rustix::event::poll(&mut waiting, Some(&Timespec::default())).map_or(true, |ready| ready > 0)
 }
 
 /// Closes the expired connections of the guard every [`SWEEP_INTERVAL`], until it is gone.

@@ -371,10 +371,17 @@ fn an_am_whose_callers_take_every_descriptor_waits_for_one_and_does_not_step_dow
         );
         callers.push(stream);
     }
-    // And some more, which wait in the listener's queue and take any descriptor the AM frees.
-    callers.extend((0..8).map(|_| {
-        TcpStream::connect_timeout(&http, Duration::from_secs(10)).expect("a queued caller")
-    }));
+    // And one more, which shows its token from the listener's queue: it takes the descriptor the
+    // journal held for a moment when the count was taken, if it did, and keeps it. One alone: with
+    // another behind it, the AM would close it to make room before reading its request.
+    let mut queued =
+        TcpStream::connect_timeout(&http, Duration::from_secs(10)).expect("a queued caller");
+    write!(
+        queued,
+        "GET /api/tasks HTTP/1.1\r\nHost: am\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+    )
+    .expect("send a queued request with the token");
+    callers.push(queued);
     // The journal finds no descriptor for its next segment (or for a check): it waits for one, or,
     // taking the shortage for a lost journal, the AM steps down.
     let started = Instant::now();
