@@ -354,7 +354,8 @@ impl ConnectionGuard {
 
     /// Accepts the next connection on `listener` and admits it. A failed accept is retried:
     /// at once for an error of that connection alone, after closing the oldest waiting connection
-    /// when the process has no descriptor left, and after [`ACCEPT_BACKOFF`] otherwise.
+    /// when the process has no descriptor left and another connection waits in the queue, and
+    /// after [`ACCEPT_BACKOFF`] otherwise.
     pub async fn accept(&self, listener: &TcpListener) -> (Guarded<TcpStream>, SocketAddr) {
         loop {
             match listener.accept().await {
