@@ -658,6 +658,21 @@ mod tests {
         (client, server)
     }
 
+    #[tokio::test]
+    async fn a_connection_waits_from_its_connect_until_it_is_accepted() {
+        let listener = bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+        assert!(!connection_waits(&listener), "nobody has connected");
+        let _client = TcpStream::connect(listener.local_addr().expect("address"))
+            .await
+            .expect("connect");
+        assert!(
+            connection_waits(&listener),
+            "the client's connection is queued"
+        );
+        let _server = listener.accept().await.expect("accept");
+        assert!(!connection_waits(&listener), "the queue is empty again");
+    }
+
     /// Serves `server` as a server would: echoes what it reads until its stream ends.
     fn echo(mut server: Guarded<TcpStream>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
